@@ -1,0 +1,460 @@
+"""The operator registry: one `OpSpec` per op, the single source of truth for every stage.
+
+Each entry gives the op's attribute schema, shape inference, reference semantics in numpy, and the
+flops / bytes it moves. Encoders, verifiers, cost models and lowerings look ops up here instead of
+branching on op names. Layouts follow TASO/Tensat: tensors NCHW, conv weights OIHW, activations and
+paddings as small integers so that Tensat's rule files read unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+from eqsat.errors import ShapeError, UnknownOpError
+
+Shape = tuple[int, ...]
+Attrs = Mapping[str, Any]
+
+
+class Activation(IntEnum):
+    """Fused activation codes, numbered as in Tensat's rule files."""
+
+    NONE = 0
+    SIGMOID = 1
+    RELU = 2
+    TANH = 3
+
+
+class Padding(IntEnum):
+    """Padding codes, numbered as in Tensat's rule files."""
+
+    SAME = 0
+    VALID = 1
+
+
+@dataclass(frozen=True)
+class AttrSpec:
+    """One attribute: its name, what kind of value it holds, and its default (None: required)."""
+
+    name: str
+    kind: str  # "int" | "ints" | "str" | "float"
+    default: Any = None
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Everything the pipeline needs to know about one op."""
+
+    name: str
+    attrs: tuple[AttrSpec, ...]
+    arity: int | None  # None: variadic (at least one input)
+    infer: Callable[[Sequence[Shape], Attrs], tuple[Shape, ...]]
+    numpy: Callable[[Sequence[np.ndarray], Attrs], tuple[np.ndarray, ...]]
+    flops: Callable[[Sequence[Shape], Sequence[Shape], Attrs], float]
+    is_leaf: bool = False
+    is_view: bool = False  # moves no data under XLA (slices of concats, reshapes)
+    doc: str = ""
+
+    def normalize_attrs(self, attrs: Attrs) -> dict[str, Any]:
+        """Fill defaults, convert kinds, and reject unknown or missing attributes."""
+        known = {a.name for a in self.attrs}
+        unknown = set(attrs) - known
+        if unknown:
+            raise ShapeError(f"{self.name}: unknown attribute(s) {sorted(unknown)}; expected {sorted(known)}")
+        out: dict[str, Any] = {}
+        for spec in self.attrs:
+            value = attrs.get(spec.name, spec.default)
+            if value is None:
+                raise ShapeError(f"{self.name}: missing attribute '{spec.name}'")
+            out[spec.name] = _convert(self.name, spec, value)
+        return out
+
+
+def _convert(op: str, spec: AttrSpec, value: Any) -> Any:
+    try:
+        if spec.kind == "int":
+            if isinstance(value, bool) or int(value) != value:
+                raise ValueError
+            return int(value)
+        if spec.kind == "ints":
+            return tuple(int(v) for v in value)
+        if spec.kind == "float":
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise ShapeError(f"{op}: attribute '{spec.name}' must be {spec.kind}, got {value!r}") from None
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+def numel(shape: Shape) -> int:
+    return math.prod(shape)
+
+
+def _fail(op: str, shapes: Sequence[Shape], why: str) -> ShapeError:
+    listed = ", ".join(str(tuple(s)) for s in shapes)
+    return ShapeError(f"{op}: {why} (input shapes: {listed})")
+
+
+def _activate(x: np.ndarray, act: int) -> np.ndarray:
+    return ACTIVATIONS[Activation(act)](x)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+ACTIVATIONS: dict[Activation, Callable[[np.ndarray], np.ndarray]] = {
+    Activation.NONE: lambda x: x,
+    Activation.SIGMOID: _sigmoid,
+    Activation.RELU: lambda x: np.maximum(x, 0),
+    Activation.TANH: np.tanh,
+}
+
+
+def _check_act(op: str, shapes: Sequence[Shape], act: int) -> None:
+    if act not in tuple(Activation):
+        raise _fail(op, shapes, f"activation code {act} is not one of 0 none, 1 sigmoid, 2 relu, 3 tanh")
+
+
+def window_out_and_pads(size: int, k: int, stride: int, pad: int) -> tuple[int, int, int]:
+    """Output length and (low, high) padding of a window op, TensorFlow's SAME/VALID rule."""
+    if pad == Padding.VALID:
+        return (size - k) // stride + 1, 0, 0
+    out = -(-size // stride)
+    total = max((out - 1) * stride + k - size, 0)
+    return out, total // 2, total - total // 2
+
+
+def _windows(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pad: int, fill: float) -> np.ndarray:
+    """(N, C, Ho, Wo, kh, kw) windows of an NCHW array, padded with `fill`."""
+    _, _, h, w = x.shape
+    _, pt, pb = window_out_and_pads(h, kh, sh, pad)
+    _, pl, pr = window_out_and_pads(w, kw, sw, pad)
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
+    win = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))
+    return win[:, :, ::sh, ::sw]
+
+
+# --- elementwise ----------------------------------------------------------------------------------
+
+def _same_shape(op: str) -> Callable[[Sequence[Shape], Attrs], tuple[Shape, ...]]:
+    def infer(shapes: Sequence[Shape], attrs: Attrs) -> tuple[Shape, ...]:
+        if any(s != shapes[0] for s in shapes):
+            raise _fail(op, shapes, "inputs must have the same shape")
+        return (tuple(shapes[0]),)
+
+    return infer
+
+
+def _pointwise_flops(per_element: float) -> Callable[[Sequence[Shape], Sequence[Shape], Attrs], float]:
+    return lambda ins, outs, attrs: per_element * numel(outs[0])
+
+
+def _unary(name: str, fn: Callable[[np.ndarray], np.ndarray], flops_per: float, doc: str) -> OpSpec:
+    return OpSpec(name, (), 1, _same_shape(name), lambda xs, a: (fn(xs[0]),), _pointwise_flops(flops_per), doc=doc)
+
+
+def _binary(name: str, fn: Callable[[np.ndarray, np.ndarray], np.ndarray], doc: str) -> OpSpec:
+    return OpSpec(name, (), 2, _same_shape(name), lambda xs, a: (fn(xs[0], xs[1]),), _pointwise_flops(1), doc=doc)
+
+
+def _smul_infer(shapes: Sequence[Shape], attrs: Attrs) -> tuple[Shape, ...]:
+    if numel(shapes[1]) != 1:
+        raise _fail("smul", shapes, "the second input must be a scalar (one element)")
+    return (tuple(shapes[0]),)
+
+
+# --- matmul ---------------------------------------------------------------------------------------
+
+def _matmul_infer(shapes: Sequence[Shape], attrs: Attrs) -> tuple[Shape, ...]:
+    a, b = shapes
+    _check_act("matmul", shapes, attrs["act"])
+    if len(a) == 2 and len(b) == 2:
+        if a[1] != b[0]:
+            raise _fail("matmul", shapes, f"inner dimensions differ ({a[1]} vs {b[0]})")
+        return ((a[0], b[1]),)
+    if len(a) == 3 and len(b) == 3:
+        if a[0] != b[0]:
+            raise _fail("matmul", shapes, f"batch dimensions differ ({a[0]} vs {b[0]})")
+        if a[2] != b[1]:
+            raise _fail("matmul", shapes, f"inner dimensions differ ({a[2]} vs {b[1]})")
+        return ((a[0], a[1], b[2]),)
+    raise _fail("matmul", shapes, "needs two 2-D or two 3-D inputs")
+
+
+def _matmul_flops(ins: Sequence[Shape], outs: Sequence[Shape], attrs: Attrs) -> float:
+    return 2.0 * numel(outs[0]) * ins[0][-1] + (numel(outs[0]) if attrs["act"] else 0)
+
+
+# --- conv2d ---------------------------------------------------------------------------------------
+
+def _conv_infer(shapes: Sequence[Shape], attrs: Attrs) -> tuple[Shape, ...]:
+    x, w = shapes
+    _check_act("conv2d", shapes, attrs["act"])
+    if len(x) != 4 or len(w) != 4:
+        raise _fail("conv2d", shapes, "needs an NCHW input and an OIHW weight")
+    if attrs["stride_h"] < 1 or attrs["stride_w"] < 1:
+        raise _fail("conv2d", shapes, "strides must be positive")
+    if attrs["pad"] not in tuple(Padding):
+        raise _fail("conv2d", shapes, f"padding code {attrs['pad']} is not 0 SAME or 1 VALID")
+    c, o, ci = x[1], w[0], w[1]
+    if ci == 0 or c % ci != 0:
+        raise _fail("conv2d", shapes, f"input channels {c} are not a multiple of the weight's {ci}")
+    groups = c // ci
+    if o % groups != 0:
+        raise _fail("conv2d", shapes, f"output channels {o} are not divisible by groups {groups}")
+    ho, _, _ = window_out_and_pads(x[2], w[2], attrs["stride_h"], attrs["pad"])
+    wo, _, _ = window_out_and_pads(x[3], w[3], attrs["stride_w"], attrs["pad"])
+    if ho < 1 or wo < 1:
+        raise _fail("conv2d", shapes, "the kernel is larger than the (unpadded) input")
+    return ((x[0], o, ho, wo),)
+
+
+def conv2d_numpy(x: np.ndarray, w: np.ndarray, stride_h: int, stride_w: int, pad: int) -> np.ndarray:
+    """Grouped 2-D convolution (cross-correlation, as every framework), groups = C_in / W_in."""
+    groups = x.shape[1] // w.shape[1]
+    win = _windows(x, w.shape[2], w.shape[3], stride_h, stride_w, pad, 0.0)
+    n, c, ho, wo, kh, kw = win.shape
+    o = w.shape[0]
+    win = win.reshape(n, groups, c // groups, ho, wo, kh, kw)
+    wg = w.reshape(groups, o // groups, c // groups, kh, kw)
+    out = np.einsum("ngchwij,gocij->ngohw", win, wg)
+    return out.reshape(n, o, ho, wo)
+
+
+def _conv_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ...]:
+    out = conv2d_numpy(xs[0], xs[1], a["stride_h"], a["stride_w"], a["pad"])
+    return (_activate(out, a["act"]),)
+
+
+def _conv_flops(ins: Sequence[Shape], outs: Sequence[Shape], attrs: Attrs) -> float:
+    w = ins[1]
+    return 2.0 * numel(outs[0]) * w[1] * w[2] * w[3] + (numel(outs[0]) if attrs["act"] else 0)
+
+
+# --- pooling --------------------------------------------------------------------------------------
+
+_POOL_ATTRS = (
+    AttrSpec("kernel_h", "int"), AttrSpec("kernel_w", "int"), AttrSpec("stride_h", "int"),
+    AttrSpec("stride_w", "int"), AttrSpec("pad", "int"), AttrSpec("act", "int", 0),
+)
+
+
+def _pool_infer(op: str) -> Callable[[Sequence[Shape], Attrs], tuple[Shape, ...]]:
+    def infer(shapes: Sequence[Shape], a: Attrs) -> tuple[Shape, ...]:
+        x = shapes[0]
+        _check_act(op, shapes, a["act"])
+        if len(x) != 4:
+            raise _fail(op, shapes, "needs an NCHW input")
+        if min(a["kernel_h"], a["kernel_w"], a["stride_h"], a["stride_w"]) < 1:
+            raise _fail(op, shapes, "kernel and strides must be positive")
+        if a["pad"] not in tuple(Padding):
+            raise _fail(op, shapes, f"padding code {a['pad']} is not 0 SAME or 1 VALID")
+        ho, _, _ = window_out_and_pads(x[2], a["kernel_h"], a["stride_h"], a["pad"])
+        wo, _, _ = window_out_and_pads(x[3], a["kernel_w"], a["stride_w"], a["pad"])
+        if ho < 1 or wo < 1:
+            raise _fail(op, shapes, "the window is larger than the (unpadded) input")
+        return ((x[0], x[1], ho, wo),)
+
+    return infer
+
+
+def _pool_numpy(reduce: str) -> Callable[[Sequence[np.ndarray], Attrs], tuple[np.ndarray, ...]]:
+    def run(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ...]:
+        fill = -np.inf if reduce == "max" else 0.0
+        win = _windows(xs[0], a["kernel_h"], a["kernel_w"], a["stride_h"], a["stride_w"], a["pad"], fill)
+        out = win.max(axis=(4, 5)) if reduce == "max" else win.mean(axis=(4, 5))  # avg counts padding
+        return (_activate(out.astype(xs[0].dtype), a["act"]),)
+
+    return run
+
+
+def _pool_flops(ins: Sequence[Shape], outs: Sequence[Shape], a: Attrs) -> float:
+    return float(numel(outs[0]) * a["kernel_h"] * a["kernel_w"])
+
+
+# --- data movement --------------------------------------------------------------------------------
+
+def _axis(op: str, shapes: Sequence[Shape], axis: int, rank: int) -> int:
+    if not 0 <= axis < rank:
+        raise _fail(op, shapes, f"axis {axis} is out of range for rank {rank}")
+    return axis
+
+
+def _concat_infer(shapes: Sequence[Shape], a: Attrs) -> tuple[Shape, ...]:
+    first = shapes[0]
+    axis = _axis("concat", shapes, a["axis"], len(first))
+    for s in shapes[1:]:
+        if len(s) != len(first) or any(d != e for i, (d, e) in enumerate(zip(s, first)) if i != axis):
+            raise _fail("concat", shapes, f"inputs must agree on every dimension but axis {axis}")
+    return (first[:axis] + (sum(s[axis] for s in shapes),) + first[axis + 1:],)
+
+
+def _split_infer(shapes: Sequence[Shape], a: Attrs) -> tuple[Shape, ...]:
+    x = shapes[0]
+    axis = _axis("split", shapes, a["axis"], len(x))
+    sizes = a["sizes"]
+    if len(sizes) < 1 or any(s < 1 for s in sizes) or sum(sizes) != x[axis]:
+        raise _fail("split", shapes, f"sizes {list(sizes)} must be positive and add up to {x[axis]} (axis {axis})")
+    return tuple(x[:axis] + (s,) + x[axis + 1:] for s in sizes)
+
+
+def _split_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ...]:
+    cuts = np.cumsum(a["sizes"])[:-1]
+    return tuple(np.split(xs[0], cuts, axis=a["axis"]))
+
+
+def _slice_infer(shapes: Sequence[Shape], a: Attrs) -> tuple[Shape, ...]:
+    x = shapes[0]
+    axis = _axis("slice", shapes, a["axis"], len(x))
+    if not 0 <= a["start"] < a["stop"] <= x[axis]:
+        raise _fail("slice", shapes, f"[{a['start']}, {a['stop']}) is not a non-empty range within {x[axis]} (axis {axis})")
+    return (x[:axis] + (a["stop"] - a["start"],) + x[axis + 1:],)
+
+
+def _slice_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ...]:
+    index = [slice(None)] * xs[0].ndim
+    index[a["axis"]] = slice(a["start"], a["stop"])
+    return (xs[0][tuple(index)],)
+
+
+def _transpose_infer(shapes: Sequence[Shape], a: Attrs) -> tuple[Shape, ...]:
+    x, perm = shapes[0], a["perm"]
+    if sorted(perm) != list(range(len(x))):
+        raise _fail("transpose", shapes, f"perm {list(perm)} is not a permutation of 0..{len(x) - 1}")
+    return (tuple(x[p] for p in perm),)
+
+
+def _reshape_infer(shapes: Sequence[Shape], a: Attrs) -> tuple[Shape, ...]:
+    if any(d < 1 for d in a["shape"]) or numel(a["shape"]) != numel(shapes[0]):
+        raise _fail("reshape", shapes, f"cannot reshape to {list(a['shape'])}: element counts differ")
+    return (tuple(a["shape"]),)
+
+
+def _batchnorm_infer(shapes: Sequence[Shape], a: Attrs) -> tuple[Shape, ...]:
+    x = shapes[0]
+    if len(x) < 2:
+        raise _fail("batchnorm", shapes, "needs an input with a channel axis (axis 1)")
+    if any(s != (x[1],) for s in shapes[1:]):
+        raise _fail("batchnorm", shapes, f"scale, bias, mean and var must have shape ({x[1]},)")
+    return (tuple(x),)
+
+
+def _batchnorm_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ...]:
+    x, scale, bias, mean, var = xs
+    bshape = (1, -1) + (1,) * (x.ndim - 2)
+    inv = (scale / np.sqrt(var + np.asarray(a["eps"], dtype=x.dtype))).reshape(bshape)
+    return ((x - mean.reshape(bshape)) * inv + bias.reshape(bshape),)
+
+
+def _enlarge_infer(shapes: Sequence[Shape], a: Attrs) -> tuple[Shape, ...]:
+    w, ref = shapes
+    if len(w) != 4 or len(ref) != 4:
+        raise _fail("enlarge", shapes, "needs two OIHW kernels")
+    if w[2] > ref[2] or w[3] > ref[3] or (ref[2] - w[2]) % 2 or (ref[3] - w[3]) % 2:
+        raise _fail("enlarge", shapes, "the reference kernel must be larger by an even amount in H and W")
+    return ((w[0], w[1], ref[2], ref[3]),)
+
+
+def _enlarge_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ...]:
+    w, ref = xs
+    ph, pw = (ref.shape[2] - w.shape[2]) // 2, (ref.shape[3] - w.shape[3]) // 2
+    return (np.pad(w, ((0, 0), (0, 0), (ph, ph), (pw, pw))),)
+
+
+def _leaf_infer(shapes: Sequence[Shape], a: Attrs) -> tuple[Shape, ...]:
+    if any(d < 1 for d in a["shape"]):
+        raise ShapeError(f"{a['name']}: every dimension must be positive, got {list(a['shape'])}")
+    return (tuple(a["shape"]),)
+
+
+def _no_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ...]:
+    raise ShapeError("leaves are bound to values, not computed")
+
+
+def _zero_flops(ins: Sequence[Shape], outs: Sequence[Shape], a: Attrs) -> float:
+    return 0.0
+
+
+_LEAF_ATTRS = (AttrSpec("name", "str"), AttrSpec("shape", "ints"))
+
+OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
+    OpSpec("input", _LEAF_ATTRS, 0, _leaf_infer, _no_numpy, _zero_flops, is_leaf=True, doc="a graph input"),
+    OpSpec("weight", _LEAF_ATTRS, 0, _leaf_infer, _no_numpy, _zero_flops, is_leaf=True, doc="a parameter"),
+    _binary("ewadd", np.add, "elementwise sum"),
+    _binary("ewmul", np.multiply, "elementwise product"),
+    OpSpec("smul", (), 2, _smul_infer, lambda xs, a: (xs[0] * xs[1].reshape(()),), _pointwise_flops(1),
+           doc="multiply by a one-element tensor"),
+    OpSpec("matmul", (AttrSpec("act", "int", 0),), 2, _matmul_infer,
+           lambda xs, a: (_activate(np.matmul(xs[0], xs[1]), a["act"]),), _matmul_flops,
+           doc="2-D or batched 3-D matrix product with a fused activation"),
+    OpSpec("conv2d", (AttrSpec("stride_h", "int", 1), AttrSpec("stride_w", "int", 1), AttrSpec("pad", "int", 0),
+                      AttrSpec("act", "int", 0)), 2, _conv_infer, _conv_numpy, _conv_flops,
+           doc="NCHW x OIHW convolution; groups = input channels / weight's input channels"),
+    _unary("relu", lambda x: np.maximum(x, 0), 1, "max(x, 0)"),
+    _unary("tanh", np.tanh, 4, "hyperbolic tangent"),
+    _unary("sigmoid", _sigmoid, 4, "logistic function"),
+    OpSpec("poolmax", _POOL_ATTRS, 1, _pool_infer("poolmax"), _pool_numpy("max"), _pool_flops, doc="max pooling"),
+    OpSpec("poolavg", _POOL_ATTRS, 1, _pool_infer("poolavg"), _pool_numpy("avg"), _pool_flops,
+           doc="average pooling; padded positions count as zeros"),
+    OpSpec("concat", (AttrSpec("axis", "int"),), None, _concat_infer,
+           lambda xs, a: (np.concatenate(xs, axis=a["axis"]),), _zero_flops, doc="join along an axis"),
+    OpSpec("split", (AttrSpec("axis", "int"), AttrSpec("sizes", "ints")), 1, _split_infer, _split_numpy,
+           _zero_flops, is_view=True, doc="cut along an axis into pieces of the given sizes"),
+    OpSpec("slice", (AttrSpec("axis", "int"), AttrSpec("start", "int"), AttrSpec("stop", "int")), 1,
+           _slice_infer, _slice_numpy, _zero_flops, is_view=True, doc="one piece of a split"),
+    OpSpec("transpose", (AttrSpec("perm", "ints"),), 1, _transpose_infer,
+           lambda xs, a: (np.transpose(xs[0], a["perm"]),), _zero_flops, doc="permute axes"),
+    OpSpec("reshape", (AttrSpec("shape", "ints"),), 1, _reshape_infer,
+           lambda xs, a: (xs[0].reshape(a["shape"]),), _zero_flops, is_view=True, doc="row-major reshape"),
+    OpSpec("batchnorm", (AttrSpec("eps", "float", 1e-5),), 5, _batchnorm_infer, _batchnorm_numpy,
+           _pointwise_flops(2), doc="inference batch norm over axis 1: (x - mean) / sqrt(var + eps) * scale + bias"),
+    OpSpec("enlarge", (), 2, _enlarge_infer, _enlarge_numpy, _zero_flops,
+           doc="zero-pad a kernel to the H, W of a reference kernel, centred"),
+)}
+
+
+def op_spec(name: str) -> OpSpec:
+    """The registry entry for `name`, or a clear error listing the known ops."""
+    try:
+        return OPS[name]
+    except KeyError:
+        raise UnknownOpError(f"unknown op '{name}'; known ops: {', '.join(sorted(OPS))}") from None
+
+
+def infer_shapes(op: str, input_shapes: Sequence[Shape], attrs: Attrs) -> tuple[Shape, ...]:
+    """Output shapes of `op`, with arity checked; errors name the op and the input shapes."""
+    spec = op_spec(op)
+    if spec.arity is not None and len(input_shapes) != spec.arity:
+        raise _fail(op, input_shapes, f"takes {spec.arity} input(s), got {len(input_shapes)}")
+    if spec.arity is None and not input_shapes:
+        raise _fail(op, input_shapes, "takes at least one input")
+    return spec.infer([tuple(s) for s in input_shapes], spec.normalize_attrs(attrs))
+
+
+def evaluate(op: str, inputs: Sequence[np.ndarray], attrs: Attrs) -> tuple[np.ndarray, ...]:
+    """Reference semantics: run `op` in numpy."""
+    spec = op_spec(op)
+    return spec.numpy(inputs, spec.normalize_attrs(attrs))
+
+
+def flops(op: str, input_shapes: Sequence[Shape], attrs: Attrs) -> float:
+    spec = op_spec(op)
+    a = spec.normalize_attrs(attrs)
+    return spec.flops(input_shapes, spec.infer(input_shapes, a), a)
+
+
+def bytes_moved(op: str, input_shapes: Sequence[Shape], attrs: Attrs, itemsize: int = 4) -> float:
+    """Bytes read and written by one op run alone (views move nothing)."""
+    spec = op_spec(op)
+    if spec.is_leaf or spec.is_view:
+        return 0.0
+    outs = spec.infer(input_shapes, spec.normalize_attrs(attrs))
+    return float(itemsize * (sum(numel(s) for s in input_shapes) + sum(numel(s) for s in outs)))

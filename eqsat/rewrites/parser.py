@@ -1,0 +1,240 @@
+"""Read rule files: Tensat's `converted.txt` / `converted_multi.txt` unchanged, plus our extensions.
+
+Grammar of one line (blank lines and `#` comments are skipped):
+
+    [name:] LHS => RHS [if COND ...]          one rule
+    [name:] LHS <=> RHS [if COND ...]         a rule and its reverse (named name, name-rev)
+    [name:] L1 ; L2 => R1 ; R2                a two-output (multi-pattern) rule
+
+In a file read with `multi=True` (Tensat's two-output format) consecutive lines pair up into one
+multi-pattern rule. Terms are s-expressions with integer attributes written positionally, as Tensat
+writes them: `(matmul ACT a b)`, `(conv2d SH SW PAD ACT x w)`, `(concat AXIS NDIM a b)`,
+`(split_0 (split AXIS t))`, `(poolmax x KH KW SH SW PAD ACT)`; any other IR op is written with its
+attributes first, in registry order, then its tensor arguments; list attributes as `[1 0]`.
+Conditions are s-expressions over shapes, e.g. `(= (dim ?x 1) (dim ?y 1))`, `(= (rank ?x) 4)`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from eqsat import ops
+from eqsat.errors import RuleParseError
+from eqsat.rewrites.rule import Pattern, Rule, Term, Var
+
+Sexp = str | list["Sexp"]
+
+# Tensat's spelling of ops whose layout differs from "attributes first, then tensors":
+# each slot is an attribute name, "*" for a tensor argument, or "ndim" for the rank guard.
+TENSAT_SLOTS: dict[str, tuple[str, ...]] = {
+    "concat": ("axis", "ndim", "*", "*"),
+    "poolmax": ("*", "kernel_h", "kernel_w", "stride_h", "stride_w", "pad", "act"),
+    "poolavg": ("*", "kernel_h", "kernel_w", "stride_h", "stride_w", "pad", "act"),
+}
+
+_TOKEN = re.compile(r"\s*(?:(\()|(\))|(\[)|(\])|([^\s()\[\]]+))")
+
+
+def _tokenize(text: str, where: str) -> list[str]:
+    tokens, pos = [], 0
+    text = text.rstrip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            raise RuleParseError(f"{where}: unexpected character {text[pos]!r} at column {pos + 1}")
+        tokens.append(m.group(m.lastindex or 0))
+        pos = m.end()
+    return tokens
+
+
+def _read(tokens: list[str], pos: int, where: str) -> tuple[Sexp, int]:
+    if pos >= len(tokens):
+        raise RuleParseError(f"{where}: expected a term, found the end of the line")
+    tok = tokens[pos]
+    if tok in "([":
+        close = ")" if tok == "(" else "]"
+        items: list[Sexp] = ["[" ] if tok == "[" else []
+        pos += 1
+        while pos < len(tokens) and tokens[pos] != close:
+            if tokens[pos] in ")]":
+                raise RuleParseError(f"{where}: '{tokens[pos]}' closes a '{tok}'")
+            item, pos = _read(tokens, pos, where)
+            items.append(item)
+        if pos >= len(tokens):
+            raise RuleParseError(f"{where}: missing '{close}'")
+        return items, pos + 1
+    if tok in ")]":
+        raise RuleParseError(f"{where}: unexpected '{tok}'")
+    return tok, pos + 1
+
+
+def parse_sexp(text: str, where: str = "<rule>") -> Sexp:
+    tokens = _tokenize(text, where)
+    sexp, pos = _read(tokens, 0, where)
+    if pos != len(tokens):
+        raise RuleParseError(f"{where}: unexpected text after the term: {' '.join(tokens[pos:])}")
+    return sexp
+
+
+def _int(tok: Sexp, what: str, where: str) -> int:
+    if isinstance(tok, str) and re.fullmatch(r"-?\d+", tok):
+        return int(tok)
+    raise RuleParseError(f"{where}: expected an integer for {what}, found {_show(tok)}")
+
+
+def _show(s: Sexp) -> str:
+    return s if isinstance(s, str) else "(" + " ".join(map(_show, s)) + ")"
+
+
+def _slots(op: str, where: str) -> tuple[str, ...]:
+    if op in TENSAT_SLOTS:
+        return TENSAT_SLOTS[op]
+    if op not in ops.OPS or ops.OPS[op].is_leaf or ops.OPS[op].arity is None:
+        known = sorted({*TENSAT_SLOTS, "split", "split_0", "split_1",
+                        *(n for n, s in ops.OPS.items() if not s.is_leaf)})
+        raise RuleParseError(f"{where}: unknown operator '{op}'; expected one of {', '.join(known)}")
+    spec = ops.OPS[op]
+    return tuple(a.name for a in spec.attrs) + ("*",) * spec.arity
+
+
+def to_pattern(s: Sexp, where: str) -> Pattern:
+    """Turn an s-expression in Tensat's surface syntax into a `Pattern`."""
+    if isinstance(s, str):
+        if s.startswith("?") and len(s) > 1:
+            return Var(s[1:])
+        raise RuleParseError(f"{where}: expected a term or a ?variable, found '{s}'")
+    if not s or not isinstance(s[0], str):
+        raise RuleParseError(f"{where}: a term must start with an operator name, found {_show(s)}")
+    op, args = s[0], s[1:]
+    if op in ("split_0", "split_1"):
+        inner = args[0] if len(args) == 1 else None
+        if not (isinstance(inner, list) and inner and inner[0] == "split" and len(inner) == 3):
+            raise RuleParseError(f"{where}: {op} must be applied to (split AXIS term), found {_show(s)}")
+        axis = _int(inner[1], "split's axis", where)
+        return Term("split_part", (("axis", axis), ("index", int(op[-1]))), (to_pattern(inner[2], where),))
+    if op == "split":
+        raise RuleParseError(f"{where}: (split ...) may only appear under split_0 or split_1")
+    slots = _slots(op, where)
+    if len(args) != len(slots):
+        raise RuleParseError(f"{where}: '{op}' takes {len(slots)} arguments ({' '.join(slots)}), got {len(args)}")
+    spec = ops.OPS[op]
+    kinds = {a.name: a.kind for a in spec.attrs}
+    attrs, guards, tensors = [], [], []
+    for slot, arg in zip(slots, args):
+        if slot == "*":
+            tensors.append(to_pattern(arg, where))
+        elif slot == "ndim":
+            guards.append(("ndim", _int(arg, f"{op}'s ndim", where)))
+        elif kinds.get(slot) == "ints":
+            if not (isinstance(arg, list) and arg[:1] == ["["]):
+                raise RuleParseError(f"{where}: expected a list like [1 0] for {op}'s {slot}, found {_show(arg)}")
+            attrs.append((slot, tuple(_int(a, f"{op}'s {slot}", where) for a in arg[1:])))
+        elif kinds.get(slot) == "float":
+            try:
+                attrs.append((slot, float(arg)))  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                raise RuleParseError(f"{where}: expected a number for {op}'s {slot}, found {_show(arg)}") from None
+        else:
+            attrs.append((slot, _int(arg, f"{op}'s {slot}", where)))
+    return Term(op, tuple(sorted(attrs)), tuple(tensors), tuple(guards))
+
+
+def _sides(text: str, where: str) -> tuple[Pattern, ...]:
+    return tuple(to_pattern(parse_sexp(part, where), where) for part in text.split(";"))
+
+
+_LINE = re.compile(r"^\s*(?:(?P<name>[A-Za-z_][\w.\-]*)\s*:\s*)?(?P<lhs>.*?)\s*(?P<arrow><=>|=>)\s*(?P<rhs>.*)$")
+
+
+def parse_rule_text(line: str, where: str = "<rule>", name: str | None = None, check: bool = True) -> list[Rule]:
+    """Parse one rule line; returns one rule, or two for `<=>`."""
+    m = _LINE.match(line)
+    if not m or not m.group("lhs"):
+        raise RuleParseError(f"{where}: expected 'LHS => RHS', found {line.strip()!r}")
+    rhs_text, conditions = m.group("rhs"), ()
+    if " if " in rhs_text:
+        rhs_text, cond_text = rhs_text.split(" if ", 1)
+        conditions = tuple(_condition(parse_sexp(c, where), where) for c in _split_top(cond_text, where))
+    lhs, rhs = _sides(m.group("lhs"), where), _sides(rhs_text, where)
+    if len(lhs) != len(rhs):
+        raise RuleParseError(f"{where}: {len(lhs)} left side(s) but {len(rhs)} right side(s)")
+    rule_name = m.group("name") or name or where
+    rules = [Rule(rule_name, lhs, rhs, where, conditions)]
+    if m.group("arrow") == "<=>":
+        rules.append(Rule(rule_name + "-rev", rhs, lhs, where, conditions))
+    for rule in rules if check else ():
+        _check_vars(rule, where)
+    return rules
+
+
+def _split_top(text: str, where: str) -> list[str]:
+    """Split `(a) (b)` into its top-level s-expressions."""
+    tokens, out, depth, start = _tokenize(text, where), [], 0, 0
+    for i, tok in enumerate(tokens):
+        depth += tok in "([" and 1 or (tok in ")]" and -1 or 0)
+        if depth == 0:
+            out.append(" ".join(tokens[start:i + 1]).replace("( ", "(").replace(" )", ")"))
+            start = i + 1
+    return out
+
+
+_CONDITION_OPS = {"=": 2, "!=": 2, "<": 2, "<=": 2, "dim": 2, "rank": 1, "+": 2, "*": 2, "-": 2, "%": 2}
+
+
+def _condition(s: Sexp, where: str) -> Term:
+    """Side conditions: integer expressions over `(dim ?x i)` and `(rank ?x)`."""
+    if isinstance(s, str):
+        if s.startswith("?"):
+            return Var(s[1:])  # type: ignore[return-value]
+        return Term("const", (("value", _int(s, "a condition constant", where)),))
+    if not s or s[0] not in _CONDITION_OPS or len(s) - 1 != _CONDITION_OPS[s[0]]:
+        raise RuleParseError(f"{where}: bad condition {_show(s)}; use (= a b), (!= a b), (< a b), (<= a b) "
+                             "over (dim ?x I), (rank ?x), integers, + - * %")
+    return Term(s[0], (), tuple(_condition(a, where) for a in s[1:]))  # type: ignore[arg-type]
+
+
+def _check_vars(rule: Rule, where: str) -> None:
+    from eqsat.rewrites.rule import variables
+
+    bound = {v for p in rule.lhs for v in variables(p)}
+    free = {v for p in rule.rhs for v in variables(p)} - bound
+    if free:
+        raise RuleParseError(f"{where}: right side uses ?{', ?'.join(sorted(free))}, not bound on the left")
+
+
+def parse_rules(lines: Iterable[str], source: str, multi: bool = False) -> list[Rule]:
+    rules: list[Rule] = []
+    numbered = [(i + 1, line.strip()) for i, line in enumerate(lines)]
+    numbered = [(n, line) for n, line in numbered if line and not line.startswith("#")]
+    if not multi:
+        for n, line in numbered:
+            rules.extend(parse_rule_text(line, f"{source}:{n}"))
+        return rules
+    if len(numbered) % 2:
+        raise RuleParseError(f"{source}: a two-output rule file needs pairs of lines, found {len(numbered)} rules lines")
+    for (n1, a), (n2, b) in zip(numbered[::2], numbered[1::2]):
+        first = parse_rule_text(a, f"{source}:{n1}", check=False)[0]
+        second = parse_rule_text(b, f"{source}:{n2}", check=False)[0]
+        rule = Rule(f"{source}:{n1}-{n2}", first.lhs + second.lhs, first.rhs + second.rhs, f"{source}:{n1}")
+        _check_vars(rule, rule.source)
+        rules.append(rule)
+    return rules
+
+
+def load_rules(path: str | Path, multi: bool | None = None) -> list[Rule]:
+    """Load a rule file; `multi=None` treats files named `*multi*` as Tensat two-output files."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise RuleParseError(f"{path}: cannot read rule file: {exc.strerror}") from None
+    if multi is None:
+        multi = "multi" in path.name
+    return parse_rules(text.splitlines(), path.name, multi)
+
+
+def tensat_rule_files(data_dir: str | Path) -> Sequence[Path]:
+    base = Path(data_dir) / "tensat" / "rules"
+    return (base / "converted.txt", base / "converted_multi.txt")
