@@ -1,0 +1,226 @@
+"""Cost models: (op, attrs, input shapes) → seconds on a named device.
+
+The default is a roofline: an op takes max(flops / peak, bytes / bandwidth) plus a fixed launch
+cost, so small ops are launch-bound (which is what makes fusing matmuls pay) and big ones are
+compute- or memory-bound. Leaves and views cost nothing. Models are looked up by name in
+`COST_MODEL_FACTORIES` so a measured model (from the JAX backend) can be added beside it.
+
+Device numbers (`DEVICES`), and where they come from:
+
+- `h100`: NVIDIA H100 SXM5 datasheet: 67 TFLOP/s FP32 (non-tensor-core), 989 TFLOP/s dense
+  BF16 tensor core, 3.35 TB/s HBM3. The launch cost (5 µs) is an assumption: the usual
+  kernel-launch plus XLA dispatch gap between small fused kernels.
+- `h200`: NVIDIA H200 SXM datasheet: same compute as H100 SXM, 4.8 TB/s HBM3e; same launch cost.
+- `cpu`: measured on this machine (`calibrate_cpu`: a numpy matmul for flops, a large copy for
+  bandwidth, a tiny numpy op for the per-op overhead), cached on disk per machine and never
+  measured at import time. `cpu-nominal` gives fixed, machine-independent numbers for tests.
+
+Peak numbers are what the chip can do, not what an op gets; the model is for ranking graphs, not
+for predicting wall time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from eqsat import ops
+from eqsat.errors import EqsatError
+
+if TYPE_CHECKING:
+    from eqsat.ir import Graph
+
+Shape = tuple[int, ...]
+
+__all__ = [
+    "DeviceSpec", "DEVICES", "CostModel", "RooflineModel", "COST_MODEL_FACTORIES", "cost_model",
+    "graph_cost", "device_spec", "calibrate_cpu", "UnknownCostModelError",
+]
+
+
+class UnknownCostModelError(EqsatError):
+    """A cost model or device name that no table defines."""
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What a roofline needs to know about a device. Flops in FLOP/s, bandwidth in bytes/s."""
+
+    name: str
+    peak_flops_fp32: float
+    peak_flops_bf16: float
+    bandwidth: float
+    launch_s: float
+    source: str = ""
+
+    def peak_flops(self, dtype: str) -> float:
+        if dtype in ("bfloat16", "bf16", "float16", "fp16"):
+            return self.peak_flops_bf16
+        return self.peak_flops_fp32
+
+
+DEVICES: Mapping[str, DeviceSpec] = MappingProxyType({
+    "h100": DeviceSpec("h100", 67e12, 989e12, 3.35e12, 5e-6, "NVIDIA H100 SXM5 datasheet; launch cost assumed"),
+    "h200": DeviceSpec("h200", 67e12, 989e12, 4.8e12, 5e-6, "NVIDIA H200 SXM datasheet; launch cost assumed"),
+    "cpu-nominal": DeviceSpec("cpu-nominal", 100e9, 100e9, 20e9, 2e-6,
+                              "fixed, machine-independent CPU numbers (for tests and reproducible costs)"),
+})
+"""Fixed device specs; `cpu` is not here because it is measured (see `device_spec`)."""
+
+
+# --- CPU calibration --------------------------------------------------------------------------
+
+def _machine_key() -> str:
+    """Identifies this machine and numpy build, so a cache copied elsewhere is not trusted."""
+    import numpy as np
+
+    ident = "|".join([platform.node(), platform.machine(), platform.processor(), str(os.cpu_count()),
+                      np.__version__])
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def _cache_dir() -> Path:
+    """`$EQSAT_CACHE_DIR`, else `~/.cache/eqsat` (XDG_CACHE_HOME respected)."""
+    explicit = os.environ.get("EQSAT_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "eqsat"
+
+
+def _best_of(fn: Callable[[], Any], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _measure_cpu() -> DeviceSpec:
+    """About half a second: a 512³ fp32 matmul, a 32 MiB copy and a one-element add, best of a few."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n = 512
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    out = np.empty((n, n), dtype=np.float32)
+    np.matmul(a, b, out=out)  # warm up BLAS threads
+    matmul_s = _best_of(lambda: np.matmul(a, b, out=out), 5)
+    src = np.ones(8 * 1024 * 1024, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    copy_s = _best_of(lambda: np.copyto(dst, src), 5)
+    one = np.ones(1, dtype=np.float32)
+    tiny_s = _best_of(lambda: [np.add(one, one) for _ in range(100)], 5) / 100
+    return DeviceSpec(
+        name="cpu",
+        peak_flops_fp32=2.0 * n**3 / matmul_s,
+        peak_flops_bf16=2.0 * n**3 / matmul_s,
+        bandwidth=2.0 * src.nbytes / copy_s,  # a copy reads and writes every byte
+        launch_s=tiny_s,
+        source=f"measured on this machine ({platform.node()}) with numpy",
+    )
+
+
+def calibrate_cpu(force: bool = False) -> DeviceSpec:
+    """The CPU's spec from the on-disk cache, measuring (< 2 s) and caching it if absent or `force`."""
+    path = _cache_dir() / f"cpu-{_machine_key()}.json"
+    if not force and path.exists():
+        try:
+            return DeviceSpec(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            pass  # a corrupt cache is re-measured
+    spec = _measure_cpu()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(asdict(spec)))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home still gets a (re-measured) spec
+    return spec
+
+
+def device_spec(device: str) -> DeviceSpec:
+    """The spec of a named device; `cpu` is measured once per machine and cached."""
+    if device == "cpu":
+        return calibrate_cpu()
+    try:
+        return DEVICES[device]
+    except KeyError:
+        known = ", ".join(sorted([*DEVICES, "cpu"]))
+        raise UnknownCostModelError(f"unknown device '{device}'; known devices: {known}") from None
+
+
+# --- models -----------------------------------------------------------------------------------
+
+class CostModel(Protocol):
+    """Anything that prices one op application in seconds."""
+
+    name: str
+    device: str
+
+    def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]) -> float: ...
+
+
+@dataclass(frozen=True)
+class RooflineModel:
+    """max(flops / peak, bytes / bandwidth) + launch; leaves and views cost 0."""
+
+    spec: DeviceSpec
+    dtype: str = "float32"
+    name: str = "roofline"
+
+    @property
+    def device(self) -> str:  # type: ignore[override]
+        return self.spec.name
+
+    @property
+    def itemsize(self) -> int:
+        return 2 if self.dtype in ("bfloat16", "bf16", "float16", "fp16") else 4
+
+    def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]) -> float:
+        spec = ops.op_spec(op)
+        if spec.is_leaf or spec.is_view:
+            return 0.0
+        shapes = [tuple(s) for s in input_shapes]
+        work = ops.flops(op, shapes, attrs)
+        traffic = ops.bytes_moved(op, shapes, attrs, self.itemsize)
+        return max(work / self.spec.peak_flops(self.dtype), traffic / self.spec.bandwidth) + self.spec.launch_s
+
+
+def _roofline(device: str, **options: Any) -> CostModel:
+    return RooflineModel(device_spec(device), **options)
+
+
+COST_MODEL_FACTORIES: Mapping[str, Callable[..., CostModel]] = MappingProxyType({
+    "roofline": _roofline,
+})
+"""Cost model name → factory(device, **options). Add measured / file-based models here."""
+
+
+def cost_model(name: str = "roofline", device: str = "cpu", **options: Any) -> CostModel:
+    """The named cost model for `device`; unknown names raise with the list of known ones."""
+    try:
+        factory = COST_MODEL_FACTORIES[name]
+    except KeyError:
+        raise UnknownCostModelError(
+            f"unknown cost model '{name}'; known cost models: {', '.join(sorted(COST_MODEL_FACTORIES))}"
+        ) from None
+    return factory(device, **options)
+
+
+def graph_cost(graph: Graph, model: CostModel) -> float:
+    """Sum of the op costs of the nodes the outputs depend on (leaves and views add 0)."""
+    live = graph.live()
+    return sum(model.op_cost(n.op, n.attr, [live.shape(v) for v in n.inputs]) for n in live.nodes)

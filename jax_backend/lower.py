@@ -1,0 +1,187 @@
+"""`Graph` → JAX function, through one table from op name to a `jax.lax` / `jax.numpy` call.
+
+Each lowering takes the op's input arrays and its normalized attributes and returns a tuple of
+outputs, exactly like the numpy semantics in `eqsat/ops.py`, which it must match (tests/test_ops.py
+checks every op). Window ops use explicit (low, high) paddings from `eqsat.ops.window_out_and_pads`
+so SAME means TensorFlow's SAME on every backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from eqsat import ops
+from eqsat.errors import ShapeError, UnknownOpError
+from eqsat.ir import Graph
+from eqsat.ops import Activation
+
+Array = jax.Array
+Lowering = Callable[[Sequence[Array], Mapping[str, Any], Any], tuple[Array, ...]]
+
+__all__ = ["LOWERINGS", "ACTIVATIONS", "to_jax", "to_jax_positional", "lower_node", "PRECISIONS"]
+
+ACTIVATIONS: Mapping[int, Callable[[Array], Array]] = MappingProxyType({
+    Activation.NONE: lambda x: x,
+    Activation.SIGMOID: jax.nn.sigmoid,
+    Activation.RELU: jax.nn.relu,
+    Activation.TANH: jnp.tanh,
+})
+
+PRECISIONS: Mapping[str, lax.Precision] = MappingProxyType({
+    "default": lax.Precision.DEFAULT,
+    "high": lax.Precision.HIGH,
+    "highest": lax.Precision.HIGHEST,
+})
+
+
+def _act(x: Array, code: int) -> Array:
+    return ACTIVATIONS[Activation(code)](x)
+
+
+def _window_pads(shape: Sequence[int], kh: int, kw: int, sh: int, sw: int, pad: int) -> list[tuple[int, int]]:
+    _, top, bottom = ops.window_out_and_pads(shape[2], kh, sh, pad)
+    _, left, right = ops.window_out_and_pads(shape[3], kw, sw, pad)
+    return [(top, bottom), (left, right)]
+
+
+def _matmul(xs: Sequence[Array], a: Mapping[str, Any], precision: Any) -> tuple[Array, ...]:
+    return (_act(jnp.matmul(xs[0], xs[1], precision=precision), a["act"]),)
+
+
+def _conv2d(xs: Sequence[Array], a: Mapping[str, Any], precision: Any) -> tuple[Array, ...]:
+    x, w = xs
+    pads = _window_pads(x.shape, w.shape[2], w.shape[3], a["stride_h"], a["stride_w"], a["pad"])
+    out = lax.conv_general_dilated(
+        x, w, window_strides=(a["stride_h"], a["stride_w"]), padding=pads,
+        dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=x.shape[1] // w.shape[1],
+        precision=precision,
+    )
+    return (_act(out, a["act"]),)
+
+
+def _pool(reduce: str) -> Lowering:
+    def lower(xs: Sequence[Array], a: Mapping[str, Any], precision: Any) -> tuple[Array, ...]:
+        x = xs[0]
+        kh, kw = a["kernel_h"], a["kernel_w"]
+        pads = [(0, 0), (0, 0), *_window_pads(x.shape, kh, kw, a["stride_h"], a["stride_w"], a["pad"])]
+        dims, strides = (1, 1, kh, kw), (1, 1, a["stride_h"], a["stride_w"])
+        if reduce == "max":
+            out = lax.reduce_window(x, -jnp.inf, lax.max, dims, strides, pads)
+        else:  # padded positions count as zeros, as in ops.py
+            out = lax.reduce_window(x, 0.0, lax.add, dims, strides, pads) / (kh * kw)
+        return (_act(out.astype(x.dtype), a["act"]),)
+
+    return lower
+
+
+def _split(xs: Sequence[Array], a: Mapping[str, Any], precision: Any) -> tuple[Array, ...]:
+    cuts = np.cumsum(a["sizes"])[:-1].tolist()
+    return tuple(jnp.split(xs[0], cuts, axis=a["axis"]))
+
+
+def _batchnorm(xs: Sequence[Array], a: Mapping[str, Any], precision: Any) -> tuple[Array, ...]:
+    x, scale, bias, mean, var = xs
+    bshape = (1, -1) + (1,) * (x.ndim - 2)
+    inv = (scale / jnp.sqrt(var + jnp.asarray(a["eps"], dtype=x.dtype))).reshape(bshape)
+    return ((x - mean.reshape(bshape)) * inv + bias.reshape(bshape),)
+
+
+def _enlarge(xs: Sequence[Array], a: Mapping[str, Any], precision: Any) -> tuple[Array, ...]:
+    w, ref = xs
+    ph, pw = (ref.shape[2] - w.shape[2]) // 2, (ref.shape[3] - w.shape[3]) // 2
+    return (jnp.pad(w, ((0, 0), (0, 0), (ph, ph), (pw, pw))),)
+
+
+def _one(fn: Callable[..., Array]) -> Lowering:
+    return lambda xs, a, precision: (fn(*xs),)
+
+
+LOWERINGS: Mapping[str, Lowering] = MappingProxyType({
+    "ewadd": _one(jnp.add),
+    "ewmul": _one(jnp.multiply),
+    "smul": lambda xs, a, p: (xs[0] * xs[1].reshape(()),),
+    "matmul": _matmul,
+    "conv2d": _conv2d,
+    "relu": _one(jax.nn.relu),
+    "tanh": _one(jnp.tanh),
+    "sigmoid": _one(jax.nn.sigmoid),
+    "poolmax": _pool("max"),
+    "poolavg": _pool("avg"),
+    "concat": lambda xs, a, p: (jnp.concatenate(list(xs), axis=a["axis"]),),
+    "split": _split,
+    "slice": lambda xs, a, p: (lax.slice_in_dim(xs[0], a["start"], a["stop"], axis=a["axis"]),),
+    "transpose": lambda xs, a, p: (jnp.transpose(xs[0], a["perm"]),),
+    "reshape": lambda xs, a, p: (jnp.reshape(xs[0], a["shape"]),),
+    "batchnorm": _batchnorm,
+    "enlarge": _enlarge,
+})
+"""Op name → lowering(inputs, normalized attrs, matmul/conv precision) → outputs."""
+
+
+def lower_node(op: str, inputs: Sequence[Array], attrs: Mapping[str, Any],
+               precision: str = "highest") -> tuple[Array, ...]:
+    """Run one op in JAX (attributes normalized through the registry)."""
+    try:
+        lowering = LOWERINGS[op]
+    except KeyError:
+        raise UnknownOpError(f"op '{op}' has no JAX lowering; lowered ops: {', '.join(sorted(LOWERINGS))}") from None
+    return lowering(inputs, ops.op_spec(op).normalize_attrs(attrs), PRECISIONS[precision])
+
+
+def _check_lowerable(graph: Graph) -> None:
+    for node in graph.nodes:
+        if not ops.op_spec(node.op).is_leaf and node.op not in LOWERINGS:
+            raise UnknownOpError(f"op '{node.op}' has no JAX lowering; lowered ops: {', '.join(sorted(LOWERINGS))}")
+
+
+def to_jax(graph: Graph, precision: str = "highest") -> Callable[[Mapping[str, Array]], list[Array]]:
+    """A traceable function from {leaf name: array} to the graph's outputs (wrap it in `jax.jit`).
+
+    `precision` applies to matmul and conv: "highest" (default) keeps float32 on GPUs so numerics
+    match the numpy reference; "default" lets XLA use TF32/bf16 passes for speed.
+    """
+    if precision not in PRECISIONS:
+        raise ShapeError(f"unknown precision '{precision}'; expected one of {', '.join(PRECISIONS)}")
+    _check_lowerable(graph)
+    prec = PRECISIONS[precision]
+    plan = [(node.op, ops.op_spec(node.op).normalize_attrs(node.attr), node.inputs, node.shapes)
+            for node in graph.nodes]
+    is_leaf = [ops.op_spec(node.op).is_leaf for node in graph.nodes]
+    outputs = graph.outputs
+
+    def run(inputs: Mapping[str, Array]) -> list[Array]:
+        values: list[tuple[Array, ...]] = []
+        for leaf, (op, attrs, args, shapes) in zip(is_leaf, plan):
+            if leaf:
+                name = attrs["name"]
+                if name not in inputs:
+                    raise ShapeError(f"no value given for {op} '{name}'")
+                array = inputs[name]
+                if tuple(array.shape) != shapes[0]:
+                    raise ShapeError(f"{op} '{name}' has shape {shapes[0]}, given {tuple(array.shape)}")
+                values.append((array,))
+            else:
+                values.append(LOWERINGS[op]([values[v.node][v.index] for v in args], attrs, prec))
+        return [values[v.node][v.index] for v in outputs]
+
+    return run
+
+
+def to_jax_positional(graph: Graph, precision: str = "highest") -> tuple[list[str], Callable[..., list[Array]]]:
+    """The leaf names in graph order and a function taking the leaves positionally in that order."""
+    names = [n.attr["name"] for _, n in graph.leaves()]
+    by_name = to_jax(graph, precision)
+
+    def run(*arrays: Array) -> list[Array]:
+        if len(arrays) != len(names):
+            raise ShapeError(f"expected {len(names)} arrays ({', '.join(names)}), got {len(arrays)}")
+        return by_name(dict(zip(names, arrays)))
+
+    return names, run
