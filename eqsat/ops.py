@@ -383,6 +383,39 @@ def _zero_flops(ins: Sequence[Shape], outs: Sequence[Shape], a: Attrs) -> float:
     return 0.0
 
 
+# --- ops that JAX capture needs (jax_backend/capture.py) -----------------------------------------
+
+def _reduce_infer(op: str) -> Callable[[Sequence[Shape], Attrs], tuple[Shape, ...]]:
+    def infer(shapes: Sequence[Shape], a: Attrs) -> tuple[Shape, ...]:
+        x, axes = shapes[0], a["axes"]
+        if len(set(axes)) != len(axes) or any(not 0 <= ax < len(x) for ax in axes):
+            raise _fail(op, shapes, f"axes {list(axes)} must be distinct and within rank {len(x)}")
+        return (tuple(d for i, d in enumerate(x) if i not in axes),)
+
+    return infer
+
+
+def _reduce_flops(ins: Sequence[Shape], outs: Sequence[Shape], a: Attrs) -> float:
+    return float(numel(ins[0]))
+
+
+def _broadcast_infer(shapes: Sequence[Shape], a: Attrs) -> tuple[Shape, ...]:
+    x, shape, dims = shapes[0], a["shape"], a["dims"]
+    if len(dims) != len(x) or any(not 0 <= d < len(shape) for d in dims) or list(dims) != sorted(set(dims)):
+        raise _fail("broadcast", shapes, f"dims {list(dims)} must map each input axis to an increasing output axis of {list(shape)}")
+    if any(x[i] not in (1, shape[d]) for i, d in enumerate(dims)):
+        raise _fail("broadcast", shapes, f"input dims must be 1 or equal the output's {list(shape)} at {list(dims)}")
+    return (tuple(shape),)
+
+
+def _broadcast_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ...]:
+    shape, dims = a["shape"], a["dims"]
+    expanded = [1] * len(shape)
+    for i, d in enumerate(dims):
+        expanded[d] = xs[0].shape[i]
+    return (np.broadcast_to(xs[0].reshape(expanded), shape).copy(),)
+
+
 _LEAF_ATTRS = (AttrSpec("name", "str"), AttrSpec("shape", "ints"))
 
 OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
@@ -418,6 +451,22 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
            _pointwise_flops(2), doc="inference batch norm over axis 1: (x - mean) / sqrt(var + eps) * scale + bias"),
     OpSpec("enlarge", (), 2, _enlarge_infer, _enlarge_numpy, _zero_flops,
            doc="zero-pad a kernel to the H, W of a reference kernel, centred"),
+    _binary("ewsub", np.subtract, "elementwise difference"),
+    _binary("ewdiv", np.divide, "elementwise quotient"),
+    _binary("ewmax", np.maximum, "elementwise maximum"),
+    _unary("exp", np.exp, 4, "e to the x"),
+    _unary("log", np.log, 4, "natural logarithm"),
+    _unary("neg", np.negative, 1, "-x"),
+    _unary("sqrt", np.sqrt, 4, "square root"),
+    _unary("rsqrt", lambda x: 1.0 / np.sqrt(x), 4, "reciprocal square root"),
+    OpSpec("reduce_sum", (AttrSpec("axes", "ints"),), 1, _reduce_infer("reduce_sum"),
+           lambda xs, a: (np.sum(xs[0], axis=tuple(a["axes"])).astype(xs[0].dtype),), _reduce_flops,
+           doc="sum over the listed axes (dropped)"),
+    OpSpec("reduce_max", (AttrSpec("axes", "ints"),), 1, _reduce_infer("reduce_max"),
+           lambda xs, a: (np.max(xs[0], axis=tuple(a["axes"])),), _reduce_flops,
+           doc="maximum over the listed axes (dropped)"),
+    OpSpec("broadcast", (AttrSpec("shape", "ints"), AttrSpec("dims", "ints")), 1, _broadcast_infer,
+           _broadcast_numpy, _zero_flops, doc="lax.broadcast_in_dim: input axis i goes to output axis dims[i]"),
 )}
 
 

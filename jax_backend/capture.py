@@ -1,0 +1,489 @@
+"""JAX function → `Program`: IR graphs for what eqsat understands, verbatim equations for the rest.
+
+A jaxpr is walked once. Equations whose primitive has a handler in `CAPTURE_RULES` (and whose values
+are all float32 with positive dimensions) become IR instructions; `jit` calls are inlined; every
+other equation (custom_jvp/vjp calls other than relu, control flow, RNG, integer ops, stop_gradient,
+...) is kept as an `OpaqueStep` and replayed exactly as it was, so gradients and effects of those
+parts do not change.
+
+Instructions are grouped into as few IR graphs as possible: an instruction's *level* is the number
+of opaque equations on its longest input path, and all instructions of one level form one graph
+(`GraphStep`). Running levels in order (opaque equations of level L, then graph L) respects every
+dependency, so unrelated supported work on both sides of an opaque call still lands in one graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.extend.core as jcore
+import numpy as np
+
+from eqsat import ops
+from eqsat.errors import EqsatError
+from eqsat.ir import Graph, GraphBuilder, Tensor
+from eqsat.ops import Padding, Shape
+
+__all__ = ["Program", "GraphStep", "OpaqueStep", "CaptureError", "capture_jaxpr", "capture", "replay",
+           "graph_leaf_name", "CAPTURE_RULES"]
+
+CAPTURED_DTYPE = np.dtype(np.float32)
+
+
+class CaptureError(EqsatError):
+    """A function that cannot be traced into a jaxpr with the given arguments."""
+
+
+@dataclass(frozen=True)
+class GraphStep:
+    """One IR graph: its leaves read value ids `inputs` (leaf i is named `graph_leaf_name(inputs[i])`)."""
+
+    graph: Graph
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class OpaqueStep:
+    """One jaxpr equation replayed verbatim."""
+
+    eqn: Any  # jax.extend.core.JaxprEqn
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return str(self.eqn.primitive)
+
+
+Step = GraphStep | OpaqueStep
+
+
+@dataclass(frozen=True, eq=False)
+class Program:
+    """A captured function over flat arguments: value ids 0..n_inputs-1 are the arguments."""
+
+    n_inputs: int
+    consts: Mapping[int, Any]  # value id → constant array (closed-over consts and literals)
+    steps: tuple[Step, ...]
+    outputs: tuple[int, ...]
+    avals: Mapping[int, tuple[Shape, Any]] = field(repr=False)  # value id → (shape, dtype)
+
+    @property
+    def graphs(self) -> list[GraphStep]:
+        return [s for s in self.steps if isinstance(s, GraphStep)]
+
+    @property
+    def opaque(self) -> list[OpaqueStep]:
+        return [s for s in self.steps if isinstance(s, OpaqueStep)]
+
+    def with_graphs(self, graphs: Sequence[Graph]) -> Program:
+        """The same program with each GraphStep's graph replaced (same leaves and outputs, in order)."""
+        it = iter(graphs)
+        steps = tuple(GraphStep(next(it), s.inputs, s.outputs) if isinstance(s, GraphStep) else s for s in self.steps)
+        return Program(self.n_inputs, self.consts, steps, self.outputs, self.avals)
+
+
+def graph_leaf_name(value_id: int) -> str:
+    return f"v{value_id}"
+
+
+# --- the walk -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Instr:
+    op: str
+    attrs: tuple[tuple[str, Any], ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+
+class _Capturer:
+    """Mutable state of one capture (local to `capture_jaxpr`)."""
+
+    def __init__(self) -> None:
+        self.avals: dict[int, tuple[Shape, Any]] = {}
+        self.consts: dict[int, Any] = {}
+        self.items: list[_Instr | OpaqueStep] = []
+
+    def new(self, shape: Shape, dtype: Any) -> int:
+        vid = len(self.avals)
+        self.avals[vid] = (tuple(int(d) for d in shape), np.dtype(dtype))
+        return vid
+
+    def shape(self, vid: int) -> Shape:
+        return self.avals[vid][0]
+
+    def const_value(self, vid: int) -> np.ndarray | None:
+        value = self.consts.get(vid)
+        if value is None or isinstance(value, jax.core.Tracer):
+            return None
+        return np.asarray(value)
+
+    def emit(self, op: str, inputs: Sequence[int], **attrs: Any) -> tuple[int, ...]:
+        """Append one IR instruction; shapes are inferred (and checked) by the op registry."""
+        spec = ops.op_spec(op)
+        norm = spec.normalize_attrs(attrs)
+        shapes = ops.infer_shapes(op, [self.shape(i) for i in inputs], norm)
+        outs = tuple(self.new(s, CAPTURED_DTYPE) for s in shapes)
+        frozen = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in norm.items()))
+        self.items.append(_Instr(op, frozen, tuple(inputs), outs))
+        return outs
+
+    def emit1(self, op: str, inputs: Sequence[int], **attrs: Any) -> int:
+        return self.emit(op, inputs, **attrs)[0]
+
+    def broadcast_to(self, vid: int, shape: Shape) -> int:
+        """lax's implicit broadcasting (scalars, size-1 axes of equal rank) made explicit."""
+        have = self.shape(vid)
+        if have == shape:
+            return vid
+        dims = tuple(range(len(shape) - len(have), len(shape))) if have else ()
+        return self.emit1("broadcast", [vid], shape=shape, dims=dims)
+
+    # --- walking ----------------------------------------------------------------------------
+
+    def read(self, env: dict[Any, int], atom: Any) -> int:
+        if isinstance(atom, jcore.Literal):
+            vid = self.new(np.shape(atom.val), atom.aval.dtype)
+            self.consts[vid] = np.asarray(atom.val, dtype=atom.aval.dtype)
+            return vid
+        return env[atom]
+
+    def walk(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[int]) -> list[int]:
+        env: dict[Any, int] = {}
+        for var, value in zip(jaxpr.constvars, consts):
+            vid = self.new(var.aval.shape, var.aval.dtype)
+            self.consts[vid] = value
+            env[var] = vid
+        for var, vid in zip(jaxpr.invars, args):
+            env[var] = vid
+        for eqn in jaxpr.eqns:
+            ins = [self.read(env, a) for a in eqn.invars]
+            outs = self.capture_eqn(eqn, ins)
+            if outs is None:
+                outs = [self.new(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
+                self.items.append(OpaqueStep(eqn, tuple(ins), tuple(outs)))
+            for var, vid in zip(eqn.outvars, outs):
+                env[var] = vid
+        return [self.read(env, a) for a in jaxpr.outvars]
+
+    def capture_eqn(self, eqn: Any, ins: list[int]) -> list[int] | None:
+        name = str(eqn.primitive)
+        if name in _CALLS:
+            closed = eqn.params["jaxpr"]
+            return self.walk(closed.jaxpr, closed.consts, ins)
+        rule = CAPTURE_RULES.get(name)
+        if rule is None or not _all_captureable(eqn):
+            return None
+        mark = len(self.items)
+        try:
+            outs = rule(self, eqn, ins)
+        except EqsatError:  # a shape the IR cannot express: leave the equation as it was
+            outs = None
+        if outs is None:
+            del self.items[mark:]
+        return outs
+
+
+def _all_captureable(eqn: Any) -> bool:
+    for atom in [*eqn.invars, *eqn.outvars]:
+        aval = atom.aval
+        if not hasattr(aval, "dtype") or np.dtype(aval.dtype) != CAPTURED_DTYPE:
+            return False
+        if any(not isinstance(d, int) or d < 1 for d in aval.shape):
+            return False
+    return True
+
+
+_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call"})
+
+# --- capture rules: primitive name → handler(capturer, eqn, input ids) → output ids or None -----
+
+CaptureRule = Callable[[_Capturer, Any, list[int]], list[int] | None]
+
+
+def _out_shape(eqn: Any) -> Shape:
+    return tuple(eqn.outvars[0].aval.shape)
+
+
+def _binary(op: str) -> CaptureRule:
+    def rule(c: _Capturer, eqn: Any, ins: list[int]) -> list[int]:
+        shape = _out_shape(eqn)
+        return [c.emit1(op, [c.broadcast_to(i, shape) for i in ins])]
+
+    return rule
+
+
+def _is_zero(c: _Capturer, vid: int) -> bool:
+    value = c.const_value(vid)
+    return value is not None and value.size >= 1 and not np.any(value)
+
+
+def _max(c: _Capturer, eqn: Any, ins: list[int]) -> list[int]:
+    shape = _out_shape(eqn)
+    for x, other in ((ins[0], ins[1]), (ins[1], ins[0])):
+        if _is_zero(c, other) and c.shape(x) == shape:
+            return [c.emit1("relu", [x])]
+    return _binary("ewmax")(c, eqn, ins)
+
+
+def _unary(op: str) -> CaptureRule:
+    return lambda c, eqn, ins: [c.emit1(op, ins)]
+
+
+def _square(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+    if eqn.params.get("y", 2) != 2:
+        return None
+    return [c.emit1("ewmul", [ins[0], ins[0]])]
+
+
+def _reduce(op: str) -> CaptureRule:
+    def rule(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+        axes = tuple(sorted(int(a) for a in eqn.params["axes"]))
+        if not axes:
+            return [ins[0]]
+        return [c.emit1(op, ins, axes=axes)]
+
+    return rule
+
+
+def _reshape(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+    if eqn.params.get("dimensions") is not None:
+        return None
+    return [_reshape_to(c, ins[0], _out_shape(eqn))]
+
+
+def _reshape_to(c: _Capturer, vid: int, shape: Shape) -> int:
+    return vid if c.shape(vid) == tuple(shape) else c.emit1("reshape", [vid], shape=tuple(shape))
+
+
+def _as_reshape(c: _Capturer, eqn: Any, ins: list[int]) -> list[int]:
+    return [_reshape_to(c, ins[0], _out_shape(eqn))]
+
+
+def _transpose(c: _Capturer, eqn: Any, ins: list[int]) -> list[int]:
+    perm = tuple(int(p) for p in eqn.params["permutation"])
+    return [_transpose_by(c, ins[0], perm)]
+
+
+def _transpose_by(c: _Capturer, vid: int, perm: tuple[int, ...]) -> int:
+    return vid if perm == tuple(range(len(perm))) else c.emit1("transpose", [vid], perm=perm)
+
+
+def _broadcast_in_dim(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+    if eqn.params.get("sharding") is not None or len(eqn.invars) != 1:
+        return None
+    shape, dims = _out_shape(eqn), tuple(int(d) for d in eqn.params["broadcast_dimensions"])
+    if c.shape(ins[0]) == shape and dims == tuple(range(len(shape))):
+        return [ins[0]]
+    return [c.emit1("broadcast", ins, shape=shape, dims=dims)]
+
+
+def _concatenate(c: _Capturer, eqn: Any, ins: list[int]) -> list[int]:
+    return [c.emit1("concat", ins, axis=int(eqn.params["dimension"]))]
+
+
+def _slice(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+    strides = eqn.params.get("strides")
+    if strides is not None and any(s != 1 for s in strides):
+        return None
+    vid, shape = ins[0], c.shape(ins[0])
+    for axis, (lo, hi) in enumerate(zip(eqn.params["start_indices"], eqn.params["limit_indices"])):
+        if (lo, hi) != (0, shape[axis]):
+            vid = c.emit1("slice", [vid], axis=axis, start=int(lo), stop=int(hi))
+    return [vid]
+
+
+def _split(c: _Capturer, eqn: Any, ins: list[int]) -> list[int]:
+    sizes = tuple(int(s) for s in eqn.params["sizes"])
+    return list(c.emit("split", ins, axis=int(eqn.params["axis"]), sizes=sizes))
+
+
+def _identity(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+    if eqn.params.get("new_dtype", CAPTURED_DTYPE) != CAPTURED_DTYPE:
+        return None
+    return [ins[0]]
+
+
+def _dot_general(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+    """Any dot_general as transposes/reshapes around a 2-D or batched 3-D matmul."""
+    if eqn.params.get("preferred_element_type") not in (None, CAPTURED_DTYPE) or eqn.params.get("out_sharding") is not None:
+        return None
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lhs, rhs = ins
+    ls, rs = c.shape(lhs), c.shape(rhs)
+    lc, rc, lb, rb = (tuple(int(d) for d in ds) for ds in (lc, rc, lb, rb))
+    lf = tuple(d for d in range(len(ls)) if d not in lc and d not in lb)
+    rf = tuple(d for d in range(len(rs)) if d not in rc and d not in rb)
+    batch = tuple(ls[d] for d in lb)
+    m, k, n = (int(np.prod([ls[d] for d in lf])), int(np.prod([ls[d] for d in lc])),
+               int(np.prod([rs[d] for d in rf])))
+    a = _transpose_by(c, lhs, lb + lf + lc)
+    b = _transpose_by(c, rhs, rb + rc + rf)
+    if batch:
+        nb = int(np.prod(batch))
+        a, b = _reshape_to(c, a, (nb, m, k)), _reshape_to(c, b, (nb, k, n))
+    else:
+        a, b = _reshape_to(c, a, (m, k)), _reshape_to(c, b, (k, n))
+    out = c.emit1("matmul", [a, b], act=0)
+    return [_reshape_to(c, out, _out_shape(eqn))]
+
+
+def _conv(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+    """NCHW x OIHW 2-D convolutions whose padding is TensorFlow's SAME or VALID."""
+    p = eqn.params
+    dn = p["dimension_numbers"]
+    if (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)) != ((0, 1, 2, 3),) * 3:
+        return None
+    if any(d != 1 for d in (*p["lhs_dilation"], *p["rhs_dilation"])) or p["batch_group_count"] != 1:
+        return None
+    if p.get("preferred_element_type") not in (None, CAPTURED_DTYPE):
+        return None
+    x, w = c.shape(ins[0]), c.shape(ins[1])
+    if x[1] != w[1] * p["feature_group_count"]:
+        return None
+    sh, sw = (int(s) for s in p["window_strides"])
+    pads = tuple(tuple(int(v) for v in pr) for pr in p["padding"])
+    for code in Padding:
+        want = tuple(ops.window_out_and_pads(x[2 + i], w[2 + i], (sh, sw)[i], code)[1:] for i in range(2))
+        if want == pads:
+            return [c.emit1("conv2d", ins, stride_h=sh, stride_w=sw, pad=int(code), act=0)]
+    return None
+
+
+def _custom_jvp(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+    """Only jax.nn.relu's wrapper is understood (its rule is restored by the relu lowering)."""
+    closed = eqn.params["call_jaxpr"]
+    inner = _Capturer()
+    inner.avals = dict(c.avals)
+    inner.consts = dict(c.consts)
+    outs = inner.walk(closed.jaxpr, closed.consts, ins)
+    new_items = inner.items
+    if len(new_items) == 1 and isinstance(new_items[0], _Instr) and new_items[0].op == "relu":
+        return [c.emit1("relu", [new_items[0].inputs[0]])] if outs == list(new_items[0].outputs) else None
+    return None
+
+
+CAPTURE_RULES: Mapping[str, CaptureRule] = {
+    "add": _binary("ewadd"), "sub": _binary("ewsub"), "mul": _binary("ewmul"), "div": _binary("ewdiv"),
+    "max": _max, "tanh": _unary("tanh"), "logistic": _unary("sigmoid"), "exp": _unary("exp"),
+    "log": _unary("log"), "neg": _unary("neg"), "sqrt": _unary("sqrt"), "rsqrt": _unary("rsqrt"),
+    "integer_pow": _square, "square": _square,
+    "reduce_sum": _reduce("reduce_sum"), "reduce_max": _reduce("reduce_max"),
+    "reshape": _reshape, "squeeze": _as_reshape, "expand_dims": _as_reshape, "transpose": _transpose,
+    "broadcast_in_dim": _broadcast_in_dim, "concatenate": _concatenate, "slice": _slice, "split": _split,
+    "convert_element_type": _identity, "copy": _identity, "copy_p": _identity,
+    "dot_general": _dot_general, "conv_general_dilated": _conv, "custom_jvp_call": _custom_jvp,
+}
+"""Primitive name → how it becomes IR; anything not listed is replayed verbatim."""
+
+
+# --- from instructions to steps ------------------------------------------------------------------
+
+def _levels(c: _Capturer, n_inputs: int) -> tuple[dict[int, int], list[int]]:
+    """Level of every value, and of every item (see the module docstring)."""
+    level = {vid: 0 for vid in range(n_inputs)}
+    level.update({vid: 0 for vid in c.consts})
+    item_levels = []
+    for item in c.items:
+        base = max((level[i] for i in item.inputs), default=0)
+        lv = base + 1 if isinstance(item, OpaqueStep) else base
+        item_levels.append(lv)
+        for o in item.outputs:
+            level[o] = lv
+    return level, item_levels
+
+
+def _build_steps(c: _Capturer, n_inputs: int, outputs: Sequence[int]) -> tuple[Step, ...]:
+    _, item_levels = _levels(c, n_inputs)
+    users: dict[int, set[int]] = {}
+    for k, item in enumerate(c.items):
+        for i in item.inputs:
+            users.setdefault(i, set()).add(k)
+    program_outputs = set(outputs)
+    steps: list[Step] = []
+    for lv in range(max(item_levels, default=-1) + 1):
+        steps += [item for item, il in zip(c.items, item_levels) if il == lv and isinstance(item, OpaqueStep)]
+        members = [k for k, il in enumerate(item_levels) if il == lv and isinstance(c.items[k], _Instr)]
+        if members:
+            steps.append(_graph_step(c, members, users, program_outputs))
+    return tuple(steps)
+
+
+def _graph_step(c: _Capturer, members: list[int], users: dict[int, set[int]], program_outputs: set[int]) -> GraphStep:
+    member_set = set(members)
+    produced = {o for k in members for o in c.items[k].outputs}
+    builder = GraphBuilder()
+    tensors: dict[int, Tensor] = {}
+    inputs: list[int] = []
+    for k in members:
+        for i in c.items[k].inputs:
+            if i not in produced and i not in tensors:
+                leaf = "weight" if i in c.consts else "input"
+                tensors[i] = builder.apply(leaf, [], {"name": graph_leaf_name(i), "shape": c.shape(i)})[0]
+                inputs.append(i)
+    for k in members:
+        item = c.items[k]
+        assert isinstance(item, _Instr)
+        outs = builder.apply(item.op, [tensors[i] for i in item.inputs], dict(item.attrs))
+        tensors.update(zip(item.outputs, outs))
+    exported = [o for o in sorted(produced)
+                if o in program_outputs or any(u not in member_set for u in users.get(o, ()))]
+    return GraphStep(builder.build([tensors[o] for o in exported]), tuple(inputs), tuple(exported))
+
+
+def capture_jaxpr(closed: Any) -> Program:
+    """A ClosedJaxpr → Program over its flat arguments."""
+    c = _Capturer()
+    args = [c.new(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
+    outputs = c.walk(closed.jaxpr, closed.consts, args)
+    steps = _build_steps(c, len(args), outputs)
+    return Program(len(args), dict(c.consts), steps, tuple(outputs), dict(c.avals))
+
+
+def capture(fun: Callable[..., Any], *args: Any) -> tuple[Program, Any]:
+    """Trace `fun` on (abstract or concrete) flat array arguments; returns the program and out tree."""
+    try:
+        closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*args)
+    except EqsatError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - tracing user code can fail in any way
+        raise CaptureError(f"cannot trace {getattr(fun, '__name__', fun)}: {type(exc).__name__}: {exc}") from exc
+    return capture_jaxpr(closed), jax.tree_util.tree_structure(out_shape)
+
+
+# --- running a program -----------------------------------------------------------------------------
+
+GraphRunner = Callable[[GraphStep, Sequence[Any]], Sequence[Any]]
+
+
+def bind_eqn(eqn: Any, args: Sequence[Any]) -> list[Any]:
+    """Run one jaxpr equation on values (concrete or traced) exactly as jax.core.eval_jaxpr does."""
+    params = eqn.primitive.get_bind_params(eqn.params)
+    subfuns: list[Any] = []
+    if isinstance(params, tuple):  # jax < 0.7 returned (subfuns, params)
+        subfuns, params = params
+    with eqn.ctx.manager:
+        out = eqn.primitive.bind(*subfuns, *args, **params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def replay(program: Program, run_graph: GraphRunner, args: Sequence[Any]) -> list[Any]:
+    """Evaluate `program` on flat `args`; `run_graph` evaluates one GraphStep on its input values."""
+    env: dict[int, Any] = dict(program.consts)
+    env.update(enumerate(args))
+    for step in program.steps:
+        values = [env[i] for i in step.inputs]
+        outs = bind_eqn(step.eqn, values) if isinstance(step, OpaqueStep) else run_graph(step, values)
+        env.update(zip(step.outputs, outs))
+    return [env[o] for o in program.outputs]
+
+
+def numpy_runner(step: GraphStep, values: Sequence[Any]) -> list[Any]:
+    """Reference GraphRunner: the IR's numpy semantics (for checking capture itself)."""
+    named = {graph_leaf_name(i): np.asarray(v) for i, v in zip(step.inputs, values)}
+    return [np.asarray(o, dtype=CAPTURED_DTYPE) for o in step.graph.evaluate(named)]
