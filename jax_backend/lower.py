@@ -121,6 +121,18 @@ LOWERINGS: Mapping[str, Lowering] = MappingProxyType({
     "reshape": lambda xs, a, p: (jnp.reshape(xs[0], a["shape"]),),
     "batchnorm": _batchnorm,
     "enlarge": _enlarge,
+    # ops that capture (jax_backend/capture.py) produces
+    "ewsub": _one(jnp.subtract),
+    "ewdiv": _one(jnp.divide),
+    "ewmax": _one(jnp.maximum),
+    "exp": _one(jnp.exp),
+    "log": _one(jnp.log),
+    "neg": _one(jnp.negative),
+    "sqrt": _one(jnp.sqrt),
+    "rsqrt": _one(lax.rsqrt),
+    "reduce_sum": lambda xs, a, p: (jnp.sum(xs[0], axis=tuple(a["axes"])),),
+    "reduce_max": lambda xs, a, p: (jnp.max(xs[0], axis=tuple(a["axes"])),),
+    "broadcast": lambda xs, a, p: (lax.broadcast_in_dim(xs[0], tuple(a["shape"]), tuple(a["dims"])),),
 })
 """Op name → lowering(inputs, normalized attrs, matmul/conv precision) → outputs."""
 
