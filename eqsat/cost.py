@@ -203,8 +203,16 @@ def _roofline(device: str, **options: Any) -> CostModel:
     return RooflineModel(device_spec(device), **options)
 
 
+def _measured(device: str, **options: Any) -> CostModel:
+    """Times ops on the current JAX device (jax_backend.measured_cost); imported only when asked for."""
+    from jax_backend.measured_cost import measured_model
+
+    return measured_model(device, **options)
+
+
 COST_MODEL_FACTORIES: Mapping[str, Callable[..., CostModel]] = MappingProxyType({
     "roofline": _roofline,
+    "measured": _measured,
 })
 """Cost model name → factory(device, **options). Add measured / file-based models here."""
 

@@ -1,0 +1,177 @@
+"""Measured op costs (TASO's approach, on JAX): time each distinct (op, attrs, shapes) alone.
+
+Each op is jitted on its own, warmed up, and timed as the median of repeated runs; results are
+cached on disk keyed by device kind and JAX version, so a machine measures each op once.
+
+Fusion-aware: XLA fuses elementwise ops into the loop of their producer, so an elementwise op in a
+real program costs its arithmetic (and any extra operand it reads), not a full pass over memory.
+Timing it alone would overstate it by a whole read+write of its input. For those ops we time the
+*marginal* cost instead: a fused chain `neg → op` minus the chain `neg` alone, which is what the op
+adds once XLA has fused it. Views (reshape, slice, split) move nothing under XLA and cost 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from eqsat import ops
+
+Shape = tuple[int, ...]
+
+__all__ = ["MeasuredModel", "FUSIBLE_OPS", "device_key", "time_callable", "measured_model"]
+
+FUSIBLE_OPS: frozenset[str] = frozenset({
+    "ewadd", "ewsub", "ewmul", "ewdiv", "ewmax", "smul", "relu", "tanh", "sigmoid", "exp", "log", "neg",
+    "sqrt", "rsqrt", "broadcast",
+})
+"""Ops XLA fuses into their producer's loop: charged their marginal cost inside a fused chain."""
+
+_FLOOR_S = 1e-8
+
+
+def device_key() -> str:
+    """Which machine and JAX a measurement belongs to."""
+    dev = jax.devices()[0]
+    kind = getattr(dev, "device_kind", dev.platform).replace(" ", "_").replace("/", "_")
+    return f"{dev.platform}-{kind}-jax{jax.__version__}"
+
+
+def _default_cache_dir() -> Path:
+    root = os.environ.get("EQSAT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "eqsat")
+    return Path(root) / "measured"
+
+
+def time_callable(fn: Callable[..., Any], args: Sequence[Any], repeats: int = 15, warmup: int = 3) -> float:
+    """Median seconds of `fn(*args)` (a jitted function) after warm-up, blocking on the result."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _key(op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> str:
+    norm = ops.op_spec(op).normalize_attrs(attrs)
+    attr_text = ",".join(f"{k}={list(v) if isinstance(v, tuple) else v}" for k, v in sorted(norm.items()))
+    return f"{op}|{attr_text}|{';'.join('x'.join(map(str, s)) for s in shapes)}"
+
+
+def _random_args(op: str, shapes: Sequence[Shape], seed: int) -> list[jax.Array]:
+    rng = np.random.default_rng(seed)
+    args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    if op in ("log", "sqrt", "rsqrt"):
+        args = [np.abs(a) + 0.5 for a in args]
+    if op == "batchnorm":
+        args[4] = np.abs(args[4]) + 0.5
+    return [jnp.asarray(a) for a in args]
+
+
+@dataclass
+class MeasuredModel:
+    """CostModel whose op costs are measured on the current JAX device (cached in memory and on disk)."""
+
+    device: str = "current"
+    repeats: int = 15
+    warmup: int = 3
+    cache_dir: Path = field(default_factory=_default_cache_dir)
+    name: str = "measured"
+    _table: dict[str, float] = field(default_factory=dict, repr=False)
+    _loaded: bool = field(default=False, repr=False)
+    _dirty: int = field(default=0, repr=False)
+
+    @property
+    def cache_file(self) -> Path:
+        return self.cache_dir / f"{device_key()}.json"
+
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        try:
+            self._table.update({k: float(v) for k, v in json.loads(self.cache_file.read_text()).items()})
+        except (OSError, ValueError):
+            pass
+
+    def save(self) -> None:
+        """Write the table to disk (merged with what other processes wrote meanwhile)."""
+        if not self._dirty:
+            return
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            merged: dict[str, float] = {}
+            try:
+                merged.update(json.loads(self.cache_file.read_text()))
+            except (OSError, ValueError):
+                pass
+            merged.update(self._table)
+            tmp = self.cache_file.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(merged, indent=0, sort_keys=True))
+            tmp.replace(self.cache_file)
+            self._dirty = 0
+        except OSError:
+            pass  # a cache that cannot be written only costs re-measuring
+
+    def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]) -> float:
+        spec = ops.op_spec(op)
+        if spec.is_leaf or spec.is_view:
+            return 0.0
+        shapes = [tuple(int(d) for d in s) for s in input_shapes]
+        key = _key(op, attrs, shapes)
+        self._load()
+        if key not in self._table:
+            self._table[key] = self._measure(op, attrs, shapes)
+            self._dirty += 1
+            if self._dirty >= 16:
+                self.save()
+        return self._table[key]
+
+    def isolated_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]) -> float:
+        """The op timed alone, without the fusion discount (for comparison)."""
+        shapes = [tuple(int(d) for d in s) for s in input_shapes]
+        key = "alone|" + _key(op, attrs, shapes)
+        self._load()
+        if key not in self._table:
+            self._table[key] = self._time_alone(op, attrs, shapes)
+            self._dirty += 1
+        return self._table[key]
+
+    # --- measuring ---------------------------------------------------------------------------
+
+    def _time_alone(self, op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> float:
+        from jax_backend.lower import lower_node
+
+        norm = ops.op_spec(op).normalize_attrs(attrs)
+        fn = jax.jit(lambda *xs: lower_node(op, xs, norm, precision="default"))
+        return time_callable(fn, _random_args(op, shapes, 0), self.repeats, self.warmup)
+
+    def _measure(self, op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> float:
+        if op not in FUSIBLE_OPS:
+            return max(self._time_alone(op, attrs, shapes), _FLOOR_S)
+        from jax_backend.lower import lower_node
+
+        norm = ops.op_spec(op).normalize_attrs(attrs)
+        with_op = jax.jit(lambda *xs: lower_node(op, [-xs[0], *xs[1:]], norm, precision="default"))
+        without = jax.jit(lambda *xs: (-xs[0],))
+        args = _random_args(op, shapes, 0)
+        marginal = (time_callable(with_op, args, self.repeats, self.warmup)
+                    - time_callable(without, args[:1], self.repeats, self.warmup))
+        return max(marginal, _FLOOR_S)
+
+
+def measured_model(device: str = "current", **options: Any) -> MeasuredModel:
+    """Factory for eqsat.cost's registry: `cost_model("measured")`."""
+    return MeasuredModel(device=device, **options)
