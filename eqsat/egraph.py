@@ -1,0 +1,299 @@
+"""Graph ↔ egglog terms, and the e-graph → E-graph JSON serializer.
+
+`TensorEGraph.from_graph` puts a `Graph` in a fresh egglog e-graph (one constructor per IR op,
+integer attributes as egglog i64, splits as slices, variadic concats as nested binary ones) and
+computes every e-class's shape inside egglog. `serialize` writes the egraph-serialize JSON that
+every extractor reads, keeping tensor terms only, with a cost per node from a cost model and the
+shape of every class in `class_data`; `decode` turns a selection on that JSON back into a `Graph`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from egglog import bindings
+
+from eqsat import ops
+from eqsat.egglog_schema import (
+    SHAPE_RULESET,
+    TERM_SORT,
+    check_encodable,
+    constructor,
+    declarations,
+    int_attr_names,
+)
+from eqsat.errors import EGraphFormatError, EqsatError, RuleError, ShapeError
+from eqsat.ir import Graph, GraphBuilder, Tensor, Value
+
+__all__ = ["CostModel", "TensorEGraph", "decode", "EGRAPH_FORMAT"]
+
+EGRAPH_FORMAT = "eqsat-egraph-1"
+
+
+class CostModel(Protocol):
+    def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]) -> float: ...
+
+
+def _quote(name: str) -> str:
+    if '"' in name or "\\" in name:
+        raise ShapeError(f"leaf name {name!r} may not contain quotes or backslashes")
+    return f'"{name}"'
+
+
+class TensorEGraph:
+    """An egglog e-graph holding one tensor program; owns the egglog state (so it is not frozen).
+
+    `program` records every command run so far, so a failed run can be replayed to find its cause.
+    """
+
+    def __init__(self, graph: Graph, outputs: tuple[str, ...], program: list[str], egraph: bindings.EGraph) -> None:
+        self.graph = graph
+        self.program = program
+        self.output_globals = outputs
+        self.egglog = egraph
+        self.installed_rulesets: dict[str, tuple[str, ...]] = {}
+
+    # --- encoding ----------------------------------------------------------------------------
+
+    @staticmethod
+    def encoding_program(graph: Graph) -> tuple[list[str], tuple[str, ...]]:
+        """egglog commands that build the graph's terms; returns them and the output globals."""
+        lines: list[str] = []
+        names: dict[Value, str] = {}
+        counter = 0
+
+        def fresh(expr: str, shape: tuple[int, ...] | None = None) -> str:
+            nonlocal counter
+            g = f"$g{counter}"
+            lines.append(f"(let {g} {expr})")
+            lines.append(f"(set (uid {g}) {counter})")
+            if shape is not None:
+                lines.append(f"(set (shape {g}) (vec-of {' '.join(map(str, shape))}))")
+            counter += 1
+            return g
+
+        for i, node in enumerate(graph.nodes):
+            where = f"graph node {i}"
+            spec = ops.OPS.get(node.op)
+            if node.op == "split":
+                attrs = node.attr
+                start = 0
+                for k, size in enumerate(attrs["sizes"]):
+                    expr = f"(Slice {attrs['axis']} {start} {start + size} {names[node.inputs[0]]})"
+                    names[Value(i, k)] = fresh(expr)
+                    start += size
+                continue
+            check_encodable(node.op, where)
+            assert spec is not None
+            if spec.is_leaf:
+                names[Value(i, 0)] = fresh(f"({constructor(node.op)} {_quote(node.attr['name'])})", node.shapes[0])
+                continue
+            attrs = node.attr
+            head = [str(int(attrs[a])) for a in int_attr_names(node.op)]
+            args = [names[v] for v in node.inputs]
+            if node.op == "concat":
+                acc = args[0]
+                for arg in args[1:]:
+                    acc = fresh(f"(Concat {' '.join(head)} {acc} {arg})")
+                names[Value(i, 0)] = acc
+                continue
+            names[Value(i, 0)] = fresh(f"({constructor(node.op)} {' '.join([*head, *args])})")
+        lines.append(f"(run-schedule (saturate {SHAPE_RULESET}))")
+        return lines, tuple(names[v] for v in graph.outputs)
+
+    @classmethod
+    def from_graph(cls, graph: Graph) -> TensorEGraph:
+        body, outputs = cls.encoding_program(graph)
+        egraph = bindings.EGraph()
+        program = [declarations(), *body]
+        try:
+            egraph.run_program(*egraph.parse_program("\n".join(program)))
+        except bindings.EggSmolError as exc:
+            raise ShapeError(f"encoding the graph in egglog failed: {exc}") from None
+        tensor = cls(graph, outputs, program, egraph)
+        tensor.check_shapes_match(graph)
+        return tensor
+
+    def check_shapes_match(self, graph: Graph) -> None:
+        """egglog's shape analysis must agree with the IR's on every output (else a table bug)."""
+        for g, value in zip(self.output_globals, graph.outputs):
+            got = self.shape_of(g)
+            if got != graph.shape(value):
+                raise ShapeError(f"egglog infers shape {got} for output {value}, the IR {graph.shape(value)}")
+
+    def shape_of(self, global_name: str) -> tuple[int, ...] | None:
+        out = self.run(f"(extract (shape {global_name}))")
+        text = str(out[-1]) if out else ""
+        if "vec-of" not in text and "vec-empty" not in text:
+            return None
+        inner = text[text.index("(") + 1: text.rindex(")")].replace("vec-of", "").replace("vec-empty", "")
+        return tuple(int(tok) for tok in inner.split() if tok.lstrip("-").isdigit())
+
+    # --- running --------------------------------------------------------------------------------
+
+    def run(self, text: str, record: bool = False) -> list[Any]:
+        """Run egglog program text on this e-graph (`record`: keep it in `program` for replays)."""
+        out = list(self.egglog.run_program(*self.egglog.parse_program(text)))
+        if record:
+            self.program.append(text)
+        return out
+
+    def function_sizes(self) -> dict[str, int]:
+        out = self.run("(print-size)")
+        sizes = out[0].sizes if out and isinstance(out[0], bindings.PrintAllFunctionsSize) else []
+        return {str(name): int(n) for name, n in sizes}
+
+    def num_enodes(self) -> int:
+        """Tensor-term e-nodes (constructor rows), not analysis rows."""
+        tensor_ctors = {constructor(op) for op in ops.OPS}
+        return sum(n for name, n in self.function_sizes().items() if name in tensor_ctors)
+
+    def num_eclasses(self) -> int:
+        """E-classes with a known shape: every tensor class has exactly one `shape` row."""
+        return self.function_sizes().get("shape", 0)
+
+    # --- serialization ----------------------------------------------------------------------------
+
+    def serialize(self, cost_model: CostModel) -> dict[str, Any]:
+        """E-graph JSON: tensor nodes only, roots filled, per-node cost, class shapes in class_data.
+
+        Extra keys (`format`, `outputs`, node `attrs`, class `shape`) let `decode` rebuild a Graph
+        from the JSON alone; extractors ignore them.
+        """
+        roots = [bindings.Var(bindings.PanicSpan(), g) for g in self.output_globals]
+        try:
+            raw = json.loads(self.egglog.serialize(roots).to_json())
+        except bindings.EggSmolError as exc:
+            raise EqsatError(f"egglog could not serialize the e-graph: {exc}") from None
+        return convert_serialized(raw, cost_model, self.graph)
+
+
+def _primitive_value(node: Mapping[str, Any], nodes: Mapping[str, Any]) -> Any:
+    op = node["op"]
+    if op.startswith('"'):
+        return json.loads(op)
+    if op in ("vec-of", "vec-empty"):
+        return tuple(_primitive_value(nodes[c], nodes) for c in node["children"])
+    return int(op)
+
+
+def convert_serialized(raw: Mapping[str, Any], cost_model: CostModel, graph: Graph) -> dict[str, Any]:
+    """egglog's serialize output → our E-graph JSON (see `TensorEGraph.serialize`)."""
+    nodes: Mapping[str, Any] = raw["nodes"]
+    class_type = {cid: data.get("type") for cid, data in raw.get("class_data", {}).items()}
+    tensor_ctors = {constructor(op): op for op in ops.OPS}
+    shapes: dict[str, str] = {}  # tensor class → the Vec class holding its shape
+    for node in nodes.values():
+        if node["op"] == "shape":
+            shapes[nodes[node["children"][0]]["eclass"]] = node["eclass"]  # a Vec class
+    vec_value: dict[str, tuple[int, ...]] = {}
+    for node in nodes.values():
+        if node["op"] in ("vec-of", "vec-empty") and node["eclass"] not in vec_value:
+            vec_value[node["eclass"]] = _primitive_value(node, nodes)
+    class_shape = {c: vec_value[v] for c, v in shapes.items()}
+
+    out_nodes: dict[str, dict[str, Any]] = {}
+    for nid, node in nodes.items():
+        op = tensor_ctors.get(node["op"])
+        if op is None or class_type.get(node["eclass"]) != TERM_SORT:
+            continue
+        kids = node["children"]
+        tensor_kids = [c for c in kids if class_type.get(nodes[c]["eclass"]) == TERM_SORT]
+        prims = [_primitive_value(nodes[c], nodes) for c in kids if class_type.get(nodes[c]["eclass"]) != TERM_SORT]
+        if node["eclass"] not in class_shape:
+            raise RuleError(f"e-class {node['eclass']} (node {nid}, {op}) has no shape: a rule built an ill-typed term")
+        attrs: dict[str, Any]
+        if ops.OPS[op].is_leaf:
+            attrs = {"name": prims[0], "shape": list(class_shape[node["eclass"]])}
+        else:
+            attrs = dict(zip(int_attr_names(op), prims))
+        in_shapes = [class_shape[nodes[c]["eclass"]] for c in tensor_kids]
+        cost = 0.0 if ops.OPS[op].is_leaf else float(cost_model.op_cost(op, attrs, in_shapes))
+        out_nodes[nid] = {"op": op, "children": tensor_kids, "eclass": node["eclass"], "cost": cost, "attrs": attrs}
+    used = {n["eclass"] for n in out_nodes.values()}
+    outputs = list(raw["root_eclasses"])
+    class_data = {c: {"type": TERM_SORT, "shape": list(class_shape[c])} for c in used}
+    return {
+        "format": EGRAPH_FORMAT,
+        "nodes": out_nodes,
+        "root_eclasses": list(dict.fromkeys(outputs)),
+        "outputs": outputs,
+        "class_data": class_data,
+        "leaves": {name: list(shape) for name, shape in graph.leaf_shapes().items()},
+    }
+
+
+def decode(egraph_json: Mapping[str, Any], selection: Mapping[str, str] | Any) -> Graph:
+    """Rebuild the selected program as a Graph; shapes are re-inferred and checked against the e-graph.
+
+    `selection` maps class id → node id (strings, as in the JSON) or is an extractor `Selection`
+    (then the JSON is loaded to map its indices back to ids). Leaves keep their names; every leaf
+    of the original graph stays an input of the result, so the signature does not change.
+    """
+    if not isinstance(selection, Mapping):
+        from eqsat.extract.egraph_data import load_egraph
+
+        selection = selection.as_ids(load_egraph(egraph_json))
+    nodes: Mapping[str, Any] = egraph_json["nodes"]
+    class_data: Mapping[str, Any] = egraph_json.get("class_data", {})
+    builder = GraphBuilder()
+    built: dict[str, Tensor] = {}
+    leaf_op = {n["attrs"]["name"]: n["op"] for n in nodes.values() if ops.OPS[n["op"]].is_leaf}
+    leaf_tensor: dict[str, Tensor] = {
+        name: builder.apply(leaf_op.get(name, "input"), [], {"name": name, "shape": tuple(shape)})[0]
+        for name, shape in egraph_json.get("leaves", {}).items()
+    }
+
+    def choose(cid: str) -> Mapping[str, Any]:
+        nid = selection.get(cid)
+        if nid is None:
+            raise EGraphFormatError(f"decode: class {cid} is needed but the selection chooses no node for it")
+        node = nodes.get(nid)
+        if node is None or node["eclass"] != cid:
+            raise EGraphFormatError(f"decode: the selection picks node {nid!r} for class {cid}, which is not in it")
+        return node
+
+    def child_class(nid: str) -> str:
+        return str(nodes[nid]["eclass"])
+
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    for root in egraph_json["outputs"]:
+        stack = [(str(root), False)]
+        while stack:
+            cid, expanded = stack.pop()
+            if state.get(cid) == 2:
+                continue
+            node = choose(cid)
+            if not expanded:
+                if state.get(cid) == 1:
+                    raise EGraphFormatError(f"decode: the selection has a cycle through class {cid}")
+                state[cid] = 1
+                stack.append((cid, True))
+                for ch in reversed(node["children"]):
+                    c = child_class(ch)
+                    if state.get(c) == 1:
+                        raise EGraphFormatError(f"decode: the selection has a cycle through class {c}")
+                    if state.get(c) != 2:
+                        stack.append((c, False))
+                continue
+            op, attrs = node["op"], dict(node.get("attrs", {}))
+            if ops.OPS[op].is_leaf:
+                tensor = leaf_tensor.get(attrs["name"])
+                if tensor is None:
+                    tensor = builder.apply(op, [], {"name": attrs["name"], "shape": tuple(attrs["shape"])})[0]
+                    leaf_tensor[attrs["name"]] = tensor
+            else:
+                args = [built[child_class(ch)] for ch in node["children"]]
+                try:
+                    tensor = builder.apply(op, args, attrs)[0]
+                except ShapeError as exc:
+                    raise EGraphFormatError(f"decode: class {cid} ({op}) does not type-check: {exc}") from None
+            want = class_data.get(cid, {}).get("shape")
+            if want is not None and tuple(want) != tensor.shape:
+                raise EGraphFormatError(f"decode: class {cid} ({op}) has shape {tensor.shape}, the e-graph says {tuple(want)}")
+            built[cid] = tensor
+            state[cid] = 2
+    return builder.build([built[str(c)] for c in egraph_json["outputs"]])
+

@@ -1,0 +1,233 @@
+"""Translate `Rule` values into egglog rules, guarded so that every right side is well-typed.
+
+A rule's left sides become query atoms (one per subterm); its right sides become `union` actions.
+Guards come from the symbolic shape table in `eqsat.egglog_schema`: the query binds the shapes of
+the variables the right side uses, computes each right-side subterm's shape, and requires the
+facts that make it well-typed, so an ill-typed right side is never built. A right side whose root
+shape differs from the left side's is not guarded against: egglog then stops with a shape conflict,
+which `eqsat.saturate` reports naming the rule.
+
+Two-output rules join both left sides in one query, on distinct e-classes; when swapping the two
+sides (and renaming variables) gives the same rule back, only one order is kept (`uid` order). A
+two-output rule whose left sides share no variable and whose right sides use only their own side
+is two independent rules and is split, which avoids matching every pair of e-classes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from eqsat import ops
+from eqsat.egglog_schema import SHAPE_RULES, case_facts, check_encodable, constructor, int_attr_names, select_cases
+from eqsat.errors import RuleError, UnknownOpError
+from eqsat.rewrites.rule import Pattern, Rule, Term, Var, subterms, variables
+
+
+@dataclass(frozen=True)
+class EgglogRule:
+    """One egglog rule: its unique name (reported per iteration), the source rule, and its text."""
+
+    name: str
+    rule: Rule
+    text: str
+    multi: bool  # joins two left sides (or came from a two-output rule): run only in multi rounds
+
+
+def _var(name: str) -> str:
+    return "v_" + re.sub(r"\W", "_", name)
+
+
+class _Query:
+    """Accumulates query atoms with fresh names; shapes are bound once per e-class variable."""
+
+    def __init__(self) -> None:
+        self.atoms: list[str] = []
+        self.shape_of: dict[str, str] = {}
+        self.count = 0
+
+    def fresh(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}{self.count}"
+
+    def shape(self, term_var: str) -> str:
+        if term_var not in self.shape_of:
+            s = f"sh_{term_var}"
+            self.atoms.append(f"(= {s} (shape {term_var}))")
+            self.shape_of[term_var] = s
+        return self.shape_of[term_var]
+
+    def bind(self, expr: str) -> str:
+        """Name a computed primitive value (keeps the query's expressions small)."""
+        name = self.fresh("q")
+        self.atoms.append(f"(= {name} {expr})")
+        return name
+
+
+def _attrs_of(term: Term, where: str) -> dict[str, str]:
+    attrs = term.attr
+    names = int_attr_names(term.op)
+    missing = [a for a in names if a not in attrs]
+    if missing:
+        raise RuleError(f"{where}: {term.op} lacks attribute(s) {missing}")
+    return {a: str(int(attrs[a])) for a in names}
+
+
+def _lhs(p: Pattern, bound: str | None, q: _Query, where: str) -> str:
+    """Match `p` (optionally at e-class variable `bound`); returns the e-class variable."""
+    if isinstance(p, Var):
+        v = _var(p.name)
+        if bound is not None:
+            q.atoms.append(f"(= {bound} {v})")
+        return v
+    if p.op == "split_part":
+        raise RuleError(f"{where}: split_i may only appear on a right side")
+    _check_op(p.op, where)
+    here = bound or q.fresh("t")
+    args = [_lhs(a, None, q, where) for a in p.args]
+    q.atoms.append(f"(= {here} ({constructor(p.op)} {' '.join([*_attrs_of(p, where).values(), *args])}))")
+    for guard, value in p.guards:
+        if guard != "ndim":
+            raise RuleError(f"{where}: unknown guard '{guard}'")
+        q.atoms.append(f"(= (vec-length {q.shape(here)}) {int(value)})")
+    return here
+
+
+def _check_op(op: str, where: str) -> None:
+    try:
+        check_encodable(op, where)
+    except UnknownOpError as exc:
+        raise RuleError(str(exc)) from None
+    if ops.OPS[op].is_leaf:
+        raise RuleError(f"{where}: leaves ({op}) cannot appear in rules")
+
+
+def _rhs(p: Pattern, q: _Query, roots: Sequence[str], where: str) -> tuple[str, str]:
+    """Build `p`'s egglog expression and its shape (guarding its well-typedness in `q`)."""
+    if isinstance(p, Var):
+        v = _var(p.name)
+        return v, q.shape(v)
+    if p.op == "split_part":
+        axis, index = int(p.attr["axis"]), int(p.attr["index"])
+        if len(roots) != 2 or index not in (0, 1):
+            raise RuleError(f"{where}: split_{index} needs a two-output rule")
+        first = q.bind(f"(vec-get {q.shape(roots[0])} {axis})")
+        start, stop = ("0", first) if index == 0 else (first, q.bind(f"(+ {first} (vec-get {q.shape(roots[1])} {axis}))"))
+        sliced = Term("slice", (("axis", axis), ("start", 0), ("stop", 0)), p.args)
+        inner, inner_shape = _rhs(p.args[0], q, roots, where)
+        attrs = {"axis": str(axis), "start": start, "stop": stop}
+        return _apply(sliced.op, attrs, [inner], [inner_shape], q, where)
+    _check_op(p.op, where)
+    built = [_rhs(a, q, roots, where) for a in p.args]
+    attrs = _attrs_of(p, where)
+    expr, shape = _apply(p.op, attrs, [b[0] for b in built], [b[1] for b in built], q, where)
+    for guard, value in p.guards:
+        q.atoms.append(f"(= (vec-length {shape}) {int(value)})")
+    return expr, shape
+
+
+def _apply(op: str, attrs: dict[str, str], args: list[str], shapes: list[str], q: _Query, where: str) -> tuple[str, str]:
+    cases = select_cases(op, attrs, shapes)
+    if len(cases) != 1:
+        raise RuleError(f"{where}: cannot guard {op} with these attributes ({len(cases)} shape cases apply)")
+    q.atoms.extend(case_facts(cases[0], attrs))
+    shape = q.bind(cases[0].result)
+    return f"({constructor(op)} {' '.join([*attrs.values(), *args])})", shape
+
+
+def _condition(t: Term | Var, q: _Query, where: str) -> str:
+    if isinstance(t, Var):
+        raise RuleError(f"{where}: a condition uses ?{t.name} where an integer is expected")
+    if t.op == "const":
+        return str(int(t.attr["value"]))
+    if t.op == "dim":
+        v, i = t.args
+        if not isinstance(v, Var):
+            raise RuleError(f"{where}: (dim ...) takes a ?variable")
+        return f"(vec-get {q.shape(_var(v.name))} {_condition(i, q, where)})"
+    if t.op == "rank":
+        (v,) = t.args
+        if not isinstance(v, Var):
+            raise RuleError(f"{where}: (rank ...) takes a ?variable")
+        return f"(vec-length {q.shape(_var(v.name))})"
+    args = " ".join(_condition(a, q, where) for a in t.args)  # type: ignore[arg-type]
+    return f"({t.op} {args})"
+
+
+def _canonical(sides: Sequence[Pattern]) -> str:
+    """The sides' text with variables renamed by first occurrence (to detect symmetric pairs)."""
+    order: dict[str, str] = {}
+    for side in sides:
+        for v in variables(side):
+            order.setdefault(v, f"x{len(order)}")
+
+    def show(p: Pattern) -> str:
+        if isinstance(p, Var):
+            return order[p.name]
+        return f"({p.op} {p.attrs} {p.guards} {' '.join(show(a) for a in p.args)})"
+
+    return " ; ".join(show(s) for s in sides)
+
+
+def is_symmetric(rule: Rule) -> bool:
+    return rule.is_multi and _canonical(rule.lhs) == _canonical(rule.lhs[::-1])
+
+
+def is_separable(rule: Rule) -> bool:
+    """Two independent rules written as one: no shared variables, no split sizes across sides."""
+    if not rule.is_multi:
+        return False
+    left = [set(variables(s)) for s in rule.lhs]
+    right = [set(variables(s)) for s in rule.rhs]
+    uses_split = any(t.op == "split_part" for s in rule.rhs for t in subterms(s))
+    return not (left[0] & left[1]) and right[0] <= left[0] and right[1] <= left[1] and not uses_split
+
+
+def to_egglog(rule: Rule, ruleset: str, name: str | None = None) -> list[EgglogRule]:
+    """The egglog rule(s) for `rule`, in `ruleset` (one, or two for a separable two-output rule)."""
+    name = name or rule.name
+    where = f"rule {name}" + (f" ({rule.source})" if rule.source and rule.source != name else "")
+    if is_separable(rule):
+        parts = [Rule(f"{name}#{i}", (rule.lhs[i],), (rule.rhs[i],), rule.source, rule.conditions) for i in range(2)]
+        return [EgglogRule(p.name, rule, _text(p, ruleset, p.name, where), True) for p in parts]
+    return [EgglogRule(name, rule, _text(rule, ruleset, name, where), rule.is_multi)]
+
+
+def _text(rule: Rule, ruleset: str, name: str, where: str) -> str:
+    q = _Query()
+    roots = [f"r{i}" for i in range(len(rule.lhs))]
+    for root, side in zip(roots, rule.lhs):
+        if isinstance(side, Var):
+            raise RuleError(f"{where}: a left side may not be a bare variable")
+        _lhs(side, root, q, where)
+    if len(roots) == 2:
+        q.atoms.append(f"(!= {roots[0]} {roots[1]})")
+        if is_symmetric(rule):
+            q.atoms.append(f"(< (uid {roots[0]}) (uid {roots[1]}))")
+    for cond in rule.conditions:
+        q.atoms.append(_condition(cond, q, where))
+    actions = []
+    for root, side in zip(roots, rule.rhs):
+        expr, _ = _rhs(side, q, roots, where)
+        actions.append(f"(union {root} {expr})")
+    escaped = name.replace("\\", "\\\\").replace('"', '\\"')
+    return f"(rule ({' '.join(q.atoms)}) ({' '.join(actions)}) :ruleset {ruleset} :name \"{escaped}\")"
+
+
+def supported(rule: Rule) -> bool:
+    """Whether every op in the rule can be put in the e-graph."""
+    ops_in = {t.op for s in (*rule.lhs, *rule.rhs) for t in subterms(s)} - {"split_part"}
+    return all(op in SHAPE_RULES for op in ops_in)
+
+
+def translate_all(rules: Sequence[Rule], ruleset_prefix: str = "rw") -> Iterator[tuple[str, EgglogRule]]:
+    """(ruleset name, egglog rule) for each rule; every egglog rule gets its own ruleset."""
+    seen: dict[str, int] = {}
+    for i, rule in enumerate(rules):
+        base = rule.name
+        seen[base] = seen.get(base, 0) + 1
+        name = base if seen[base] == 1 else f"{base}~{seen[base]}"
+        for k, er in enumerate(to_egglog(rule, f"{ruleset_prefix}{i}_{0}", name)):
+            rs = f"{ruleset_prefix}{i}_{k}"
+            yield rs, EgglogRule(er.name, er.rule, er.text.replace(f":ruleset {ruleset_prefix}{i}_0 ", f":ruleset {rs} "), er.multi)
