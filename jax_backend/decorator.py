@@ -39,8 +39,8 @@ class EqsatFallbackWarning(UserWarning):
 class SegmentReport:
     """What happened to one IR graph of the program."""
 
-    before: Graph
-    after: Graph
+    before: Graph = field(repr=False)
+    after: Graph = field(repr=False)
     cost_before: float | None = None
     cost_after: float | None = None
     enodes: int | None = None
@@ -307,19 +307,23 @@ class OptimizedFunction:
         entry = self._cache.get(key) if key is not None else None
         if entry is None:
             statics = dict(static)
+            out_trees: list[Any] = []
 
             def flat_fun(*flat: Any) -> list[Any]:
                 dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(tree, flat)
                 full = [statics.get(i, a) for i, a in enumerate(dyn_args)]
                 out = self.fun(*full, **dyn_kwargs, **{k: statics[k] for k in self.options.static_argnames
                                                       if k in statics})
-                return jax.tree_util.tree_leaves(out)
+                leaves_out, out_tree = jax.tree_util.tree_flatten(out)
+                out_trees.append(out_tree)
+                return leaves_out
 
             signature = ", ".join(f"{a.dtype}{list(a.shape)}" for a in avals) + (f"; static {static}" if static else "")
             if key is None:
                 entry = _Entry(None, None, SignatureReport(signature, "original", "unhashable static arguments"))
             else:
                 entry = build_signature(flat_fun, avals, signature, self.options)
+                entry.out_tree = out_trees[0] if out_trees else None
                 self._cache[key] = entry
         return entry, leaves
 
