@@ -42,7 +42,7 @@ Shape = tuple[int, ...]
 
 __all__ = [
     "DeviceSpec", "DEVICES", "CostModel", "RooflineModel", "COST_MODEL_FACTORIES", "cost_model",
-    "graph_cost", "device_spec", "calibrate_cpu", "UnknownCostModelError",
+    "graph_cost", "weight_only_nodes", "device_spec", "calibrate_cpu", "UnknownCostModelError",
 ]
 
 
@@ -228,7 +228,22 @@ def cost_model(name: str = "roofline", device: str = "cpu", **options: Any) -> C
     return factory(device, **options)
 
 
-def graph_cost(graph: Graph, model: CostModel) -> float:
-    """Sum of the op costs of the nodes the outputs depend on (leaves and views add 0)."""
+def weight_only_nodes(graph: Graph) -> frozenset[int]:
+    """Nodes computed from weights alone (e.g. the concat of two matmuls' weights): they can be
+    computed once when the weights are loaded, so they are no part of a run's cost (as in Tensat)."""
+    constant: set[int] = set()
+    for i, node in enumerate(graph.nodes):
+        if node.op == "weight" or (node.inputs and all(v.node in constant for v in node.inputs)):
+            constant.add(i)
+    return frozenset(constant)
+
+
+def graph_cost(graph: Graph, model: CostModel, fold_weights: bool = True) -> float:
+    """Sum of the op costs of the nodes the outputs depend on (leaves and views add 0).
+
+    With `fold_weights`, nodes computed from weights alone cost 0 (see `weight_only_nodes`).
+    """
     live = graph.live()
-    return sum(model.op_cost(n.op, n.attr, [live.shape(v) for v in n.inputs]) for n in live.nodes)
+    skip = weight_only_nodes(live) if fold_weights else frozenset()
+    return sum(model.op_cost(n.op, n.attr, [live.shape(v) for v in n.inputs])
+               for i, n in enumerate(live.nodes) if i not in skip)

@@ -18,14 +18,15 @@ import numpy as np
 from jax import lax
 
 from eqsat import ops
+from eqsat.cost import weight_only_nodes  # the cost model and the runner agree on what folds
 from eqsat.errors import ShapeError, UnknownOpError
-from eqsat.ir import Graph
+from eqsat.ir import Graph, GraphBuilder, Tensor
 from eqsat.ops import Activation
 
 Array = jax.Array
 Lowering = Callable[[Sequence[Array], Mapping[str, Any], Any], tuple[Array, ...]]
 
-__all__ = ["LOWERINGS", "ACTIVATIONS", "to_jax", "to_jax_positional", "lower_node", "PRECISIONS"]
+__all__ = ["LOWERINGS", "ACTIVATIONS", "to_jax", "to_jax_positional", "lower_node", "fold_weights", "PRECISIONS"]
 
 ACTIVATIONS: Mapping[int, Callable[[Array], Array]] = MappingProxyType({
     Activation.NONE: lambda x: x,
@@ -184,6 +185,43 @@ def to_jax(graph: Graph, precision: str = "highest") -> Callable[[Mapping[str, A
         return [values[v.node][v.index] for v in outputs]
 
     return run
+
+
+def fold_weights(graph: Graph, values: Mapping[str, np.ndarray],
+                 prefix: str = "folded") -> tuple[Graph, dict[str, np.ndarray]]:
+    """Precompute every computed value that depends on weights alone (concatenated or enlarged
+    kernels the optimizer introduces) and make it a new weight, as a model would at load time.
+
+    Returns the graph where those values are weight leaves named `{prefix}{node}` and the values of
+    all weights it reads (numpy reference semantics, once).
+    """
+    constant = weight_only_nodes(graph)
+    users = {v.node for i, n in enumerate(graph.nodes) if i not in constant for v in n.inputs}
+    users |= {v.node for v in graph.outputs}
+    computed: dict[int, tuple[np.ndarray, ...]] = {}
+    builder = GraphBuilder()
+    handles: list[tuple[Tensor, ...]] = []
+    out_values = dict(values)
+    for i, node in enumerate(graph.nodes):
+        spec = ops.op_spec(node.op)
+        if i in constant:
+            if spec.is_leaf:
+                computed[i] = (np.asarray(values[node.attr["name"]]),)
+            else:
+                computed[i] = ops.evaluate(node.op, [computed[v.node][v.index] for v in node.inputs], node.attr)
+            if i not in users:  # only read by other folded values
+                handles.append(())
+                continue
+            if spec.is_leaf:
+                handles.append(builder.apply(node.op, [], node.attr))
+                continue
+            names = [f"{prefix}{i}_{k}" if len(node.shapes) > 1 else f"{prefix}{i}" for k in range(len(node.shapes))]
+            handles.append(tuple(builder.weight(n, s) for n, s in zip(names, node.shapes)))
+            out_values.update(zip(names, computed[i]))
+            continue
+        handles.append(builder.apply(node.op, [handles[v.node][v.index] for v in node.inputs], node.attr))
+    folded = builder.build([handles[v.node][v.index] for v in graph.outputs])
+    return folded, {n.attr["name"]: out_values[n.attr["name"]] for _, n in folded.leaves()}
 
 
 def to_jax_positional(graph: Graph, precision: str = "highest") -> tuple[list[str], Callable[..., list[Array]]]:

@@ -1,0 +1,102 @@
+"""Benchmark models by name: `build_model("nasrnn")` → `Graph`.
+
+NasRNN is built here with the `GraphBuilder`, following the cell Tensat benchmarks (5 steps,
+hidden size 512; each step makes eight `x·W + h·U` pairs and mixes them through sigmoid, tanh and
+relu gates). The five TASO models (Inception-v3, VGG-19, SqueezeNet, MobileNet-v2, BTS) are read
+from Tensat's `.model` files in the shared data directory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from types import MappingProxyType
+
+from eqsat.errors import EqsatError, GraphFormatError
+from eqsat.ir import Graph, GraphBuilder, Tensor
+from eqsat.taso import load_taso_model
+
+__all__ = ["MODELS", "ModelEntry", "build_model", "nasrnn", "data_dir", "UnknownModelError"]
+
+
+class UnknownModelError(EqsatError):
+    """A model name that the registry does not define."""
+
+
+def data_dir() -> Path:
+    """`$EQSAT_DATA_DIR`, else `../shared/data` beside the repository root."""
+    explicit = os.environ.get("EQSAT_DATA_DIR")
+    if explicit:
+        return Path(explicit)
+    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def _nas_cell(b: GraphBuilder, x: Tensor, h: Tensor, step: int, hidden: int) -> Tensor:
+    """One NasRNN step: eight x·W + h·U pairs, gated pairwise, then reduced through tanh."""
+    pairs = []
+    for k in range(8):
+        w = b.weight(f"w{step}_{k}", (x.shape[1], hidden))
+        u = b.weight(f"u{step}_{k}", (h.shape[1], hidden))
+        pairs.append(b.matmul(x, w) + b.matmul(h, u))
+    t = pairs
+    m0 = b.relu(t[0]) + b.sigmoid(t[3])
+    m1 = b.sigmoid(t[1]) + b.tanh(t[2])
+    m2 = b.sigmoid(t[4]) * b.tanh(t[5])
+    m3 = b.sigmoid(t[6]) * b.relu(t[7])
+    m4 = b.sigmoid(m1) + b.tanh(m2)
+    m5 = b.tanh(m0) * b.tanh(m3)
+    m6 = b.tanh(m4) * b.tanh(m5)
+    return b.tanh(m6)
+
+
+def nasrnn(steps: int = 5, hidden: int = 512, batch: int = 1) -> Graph:
+    """NasRNN unrolled for `steps`; inputs x0..x{steps-1} and the initial state h0, output the last state."""
+    b = GraphBuilder()
+    h = b.input("h0", (batch, hidden))
+    for step in range(steps):
+        x = b.input(f"x{step}", (batch, hidden))
+        h = _nas_cell(b, x, h, step, hidden)
+    return b.build([h])
+
+
+def _taso(file_name: str) -> Graph:
+    path = data_dir() / "tensat" / "models" / file_name
+    if not path.exists():
+        raise GraphFormatError(f"{path}: TASO model file not found (set EQSAT_DATA_DIR to the shared data directory)")
+    return load_taso_model(path)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """How to build one named model, and what it is."""
+
+    build: Callable[[], Graph]
+    description: str
+
+
+MODELS: Mapping[str, ModelEntry] = MappingProxyType({
+    "nasrnn": ModelEntry(nasrnn, "NasRNN, 5 steps, hidden 512 (Tensat's benchmark)"),
+    "nasrnn-small": ModelEntry(partial(nasrnn, steps=2, hidden=64), "NasRNN, 2 steps, hidden 64 (for tests)"),
+    "inceptionv3": ModelEntry(partial(_taso, "inceptionv3.model"), "Inception-v3 (TASO .model)"),
+    "vgg": ModelEntry(partial(_taso, "vgg.model"), "VGG-19 (TASO .model)"),
+    "squeezenet": ModelEntry(partial(_taso, "squeezenet.model"), "SqueezeNet (TASO .model)"),
+    "mobilenetv2": ModelEntry(partial(_taso, "mobilenetv2.model"), "MobileNet-v2 (TASO .model)"),
+    "bts": ModelEntry(partial(_taso, "bts.model"), "BERT-like transformer block stack (TASO .model)"),
+})
+
+
+def build_model(name: str) -> Graph:
+    """The graph of model `name`, or a `.model` / Graph JSON file given by path."""
+    entry = MODELS.get(name)
+    if entry is not None:
+        return entry.build()
+    path = Path(name)
+    if path.suffix == ".model" and path.exists():
+        return load_taso_model(path)
+    if path.suffix == ".json" and path.exists():
+        return Graph.load(path)
+    raise UnknownModelError(f"unknown model '{name}'; known models: {', '.join(MODELS)} "
+                            "(or a path to a .model or Graph .json file)")

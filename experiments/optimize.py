@@ -1,0 +1,204 @@
+"""`eqsat optimize MODEL`: the whole path on one model.
+
+Build the model, saturate it with Tensat's rules, extract the cheapest graph under the cost model,
+lower the original and the optimized graph through JAX, check that they agree on random inputs,
+and time both here (jitted, warmed up, median of interleaved runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from eqsat.cost import COST_MODEL_FACTORIES, cost_model, graph_cost
+from eqsat.errors import EqsatError
+from eqsat.ir import Graph
+from experiments.models import MODELS, build_model
+
+__all__ = ["OptimizeOptions", "optimize_model", "time_interleaved", "compare_outputs", "add_arguments", "run"]
+
+
+@dataclass(frozen=True)
+class OptimizeOptions:
+    """Everything `optimize_model` needs besides the model name (the CLI flags, typed)."""
+
+    extractor: str = "ilp"
+    time_limit: float = 60.0
+    node_limit: int = 50_000
+    iterations: int = 20
+    saturate_seconds: float = 120.0
+    k_multi: int = 1
+    cost_model: str = "roofline"
+    device: str = "cpu"
+    seed: int = 0
+    repeats: int = 30
+    save_graphs: Path | None = None
+    rtol: float = 1e-4
+    atol: float = 1e-5
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = OptimizeOptions()
+    parser.add_argument("model", help=f"model name ({', '.join(MODELS)}) or a .model / Graph .json path")
+    parser.add_argument("--extractor", default=d.extractor, help="extraction strategy (default: %(default)s)")
+    parser.add_argument("--time-limit", type=float, default=d.time_limit, help="extraction time limit, seconds")
+    parser.add_argument("--node-limit", type=int, default=d.node_limit, help="saturation e-node limit")
+    parser.add_argument("--iterations", type=int, default=d.iterations, help="saturation iteration limit")
+    parser.add_argument("--saturate-seconds", type=float, default=d.saturate_seconds, help="saturation time limit")
+    parser.add_argument("--k-multi", type=int, default=d.k_multi, help="rounds of multi-pattern rules")
+    parser.add_argument("--cost-model", default=d.cost_model, choices=sorted(COST_MODEL_FACTORIES))
+    parser.add_argument("--device", default=d.device, help="device the cost model prices for (cpu, h100, h200, ...)")
+    parser.add_argument("--seed", type=int, default=d.seed, help="seed of the random inputs")
+    parser.add_argument("--repeats", type=int, default=d.repeats, help="timed runs of each graph")
+    parser.add_argument("--save-graphs", type=Path, default=None, metavar="DIR",
+                        help="write MODEL.before.json and MODEL.after.json (Graph JSON) here")
+
+
+def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
+    options = OptimizeOptions(
+        extractor=args.extractor, time_limit=args.time_limit, node_limit=args.node_limit,
+        iterations=args.iterations, saturate_seconds=args.saturate_seconds, k_multi=args.k_multi,
+        cost_model=args.cost_model, device=args.device, seed=args.seed, repeats=args.repeats,
+        save_graphs=args.save_graphs,
+    )
+    yield optimize_model(args.model, options)
+
+
+# --- measuring ----------------------------------------------------------------------------------
+
+def time_interleaved(fns: Sequence[Callable[[], Any]], repeats: int, warmup: int = 3) -> list[float]:
+    """Median seconds of each thunk, run round-robin so drifts in machine load hit all alike.
+
+    Each thunk must block until its result is ready (e.g. call `block_until_ready`).
+    """
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(max(repeats, 1)):
+        for k, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            samples[k].append(time.perf_counter() - start)
+    return [statistics.median(s) for s in samples]
+
+
+def compare_outputs(expected: Sequence[np.ndarray], got: Sequence[np.ndarray], rtol: float, atol: float) -> bool:
+    """Same number of outputs, same shapes, allclose everywhere (NaNs never pass)."""
+    if len(expected) != len(got):
+        return False
+    return all(np.shape(e) == np.shape(g) and bool(np.allclose(np.asarray(e), np.asarray(g), rtol=rtol, atol=atol))
+               for e, g in zip(expected, got))
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """JAX numerics and timings of an original and an optimized graph."""
+
+    numerics_ok: bool
+    max_abs_diff: float
+    before_s: float
+    after_s: float
+
+
+def measure_pair(original: Graph, optimized: Graph, inputs: Mapping[str, np.ndarray], repeats: int,
+                 rtol: float, atol: float) -> Measurement:
+    """Lower both graphs, check them against each other and the numpy reference, and time both."""
+    import jax
+
+    from jax_backend.lower import to_jax
+
+    before = jax.jit(to_jax(original))
+    after = jax.jit(to_jax(optimized))
+    args = {k: jax.numpy.asarray(v) for k, v in inputs.items()}
+    reference = original.evaluate(inputs)
+    out_before = [np.asarray(x) for x in jax.block_until_ready(before(args))]
+    out_after = [np.asarray(x) for x in jax.block_until_ready(after(args))]
+    ok = compare_outputs(reference, out_before, rtol, atol) and compare_outputs(reference, out_after, rtol, atol)
+    diff = max((float(np.max(np.abs(r - a))) for r, a in zip(reference, out_after) if np.shape(r) == np.shape(a)),
+               default=float("nan"))
+    before_s, after_s = time_interleaved(
+        [lambda: jax.block_until_ready(before(args)), lambda: jax.block_until_ready(after(args))], repeats)
+    return Measurement(ok, diff, before_s, after_s)
+
+
+# --- the path -----------------------------------------------------------------------------------
+
+def _pipeline() -> Any:
+    try:
+        from eqsat import pipeline
+    except ImportError as exc:
+        raise EqsatError(f"the saturation pipeline (eqsat.pipeline) is not available: {exc}") from None
+    return pipeline
+
+
+def _saturation_limits(pipeline_module: Any, options: OptimizeOptions) -> Any:
+    from eqsat.saturate import Limits
+
+    return Limits(iterations=options.iterations, nodes=options.node_limit, seconds=options.saturate_seconds,
+                  multi_rounds=options.k_multi)
+
+
+def _field(obj: Any, *names: str) -> Any:
+    """The first of `names` that `obj` has (the report may nest saturation fields)."""
+    for name in names:
+        if hasattr(obj, name):
+            return getattr(obj, name)
+    raise EqsatError(f"the pipeline's result has none of the fields {', '.join(names)}")
+
+
+def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> dict[str, Any]:
+    """Run the whole path on `model` and return the report row (the CLI's JSON fields and a few more)."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    graph = build_model(model)
+    costs = cost_model(options.cost_model, device=options.device)
+    pipeline = _pipeline()
+    with console.status(f"[bold]{model}[/]: saturating and extracting ({len(graph.nodes)} nodes)"):
+        result = pipeline.optimize_graph(graph, pipeline.default_rules(), _saturation_limits(pipeline, options),
+                                         costs, extractor=options.extractor, time_limit=options.time_limit)
+    optimized: Graph = result.optimized
+    report = getattr(result, "saturation", None) or getattr(result, "report", None) or result
+    if options.save_graphs is not None:
+        options.save_graphs.mkdir(parents=True, exist_ok=True)
+        stem = Path(model).stem if model not in MODELS else model
+        graph.save(options.save_graphs / f"{stem}.before.json")
+        optimized.save(options.save_graphs / f"{stem}.after.json")
+    with console.status(f"[bold]{model}[/]: lowering, checking and timing both graphs through JAX"):
+        measured = measure_pair(graph, optimized, graph.random_inputs(options.seed), options.repeats,
+                                options.rtol, options.atol)
+    pipeline_ok = bool(getattr(result, "numerics_ok", True))
+    return {
+        "model": model,
+        "enodes": _field(result, "enodes") if hasattr(result, "enodes") else _field(report, "enodes", "nodes"),
+        "eclasses": _field(result, "eclasses") if hasattr(result, "eclasses") else _field(report, "eclasses", "classes"),
+        "saturate_s": _field(result, "saturate_s") if hasattr(result, "saturate_s") else _field(report, "seconds"),
+        "extract_s": _field(result, "extract_s"),
+        "cost_before": float(_field(result, "cost_before")),
+        "cost_after": float(_field(result, "cost_after")),
+        "cost_before_recomputed": graph_cost(graph, costs),
+        "cost_after_recomputed": graph_cost(optimized, costs),
+        "measured_before_s": measured.before_s,
+        "measured_after_s": measured.after_s,
+        "numerics_ok": pipeline_ok and measured.numerics_ok,
+        "max_abs_diff": measured.max_abs_diff,
+        "stop_reason": str(_field(result, "stop_reason") if hasattr(result, "stop_reason")
+                           else _field(report, "stop_reason")),
+        "extractor": options.extractor,
+        "cost_model": f"{options.cost_model}/{costs.device}",
+        "nodes_before": len(graph.live().nodes),
+        "nodes_after": len(optimized.live().nodes),
+    }
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use: eqsat optimize MODEL")
