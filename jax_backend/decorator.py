@@ -18,6 +18,7 @@ import time
 import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -82,6 +83,8 @@ class _Options:
     check_speed: bool = True
     timing_rounds: int = 15
     lowering: str = "auto"  # "auto" | "xla" | "pallas"
+    iterations: int = 8
+    max_enodes: int = 20_000
 
 
 @dataclass
@@ -93,34 +96,65 @@ class _Entry:
 
 # --- optimizing one signature -----------------------------------------------------------------------
 
+def _load_rules(rules: Any) -> list[Any]:
+    """None: eqsat's default rules; a path (or paths): rule files; else a sequence of Rule values."""
+    from eqsat.pipeline import default_rules
+    from eqsat.rewrites.parser import load_rules
+
+    if rules is None:
+        return default_rules()
+    if isinstance(rules, (str, Path)):
+        return list(load_rules(Path(rules)))
+    rules = list(rules)
+    if rules and all(isinstance(r, (str, Path)) for r in rules):
+        return [r for path in rules for r in load_rules(Path(path))]
+    return rules
+
+
 def _optimize_graph(graph: Graph, opts: _Options, time_limit: float) -> SegmentReport:
-    """Run eqsat's pipeline on one graph; any failure keeps the graph as it was."""
+    """Run eqsat's pipeline on one graph under `time_limit`; any failure keeps the graph as it was."""
     start = time.perf_counter()
     if sum(1 for n in graph.nodes if n.op not in ("input", "weight")) < 2:
         return SegmentReport(graph, graph, stop_reason="too small to optimize")
     try:
+        from eqsat.cost import cost_model
         from eqsat.pipeline import optimize_graph
-    except ImportError as exc:
-        return SegmentReport(graph, graph, error=f"eqsat.pipeline unavailable: {exc}")
-    try:
-        kwargs: dict[str, Any] = {"cost_model": opts.cost_model, "extractor": opts.extractor,
-                                  "time_limit": time_limit}
-        if opts.rules is not None:
-            kwargs["rules"] = opts.rules
-        result = optimize_graph(graph, **kwargs)
-        after = getattr(result, "optimized", graph)
-        if getattr(result, "numerics_ok", True) is False:
-            after = graph
-        report = getattr(result, "saturation", None) or getattr(result, "report", None)
-        fired = getattr(report, "rules_fired", None) or getattr(result, "rules_fired", ()) or ()
-        if isinstance(fired, dict):
-            fired = tuple(f"{k}×{v}" for k, v in fired.items() if v)
+        from eqsat.saturate import Limits
+
+        from jax_backend.regions import egraph_ops, optimize_regions
+
+        rules = _load_rules(opts.rules)
+        model = cost_model(opts.cost_model, "cpu" if jax.default_backend() == "cpu" else "h100")
+        results: list[Any] = []
+        deadline = start + time_limit
+
+        def run_one(region: Graph) -> Graph:
+            left = deadline - time.perf_counter()
+            if left <= 0.05 or sum(1 for n in region.nodes if n.op not in ("input", "weight")) < 2:
+                return region
+            limits = Limits(iterations=opts.iterations, nodes=opts.max_enodes, seconds=left / 2, multi_rounds=1)
+            try:
+                result = optimize_graph(region, rules, limits, model, opts.extractor, time_limit=max(left / 2, 0.05))
+            except Exception as exc:  # noqa: BLE001 - keep this region as it was
+                results.append(exc)
+                return region
+            results.append(result)
+            return result.optimized if result.numerics_ok else region
+
+        after, _ = optimize_regions(graph, egraph_ops(), run_one)
+        done = [r for r in results if not isinstance(r, Exception)]
+        errors = [f"{type(r).__name__}: {r}" for r in results if isinstance(r, Exception)]
+        totals: dict[str, int] = {}
+        for r in done:
+            for k, v in r.saturation.total_matches.items():
+                totals[k] = totals.get(k, 0) + v
+        fired = tuple(f"{k}×{v}" for k, v in sorted(totals.items()) if v)
         return SegmentReport(
-            graph, after, getattr(result, "cost_before", None), getattr(result, "cost_after", None),
-            getattr(report, "enodes", getattr(result, "enodes", None)),
-            getattr(report, "eclasses", getattr(result, "eclasses", None)),
-            tuple(str(r) for r in fired), str(getattr(report, "stop_reason", getattr(result, "stop_reason", ""))),
-            time.perf_counter() - start)
+            graph, after if after != graph else graph,
+            sum(r.cost_before for r in done) if done else None, sum(r.cost_after for r in done) if done else None,
+            sum(r.enodes for r in done) if done else None, sum(r.eclasses for r in done) if done else None, fired,
+            "; ".join(sorted({f"{r.stop_reason}/{r.selection_status}" for r in done})) or "no region optimized",
+            time.perf_counter() - start, error="; ".join(errors[:3]))
     except Exception as exc:  # noqa: BLE001 - the original graph is always a valid answer
         return SegmentReport(graph, graph, error=f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - start)
 
