@@ -37,7 +37,13 @@ class Benchmark:
     description: str
 
 
+def _jax(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    return list(module.run_bench(out_dir=args.out, time_limit=min(args.time_limit, 10.0)))
+
+
 BENCHMARKS: Mapping[str, Benchmark] = MappingProxyType({
+    "jax": Benchmark("experiments.bench_jax", _jax,
+                     "@eqsat.optimize on JAX programs: speedup over jax.jit, first call, numerics"),
     "extraction": Benchmark("experiments.bench_extraction", _extraction,
                             "every extractor on the E-graph JSON benchmark set: cost, bound, seconds"),
 })
