@@ -156,8 +156,11 @@ class TensorEGraph:
 
     # --- serialization ----------------------------------------------------------------------------
 
-    def serialize(self, cost_model: CostModel) -> dict[str, Any]:
+    def serialize(self, cost_model: CostModel, fold_weights: bool = False) -> dict[str, Any]:
         """E-graph JSON: tensor nodes only, roots filled, per-node cost, class shapes in class_data.
+
+        `fold_weights` applies TASO/Tensat's convention that an op whose inputs are all weights
+        (or computed from weights only) is precomputed once and costs nothing per run.
 
         Extra keys (`format`, `outputs`, node `attrs`, class `shape`) let `decode` rebuild a Graph
         from the JSON alone; extractors ignore them.
@@ -167,7 +170,7 @@ class TensorEGraph:
             raw = json.loads(self.egglog.serialize(roots).to_json())
         except bindings.EggSmolError as exc:
             raise EqsatError(f"egglog could not serialize the e-graph: {exc}") from None
-        return convert_serialized(raw, cost_model, self.graph)
+        return convert_serialized(raw, cost_model, self.graph, fold_weights)
 
 
 def _primitive_value(node: Mapping[str, Any], nodes: Mapping[str, Any]) -> Any:
@@ -179,7 +182,23 @@ def _primitive_value(node: Mapping[str, Any], nodes: Mapping[str, Any]) -> Any:
     return int(op)
 
 
-def convert_serialized(raw: Mapping[str, Any], cost_model: CostModel, graph: Graph) -> dict[str, Any]:
+def constant_classes(nodes: Mapping[str, Mapping[str, Any]]) -> set[str]:
+    """Classes computable from weights alone: a weight, or any node whose children all are."""
+    constant: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for node in nodes.values():
+            if node["eclass"] in constant or node["op"] == "input":
+                continue
+            if all(nodes[c]["eclass"] in constant for c in node["children"]):
+                constant.add(node["eclass"])
+                changed = True
+    return constant
+
+
+def convert_serialized(raw: Mapping[str, Any], cost_model: CostModel, graph: Graph,
+                       fold_weights: bool = False) -> dict[str, Any]:
     """egglog's serialize output → our E-graph JSON (see `TensorEGraph.serialize`)."""
     nodes: Mapping[str, Any] = raw["nodes"]
     class_type = {cid: data.get("type") for cid, data in raw.get("class_data", {}).items()}
@@ -212,6 +231,11 @@ def convert_serialized(raw: Mapping[str, Any], cost_model: CostModel, graph: Gra
         in_shapes = [class_shape[nodes[c]["eclass"]] for c in tensor_kids]
         cost = 0.0 if ops.OPS[op].is_leaf else float(cost_model.op_cost(op, attrs, in_shapes))
         out_nodes[nid] = {"op": op, "children": tensor_kids, "eclass": node["eclass"], "cost": cost, "attrs": attrs}
+    if fold_weights:
+        constant = constant_classes(out_nodes)
+        for node in out_nodes.values():
+            if all(out_nodes[c]["eclass"] in constant for c in node["children"]):
+                node["cost"] = 0.0
     used = {n["eclass"] for n in out_nodes.values()}
     outputs = list(raw["root_eclasses"])
     class_data = {c: {"type": TERM_SORT, "shape": list(class_shape[c])} for c in used}
