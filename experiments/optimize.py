@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from eqsat.cost import COST_MODEL_FACTORIES, cost_model, graph_cost
-from eqsat.errors import EqsatError
+from eqsat.cost import COST_MODEL_FACTORIES, cost_model
 from eqsat.ir import Graph
 from experiments.models import MODELS, build_model
 
@@ -132,71 +131,51 @@ def measure_pair(original: Graph, optimized: Graph, inputs: Mapping[str, np.ndar
 
 # --- the path -----------------------------------------------------------------------------------
 
-def _pipeline() -> Any:
-    try:
-        from eqsat import pipeline
-    except ImportError as exc:
-        raise EqsatError(f"the saturation pipeline (eqsat.pipeline) is not available: {exc}") from None
-    return pipeline
-
-
-def _saturation_limits(pipeline_module: Any, options: OptimizeOptions) -> Any:
-    from eqsat.saturate import Limits
-
-    return Limits(iterations=options.iterations, nodes=options.node_limit, seconds=options.saturate_seconds,
-                  multi_rounds=options.k_multi)
-
-
-def _field(obj: Any, *names: str) -> Any:
-    """The first of `names` that `obj` has (the report may nest saturation fields)."""
-    for name in names:
-        if hasattr(obj, name):
-            return getattr(obj, name)
-    raise EqsatError(f"the pipeline's result has none of the fields {', '.join(names)}")
-
-
 def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> dict[str, Any]:
     """Run the whole path on `model` and return the report row (the CLI's JSON fields and a few more)."""
     from rich.console import Console
 
+    from eqsat.pipeline import default_rules, optimize_graph
+    from eqsat.saturate import Limits
+
     console = Console(stderr=True)
     graph = build_model(model)
     costs = cost_model(options.cost_model, device=options.device)
-    pipeline = _pipeline()
-    with console.status(f"[bold]{model}[/]: saturating and extracting ({len(graph.nodes)} nodes)"):
-        result = pipeline.optimize_graph(graph, pipeline.default_rules(), _saturation_limits(pipeline, options),
-                                         costs, extractor=options.extractor, time_limit=options.time_limit)
-    optimized: Graph = result.optimized
-    report = getattr(result, "saturation", None) or getattr(result, "report", None) or result
+    limits = Limits(iterations=options.iterations, nodes=options.node_limit, seconds=options.saturate_seconds,
+                    multi_rounds=options.k_multi)
+    console.print(f"[bold]{model}[/]: {len(graph.nodes)} nodes; saturating (limits: {limits.iterations} iterations, "
+                  f"{limits.nodes} e-nodes, {limits.seconds:g} s) and extracting with {options.extractor}")
+    result = optimize_graph(graph, default_rules(), limits, costs, extractor=options.extractor,
+                            time_limit=options.time_limit, seed=options.seed, progress=True)
+    optimized = result.optimized
     if options.save_graphs is not None:
         options.save_graphs.mkdir(parents=True, exist_ok=True)
-        stem = Path(model).stem if model not in MODELS else model
+        stem = model if model in MODELS else Path(model).stem
         graph.save(options.save_graphs / f"{stem}.before.json")
         optimized.save(options.save_graphs / f"{stem}.after.json")
     with console.status(f"[bold]{model}[/]: lowering, checking and timing both graphs through JAX"):
         measured = measure_pair(graph, optimized, graph.random_inputs(options.seed), options.repeats,
                                 options.rtol, options.atol)
-    pipeline_ok = bool(getattr(result, "numerics_ok", True))
     return {
         "model": model,
-        "enodes": _field(result, "enodes") if hasattr(result, "enodes") else _field(report, "enodes", "nodes"),
-        "eclasses": _field(result, "eclasses") if hasattr(result, "eclasses") else _field(report, "eclasses", "classes"),
-        "saturate_s": _field(result, "saturate_s") if hasattr(result, "saturate_s") else _field(report, "seconds"),
-        "extract_s": _field(result, "extract_s"),
-        "cost_before": float(_field(result, "cost_before")),
-        "cost_after": float(_field(result, "cost_after")),
-        "cost_before_recomputed": graph_cost(graph, costs),
-        "cost_after_recomputed": graph_cost(optimized, costs),
+        "enodes": result.enodes,
+        "eclasses": result.eclasses,
+        "saturate_s": result.saturate_s,
+        "extract_s": result.extract_s,
+        "cost_before": result.cost_before,
+        "cost_after": result.cost_after,
         "measured_before_s": measured.before_s,
         "measured_after_s": measured.after_s,
-        "numerics_ok": pipeline_ok and measured.numerics_ok,
-        "max_abs_diff": measured.max_abs_diff,
-        "stop_reason": str(_field(result, "stop_reason") if hasattr(result, "stop_reason")
-                           else _field(report, "stop_reason")),
+        "numerics_ok": bool(result.numerics_ok and measured.numerics_ok),
+        "stop_reason": result.stop_reason,
+        "iterations": len(result.saturation.iterations),
         "extractor": options.extractor,
+        "selection_status": result.selection_status,
         "cost_model": f"{options.cost_model}/{costs.device}",
         "nodes_before": len(graph.live().nodes),
         "nodes_after": len(optimized.live().nodes),
+        "op_counts_after": optimized.live().op_counts(),
+        "max_abs_diff_jax": measured.max_abs_diff,
     }
 
 
