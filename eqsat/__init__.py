@@ -10,4 +10,15 @@ def __getattr__(name: str):  # noqa: ANN202 - lazy re-exports, so `import eqsat`
         from jax_backend.explain import explain
 
         return explain
+    if name in _EQSAT_EXPORTS:  # the egglog stage, imported on first use (egglog is heavy)
+        import importlib
+
+        return getattr(importlib.import_module(_EQSAT_EXPORTS[name]), name)
     raise AttributeError(f"module 'eqsat' has no attribute '{name}'")
+
+
+_EQSAT_EXPORTS = {
+    "TensorEGraph": "eqsat.egraph", "decode": "eqsat.egraph",
+    "Limits": "eqsat.saturate", "SaturationReport": "eqsat.saturate", "saturate": "eqsat.saturate",
+    "optimize_graph": "eqsat.pipeline", "OptimizationResult": "eqsat.pipeline", "default_rules": "eqsat.pipeline",
+}

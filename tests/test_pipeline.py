@@ -1,0 +1,67 @@
+"""The whole pure-eqsat path: encode → saturate → extract → decode → numpy check."""
+
+from __future__ import annotations
+
+import pytest
+
+from eqsat import ops
+from eqsat.errors import NumericsError
+from eqsat.ir import Graph, GraphBuilder
+from eqsat.pipeline import default_rules, graph_cost, optimize_graph
+from eqsat.rewrites.parser import parse_rule_text
+from eqsat.saturate import STOP_REASONS, Limits
+from tests.test_egraph import FlopsCost
+
+
+def tiny_nasrnn(steps: int = 2, hidden: int = 8) -> Graph:
+    """NasRNN-like: per step eight x·W + h·U pairs through sigmoid / tanh / relu gates."""
+    b = GraphBuilder()
+    h = b.input("h0", (1, hidden))
+    for t in range(steps):
+        x = b.input(f"x{t}", (1, hidden))
+        g = [b.matmul(x, b.weight(f"w{t}_{k}", (hidden, hidden))) + b.matmul(h, b.weight(f"u{t}_{k}", (hidden, hidden)))
+             for k in range(8)]
+        m0 = b.relu(g[0]) + b.sigmoid(g[3])
+        m1 = b.sigmoid(g[1]) + b.tanh(g[2])
+        m2 = b.sigmoid(g[4]) * b.tanh(g[5])
+        m3 = b.sigmoid(g[6]) * b.relu(g[7])
+        h = b.tanh((b.sigmoid(m1) + b.tanh(m2)) * (b.tanh(m0) * b.tanh(m3)))
+    return b.build([h])
+
+
+def test_default_rules_load_tensat_files() -> None:
+    rules = default_rules()
+    assert len(rules) == 120 + 13 and sum(r.is_multi for r in rules) == 13
+
+
+@pytest.mark.parametrize("extractor", ["greedy-dag", "ilp"])
+def test_tiny_nasrnn_round_trip(extractor: str) -> None:
+    graph = tiny_nasrnn()
+    result = optimize_graph(graph, default_rules(), Limits(iterations=10, nodes=5_000, seconds=30), FlopsCost(),
+                            extractor=extractor, time_limit=20)
+    assert result.numerics_ok and result.max_abs_diff < 1e-9
+    assert result.stop_reason in STOP_REASONS
+    assert result.enodes > len(graph.nodes)
+    assert result.cost_after <= result.cost_before
+    assert result.cost_after == pytest.approx(graph_cost(result.optimized, FlopsCost(), fold_weights=True))
+
+
+def test_relu_conv_fusion_is_extracted() -> None:
+    b = GraphBuilder()
+    x, w = b.input("x", (1, 4, 6, 6)), b.weight("w", (4, 4, 3, 3))
+    graph = b.build([b.relu(b.conv2d(x, w))])
+    rule = parse_rule_text("(relu (conv2d 1 1 0 0 ?x ?w))=>(conv2d 1 1 0 2 ?x ?w)", "fuse")
+    result = optimize_graph(graph, rule, Limits(), FlopsCost(), extractor="ilp", time_limit=10)
+    assert result.optimized.op_counts().get("relu", 0) == 0
+    (conv,) = [n for n in result.optimized.nodes if n.op == "conv2d"]
+    assert conv.attr["act"] == ops.Activation.RELU
+    assert result.cost_after < result.cost_before and result.stop_reason == "saturated"
+
+
+def test_an_unsound_rule_is_caught_by_the_numerics_check() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (3, 3))
+    graph = b.build([b.tanh(x)])
+    unsound = parse_rule_text("(tanh ?x)=>(relu ?x)", "unsound")  # relu is cheaper: it gets picked
+    with pytest.raises(NumericsError, match="differs"):
+        optimize_graph(graph, unsound, Limits(), FlopsCost(), extractor="greedy-dag")

@@ -1,0 +1,117 @@
+"""Saturation: each limit stops a run and says so; guards keep right sides well-typed; a rule that
+gives an e-class two shapes is named in the error."""
+
+from __future__ import annotations
+
+import pytest
+
+from eqsat import ops
+from eqsat.egraph import TensorEGraph
+from eqsat.errors import LimitError, RuleError
+from eqsat.ir import Graph, GraphBuilder
+from eqsat.rewrites.parser import parse_rule_text
+from eqsat.rewrites.rule import Rule
+from eqsat.saturate import STOP_REASONS, Limits, saturate
+
+
+def rules(*lines: str) -> list[Rule]:
+    return [r for i, line in enumerate(lines) for r in parse_rule_text(line, f"test:{i + 1}")]
+
+
+def relu_conv() -> Graph:
+    b = GraphBuilder()
+    x, w = b.input("x", (1, 4, 5, 5)), b.weight("w", (4, 4, 3, 3))
+    return b.build([b.relu(b.conv2d(x, w))])
+
+
+def ewadd_chain(n: int) -> Graph:
+    """x0 + (x1 + (x2 + ...)): associativity and commutativity make it grow fast."""
+    b = GraphBuilder()
+    xs = [b.input(f"x{i}", (2, 2)) for i in range(n)]
+    acc = xs[-1]
+    for x in reversed(xs[:-1]):
+        acc = b.ewadd(x, acc)
+    return b.build([acc])
+
+
+ASSOC_COMM = ("assoc: (ewadd ?a (ewadd ?b ?c)) => (ewadd (ewadd ?a ?b) ?c)",
+              "assoc2: (ewadd (ewadd ?a ?b) ?c) => (ewadd ?a (ewadd ?b ?c))",
+              "comm: (ewadd ?a ?b) => (ewadd ?b ?a)")
+
+
+def test_fusion_saturates() -> None:
+    eg = TensorEGraph.from_graph(relu_conv())
+    report = saturate(eg, rules("fuse: (relu (conv2d 1 1 0 0 ?x ?w)) => (conv2d 1 1 0 2 ?x ?w)"), Limits())
+    assert report.stop_reason == "saturated"
+    assert report.iterations[0].matches == {"fuse": 1}
+    assert report.enodes == report.enodes_before + 1  # the fused conv joins the relu's class
+    assert report.eclasses == eg.num_eclasses() == 4
+
+
+def test_iteration_limit_stops() -> None:
+    report = saturate(TensorEGraph.from_graph(ewadd_chain(5)), rules(*ASSOC_COMM), Limits(iterations=2))
+    assert report.stop_reason == "iterations" and len(report.iterations) == 2
+
+
+def test_node_limit_stops_within_the_limit() -> None:
+    limit = 400
+    eg = TensorEGraph.from_graph(ewadd_chain(7))
+    report = saturate(eg, rules(*ASSOC_COMM), Limits(iterations=100, nodes=limit, match_limit=50))
+    assert report.stop_reason == "nodes"
+    assert report.enodes == eg.num_enodes() <= limit * 1.5  # one step's growth is bounded
+    assert all(row.enodes > 0 and row.eclasses > 0 for row in report.iterations)
+
+
+def test_time_limit_stops() -> None:
+    report = saturate(TensorEGraph.from_graph(ewadd_chain(7)), rules(*ASSOC_COMM),
+                      Limits(iterations=100, nodes=10**7, seconds=0.05))
+    assert report.stop_reason == "time"
+    assert report.seconds < 5
+
+
+def test_zero_time_runs_nothing() -> None:
+    report = saturate(TensorEGraph.from_graph(relu_conv()), rules(ASSOC_COMM[0]), Limits(seconds=0))
+    assert report.stop_reason == "time" and report.iterations == ()
+    assert report.stop_reason in STOP_REASONS
+
+
+def test_ill_typed_right_side_is_not_built() -> None:
+    b = GraphBuilder()
+    x, y = b.input("x", (4, 8)), b.input("y", (4, 8))
+    eg = TensorEGraph.from_graph(b.build([b.ewadd(x, y)]))
+    before = eg.num_enodes()
+    report = saturate(eg, rules("bad: (ewadd ?a ?b) => (matmul 0 ?a ?b)"), Limits())  # (4,8)@(4,8)
+    assert report.stop_reason == "saturated" and eg.num_enodes() == before
+
+
+def test_shape_conflict_names_the_rule() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (4, 8))
+    eg = TensorEGraph.from_graph(b.build([b.relu(x)]))
+    good = "ok: (relu (relu ?x)) => (relu ?x)"
+    wrong = "widen: (relu ?x) => (concat 1 2 ?x ?x)"  # well-typed, but (4, 16) is not (4, 8)
+    with pytest.raises(RuleError, match="widen"):
+        saturate(eg, rules(good, wrong), Limits())
+
+
+def test_multi_rule_runs_only_in_multi_rounds() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (2, 4))
+    w1, w2, w3 = (b.weight(f"w{i}", (4, 3)) for i in range(3))
+    graph = b.build([b.matmul(x, w1), b.matmul(x, w2), b.matmul(x, w3)])
+    merge = ("(matmul 0 ?input_1 ?input_4)=>(split_0 (split 1 (matmul 0 ?input_1 (concat 1 2 ?input_4 ?input_5))))",
+             "(matmul 0 ?input_1 ?input_5)=>(split_1 (split 1 (matmul 0 ?input_1 (concat 1 2 ?input_4 ?input_5))))")
+    from eqsat.rewrites.parser import parse_rules
+
+    multi = parse_rules(merge, "m", multi=True)
+    report = saturate(TensorEGraph.from_graph(graph), multi, Limits(multi_rounds=1))
+    assert report.iterations[0].multi and report.iterations[0].matches == {"m:1-2": 3}  # 3 unordered pairs
+    assert report.stop_reason == "saturated"
+    none = saturate(TensorEGraph.from_graph(graph), multi, Limits(multi_rounds=0))
+    assert none.enodes == none.enodes_before
+
+
+def test_invalid_limits_are_rejected() -> None:
+    with pytest.raises(LimitError):
+        Limits(nodes=0)
+    assert ops.OPS  # registry loaded
