@@ -80,7 +80,7 @@ def load_egraph(source: str | Path | Mapping[str, Any]) -> EGraphData:
     """Read an e-graph from a JSON file path, a JSON string, or an already parsed dict."""
     if isinstance(source, Mapping):
         return _from_dict(source, "<dict>")
-    if isinstance(source, str) and source.lstrip().startswith("{"):
+    if isinstance(source, str) and source.lstrip()[:1] in ("{", "["):
         return _from_dict(_parse(source, "<string>"), "<string>")
     path = Path(source)
     try:

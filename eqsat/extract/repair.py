@@ -18,6 +18,7 @@ def repair_choice(
     preferred: np.ndarray,
     fallback_key: np.ndarray,
     parents: list[list[int]] | None = None,
+    node_mask: np.ndarray | None = None,
 ) -> np.ndarray:
     """An acyclic choice for every extractable class: the preferred node wherever it can be built
     from classes already final; when stuck (a cycle, or no preference), the ready node with the
@@ -29,6 +30,8 @@ def repair_choice(
     if parents is None:
         parents = parents_of_classes(egraph)
     waiting = [len(k) for k in uc]
+    if node_mask is not None:  # forbidden nodes never become ready
+        waiting = [w if ok else -1 for w, ok in zip(waiting, node_mask.tolist(), strict=True)]
     final = [False] * egraph.n_classes
     out = np.full(egraph.n_classes, -1, dtype=np.int64)
     ready_pref: list[int] = []
