@@ -269,7 +269,8 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
     segments = [SegmentReport(**{**s.__dict__, "kernels": k}) for s, k in zip(segments, kernels)]
     changed = any(s.after != s.before for s in segments)
     if not changed and mode == "xla":
-        return _fallback(signature, out_tree, segments, opaque, start, mode, "no rewrite improved the program")
+        return _fallback(signature, out_tree, segments, opaque, start, mode, "no rewrite improved the program",
+                         warn=False)
 
     optimized_flat = jax.jit(functools.partial(_run_program, optimized, runner))
     original_flat = jax.jit(flat_fun)

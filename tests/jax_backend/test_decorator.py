@@ -1,0 +1,94 @@
+"""@eqsat.optimize never changes results: outputs, gradients and vmap equal the original, and any
+failure falls back to the original with a warning."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqsat
+from jax_backend.decorator import EqsatFallbackWarning, optimize
+
+
+def _rand(*shape: int, seed: int = 0) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+def qkv(x, wq, wk, wv):
+    q, k, v = x @ wq, x @ wk, x @ wv
+    return jax.nn.softmax(q @ k.T / 4.0) @ v + jnp.cumsum(x, axis=1)
+
+
+ARGS = (_rand(16, 8), _rand(8, 8, seed=1), _rand(8, 8, seed=2), _rand(8, 8, seed=3))
+
+
+@pytest.mark.parametrize("lowering", ["xla", "pallas"])
+def test_outputs_grads_vmap_equal(lowering: str) -> None:
+    opt = optimize(qkv, check_speed=False, time_limit=3.0, lowering=lowering)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EqsatFallbackWarning)
+        np.testing.assert_allclose(jax.jit(opt)(*ARGS), qkv(*ARGS), rtol=2e-4, atol=1e-5)
+        loss = lambda f: lambda *a: jnp.sum(f(*a) ** 2)  # noqa: E731
+        for g, r in zip(jax.grad(loss(opt), argnums=(0, 1, 2, 3))(*ARGS), jax.grad(loss(qkv), argnums=(0, 1, 2, 3))(*ARGS)):
+            np.testing.assert_allclose(g, r, rtol=2e-4, atol=1e-4)
+        xs = jnp.stack([ARGS[0], _rand(16, 8, seed=9)])
+        np.testing.assert_allclose(jax.vmap(opt, in_axes=(0, None, None, None))(xs, *ARGS[1:]),
+                                   jax.vmap(qkv, in_axes=(0, None, None, None))(xs, *ARGS[1:]), rtol=2e-4, atol=1e-5)
+    report = opt.report(*ARGS)
+    assert report.used in ("optimized", "original") and report.segments
+    assert "cumsum" in report.opaque
+
+
+def test_optimizes_once_per_signature_and_static_args() -> None:
+    calls = []
+
+    def f(x, n):
+        calls.append(n)
+        return jnp.tanh(x) * n
+
+    opt = eqsat.optimize(static_argnums=1, check_speed=False, time_limit=1.0)(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EqsatFallbackWarning)
+        for _ in range(3):
+            np.testing.assert_allclose(opt(ARGS[0], 2), np.tanh(np.asarray(ARGS[0])) * 2, rtol=1e-6)
+        opt(ARGS[0], 3)
+    assert len(opt.reports) == 2
+
+
+def test_broken_optimizer_falls_back_with_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    import jax_backend.decorator as dec
+
+    def wrong(graph, opts, time_limit):  # pretend eqsat returned a wrong graph: negate every output
+        from eqsat.ir import GraphBuilder
+        b = GraphBuilder()
+        t = {}
+        for i, n in enumerate(graph.nodes):
+            outs = b.apply(n.op, [t[(v.node, v.index)] for v in n.inputs], n.attr)
+            t.update({(i, k): o for k, o in enumerate(outs)})
+        bad = b.build([b.apply("neg", [t[(v.node, v.index)]])[0] for v in graph.outputs])
+        return dec.SegmentReport(graph, bad)
+
+    monkeypatch.setattr(dec, "_optimize_graph", wrong)
+    f = lambda x: jnp.tanh(x) + 1.0  # noqa: E731
+    opt = optimize(f, check_speed=False)
+    with pytest.warns(EqsatFallbackWarning, match="differ"):
+        out = opt(ARGS[0])
+    np.testing.assert_allclose(out, f(ARGS[0]))
+    assert opt.report(ARGS[0]).used == "original"
+
+
+def test_bad_options_are_rejected() -> None:
+    with pytest.raises(eqsat.errors.EqsatError, match="lowering"):
+        optimize(qkv, lowering="cuda")
+
+
+def test_explain_writes_pictures(tmp_path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EqsatFallbackWarning)
+        text = eqsat.explain(optimize(qkv, check_speed=False, time_limit=2.0), *ARGS, out=tmp_path)
+    assert "graph 0" in str(text) and text.pictures
+    assert all(p.stat().st_size > 1000 for p in text.pictures)
