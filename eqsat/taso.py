@@ -9,7 +9,8 @@ depends on the op. The layouts below were read off the five files of Tensat's be
 | Input, Weight | 0, 1 | dims (the input line names a placeholder and is ignored) |
 | Conv | 3 | input dims (4), weight dims (4), stride h, stride w, padding, activation, pad h, pad w |
 | MaxPool, AveragePool | 6, 7 | input dims (4), op code, kernel h, kernel w, stride h, stride w, padding, activation, pad h, pad w |
-| Dropout, Relu, Sigmoid, Tanh, BatchNormalization, Add, Mul | 4, 8, 9, 10, 11, 16, 17 | output dims |
+| Dropout, Relu, BatchNormalization, Add | 4, 8, 11, 16 | output dims |
+| Sigmoid, Tanh, Mul, Sub, Div, Max, Exp, Log, Sqrt | 9, 10, 17, 28, 29, 33, 49, 51, 53 | output dims (assumed: not in the five files) |
 | Concat | 12 | axis |
 | Reshape | 14 | output dims |
 | Transpose | 15 | perm then the shuffle flag; VGG's 2-D transposes write the rank first |
@@ -176,6 +177,9 @@ _CONVERTERS: Mapping[int, Converter] = MappingProxyType({
     3: _conv, 4: _dropout, 6: _pool("poolmax"), 7: _pool("poolavg"), 8: _unary("relu"), 9: _unary("sigmoid"),
     10: _unary("tanh"), 11: _batchnorm, 12: _concat, 14: _reshape, 15: _transpose, 16: _binary("ewadd"),
     17: _binary("ewmul"), 18: _matmul,
+    # elementwise ops none of the five files use: assumed to write output dims like Add / Relu (checked)
+    28: _binary("ewsub"), 29: _binary("ewdiv"), 33: _binary("ewmax"), 49: _unary("exp"), 51: _unary("log"),
+    53: _unary("sqrt"),
 })
 _LEAVES: Mapping[int, str] = MappingProxyType({0: "input", 1: "weight"})
 _DUMMY_WEIGHT_OPS = frozenset({6, 7})  # TASO pools read a weight they never use

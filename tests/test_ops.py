@@ -133,8 +133,10 @@ CASES: Mapping[str, list[Case]] = {
 def _arrays(op: str, shapes: Sequence[tuple[int, ...]], seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    if op in POSITIVE_OPS or op == "batchnorm":
-        arrays = [np.abs(a) + 0.5 for a in arrays] if op != "batchnorm" else arrays[:4] + [np.abs(arrays[4]) + 0.5]
+    if op in POSITIVE_OPS:
+        return [np.abs(a) + 0.5 for a in arrays]
+    if op == "batchnorm":  # the variance must be positive
+        return arrays[:4] + [np.abs(arrays[4]) + 0.5]
     return arrays
 
 

@@ -74,6 +74,14 @@ def test_a_small_file_loads(tmp_path: Path) -> None:
     assert [b.guid for b in parse_blocks(GOOD)] == [100, 101, 102]
 
 
+def test_elementwise_ops_beyond_the_five_files(tmp_path: Path) -> None:
+    text = GOOD + "103\n28\n102:0,102:0\n2,3\n104\n49\n103:0\n2,3\n105\n4\n104:0\n2,3\n"
+    graph = load_taso_model(_write(tmp_path, text))
+    assert graph.op_counts() == {"input": 1, "weight": 1, "matmul": 1, "ewsub": 1, "exp": 1}
+    (out,) = graph.evaluate(graph.random_inputs(0))
+    np.testing.assert_allclose(out, np.ones((2, 3)))  # exp(y - y), through a dropout
+
+
 def test_blocks_out_of_order_are_sorted(tmp_path: Path) -> None:
     lines = GOOD.strip().split("\n")
     text = "\n".join(lines[8:] + lines[:8]) + "\n"
