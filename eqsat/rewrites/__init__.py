@@ -1,6 +1,29 @@
 """Rewrite rules: the term language, rule files, the verifier and the synthesizer."""
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from eqsat.errors import RuleParseError
 from eqsat.rewrites.parser import load_rules, parse_rule_text
 from eqsat.rewrites.rule import Rule, Term, Var
 
-__all__ = ["Rule", "Term", "Var", "load_rules", "parse_rule_text"]
+LIBRARY_DIR = Path(__file__).parent / "library"
+LIBRARY_GROUPS: tuple[str, ...] = ("properties", "fusion", "merges")
+
+
+def library_rules(groups: Iterable[str] | None = None) -> list[Rule]:
+    """The rules the project ships, by group: properties (TASO's operator properties), fusion
+    (activation fusion, elementwise chains), merges (two-output concat/split merges)."""
+    chosen = list(LIBRARY_GROUPS if groups is None else groups)
+    unknown = [g for g in chosen if g not in LIBRARY_GROUPS]
+    if unknown:
+        raise RuleParseError(f"unknown rule group(s) {unknown}; expected some of {list(LIBRARY_GROUPS)}")
+    rules: list[Rule] = []
+    for group in chosen:
+        rules.extend(load_rules(LIBRARY_DIR / f"{group}.rules", multi=False))
+    return rules
+
+
+__all__ = ["Rule", "Term", "Var", "load_rules", "parse_rule_text", "library_rules", "LIBRARY_GROUPS"]

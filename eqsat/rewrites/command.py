@@ -1,0 +1,67 @@
+"""`eqsat rules verify [RULEFILE...]` and `eqsat rules synth`: the rule verifier and synthesizer on
+the command line. Without rule files, `verify` checks the shipped library."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from eqsat.errors import EqsatError
+from eqsat.rewrites.rule import Rule
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="rules_command", required=True)
+    verify = sub.add_parser("verify", help="prove or refute rules")
+    verify.add_argument("files", nargs="*", help="rule files (default: the shipped library); files named "
+                        "*multi* are read as Tensat two-output files")
+    verify.add_argument("--samples", type=int, default=24, help="shape assignments tested per rule")
+    verify.add_argument("--proof-shapes", type=int, default=3, help="shape assignments proved exactly per rule")
+    verify.add_argument("--seed", type=int, default=0)
+    verify.add_argument("--no-all-shapes", action="store_true", help="skip the e-graph derivation from axioms")
+    verify.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    synth = sub.add_parser("synth", help="enumerate small graphs and keep the new, verified equalities")
+    synth.add_argument("--max-ops", type=int, default=2, help="operators per graph")
+    synth.add_argument("--time-limit", type=float, default=300.0, help="seconds in total")
+    synth.add_argument("--out", default="synth.rules", help="rule file to write")
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def _load(files: list[str]) -> list[Rule]:
+    from eqsat.rewrites import library_rules
+    from eqsat.rewrites.parser import load_rules
+
+    if not files:
+        return library_rules()
+    return [r for f in files for r in load_rules(f)]
+
+
+def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
+    if args.rules_command == "verify":
+        return [_verify(args)]
+    if args.rules_command == "synth":
+        from eqsat.rewrites.synth import SynthOptions, synthesize
+
+        if args.max_ops < 1 or args.time_limit <= 0:
+            raise EqsatError("rules synth: --max-ops must be at least 1 and --time-limit positive")
+        report = synthesize(SynthOptions(max_ops=args.max_ops, time_limit=args.time_limit, seed=args.seed),
+                            out=args.out, progress=True)
+        return [report]
+    raise EqsatError(f"rules: unknown subcommand {args.rules_command!r}")
+
+
+def _verify(args: argparse.Namespace) -> dict[str, Any]:
+    from eqsat.rewrites.verify import VerifyOptions, verify_rules
+
+    start = time.perf_counter()
+    rules = _load(args.files)
+    options = VerifyOptions(samples=args.samples, proof_shapes=args.proof_shapes, seed=args.seed)
+    results = verify_rules(rules, options, all_shapes=not args.no_all_shapes, progress=True)
+    count = {s: sum(r.status == s for r in results) for s in ("proved", "refuted", "unknown")}
+    return {"total": len(results), **count,
+            "proved_all_shapes": sum(r.scope == "all shapes" for r in results),
+            "seconds": round(time.perf_counter() - start, 3),
+            "rules": [r.to_json() for r in results]}

@@ -1,0 +1,279 @@
+"""Concrete shape assignments for a rule's variables that make its left side well-typed.
+
+Variables get ranks first (an exhaustive search with pruning: ranks are few), then dims from a small
+grid by a randomized depth-first search that checks every left-side subterm as soon as its
+variables are bound, with the registry's shape inference. Candidate shapes are drawn first from the
+shapes already seen in the pattern (a sibling's shape, a transpose), which finds the equalities
+that ops demand without enumerating the whole grid. Side conditions (`if (= (dim ?x 1) 3)`) prune
+the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from eqsat.errors import ShapeError
+from eqsat.ops import Shape
+from eqsat.rewrites.rule import Pattern, Rule, Term, Var, variables
+from eqsat.rewrites.semantics import term_shape
+
+DIMS: tuple[int, ...] = (1, 2, 3, 4)
+RANKS: tuple[int, ...] = (1, 2, 3, 4)
+
+Env = dict[str, Shape]
+
+
+@dataclass(frozen=True)
+class ShapeChecker:
+    """Checks partial assignments against a rule's left sides and conditions."""
+
+    rule: Rule
+
+    @property
+    def order(self) -> list[str]:
+        """Variables in first-occurrence order over a post-order walk: siblings stay adjacent."""
+        seen: list[str] = []
+        for p in self.rule.lhs:
+            for v in variables(p):
+                if v not in seen:
+                    seen.append(v)
+        return seen
+
+    def lhs_shapes(self, env: Mapping[str, Shape]) -> list[Shape] | None:
+        """Shapes of the left sides, or None when ill-typed (or a condition fails) under `env`."""
+        try:
+            memo: dict[int, Shape] = {}
+            shapes = [_shape(p, env, memo) for p in self.rule.lhs]
+        except (ShapeError, _Unbound):
+            return None
+        if not all(condition_holds(c, env) for c in self.rule.conditions):
+            return None
+        return shapes
+
+    def partial_ok(self, env: Mapping[str, Shape], memo: dict[int, Shape | None]) -> bool:
+        """False as soon as some fully bound left-side subterm is ill-typed or a condition fails."""
+        for p in self.rule.lhs:
+            if _partial(p, env, memo) is False:
+                return False
+        for c in self.rule.conditions:
+            try:
+                if not condition_holds(c, env):
+                    return False
+            except _Unbound:
+                pass
+        return True
+
+
+class _Unbound(Exception):
+    pass
+
+
+def _shape(p: Pattern, env: Mapping[str, Shape], memo: dict[int, Shape]) -> Shape:
+    if isinstance(p, Var):
+        if p.name not in env:
+            raise _Unbound(p.name)
+        return env[p.name]
+    if id(p) not in memo:
+        memo[id(p)] = term_shape(p, [_shape(a, env, memo) for a in p.args], None)
+    return memo[id(p)]
+
+
+def _partial(p: Pattern, env: Mapping[str, Shape], memo: dict[int, Shape | None]) -> Shape | None | bool:
+    """A shape when bound and well-typed, None when not all bound, False when ill-typed."""
+    if isinstance(p, Var):
+        return env.get(p.name)
+    if id(p) in memo:
+        return memo[id(p)] if memo[id(p)] is not None else False
+    args = [_partial(a, env, memo) for a in p.args]
+    if any(a is False for a in args):
+        return False
+    if any(a is None for a in args):
+        return None
+    try:
+        out: Shape | None = term_shape(p, args, None)  # type: ignore[arg-type]
+    except ShapeError:
+        out = None
+    memo[id(p)] = out
+    return out if out is not None else False
+
+
+def condition_holds(c: Term | Var, env: Mapping[str, Shape]) -> bool:
+    return bool(_cond_value(c, env))
+
+
+def _cond_value(c: Any, env: Mapping[str, Shape]) -> Any:
+    if isinstance(c, Var):
+        if c.name not in env:
+            raise _Unbound(c.name)
+        return env[c.name]
+    if c.op == "const":
+        return c.attr["value"]
+    args = [_cond_value(a, env) for a in c.args]
+    if c.op == "dim":
+        shape, i = args
+        return shape[i] if 0 <= i < len(shape) else -1
+    if c.op == "rank":
+        return len(args[0])
+    fns = {"=": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
+           "<=": lambda a, b: a <= b, "+": lambda a, b: a + b, "-": lambda a, b: a - b,
+           "*": lambda a, b: a * b, "%": lambda a, b: a % b if b else -1}
+    return fns[c.op](*args)
+
+
+def rank_choices(rule: Rule, limit: int = 64) -> list[dict[str, int]]:
+    """Every rank assignment (over RANKS) under which the left sides can be well-typed (dims all 1 or 2)."""
+    checker = ShapeChecker(rule)
+    order = checker.order
+    found: list[dict[str, int]] = []
+
+    def ok(ranks: Mapping[str, int]) -> bool:
+        for fill in (2, 1):
+            env = {v: (fill,) * r for v, r in ranks.items()}
+            if checker.partial_ok(env, {}):
+                return True
+        return False
+
+    def dfs(i: int, ranks: dict[str, int]) -> None:
+        if len(found) >= limit:
+            return
+        if i == len(order):
+            found.append(dict(ranks))
+            return
+        for r in RANKS:
+            ranks[order[i]] = r
+            if ok(ranks):
+                dfs(i + 1, ranks)
+            del ranks[order[i]]
+
+    dfs(0, {})
+    return found
+
+
+class _Sampler:
+    """Randomized depth-first search for well-typed assignments, checking each subterm once bound."""
+
+    def __init__(self, rule: Rule, seed: int, dims: Sequence[int]) -> None:
+        self.rule, self.dims = rule, tuple(dims)
+        self.checker = ShapeChecker(rule)
+        self.order = self.checker.order
+        self.rng = np.random.default_rng(seed)
+        self.cache: dict[tuple[int, tuple[Shape, ...]], Shape | None] = {}
+        position = {v: i for i, v in enumerate(self.order)}
+        # subterms that become fully bound when order[i] is bound, children first
+        self.ready: list[list[Term]] = [[] for _ in self.order]
+        self.cond_ready: list[list[Term]] = [[] for _ in self.order]
+        for p in rule.lhs:
+            for t in _post_order(p):
+                vs = set(variables(t))
+                if vs:
+                    self.ready[max(position[v] for v in vs)].append(t)
+        for c in rule.conditions:
+            vs = [v.name for v in _cond_vars(c)]
+            self.cond_ready[max((position.get(v, 0) for v in vs), default=0)].append(c)
+
+    def shape_of(self, p: Pattern, env: Mapping[str, Shape]) -> Shape | None:
+        if isinstance(p, Var):
+            return env[p.name]
+        args = tuple(self.shape_of(a, env) for a in p.args)
+        if any(a is None for a in args):
+            return None
+        key = (id(p), args)  # type: ignore[arg-type]
+        if key not in self.cache:
+            try:
+                self.cache[key] = term_shape(p, args, None)  # type: ignore[arg-type]
+            except ShapeError:
+                self.cache[key] = None
+        return self.cache[key]
+
+    def bound_ok(self, i: int, env: Mapping[str, Shape], seen: list[Shape]) -> bool:
+        for t in self.ready[i]:
+            s = self.shape_of(t, env)
+            if s is None:
+                return False
+            seen.append(s)
+        return all(condition_holds(c, env) for c in self.cond_ready[i])
+
+    def candidates(self, rank: int, seen: Sequence[Shape]) -> list[Shape]:
+        """Shapes to try for a variable: shapes seen nearby, then one-dim changes of them, then random
+        ones, interleaved by random priorities so that samples differ."""
+        same = [s for s in seen if len(s) == rank]
+        hints = list(dict.fromkeys(same + [tuple(reversed(s)) for s in same]))
+        nudged = [s[:i] + (d,) + s[i + 1:] for s in hints for i in range(rank) for d in self.dims if d != s[i]]
+        grid = np.asarray(self.dims)[self.rng.integers(0, len(self.dims), size=(min(4 ** rank, 24), rank))]
+        randoms = [tuple(row) for row in grid.tolist()]
+        pool = hints + nudged + randoms
+        bias = [0.0] * len(hints) + [0.35] * len(nudged) + [0.7] * len(randoms)
+        ranked: dict[Shape, float] = {}
+        for shape, b, r in zip(pool, bias, self.rng.random(len(pool)).tolist()):
+            ranked[shape] = min(ranked.get(shape, 9.0), b + r)
+        return sorted(ranked, key=ranked.__getitem__)
+
+    def attempt(self, ranks: Mapping[str, int], budget: int) -> Env | None:
+        env: Env = {}
+        steps = 0
+
+        def dfs(i: int, seen: list[Shape]) -> bool:
+            nonlocal steps
+            if i == len(self.order):
+                return True
+            v = self.order[i]
+            for shape in self.candidates(ranks[v], seen):
+                steps += 1
+                if steps > budget:
+                    return False
+                env[v] = shape
+                more = list(seen) + [shape]
+                if self.bound_ok(i, env, more) and dfs(i + 1, more):
+                    return True
+                del env[v]
+            return False
+
+        return dict(env) if dfs(0, []) else None
+
+
+def _post_order(p: Pattern) -> list[Term]:
+    out: list[Term] = []
+    if isinstance(p, Term):
+        for a in p.args:
+            out.extend(_post_order(a))
+        out.append(p)
+    return out
+
+
+def _cond_vars(c: Any) -> list[Var]:
+    if isinstance(c, Var):
+        return [c]
+    return [v for a in c.args for v in _cond_vars(a)]
+
+
+def sample_assignments(rule: Rule, count: int, seed: int = 0, max_steps: int = 6000,
+                       dims: Sequence[int] = DIMS) -> list[Env]:
+    """Up to `count` distinct well-typed assignments, diverse by randomization; [] if none found."""
+    ranks_list = rank_choices(rule)
+    if not ranks_list:
+        return []
+    sampler = _Sampler(rule, seed, dims)
+    found: dict[tuple[Shape, ...], Env] = {}
+    used = 0
+    for attempt in range(count * 3):
+        if len(found) >= count or used >= max_steps:
+            break
+        ranks = ranks_list[attempt % len(ranks_list)]
+        env = sampler.attempt(ranks, 400)
+        used += 400 if env is None else 40
+        if env is not None and sampler.checker.lhs_shapes(env) is not None:
+            found.setdefault(tuple(env[v] for v in sampler.order), env)
+    return list(found.values())
+
+
+def total_elements(env: Mapping[str, Shape]) -> int:
+    return sum(int(np.prod(s)) for s in env.values())
+
+
+def describe(env: Mapping[str, Shape]) -> str:
+    return ", ".join(f"?{v}:{list(s)}" for v, s in env.items())
+
