@@ -1,0 +1,33 @@
+"""Benchmark: verify Tensat's 133 rules, and synthesize rules with up to 3 operators.
+
+Reproduces the figures in the report; equivalent to
+    eqsat rules verify ../shared/data/tensat/rules/converted.txt ../shared/data/tensat/rules/converted_multi.txt --json
+    eqsat rules synth --max-ops 3 --time-limit 300 --out results/synth.rules --json
+Run: .venv/bin/python -m experiments.bench_rules [--skip-synth]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from eqsat.cli import main as eqsat_main
+
+RULES = Path(__file__).resolve().parents[2] / "shared" / "data" / "tensat" / "rules"
+
+
+def run() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skip-synth", action="store_true")
+    parser.add_argument("--out", default="results/synth.rules")
+    args = parser.parse_args()
+    code = eqsat_main(["rules", "verify", str(RULES / "converted.txt"), str(RULES / "converted_multi.txt"), "--json"])
+    if code or args.skip_synth:
+        return code
+    return eqsat_main(["rules", "synth", "--max-ops", "3", "--time-limit", "300", "--out", args.out, "--json"])
+
+
+if __name__ == "__main__":
+    sys.exit(run())
