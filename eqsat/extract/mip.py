@@ -241,17 +241,18 @@ class Incumbent:
     source: str
 
 
-def start_incumbent(problem: Problem) -> tuple[Incumbent, Incumbent]:
-    """(greedy answer on the whole e-graph, a valid warm start that uses only kept nodes)."""
+def start_incumbent(problem: Problem, start: Incumbent | None = None) -> tuple[Incumbent, Incumbent]:
+    """(the start answer, greedy by default; a valid warm start that uses only kept nodes)."""
     eg = problem.egraph
-    greedy = reachable_choice(eg, greedy_dag_choice(eg))
-    greedy_inc = Incumbent(greedy, dag_cost(eg, greedy), "greedy")
-    if all(problem.pruned.node_mask[n] for n in greedy[greedy >= 0].tolist()):
-        return greedy_inc, greedy_inc
+    if start is None:
+        greedy = reachable_choice(eg, greedy_dag_choice(eg))
+        start = Incumbent(greedy, dag_cost(eg, greedy), "greedy")
+    if all(problem.pruned.node_mask[n] for n in start.choice[start.choice >= 0].tolist()):
+        return start, start
     warm = reachable_choice(
-        eg, repair_choice(eg, greedy, problem.repair_key, problem.parents, problem.pruned.node_mask)
+        eg, repair_choice(eg, start.choice, problem.repair_key, problem.parents, problem.pruned.node_mask)
     )
-    return greedy_inc, Incumbent(warm, dag_cost(eg, warm), "greedy-repaired")
+    return start, Incumbent(warm, dag_cost(eg, warm), start.source + "-repaired")
 
 
 def repair_incumbent(problem: Problem, choice: np.ndarray) -> Incumbent:

@@ -1,7 +1,8 @@
 """Shrink an extraction problem without changing its optimum, before any MIP sees it.
 
 Removed: nodes that are their own descendant through a child in their own class (a self-loop can
-never be chosen acyclically), nodes with a child class that has no acyclic term at all (bottom-up
+never be chosen acyclically), more generally nodes every term of whose children contains the node's
+own class (`necessarily_cyclic`), nodes with a child class that has no acyclic term at all (bottom-up
 fixpoint), classes and nodes the roots cannot reach, and dominated nodes: in one class, a node
 whose distinct child classes are a superset of another's and whose cost is not lower. Replacing a
 dominated node by its dominator in any valid choice keeps it valid (its children are already
@@ -46,20 +47,36 @@ def reachable_classes(egraph: EGraphData, node_mask: np.ndarray) -> np.ndarray:
     return seen
 
 
-def prune(egraph: EGraphData, dominance: bool = True) -> Pruned:
-    """Masks of the nodes and classes an optimal DAG extraction may need."""
+def prune(
+    egraph: EGraphData,
+    dominance: bool = True,
+    cycles: bool = True,
+    initial_mask: np.ndarray | None = None,
+) -> Pruned:
+    """Masks of the nodes and classes an optimal DAG extraction may need (within
+    `initial_mask` if given: the restricted ILP uses that)."""
     uc = egraph.unique_children
     node_class = egraph.node_class
     stats = {"nodes": egraph.n_nodes, "classes": egraph.n_classes}
     mask = np.array([node_class[n] not in uc[n] for n in range(egraph.n_nodes)], dtype=bool)
     stats["self_loop"] = int((~mask).sum())
-    extractable = bottom_up_tree_costs(egraph, mask)[1] >= 0
-    for r in egraph.roots.tolist():
-        if not extractable[r]:
-            raise ExtractionError(f"{egraph.name}: root e-class {egraph.class_ids[r]!r} has no acyclic term")
-    before = int(mask.sum())
-    mask &= np.array([all(extractable[k] for k in uc[n]) for n in range(egraph.n_nodes)], dtype=bool)
-    stats["not_extractable"] = before - int(mask.sum())
+    if initial_mask is not None:
+        mask &= initial_mask
+    stats["not_extractable"] = 0
+    stats["necessarily_cyclic"] = 0
+    while True:
+        extractable = bottom_up_tree_costs(egraph, mask)[1] >= 0
+        for r in egraph.roots.tolist():
+            if not extractable[r]:
+                raise ExtractionError(f"{egraph.name}: root e-class {egraph.class_ids[r]!r} has no acyclic term")
+        before = int(mask.sum())
+        mask &= np.array([all(extractable[k] for k in uc[n]) for n in range(egraph.n_nodes)], dtype=bool)
+        stats["not_extractable"] += before - int(mask.sum())
+        cyclic = necessarily_cyclic(egraph, mask) if cycles else np.zeros(0, dtype=bool)
+        if not cyclic.any():
+            break
+        stats["necessarily_cyclic"] += int(cyclic.sum())
+        mask &= ~cyclic
     reach = reachable_classes(egraph, mask)
     before = int(mask.sum())
     mask &= reach[node_class]
@@ -87,3 +104,68 @@ def prune(egraph: EGraphData, dominance: bool = True) -> Pruned:
     stats["kept_classes"] = int(reach.sum())
     return Pruned(node_mask=mask, class_mask=reach, stats=stats)
 
+
+
+def necessarily_cyclic(egraph: EGraphData, node_mask: np.ndarray) -> np.ndarray:
+    """Nodes that close a cycle in *every* extraction that uses them, as a mask to remove.
+
+    M(c), the classes every acyclic term of c contains, is the least fixpoint of
+    M(c) = {c} ∪ ⋂_{n ∈ c} ⋃_{k child of n} M(k); a node n of c with c ∈ M(k) for a child k can
+    never be chosen. Only classes in one strongly connected component can be in each other's M,
+    so the sets are bitsets over a component, computed with a worklist.
+    """
+    from eqsat.extract.graphs import strongly_connected
+
+    uc = egraph.unique_children
+    ok = node_mask.tolist()
+    node_class = egraph.node_class.tolist()
+    adj: list[list[int]] = [[] for _ in range(egraph.n_classes)]
+    for n in range(egraph.n_nodes):
+        if ok[n]:
+            adj[node_class[n]].extend(uc[n])
+    comp = strongly_connected(adj)
+    members: dict[int, list[int]] = {}
+    for c, k in enumerate(comp):
+        members.setdefault(k, []).append(c)
+    bit: dict[int, int] = {}
+    for vs in members.values():
+        if len(vs) > 1:
+            for i, c in enumerate(vs):
+                bit[c] = 1 << i
+    if not bit:
+        return np.zeros(egraph.n_nodes, dtype=bool)
+    kept_nodes = {c: [n for n in egraph.nodes_of(c).tolist() if ok[n]] for c in bit}
+    parents: dict[int, set[int]] = {c: set() for c in bit}
+    for c in bit:
+        for n in kept_nodes[c]:
+            for k in uc[n]:
+                if k in bit and comp[k] == comp[c]:
+                    parents[k].add(c)
+    must = dict(bit)
+    work = list(bit)
+    queued = set(work)
+    while work:
+        c = work.pop()
+        queued.discard(c)
+        inter = -1
+        for n in kept_nodes[c]:
+            u = 0
+            for k in uc[n]:
+                if k in bit and comp[k] == comp[c]:
+                    u |= must[k]
+            inter &= u
+            if not inter:
+                break
+        new = bit[c] | (inter if inter != -1 else 0)
+        if new != must[c]:
+            must[c] = new
+            for p in parents[c]:
+                if p not in queued:
+                    queued.add(p)
+                    work.append(p)
+    out = np.zeros(egraph.n_nodes, dtype=bool)
+    for c, b in bit.items():
+        for n in kept_nodes[c]:
+            if any(k in bit and comp[k] == comp[c] and must[k] & b for k in uc[n]):
+                out[n] = True
+    return out

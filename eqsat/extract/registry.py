@@ -11,7 +11,9 @@ from eqsat.extract.bottom_up import bottom_up
 from eqsat.extract.egraph_data import EGraphData
 from eqsat.extract.greedy_dag import greedy_dag
 from eqsat.extract.ilp import ilp
+from eqsat.extract.reduced_ilp import reduced_ilp
 from eqsat.extract.selection import Selection
+from eqsat.extract.tensat_ilp import tensat_ilp
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,12 @@ def _registry() -> Mapping[str, Extractor]:
         Extractor("bottom-up", bottom_up, "optimal for tree cost; the classic egg extractor"),
         Extractor("greedy-dag", greedy_dag, "counts shared sub-graphs once; fast baseline and ILP start"),
         Extractor("ilp", ilp, "exact DAG cost with HiGHS, pruning and lazy cycle cuts (default)"),
+        Extractor("tensat-ilp", tensat_ilp, "Tensat's topological-order formulation, to compare encodings"),
+        Extractor(
+            "ilp-reduced",
+            reduced_ilp,
+            "e-boost-style MIP over the LP support + greedy: fast good answers on hard files, no proof",
+        ),
     ]
     return MappingProxyType({e.name: e for e in entries})
 

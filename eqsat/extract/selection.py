@@ -145,7 +145,7 @@ def _costs(egraph: EGraphData, choice: np.ndarray) -> tuple[float, float]:
     dag = float(egraph.cost[chosen].sum())
     # Tree cost: children before parents (post-order of the DFS), with repeated arguments counted.
     tree: dict[int, float] = {}
-    for c in _postorder(egraph, choice):
+    for c in postorder(egraph, choice):
         n = int(choice[c])
         kids = egraph.children(n).tolist()
         tree[c] = float(egraph.cost[n]) + sum(tree[k] for k in kids)
@@ -153,7 +153,7 @@ def _costs(egraph: EGraphData, choice: np.ndarray) -> tuple[float, float]:
     return dag, total
 
 
-def _postorder(egraph: EGraphData, choice: np.ndarray) -> list[int]:
+def postorder(egraph: EGraphData, choice: np.ndarray) -> list[int]:
     uc = egraph.unique_children
     seen = np.zeros(egraph.n_classes, dtype=bool)
     order: list[int] = []

@@ -1,0 +1,194 @@
+"""The MIP solve loop shared by the ILP extractors: an exact model for DAG cost, HiGHS, lazy cycle cuts.
+
+Model (after `prune`): x_n, y_c binary; sum of x over class c = y_c; x_n <= y_k for each distinct
+child class k of n; roots have y = 1; minimise sum cost_n x_n. Acyclicity is not modelled up
+front: most optimal answers have no cycle, so we solve, look for cycles among the classes the
+roots reach, add a cut per short cycle found (class-based: of the nodes closing the cycle, at most
+len-1), and re-solve from the best valid answer so far, until the answer is acyclic or time is up.
+Every solve is a relaxation of the acyclic problem, so its dual bound is a valid lower bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import highspy
+import numpy as np
+
+from eqsat.extract.egraph_data import EGraphData
+from eqsat.extract.mip import (
+    Clock,
+    Incumbent,
+    Problem,
+    Rows,
+    base_model,
+    choice_from_solution,
+    cycle_cut,
+    make_problem,
+    needed_cycles,
+    new_highs,
+    repair_incumbent,
+    solution_vector,
+    start_incumbent,
+)
+from eqsat.extract.selection import Selection, Status, dag_cost, make_selection, reachable_choice
+
+
+@dataclass(frozen=True)
+class IlpOptions:
+    gap: float = 1e-6  # relative MIP gap at which HiGHS may stop
+    threads: int = 1
+    max_rounds: int = 10_000
+    reduce_above: int = 5_000  # kept nodes from which `ilp` runs a restricted first phase
+    reduce_share: float = 0.3  # of the time limit, for that phase
+
+
+class _Watch:
+    """Looks at every improving solution during a solve: an acyclic one is a valid incumbent; a
+    cyclic one stops the solve at once (its cycles become cuts) instead of letting HiGHS prune
+    its tree against a value no valid answer can reach."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        self.found: Incumbent | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.cycles: list[list[int]] = []
+        self.cyclic_choice: np.ndarray | None = None
+
+    def on_solution(self, event: Any) -> None:
+        x = np.asarray(event.data_out.mip_solution)
+        if len(x) < self.problem.n_cols or self.cycles:
+            return
+        choice = choice_from_solution(self.problem, x)
+        cycles = needed_cycles(self.problem, choice)
+        if cycles:
+            self.cycles = cycles
+            self.cyclic_choice = choice
+            return
+        eg = self.problem.egraph
+        reach = reachable_choice(eg, choice)
+        cost = dag_cost(eg, reach)
+        if self.found is None or cost < self.found.cost:
+            self.found = Incumbent(reach, cost, "ilp")
+
+    def on_interrupt(self, event: Any) -> None:
+        event.interrupt(bool(self.cycles))  # HiGHS keeps the flag between runs: always set it
+
+
+def solve_lazy(
+    problem: Problem,
+    clock: Clock,
+    options: IlpOptions,
+    name: str,
+    exact: bool = True,
+    lower_bound: float | None = None,
+    start: Incumbent | None = None,
+    known_cycles: list[list[int]] | None = None,
+) -> tuple[Selection, list[list[int]]]:
+    """Solve the model of `problem` with lazy cycle cuts. With exact=False the problem is a
+    restriction (some nodes left out), so its optimum proves nothing and its dual bound is no
+    bound: `lower_bound` (from elsewhere) is reported instead. Also returns the cycles cut, which
+    are valid cuts for any model of the same e-graph."""
+    egraph = problem.egraph
+    greedy, warm = start_incumbent(problem, start)
+    best = min((greedy, warm), key=lambda i: i.cost)
+    info: dict[str, Any] = {"prune": dict(problem.pruned.stats), "start_cost": greedy.cost}
+    h = new_highs(clock.left(), options.threads, options.gap)
+    base_model(problem, h)
+    all_cycles: list[list[int]] = []
+    if known_cycles:
+        rows = Rows()
+        for cyc in known_cycles:
+            if all(problem.pruned.class_mask[c] for c in cyc):
+                cycle_cut(problem, cyc, rows)
+                all_cycles.append(cyc)
+        rows.pass_to(h)
+    info["setup_s"] = clock.elapsed()
+    lower = -np.inf
+    rounds: list[dict[str, Any]] = []
+    status = Status.FALLBACK
+    warm_start = warm
+    n_cuts = 0
+    watch = _Watch(problem)
+    h.cbMipImprovingSolution.subscribe(watch.on_solution)
+    h.cbMipInterrupt.subscribe(watch.on_interrupt)
+    while clock.left() > 0.05 and len(rounds) < options.max_rounds:
+        watch.reset()
+        h.setOptionValue("time_limit", max(0.05, clock.left()))
+        v = solution_vector(problem, warm_start.choice, h.getNumCol())
+        h.setSolution(len(v), np.arange(len(v), dtype=np.int32), v)
+        t = clock.elapsed()
+        h.run()
+        model_status = h.getModelStatus()
+        hinfo = h.getInfo()
+        bound = float(hinfo.mip_dual_bound)
+        if np.isfinite(bound):
+            lower = max(lower, bound)
+        round_info: dict[str, Any] = {
+            "status": h.modelStatusToString(model_status),
+            "seconds": clock.elapsed() - t,
+            "objective": float(hinfo.objective_function_value),
+            "bound": bound,
+            "nodes": int(hinfo.mip_node_count),
+        }
+        rounds.append(round_info)
+        if watch.found is not None and watch.found.cost < best.cost:
+            best = watch.found
+        if watch.cycles:  # stopped early at a cyclic incumbent: cut it off and go again
+            round_info["cycles"] = len(watch.cycles)
+            round_info["interrupted"] = True
+            rows = Rows()
+            for cyc in watch.cycles:
+                cycle_cut(problem, cyc, rows)
+            all_cycles.extend(watch.cycles)
+            rows.pass_to(h)
+            n_cuts += len(rows)
+            assert watch.cyclic_choice is not None
+            fixed = repair_incumbent(problem, watch.cyclic_choice)
+            if fixed.cost < best.cost:
+                best = fixed
+            warm_start = best if best.source != "greedy" or best is warm else warm
+            status = Status.TIMED_OUT
+            continue
+        if hinfo.primal_solution_status != 2:  # no feasible solution: keep the incumbent
+            status = Status.TIMED_OUT if model_status == highspy.HighsModelStatus.kTimeLimit else Status.FALLBACK
+            break
+        choice = choice_from_solution(problem, np.asarray(h.getSolution().col_value))
+        cycles = needed_cycles(problem, choice)
+        round_info["cycles"] = len(cycles)
+        if not cycles:
+            reach = reachable_choice(egraph, choice)
+            cand = Incumbent(reach, dag_cost(egraph, reach), "ilp")
+            if cand.cost < best.cost:
+                best = cand
+            status = Status.OPTIMAL if model_status == highspy.HighsModelStatus.kOptimal else Status.TIMED_OUT
+            break
+        rows = Rows()
+        for cyc in cycles:
+            cycle_cut(problem, cyc, rows)
+        all_cycles.extend(cycles)
+        rows.pass_to(h)
+        n_cuts += len(rows)
+        fixed = repair_incumbent(problem, choice)
+        if fixed.cost < best.cost:
+            best = fixed
+        warm_start = best if best.source != "greedy" or best is warm else warm
+        status = Status.TIMED_OUT
+    info.update(rounds=rounds, cuts=n_cuts, best_source=best.source, solver_bound=lower)
+    if not exact:
+        lower = lower_bound if lower_bound is not None else -np.inf
+        if status == Status.OPTIMAL and not best.cost <= lower * (1 + options.gap) + 1e-12:
+            status = Status.FEASIBLE
+    sel = make_selection(
+        egraph,
+        best.choice,
+        status=status,
+        extractor=name,
+        seconds=clock.elapsed(),
+        lower_bound=float(lower) if np.isfinite(lower) else None,
+        info=info,
+    )
+    return sel, all_cycles

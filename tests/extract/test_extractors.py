@@ -1,0 +1,132 @@
+"""Every strategy on hand-made and random e-graphs, against a brute-force optimum."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from eqsat.errors import ExtractionError
+from eqsat.extract import EXTRACTORS, Status, check_selection, extract, load_egraph
+
+from .helpers import brute_force, egraph
+
+EXACT = ("ilp", "tensat-ilp")
+ALL = tuple(EXTRACTORS)
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "egraphs"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_cycle_must_be_avoided(name: str) -> None:
+    # A = f(B) | expensive leaf; B = g(A) | h(C); C = leaf. Choosing f and g is a cycle.
+    eg = egraph({"A": [(1, ["B"]), (10, [])], "B": [(1, ["A"]), (1, ["C"])], "C": [(1, [])]}, ["A"])
+    sel = extract(eg, name, 10)
+    assert check_selection(eg, sel) == []
+    if name in EXACT:
+        assert sel.dag_cost == 3 and sel.status == Status.OPTIMAL
+        assert sel.as_ids(eg) == {"A": "A.0", "B": "B.1", "C": "C.0"}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_several_roots_share(name: str) -> None:
+    # Two roots that can share an expensive S, or each take its own cheaper-looking path.
+    eg = egraph(
+        {
+            "R1": [(1, ["S"]), (1, ["T1"])],
+            "R2": [(1, ["S"]), (1, ["T2"])],
+            "S": [(5, [])],
+            "T1": [(3, [])],
+            "T2": [(3, [])],
+        },
+        ["R1", "R2"],
+    )
+    sel = extract(eg, name, 10)
+    assert check_selection(eg, sel) == []
+    assert sel.dag_cost >= 7
+    if name in EXACT:
+        assert sel.dag_cost == 7  # S shared: 1 + 1 + 5
+        assert sel.tree_cost == 12
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_class_with_only_cyclic_nodes_is_avoided(name: str) -> None:
+    # D's only node needs D itself (through E); A can avoid D.
+    eg = egraph(
+        {"A": [(0, ["D"]), (2, ["C"])], "D": [(0, ["E"])], "E": [(0, ["D"])], "C": [(0, [])]}, ["A"]
+    )
+    sel = extract(eg, name, 10)
+    assert check_selection(eg, sel) == []
+    assert sel.dag_cost == 2
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_root_without_acyclic_term(name: str) -> None:
+    eg = egraph({"A": [(1, ["B"])], "B": [(1, ["A"])]}, ["A"])
+    with pytest.raises(ExtractionError, match="no acyclic term"):
+        extract(eg, name, 10)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_zero_costs(name: str) -> None:
+    eg = egraph({"A": [(0, ["B", "B"]), (0, ["A"])], "B": [(0, [])]}, ["A"])
+    sel = extract(eg, name, 10)
+    assert check_selection(eg, sel) == [] and sel.dag_cost == 0
+
+
+def test_unknown_extractor() -> None:
+    eg = egraph({"A": [(1, [])]}, ["A"])
+    with pytest.raises(ExtractionError, match="unknown extractor"):
+        extract(eg, "nope")
+
+
+@st.composite
+def random_egraph(draw: st.DrawFn) -> dict:
+    n = draw(st.integers(1, 5))
+    names = [f"c{i}" for i in range(n)]
+    spec = {}
+    for c in names:
+        k = draw(st.integers(1, 3))
+        spec[c] = [
+            (draw(st.sampled_from([0.0, 1.0, 1.0, 2.0, 3.5])), draw(st.lists(st.sampled_from(names), max_size=3)))
+            for _ in range(k)
+        ]
+    roots = draw(st.lists(st.sampled_from(names), min_size=1, max_size=2))
+    return {"spec": spec, "roots": roots}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_egraph())
+def test_against_brute_force(case: dict) -> None:
+    eg = egraph(case["spec"], case["roots"])
+    best = brute_force(eg)
+    for name in ALL:
+        if best is None:
+            with pytest.raises(ExtractionError):
+                extract(eg, name, 10)
+            continue
+        sel = extract(eg, name, 10)
+        assert check_selection(eg, sel) == [], name
+        assert sel.dag_cost >= best - 1e-9, name
+        if name in EXACT:
+            assert sel.dag_cost == pytest.approx(best), name
+            assert sel.status == Status.OPTIMAL
+            assert sel.lower_bound is not None and sel.lower_bound <= best + 1e-9
+
+
+@pytest.mark.skipif(not (DATA / "tensat" / "vgg.json").exists(), reason="shared data not present")
+def test_greedy_on_vgg_is_valid() -> None:
+    eg = load_egraph(DATA / "tensat" / "vgg.json")
+    sel = extract(eg, "greedy-dag")
+    assert check_selection(eg, sel) == []
+    assert sel.dag_cost <= 4.8525
+
+
+@pytest.mark.skipif(not (DATA / "egg").exists(), reason="shared data not present")
+@pytest.mark.parametrize("name", ["bottom-up", "greedy-dag", "ilp"])
+def test_small_benchmark_files(name: str) -> None:
+    for path in sorted((DATA / "egg").glob("math_*.json")):
+        eg = load_egraph(path)
+        sel = extract(eg, name, 5)
+        assert check_selection(eg, sel) == [], path
