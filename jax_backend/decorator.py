@@ -4,8 +4,8 @@ is provably no worse.
 Per input signature (tree structure, shapes, dtypes, static arguments) the wrapper captures the
 function once, optimizes each IR graph under a time limit, lowers the result to lax ops (or Pallas
 kernels on a GPU), checks it against the original on random inputs, and times both (paired,
-interleaved). If anything fails, disagrees, or measures slower, it warns (once) and calls the
-original. The optimized function is plain traceable JAX, so jit / grad / vmap compose with it; the
+interleaved, bootstrap interval) and uses the optimized version only if it is faster with
+confidence. If anything fails, disagrees, or is not faster, it warns (once) and calls the original. The optimized function is plain traceable JAX, so jit / grad / vmap compose with it; the
 optimization itself runs at trace time on the abstract signature, with concrete checks done under
 `jax.ensure_compile_time_eval`.
 """
@@ -13,7 +13,6 @@ optimization itself runs at trace time on the abstract signature, with concrete 
 from __future__ import annotations
 
 import functools
-import statistics
 import time
 import warnings
 from collections.abc import Callable, Hashable, Sequence
@@ -28,8 +27,9 @@ import numpy as np
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from jax_backend.capture import GraphStep, Program, capture, graph_leaf_name, replay
+from jax_backend.timing import paired_timing
 
-__all__ = ["optimize", "OptimizedFunction", "SignatureReport", "SegmentReport", "EqsatFallbackWarning"]
+__all__ = ["optimize", "OptimizedFunction", "SignatureReport", "SegmentReport", "EqsatFallbackWarning", "paired_timing"]
 
 
 class EqsatFallbackWarning(UserWarning):
@@ -68,20 +68,24 @@ class SignatureReport:
     time_optimized_s: float | None = None
     optimize_s: float = 0.0
     lowering: str = "xla"
+    speedup_ci: tuple[float, float] | None = None  # bootstrap interval of original/optimized time
+    distinct_regions: int = 0  # regions optimized; the rest reused a structurally identical result
+    reused_regions: int = 0
 
 
 @dataclass(frozen=True)
 class _Options:
     rules: Any = None
     extractor: str = "ilp"
-    cost_model: str = "roofline"
+    cost_model: str = "measured"
     time_limit: float = 5.0
     static_argnums: tuple[int, ...] = ()
     static_argnames: tuple[str, ...] = ()
     rtol: float = 2e-4
     atol: float = 1e-5
     check_speed: bool = True
-    timing_rounds: int = 15
+    timing_rounds: int = 40
+    timing_budget_s: float = 3.0
     lowering: str = "auto"  # "auto" | "xla" | "pallas"
     iterations: int = 8
     max_enodes: int = 20_000
@@ -97,11 +101,16 @@ class _Entry:
 # --- optimizing one signature -----------------------------------------------------------------------
 
 def _load_rules(rules: Any) -> list[Any]:
-    """None: eqsat's default rules; a path (or paths): rule files; else a sequence of Rule values."""
+    """None: the proved library rules that pay under XLA (Tensat's files if there is no library);
+    "tensat": Tensat's rule files; a path (or paths): rule files; else a sequence of Rule values."""
     from eqsat.pipeline import default_rules
     from eqsat.rewrites.parser import load_rules
 
+    from jax_backend.default_rules import library_available, proved_library_rules
+
     if rules is None:
+        return proved_library_rules() if library_available() else default_rules()
+    if isinstance(rules, str) and rules == "tensat":
         return default_rules()
     if isinstance(rules, (str, Path)):
         return list(load_rules(Path(rules)))
@@ -111,39 +120,75 @@ def _load_rules(rules: Any) -> list[Any]:
     return rules
 
 
-def _optimize_graph(graph: Graph, opts: _Options, time_limit: float) -> SegmentReport:
-    """Run eqsat's pipeline on one graph under `time_limit`; any failure keeps the graph as it was."""
+@dataclass
+class _Search:
+    """What one signature's optimization shares across its graphs: rules, cost model, and the
+    results of regions already optimized, keyed by structure (leaf names aside)."""
+
+    rules: list[Any]
+    model: Any
+    memo: dict[Graph, Graph | Exception] = field(default_factory=dict)  # canonical region → result
+    results: dict[Graph, Any] = field(default_factory=dict)  # canonical region → OptimizationResult
+    reused: int = 0
+
+
+def _make_search(opts: _Options) -> _Search:
+    from eqsat.cost import cost_model
+
+    return _Search(_load_rules(opts.rules), cost_model(opts.cost_model, "cpu" if jax.default_backend() == "cpu" else "h100"))
+
+
+def _computed_nodes(graph: Graph) -> int:
+    return sum(1 for n in graph.nodes if n.op not in ("input", "weight"))
+
+
+def _optimize_graph(graph: Graph, opts: _Options, time_limit: float, search: _Search | None = None) -> SegmentReport:
+    """Run eqsat's pipeline on each region of one graph under `time_limit`; a region structurally
+    identical to one already optimized reuses that result. Any failure keeps a region as it was."""
     start = time.perf_counter()
-    if sum(1 for n in graph.nodes if n.op not in ("input", "weight")) < 2:
+    if _computed_nodes(graph) < 2:
         return SegmentReport(graph, graph, stop_reason="too small to optimize")
     try:
-        from eqsat.cost import cost_model
         from eqsat.pipeline import optimize_graph
         from eqsat.saturate import Limits
 
         from jax_backend.regions import egraph_ops, optimize_regions
+        from jax_backend.structure import canonicalize
 
-        rules = _load_rules(opts.rules)
-        model = cost_model(opts.cost_model, "cpu" if jax.default_backend() == "cpu" else "h100")
-        results: list[Any] = []
+        search = search or _make_search(opts)
         deadline = start + time_limit
+        used: list[Any] = []
 
         def run_one(region: Graph) -> Graph:
-            left = deadline - time.perf_counter()
-            if left <= 0.05 or sum(1 for n in region.nodes if n.op not in ("input", "weight")) < 2:
+            if _computed_nodes(region) < 2:
                 return region
-            limits = Limits(iterations=opts.iterations, nodes=opts.max_enodes, seconds=left / 2, multi_rounds=1)
-            try:
-                result = optimize_graph(region, rules, limits, model, opts.extractor, time_limit=max(left / 2, 0.05))
-            except Exception as exc:  # noqa: BLE001 - keep this region as it was
-                results.append(exc)
+            canon = canonicalize(region)
+            known = search.memo.get(canon.graph)
+            if known is not None:
+                search.reused += 1
+            else:
+                left = deadline - time.perf_counter()
+                if left <= 0.05:
+                    return region
+                limits = Limits(iterations=opts.iterations, nodes=opts.max_enodes, seconds=left / 2, multi_rounds=2)
+                try:
+                    result = optimize_graph(canon.graph, search.rules, limits, search.model, opts.extractor,
+                                            time_limit=max(left / 2, 0.05))
+                    known = result.optimized if result.numerics_ok else canon.graph
+                    search.results[canon.graph] = result
+                except Exception as exc:  # noqa: BLE001 - keep this region as it was
+                    known = exc
+                search.memo[canon.graph] = known
+            if canon.graph in search.results:
+                used.append(search.results[canon.graph])
+            if isinstance(known, Exception):
+                used.append(known)
                 return region
-            results.append(result)
-            return result.optimized if result.numerics_ok else region
+            return canon.restore(known)
 
         after, _ = optimize_regions(graph, egraph_ops(), run_one)
-        done = [r for r in results if not isinstance(r, Exception)]
-        errors = [f"{type(r).__name__}: {r}" for r in results if isinstance(r, Exception)]
+        done = [r for r in used if not isinstance(r, Exception)]
+        errors = sorted({f"{type(r).__name__}: {r}" for r in used if isinstance(r, Exception)})
         totals: dict[str, int] = {}
         for r in done:
             for k, v in r.saturation.total_matches.items():
@@ -165,9 +210,39 @@ def _lowering_mode(opts: _Options) -> str:
     return "pallas" if jax.default_backend() == "gpu" else "xla"
 
 
-def _graph_runner(graphs: Sequence[Graph], mode: str) -> tuple[Callable[[GraphStep, Sequence[Any]], Sequence[Any]],
-                                                                  list[tuple[str, ...]]]:
-    """Lowered functions for each graph (by identity) and the kernels each one uses."""
+def _fold_decision(graph: Graph, node: int) -> bool:
+    """Precompute a weight-only value unless it is bigger than what it is computed from (a
+    broadcast of a scalar is cheaper to recompute inside a fusion than to read from memory)."""
+    n = graph.nodes[node]
+    size = lambda shape: int(np.prod(shape, dtype=np.int64))  # noqa: E731
+    return sum(size(s) for s in n.shapes) <= sum(size(graph.shape(v)) for v in n.inputs)
+
+
+def _fold_program(program: Program) -> tuple[Program, dict[int, dict[str, Any]]]:
+    """Each graph with its weight-only values precomputed (the concatenated weights a merge built);
+    returns the new program and, per new graph (by id), the constants its new leaves read."""
+    from jax_backend.lower import fold_weights
+
+    graphs: list[Graph] = []
+    consts: dict[int, dict[str, Any]] = {}
+    for k, step in enumerate(program.graphs):
+        values = {graph_leaf_name(i): np.asarray(program.consts[i]) for i in step.inputs if i in program.consts}
+        graph, extra = step.graph, {}
+        if values and any(n.op == "weight" for n in graph.nodes):
+            placeholders = {n.attr["name"]: None for _, n in graph.leaves("input")}  # read at run time
+            graph, folded = fold_weights(graph, {**placeholders, **values}, prefix=f"folded{k}_",
+                                         should_fold=_fold_decision)
+            extra = {name: jnp.asarray(v, dtype=jnp.float32) for name, v in folded.items()
+                     if name not in values and name not in placeholders}
+        graphs.append(graph)
+        consts[id(graph)] = extra
+    return program.with_graphs(graphs), consts
+
+
+def _graph_runner(graphs: Sequence[Graph], mode: str, consts: dict[int, dict[str, Any]] | None = None,
+                  ) -> tuple[Callable[[GraphStep, Sequence[Any]], Sequence[Any]], list[tuple[str, ...]]]:
+    """Lowered functions for each graph (by identity) and the kernels each one uses; `consts`
+    (per graph id) are extra leaf values, e.g. weights folded at optimization time."""
     from jax_backend.lower import to_jax
 
     lowered: dict[int, Callable[..., Any]] = {}
@@ -181,9 +256,12 @@ def _graph_runner(graphs: Sequence[Graph], mode: str) -> tuple[Callable[[GraphSt
             fn, used = to_jax(g, precision="default"), ("xla",)
         lowered[id(g)] = fn
         kernels.append(tuple(used))
+    extra = consts or {}
 
     def run(step: GraphStep, values: Sequence[Any]) -> Sequence[Any]:
-        return lowered[id(step.graph)]({graph_leaf_name(i): v for i, v in zip(step.inputs, values)})
+        named = {graph_leaf_name(i): v for i, v in zip(step.inputs, values)}
+        named.update(extra.get(id(step.graph), {}))
+        return lowered[id(step.graph)](named)
 
     return run, kernels
 
@@ -225,29 +303,12 @@ def _compare(ref: Sequence[Any], got: Sequence[Any], rtol: float, atol: float) -
     return True, worst
 
 
-def paired_times(f: Callable[..., Any], g: Callable[..., Any], args: Sequence[Any], rounds: int,
-                 budget_s: float = 10.0) -> tuple[float, float]:
-    """Median times of f and g, run alternately (so drift and noise hit both alike)."""
-    for _ in range(2):
-        jax.block_until_ready(f(*args))
-        jax.block_until_ready(g(*args))
-    tf: list[float] = []
-    tg: list[float] = []
-    deadline = time.perf_counter() + budget_s
-    for k in range(rounds):
-        order = (f, g) if k % 2 == 0 else (g, f)
-        for fn in order:
-            start = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            (tf if fn is f else tg).append(time.perf_counter() - start)
-        if time.perf_counter() > deadline and k >= 2:
-            break
-    return statistics.median(tf), statistics.median(tg)
-
-
 def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.ShapeDtypeStruct], signature: str,
                     opts: _Options) -> _Entry:
     """Capture, optimize, lower, check and time one signature."""
+    from jax_backend.structure import canonicalize
+    from jax_backend.timing import paired_timing
+
     start = time.perf_counter()
     mode = _lowering_mode(opts)
     try:
@@ -258,22 +319,30 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
         return _Entry(None, out_tree, SignatureReport(signature, "original",
                                                       "the function closes over traced values; not optimized"))
     steps = program.graphs
-    per_graph = opts.time_limit / max(len(steps), 1)
-    segments = [_optimize_graph(s.graph, opts, per_graph) for s in steps]
     opaque = tuple(s.name for s in program.opaque)
-    optimized = program.with_graphs([s.after for s in segments])
     try:
-        runner, kernels = _graph_runner([s.graph for s in optimized.graphs], mode)
+        search = _make_search(opts)
+    except Exception as exc:  # noqa: BLE001 - no rules or no cost model: nothing to optimize with
+        return _fallback(signature, out_tree, (), opaque, start, mode, f"setting up failed: {type(exc).__name__}: {exc}")
+    distinct = len({canonicalize(s.graph).graph for s in steps})
+    per_graph = opts.time_limit / max(distinct, 1)  # identical graphs reuse the first one's regions
+    segments = [_optimize_graph(s.graph, opts, per_graph, search) for s in steps]
+    extra = {"distinct_regions": len(search.memo), "reused_regions": search.reused}
+    optimized, consts = _fold_program(program.with_graphs([s.after for s in segments]))
+    try:
+        runner, kernels = _graph_runner([s.graph for s in optimized.graphs], mode, consts)
     except Exception as exc:  # noqa: BLE001
-        return _fallback(signature, out_tree, segments, opaque, start, mode, f"lowering failed: {type(exc).__name__}: {exc}")
+        return _fallback(signature, out_tree, segments, opaque, start, mode, f"lowering failed: {type(exc).__name__}: {exc}",
+                         **extra)
     segments = [SegmentReport(**{**s.__dict__, "kernels": k}) for s, k in zip(segments, kernels)]
     changed = any(s.after != s.before for s in segments)
     if not changed and mode == "xla":
         return _fallback(signature, out_tree, segments, opaque, start, mode, "no rewrite improved the program",
-                         warn=False)
+                         warn=False, **extra)
 
     optimized_flat = jax.jit(functools.partial(_run_program, optimized, runner))
     original_flat = jax.jit(flat_fun)
+    ci = None
     try:
         with jax.ensure_compile_time_eval():
             args = _random_args(avals, seed=0)
@@ -282,19 +351,23 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
             ok, err = _compare(ref, got, opts.rtol, opts.atol)
             if not ok:
                 return _fallback(signature, out_tree, segments, opaque, start, mode,
-                                 f"optimized outputs differ from the original (max rel. error {err:.3g})", False, err)
+                                 f"optimized outputs differ from the original (max rel. error {err:.3g})", False, err,
+                                 **extra)
             t_orig = t_opt = None
             if opts.check_speed:
-                t_orig, t_opt = paired_times(original_flat, optimized_flat, args, opts.timing_rounds)
-                if t_opt > t_orig:
+                timing = paired_timing(original_flat, optimized_flat, args, opts.timing_rounds, opts.timing_budget_s)
+                t_orig, t_opt, ci = timing.base_s, timing.other_s, timing.speedup_ci
+                if not timing.faster_with_confidence:
                     return _fallback(signature, out_tree, segments, opaque, start, mode,
-                                     f"optimized version measured slower ({t_opt * 1e3:.3f} ms vs {t_orig * 1e3:.3f} ms)",
-                                     True, err, t_orig, t_opt, warn=False)
+                                     f"optimized version not faster with {timing.confidence:.0%} confidence "
+                                     f"(speedup {timing.speedup:.3f}, interval [{ci[0]:.3f}, {ci[1]:.3f}])",
+                                     True, err, t_orig, t_opt, warn=False, speedup_ci=ci, **extra)
     except Exception as exc:  # noqa: BLE001 - any failure means: run the original
         return _fallback(signature, out_tree, segments, opaque, start, mode,
-                         f"checking the optimized version failed: {type(exc).__name__}: {exc}")
-    report = SignatureReport(signature, "optimized", "checked equal and not slower", tuple(segments), opaque, True,
-                             err, t_orig, t_opt, time.perf_counter() - start, mode)
+                         f"checking the optimized version failed: {type(exc).__name__}: {exc}", **extra)
+    reason = "checked equal and faster with confidence" if opts.check_speed else "checked equal (speed not checked)"
+    report = SignatureReport(signature, "optimized", reason, tuple(segments), opaque, True,
+                             err, t_orig, t_opt, time.perf_counter() - start, mode, speedup_ci=ci, **extra)
     return _Entry(optimized_flat, out_tree, report)
 
 
@@ -304,11 +377,11 @@ def _run_program(program: Program, runner: Callable[..., Any], *flat: Any) -> li
 
 def _fallback(signature: str, out_tree: Any, segments: Sequence[SegmentReport], opaque: tuple[str, ...], start: float,
               mode: str, reason: str, numerics_ok: bool | None = None, err: float | None = None,
-              t_orig: float | None = None, t_opt: float | None = None, warn: bool = True) -> _Entry:
+              t_orig: float | None = None, t_opt: float | None = None, warn: bool = True, **extra: Any) -> _Entry:
     if warn:
         warnings.warn(f"eqsat.optimize: running the original function: {reason}", EqsatFallbackWarning, stacklevel=4)
     return _Entry(None, out_tree, SignatureReport(signature, "original", reason, tuple(segments), opaque, numerics_ok,
-                                                  err, t_orig, t_opt, time.perf_counter() - start, mode))
+                                                  err, t_orig, t_opt, time.perf_counter() - start, mode, **extra))
 
 
 # --- the wrapper ---------------------------------------------------------------------------------------
@@ -378,7 +451,7 @@ class OptimizedFunction:
 
 
 def optimize(fun: Callable[..., Any] | None = None, *, rules: Any = None, extractor: str = "ilp",
-             cost_model: str = "roofline", time_limit: float = 5.0, static_argnums: int | Sequence[int] = (),
+             cost_model: str = "measured", time_limit: float = 5.0, static_argnums: int | Sequence[int] = (),
              static_argnames: str | Sequence[str] = (), rtol: float = 2e-4, check_speed: bool = True,
              lowering: str = "auto") -> Any:
     """Decorator: `@optimize` or `@optimize(rules=..., extractor=..., cost_model=..., time_limit=...)`."""

@@ -187,15 +187,27 @@ def to_jax(graph: Graph, precision: str = "highest") -> Callable[[Mapping[str, A
     return run
 
 
+def _foldable_nodes(graph: Graph, should_fold: Callable[[Graph, int], bool]) -> frozenset[int]:
+    """Weight leaves, and computed nodes of foldable nodes that `should_fold` accepts."""
+    constant: set[int] = set()
+    for i, node in enumerate(graph.nodes):
+        if node.op == "weight" or (node.inputs and all(v.node in constant for v in node.inputs)
+                                   and should_fold(graph, i)):
+            constant.add(i)
+    return frozenset(constant)
+
+
 def fold_weights(graph: Graph, values: Mapping[str, np.ndarray],
-                 prefix: str = "folded") -> tuple[Graph, dict[str, np.ndarray]]:
+                 prefix: str = "folded",
+                 should_fold: Callable[[Graph, int], bool] | None = None) -> tuple[Graph, dict[str, np.ndarray]]:
     """Precompute every computed value that depends on weights alone (concatenated or enlarged
     kernels the optimizer introduces) and make it a new weight, as a model would at load time.
 
     Returns the graph where those values are weight leaves named `{prefix}{node}` and the values of
-    all weights it reads (numpy reference semantics, once).
+    all weights it reads (numpy reference semantics, once). `should_fold(graph, node)`, if given,
+    keeps some weight-only nodes computed at run time (e.g. broadcasts, cheaper than their result).
     """
-    constant = weight_only_nodes(graph)
+    constant = weight_only_nodes(graph) if should_fold is None else _foldable_nodes(graph, should_fold)
     users = {v.node for i, n in enumerate(graph.nodes) if i not in constant for v in n.inputs}
     users |= {v.node for v in graph.outputs}
     computed: dict[int, tuple[np.ndarray, ...]] = {}

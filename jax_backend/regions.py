@@ -4,6 +4,8 @@ The egglog encoder holds only some ops (those with symbolic shape rules); captur
 contain broadcasts, reductions, transposes... Nodes are split by the same level trick capture uses
 for opaque equations: a node the e-graph cannot hold raises the level of what depends on it, and
 all holdable nodes of one level form one region, optimized alone and stitched back in place.
+A region leaf computed from weights alone stays a weight, so what the optimizer builds from it
+(a concat of weights) is known to be foldable. Once every op is holdable, a graph is one region.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from eqsat import ops
+from eqsat.cost import weight_only_nodes
 from eqsat.ir import Graph, GraphBuilder, Tensor, Value
 
 __all__ = ["optimize_regions", "egraph_ops"]
@@ -40,6 +43,7 @@ def optimize_regions(graph: Graph, holdable: frozenset[str],
         for v in n.inputs:
             users.setdefault(v.node, set()).add(i)
     graph_outputs = {v.node for v in graph.outputs}
+    weight_only = weight_only_nodes(graph)
     builder = GraphBuilder()
     tensors: dict[Value, Tensor] = {}
 
@@ -68,6 +72,8 @@ def optimize_regions(graph: Graph, holdable: frozenset[str],
                     src = graph.nodes[v.node]
                     if ops.op_spec(src.op).is_leaf:
                         sub_t[v] = sub.apply(src.op, [], src.attr)[0]
+                    elif v.node in weight_only:  # computed from weights alone: still a weight here
+                        sub_t[v] = sub.weight(_region_name(v), graph.shape(v))
                     else:
                         sub_t[v] = sub.input(_region_name(v), graph.shape(v))
                     leaf_values.append(v)

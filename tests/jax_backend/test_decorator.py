@@ -62,7 +62,7 @@ def test_optimizes_once_per_signature_and_static_args() -> None:
 def test_broken_optimizer_falls_back_with_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     import jax_backend.decorator as dec
 
-    def wrong(graph, opts, time_limit):  # pretend eqsat returned a wrong graph: negate every output
+    def wrong(graph, opts, time_limit, search=None):  # pretend eqsat returned a wrong graph: negate every output
         from eqsat.ir import GraphBuilder
         b = GraphBuilder()
         t = {}

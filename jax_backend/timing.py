@@ -1,0 +1,110 @@
+"""Paired, interleaved timing of two functions with a bootstrap confidence interval.
+
+Machine noise (other processes, frequency changes) drifts over seconds, so the two functions are
+timed in many short rounds, alternating which runs first, and each round gives one ratio
+optimized/original. The median of those ratios is the estimate; a percentile bootstrap of the
+median gives the interval. A version counts as faster only when the whole interval is below 1.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+__all__ = ["PairedTiming", "paired_timing", "bootstrap_median_ci"]
+
+_MIN_SAMPLE_S = 2e-3  # a sample shorter than this is mostly timer and dispatch noise: repeat calls
+
+
+@dataclass(frozen=True)
+class PairedTiming:
+    """Times of `base` and `other`, and the ratio other/base with a confidence interval."""
+
+    base_s: float  # median seconds per call
+    other_s: float
+    ratio: float  # median over rounds of other/base (< 1: other is faster)
+    ratio_low: float
+    ratio_high: float
+    rounds: int
+    calls_per_sample: int
+    confidence: float
+
+    @property
+    def speedup(self) -> float:
+        """base / other: > 1 means `other` is faster."""
+        return 1.0 / self.ratio
+
+    @property
+    def speedup_ci(self) -> tuple[float, float]:
+        return 1.0 / self.ratio_high, 1.0 / self.ratio_low
+
+    @property
+    def faster_with_confidence(self) -> bool:
+        return self.ratio_high < 1.0
+
+    @property
+    def ci_width(self) -> float:
+        """Width of the speedup interval (in speedup units)."""
+        low, high = self.speedup_ci
+        return high - low
+
+    def to_json(self) -> dict[str, Any]:
+        low, high = self.speedup_ci
+        return {"speedup": self.speedup, "speedup_ci_low": low, "speedup_ci_high": high, "ci_width": high - low,
+                "base_ms": self.base_s * 1e3, "other_ms": self.other_s * 1e3, "rounds": self.rounds,
+                "calls_per_sample": self.calls_per_sample, "confidence": self.confidence}
+
+
+def bootstrap_median_ci(values: Sequence[float], confidence: float = 0.95, resamples: int = 2000,
+                        seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the median of `values`."""
+    data = np.asarray(values, dtype=np.float64)
+    if data.size < 2:
+        return float(data[0]), float(data[0])
+    rng = np.random.default_rng(seed)
+    medians = np.median(data[rng.integers(0, data.size, (resamples, data.size))], axis=1)
+    alpha = (1.0 - confidence) / 2
+    return float(np.quantile(medians, alpha)), float(np.quantile(medians, 1 - alpha))
+
+
+def _sample(fn: Callable[..., Any], args: Sequence[Any], calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / calls
+
+
+def paired_timing(base: Callable[..., Any], other: Callable[..., Any], args: Sequence[Any], rounds: int = 40,
+                  budget_s: float = 5.0, confidence: float = 0.95, min_rounds: int = 8) -> PairedTiming:
+    """Time `base` and `other` (both already compiled or cheap to compile) on `args`.
+
+    Stops after `rounds` rounds or when `budget_s` is spent (but never before `min_rounds`).
+    """
+    for _ in range(2):  # warm-up (and compilation)
+        jax.block_until_ready(base(*args))
+        jax.block_until_ready(other(*args))
+    single = min(_sample(base, args, 1), _sample(other, args, 1))
+    calls = max(1, min(1000, math.ceil(_MIN_SAMPLE_S / max(single, 1e-7))))
+    tb: list[float] = []
+    to: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    for k in range(rounds):
+        if k % 2 == 0:
+            tb.append(_sample(base, args, calls))
+            to.append(_sample(other, args, calls))
+        else:
+            to.append(_sample(other, args, calls))
+            tb.append(_sample(base, args, calls))
+        if k + 1 >= min_rounds and time.perf_counter() > deadline:
+            break
+    ratios = [o / b for o, b in zip(to, tb)]
+    low, high = bootstrap_median_ci(ratios, confidence)
+    return PairedTiming(float(np.median(tb)), float(np.median(to)), float(np.median(ratios)), low, high,
+                        len(ratios), calls, confidence)
