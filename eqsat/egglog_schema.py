@@ -1,24 +1,38 @@
 """The egglog vocabulary for tensor terms: one constructor per IR op and shapes as egglog values.
 
+Constructors are derived from the op registry: each attribute becomes a leading argument of the
+egglog sort its kind maps to (`ATTR_SORTS`: int → i64, ints → `Vec i64`, float → f64, str →
+String), then one `T` per tensor input. Leaves carry their shape as an attribute, so every shape,
+leaves' included, is computed inside egglog.
+
 Shapes live inside egglog as `(shape T) -> (Vec i64)`, a function without a merge, so a rewrite
 that gives one e-class two shapes is an egglog error instead of a silent wrong graph. The same
-symbolic shape table produces both the analysis rules that compute shapes from children and the
-guards that keep a rule's right side well-typed (see `eqsat.rewrites.to_egglog`).
+symbolic shape table (`SHAPE_RULES`, one entry per registry op) produces both the analysis rules
+that compute shapes from children and the guards that keep a rule's right side well-typed (see
+`eqsat.rewrites.to_egglog`). Every op's shape is computed in egglog; none is asserted from Python.
+Ops whose shape depends on a list attribute's length (transpose, reshape, reductions, broadcast)
+have one case per length up to `MAX_RANK`; a literal attribute selects its case in Python.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from eqsat import ops
-from eqsat.errors import UnknownOpError
+from eqsat.errors import ShapeError, UnknownOpError
 
 SHAPE_SORT = "IV"
 TERM_SORT = "T"
 SHAPE_RULESET = "shapes"
+MAX_RANK = 6  # highest rank the list-attribute ops (and `numel`) have shape cases for
 
-# Egglog expressions are plain strings: variable names, integer literals, or calls.
+# Registry attribute kind → egglog sort of the constructor argument.
+ATTR_SORTS: Mapping[str, str] = {"int": "i64", "ints": SHAPE_SORT, "float": "f64", "str": "String"}
+
+# Egglog expressions are plain strings: variable names, literals, or calls.
 Expr = str
 
 
@@ -26,24 +40,119 @@ Expr = str
 class ShapeCase:
     """One way an op can be well-typed: facts that must hold and the resulting shape.
 
-    `attr_equals` are conditions on integer attributes (e.g. pad = SAME); when the attribute is a
-    literal they are decided in Python, otherwise they become egglog facts.
+    `attr_equals` (integer attribute = value) and `attr_lengths` (list attribute has that length)
+    select the case: decided in Python when the attribute is a literal, else egglog facts.
     """
 
     facts: tuple[Expr, ...]
     result: Expr
     attr_equals: tuple[tuple[str, int], ...] = ()
+    attr_lengths: tuple[tuple[str, int], ...] = ()
 
 
 ShapeFn = Callable[[Mapping[str, Expr], Sequence[Expr]], tuple[ShapeCase, ...]]
 
 
+# --- literals -------------------------------------------------------------------------------------
+
+def literal_int(expr: Expr) -> int | None:
+    return int(expr) if expr.lstrip("-").isdigit() else None
+
+
+def literal_ints(expr: Expr) -> tuple[int, ...] | None:
+    """The items of a literal `(vec-of 1 2)` / `(vec-empty)`, else None."""
+    if expr == "(vec-empty)":
+        return ()
+    if not (expr.startswith("(vec-of") and expr.endswith(")")):
+        return None
+    items = expr[len("(vec-of"):-1].split()
+    return tuple(int(t) for t in items) if all(t.lstrip("-").isdigit() for t in items) else None
+
+
+def vec_literal(values: Sequence[int]) -> Expr:
+    return "(vec-of" + "".join(f" {int(v)}" for v in values) + ")"
+
+
+def float_literal(value: float) -> Expr:
+    if not math.isfinite(value):
+        raise ShapeError(f"float attribute {value!r} cannot be put in the e-graph (not finite)")
+    text = repr(float(value))
+    return text if any(c in text for c in ".e") else text + ".0"
+
+
+def string_literal(text: str) -> Expr:
+    if '"' in text or "\\" in text:
+        raise ShapeError(f"string attribute {text!r} may not contain quotes or backslashes")
+    return f'"{text}"'
+
+
+# List attributes whose order does not matter; kept sorted so one term has one spelling (and the
+# reductions' shape rule removes axes from the back).
+SORTED_ATTRS: frozenset[tuple[str, str]] = frozenset({("reduce_sum", "axes"), ("reduce_max", "axes")})
+
+
+def attr_literal(op: str, name: str, value: Any) -> Expr:
+    """An attribute value as an egglog literal, by its registry kind."""
+    kind = {a.name: a.kind for a in ops.op_spec(op).attrs}[name]
+    if kind == "int":
+        return str(int(value))
+    if kind == "ints":
+        items = [int(v) for v in value]
+        return vec_literal(sorted(items) if (op, name) in SORTED_ATTRS else items)
+    if kind == "float":
+        return float_literal(float(value))
+    return string_literal(str(value))
+
+
+# --- shape helpers --------------------------------------------------------------------------------
+
 def _length(s: Expr) -> Expr:
-    return f"(vec-length {s})"
+    lit = literal_ints(s)
+    return str(len(lit)) if lit is not None else f"(vec-length {s})"
 
 
 def _get(s: Expr, i: Expr | int) -> Expr:
+    lit, idx = literal_ints(s), literal_int(str(i))
+    if lit is not None and idx is not None and 0 <= idx < len(lit):
+        return str(lit[idx])
     return f"(vec-get {s} {i})"
+
+
+def _product(items: Sequence[Expr]) -> Expr:
+    if all(literal_int(x) is not None for x in items):
+        return str(math.prod(int(x) for x in items))
+    if not items:
+        return "1"
+    out = items[0]
+    for item in items[1:]:
+        out = f"(* {out} {item})"  # egglog's * is binary
+    return out
+
+
+def _numel(shape: Expr) -> Expr:
+    """Element count of a shape: computed here for a literal, else the `numel` table (filled for
+    every e-class's shape, so a guard on a right-side subterm whose shape is computed and not
+    literal finds no row and the rule does not fire there)."""
+    lit = literal_ints(shape)
+    return str(math.prod(lit)) if lit is not None else f"(numel {shape})"
+
+
+def _items(vec: Expr, n: int) -> list[Expr]:
+    return [_get(vec, i) for i in range(n)]
+
+
+def _increasing(items: Sequence[Expr]) -> list[Expr]:
+    return [f"(< {a} {b})" for a, b in zip(items, items[1:])]
+
+
+def _act_ok(act: Expr) -> tuple[Expr, ...]:
+    return (f"(>= {act} 0)", f"(<= {act} 3)")
+
+
+# --- shape rules ----------------------------------------------------------------------------------
+
+def _leaf(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    return (ShapeCase((), attrs["shape"]),)
 
 
 def _same(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
@@ -51,12 +160,7 @@ def _same(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...
 
 
 def _smul(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
-    scalars = ["(vec-empty)"] + ["(vec-of " + " ".join(["1"] * r) + ")" for r in range(1, 5)]
-    return tuple(ShapeCase((f"(= {xs[1]} {s})",), xs[0]) for s in scalars)
-
-
-def _act_ok(act: Expr) -> tuple[Expr, ...]:
-    return (f"(>= {act} 0)", f"(<= {act} 3)")
+    return (ShapeCase((f"(= {_numel(xs[1])} 1)",), xs[0]),)
 
 
 def _matmul(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
@@ -130,13 +234,80 @@ def _enlarge(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, 
     return (ShapeCase(facts, f"(vec-of {_get(w, 0)} {_get(w, 1)} {_get(ref, 2)} {_get(ref, 3)})"),)
 
 
-# IR op → symbolic shape function. Ops missing here (split: encoded as slices; transpose, reshape,
-# batchnorm: list/float attributes) cannot be put in the e-graph.
+def _transpose(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    (x,), perm = xs, attrs["perm"]
+    cases = []
+    for r in range(MAX_RANK + 1):
+        p = _items(perm, r)
+        facts = [f"(= {_length(x)} {r})", *(f"(>= {i} 0)" for i in p), *(f"(< {i} {r})" for i in p),
+                 *(f"(!= {a} {b})" for k, a in enumerate(p) for b in p[k + 1:])]  # a permutation
+        cases.append(ShapeCase(tuple(facts), vec_of(_get(x, i) for i in p), attr_lengths=(("perm", r),)))
+    return tuple(cases)
+
+
+def _reshape(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    (x,), shape = xs, attrs["shape"]
+    cases = []
+    for r in range(MAX_RANK + 1):
+        dims = _items(shape, r)
+        facts = (*(f"(>= {d} 1)" for d in dims), f"(= {_numel(x)} {_product(dims)})")
+        cases.append(ShapeCase(facts, shape, attr_lengths=(("shape", r),)))
+    return tuple(cases)
+
+
+def _batchnorm(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    x, *params = xs
+    channel = f"(vec-of {_get(x, 1)})"
+    return (ShapeCase((f"(>= {_length(x)} 2)", *(f"(= {p} {channel})" for p in params)), x),)
+
+
+def _reduce(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    """Axes are kept sorted (`SORTED_ATTRS`), so removing them from the back gives the shape."""
+    (x,), axes = xs, attrs["axes"]
+    cases = []
+    for k in range(MAX_RANK + 1):
+        a = _items(axes, k)
+        facts = [*_increasing(a), *([f"(>= {a[0]} 0)", f"(< {a[-1]} {_length(x)})"] if a else [])]
+        result = x
+        for axis in reversed(a):
+            result = f"(vec-remove {result} {axis})"
+        cases.append(ShapeCase(tuple(facts), result, attr_lengths=(("axes", k),)))
+    return tuple(cases)
+
+
+def _broadcast(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    (x,), shape, dims = xs, attrs["shape"], attrs["dims"]
+    cases = []
+    for k in range(MAX_RANK + 1):
+        d = _items(dims, k)
+        facts = [f"(= {_length(x)} {k})", *_increasing(d),
+                 *([f"(>= {d[0]} 0)", f"(< {d[-1]} {_length(shape)})"] if d else [])]
+        for i, di in enumerate(d):  # x_i is 1 or the output's size at dims[i]: (x_i - 1)(x_i - y) = 0
+            xi = _get(x, i)
+            facts.append(f"(= (* (- {xi} 1) (- {xi} {_get(shape, di)})) 0)")
+        cases.append(ShapeCase(tuple(facts), shape, attr_lengths=(("dims", k),)))
+    return tuple(cases)
+
+
+def vec_of(items: Sequence[Expr] | Any) -> Expr:
+    items = list(items)
+    return "(vec-of" + "".join(f" {i}" for i in items) + ")"
+
+
+# Same-shape elementwise ops: one shape rule for all (inputs of one shape, output of that shape).
+ELEMENTWISE: frozenset[str] = frozenset({
+    "ewadd", "ewmul", "ewsub", "ewdiv", "ewmax", "relu", "tanh", "sigmoid", "exp", "log", "neg", "sqrt", "rsqrt",
+})
+
+# IR op → symbolic shape function, for every registry op but `split` (encoded as slices).
 SHAPE_RULES: Mapping[str, ShapeFn] = {
-    "ewadd": _same, "ewmul": _same, "relu": _same, "tanh": _same, "sigmoid": _same,
+    "input": _leaf, "weight": _leaf,
+    **{op: _same for op in sorted(ELEMENTWISE)},
     "smul": _smul, "matmul": _matmul, "conv2d": _conv2d, "poolmax": _pool, "poolavg": _pool,
-    "concat": _concat, "slice": _slice, "enlarge": _enlarge,
+    "concat": _concat, "slice": _slice, "enlarge": _enlarge, "transpose": _transpose, "reshape": _reshape,
+    "batchnorm": _batchnorm, "reduce_sum": _reduce, "reduce_max": _reduce, "broadcast": _broadcast,
 }
+ENCODED_AS: Mapping[str, str] = {"split": "slice"}  # ops the encoder writes with other constructors
 BINARY_ONLY = frozenset({"concat"})  # variadic in the IR, binary (nested) in the e-graph
 
 
@@ -154,65 +325,91 @@ def tensor_arity(op: str) -> int:
     return 2 if op in BINARY_ONLY else int(spec.arity or 0)
 
 
+def term_ops() -> tuple[str, ...]:
+    """Registry ops that have an egglog constructor (all but those in `ENCODED_AS`)."""
+    return tuple(op for op in ops.OPS if op in SHAPE_RULES)
+
+
 def encodable_ops() -> tuple[str, ...]:
-    return tuple(op for op in ops.OPS if op in SHAPE_RULES or ops.OPS[op].is_leaf)
+    return tuple(op for op in ops.OPS if op in SHAPE_RULES or op in ENCODED_AS)
 
 
 def check_encodable(op: str, where: str) -> None:
     if op not in ops.OPS:
         raise UnknownOpError(f"{where}: unknown op '{op}'")
-    if op not in SHAPE_RULES and not ops.OPS[op].is_leaf:
-        raise UnknownOpError(f"{where}: op '{op}' cannot be put in the e-graph; "
-                             f"supported: {', '.join(encodable_ops())} (and split, as slices)")
+    if op not in SHAPE_RULES and op not in ENCODED_AS:
+        raise UnknownOpError(f"{where}: op '{op}' has no egglog shape rule; "
+                             f"supported: {', '.join(encodable_ops())}")
 
 
-def int_attr_names(op: str) -> tuple[str, ...]:
-    """Integer attributes in registry order: the constructor's leading arguments."""
-    return tuple(a.name for a in ops.op_spec(op).attrs if a.kind == "int")
+def attr_names(op: str) -> tuple[str, ...]:
+    """Attributes in registry order: the constructor's leading arguments."""
+    return tuple(a.name for a in ops.op_spec(op).attrs)
+
+
+def attr_kinds(op: str) -> tuple[str, ...]:
+    return tuple(a.kind for a in ops.op_spec(op).attrs)
 
 
 def select_cases(op: str, attrs: Mapping[str, Expr], shapes: Sequence[Expr]) -> list[ShapeCase]:
     """The op's cases whose attribute conditions are not refuted by literal attributes."""
     out = []
     for case in SHAPE_RULES[op](attrs, shapes):
-        literal = [(k, v) for k, v in case.attr_equals if _is_int(attrs[k])]
-        if all(int(attrs[k]) == v for k, v in literal):
-            out.append(case)
+        ok = all(literal_int(attrs[k]) in (None, v) for k, v in case.attr_equals)
+        ok = ok and all(len(lit) == n for k, n in case.attr_lengths if (lit := literal_ints(attrs[k])) is not None)
+        decided = [_decide(f) for f in case.facts]
+        if ok and False not in decided:
+            out.append(ShapeCase(tuple(f for f, d in zip(case.facts, decided) if d is None), case.result,
+                                 case.attr_equals, case.attr_lengths))
     return out
 
 
+_COMPARISONS: Mapping[str, Callable[[int, int], bool]] = {
+    "=": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
+}
+
+
+def _decide(fact: Expr) -> bool | None:
+    """A comparison of two integer literals, decided here (True/False); None for anything else."""
+    parts = fact[1:-1].split() if fact.startswith("(") and fact.endswith(")") else []
+    if len(parts) != 3 or parts[0] not in _COMPARISONS:
+        return None
+    a, b = literal_int(parts[1]), literal_int(parts[2])
+    return None if a is None or b is None else _COMPARISONS[parts[0]](a, b)
+
+
 def case_facts(case: ShapeCase, attrs: Mapping[str, Expr]) -> list[Expr]:
-    return [*(f"(= {attrs[k]} {v})" for k, v in case.attr_equals if not _is_int(attrs[k])), *case.facts]
-
-
-def _is_int(expr: Expr) -> bool:
-    return expr.lstrip("-").isdigit()
+    return [*(f"(= {attrs[k]} {v})" for k, v in case.attr_equals if literal_int(attrs[k]) is None),
+            *(f"(= (vec-length {attrs[k]}) {n})" for k, n in case.attr_lengths if literal_ints(attrs[k]) is None),
+            *case.facts]
 
 
 def declarations() -> str:
-    """Sorts, constructors, the shape function, and the shape-analysis ruleset."""
+    """Sorts, constructors, the shape and numel functions, and the shape-analysis ruleset."""
     ctors = []
-    for op in encodable_ops():
-        spec = ops.OPS[op]
-        if spec.is_leaf:
-            ctors.append(f"({constructor(op)} String)")
-        else:
-            args = ["i64"] * len(int_attr_names(op)) + [TERM_SORT] * tensor_arity(op)
-            ctors.append(f"({constructor(op)} {' '.join(args)})")
+    for op in term_ops():
+        args = [ATTR_SORTS[k] for k in attr_kinds(op)] + [TERM_SORT] * tensor_arity(op)
+        ctors.append(f"({constructor(op)} {' '.join(args)})")
     lines = [
         f"(sort {SHAPE_SORT} (Vec i64))",
         f"(datatype {TERM_SORT} {' '.join(ctors)})",
         f"(function shape ({TERM_SORT}) {SHAPE_SORT} :no-merge)",
+        f"(function numel ({SHAPE_SORT}) i64 :no-merge)",
         f"(function uid ({TERM_SORT}) i64 :merge (min old new))",
         f"(ruleset {SHAPE_RULESET})",
     ]
-    for op in SHAPE_RULES:
+    for r in range(MAX_RANK + 1):
+        dims = [f"(vec-get s {i})" for i in range(r)]
+        lines.append(f"(rule ((= s (shape e)) (= (vec-length s) {r})) ((set (numel s) {_product(dims) if dims else 1})) "
+                     f":ruleset {SHAPE_RULESET} :name \"numel:{r}\")")
+    for op in term_ops():
         lines.extend(_analysis_rules(op))
     return "\n".join(lines)
 
 
 def _analysis_rules(op: str) -> list[str]:
-    attrs = {a: f"a_{a}" for a in int_attr_names(op)}
+    attrs = {a: f"a_{a}" for a in attr_names(op)}
     kids = [f"x{i}" for i in range(tensor_arity(op))]
     shapes = [f"s{i}" for i in range(len(kids))]
     term = f"({constructor(op)} {' '.join([*attrs.values(), *kids])})"

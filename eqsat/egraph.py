@@ -1,8 +1,8 @@
 """Graph ↔ egglog terms, and the e-graph → E-graph JSON serializer.
 
 `TensorEGraph.from_graph` puts a `Graph` in a fresh egglog e-graph (one constructor per IR op,
-integer attributes as egglog i64, splits as slices, variadic concats as nested binary ones) and
-computes every e-class's shape inside egglog. `serialize` writes the egraph-serialize JSON that
+attributes as the egglog sorts of `egglog_schema.ATTR_SORTS`, splits as slices, variadic concats as
+nested binary ones) and computes every e-class's shape inside egglog, leaves' included. `serialize` writes the egraph-serialize JSON that
 every extractor reads, keeping tensor terms only, with a cost per node from a cost model and the
 shape of every class in `class_data`; `decode` turns a selection on that JSON back into a `Graph`.
 """
@@ -17,12 +17,14 @@ from egglog import bindings
 
 from eqsat import ops
 from eqsat.egglog_schema import (
+    BINARY_ONLY,
     SHAPE_RULESET,
     TERM_SORT,
+    attr_literal,
+    attr_names,
     check_encodable,
     constructor,
     declarations,
-    int_attr_names,
 )
 from eqsat.errors import EGraphFormatError, EqsatError, RuleError, ShapeError
 from eqsat.ir import Graph, GraphBuilder, Tensor, Value
@@ -34,12 +36,6 @@ EGRAPH_FORMAT = "eqsat-egraph-1"
 
 class CostModel(Protocol):
     def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]) -> float: ...
-
-
-def _quote(name: str) -> str:
-    if '"' in name or "\\" in name:
-        raise ShapeError(f"leaf name {name!r} may not contain quotes or backslashes")
-    return f'"{name}"'
 
 
 class TensorEGraph:
@@ -58,54 +54,50 @@ class TensorEGraph:
     # --- encoding ----------------------------------------------------------------------------
 
     @staticmethod
-    def encoding_program(graph: Graph) -> tuple[list[str], tuple[str, ...]]:
-        """egglog commands that build the graph's terms; returns them and the output globals."""
+    def encoding_program(graph: Graph) -> tuple[list[str], tuple[str, ...], dict[str, Value]]:
+        """egglog commands that build the graph's terms; returns them, the output globals, and the
+        IR value each global stands for (to name the node whose shape egglog cannot infer)."""
         lines: list[str] = []
         names: dict[Value, str] = {}
+        value_of: dict[str, Value] = {}
         counter = 0
 
-        def fresh(expr: str, shape: tuple[int, ...] | None = None) -> str:
+        def fresh(expr: str, value: Value | None) -> str:
             nonlocal counter
             g = f"$g{counter}"
             lines.append(f"(let {g} {expr})")
             lines.append(f"(set (uid {g}) {counter})")
-            if shape is not None:
-                lines.append(f"(set (shape {g}) (vec-of {' '.join(map(str, shape))}))")
+            if value is not None:
+                value_of[g] = value
             counter += 1
             return g
 
         for i, node in enumerate(graph.nodes):
-            where = f"graph node {i}"
-            spec = ops.OPS.get(node.op)
+            check_encodable(node.op, f"graph node {i}")
+            attrs = node.attr
             if node.op == "split":
-                attrs = node.attr
                 start = 0
                 for k, size in enumerate(attrs["sizes"]):
-                    expr = f"(Slice {attrs['axis']} {start} {start + size} {names[node.inputs[0]]})"
-                    names[Value(i, k)] = fresh(expr)
+                    expr = f"({constructor('slice')} {attrs['axis']} {start} {start + size} {names[node.inputs[0]]})"
+                    names[Value(i, k)] = fresh(expr, Value(i, k))
                     start += size
                 continue
-            check_encodable(node.op, where)
-            assert spec is not None
-            if spec.is_leaf:
-                names[Value(i, 0)] = fresh(f"({constructor(node.op)} {_quote(node.attr['name'])})", node.shapes[0])
-                continue
-            attrs = node.attr
-            head = [str(int(attrs[a])) for a in int_attr_names(node.op)]
+            head = [attr_literal(node.op, a, attrs[a]) for a in attr_names(node.op)]
             args = [names[v] for v in node.inputs]
-            if node.op == "concat":
+            if node.op in BINARY_ONLY:
                 acc = args[0]
-                for arg in args[1:]:
-                    acc = fresh(f"(Concat {' '.join(head)} {acc} {arg})")
+                for k, arg in enumerate(args[1:], start=2):
+                    last = Value(i, 0) if k == len(args) else None
+                    acc = fresh(f"({constructor(node.op)} {' '.join(head)} {acc} {arg})", last)
                 names[Value(i, 0)] = acc
                 continue
-            names[Value(i, 0)] = fresh(f"({constructor(node.op)} {' '.join([*head, *args])})")
+            names[Value(i, 0)] = fresh(f"({constructor(node.op)} {' '.join([*head, *args])})", Value(i, 0))
         lines.append(f"(run-schedule (saturate {SHAPE_RULESET}))")
-        return lines, tuple(names[v] for v in graph.outputs)
+        return lines, tuple(names[v] for v in graph.outputs), value_of
 
     @classmethod
     def from_graph(cls, graph: Graph) -> TensorEGraph:
-        body, outputs = cls.encoding_program(graph)
+        body, outputs, value_of = cls.encoding_program(graph)
         egraph = bindings.EGraph()
         program = [declarations(), *body]
         try:
@@ -113,18 +105,25 @@ class TensorEGraph:
         except bindings.EggSmolError as exc:
             raise ShapeError(f"encoding the graph in egglog failed: {exc}") from None
         tensor = cls(graph, outputs, program, egraph)
-        tensor.check_shapes_match(graph)
+        tensor.check_shapes_match(graph, value_of)
         return tensor
 
-    def check_shapes_match(self, graph: Graph) -> None:
-        """egglog's shape analysis must agree with the IR's on every output (else a table bug)."""
-        for g, value in zip(self.output_globals, graph.outputs):
+    def check_shapes_match(self, graph: Graph, value_of: Mapping[str, Value]) -> None:
+        """egglog's shape analysis must give every encoded value the IR's shape (else a table bug,
+        or a rank beyond `MAX_RANK`); the error names the graph node."""
+        for g, value in value_of.items():
             got = self.shape_of(g)
             if got != graph.shape(value):
-                raise ShapeError(f"egglog infers shape {got} for output {value}, the IR {graph.shape(value)}")
+                node = graph.nodes[value.node]
+                found = "no shape" if got is None else f"shape {got}"
+                raise ShapeError(f"egglog infers {found} for graph node {value.node} ({node.op}, output {value.index}), "
+                                 f"the IR {graph.shape(value)}")
 
     def shape_of(self, global_name: str) -> tuple[int, ...] | None:
-        out = self.run(f"(extract (shape {global_name}))")
+        try:
+            out = self.run(f"(extract (shape {global_name}))")
+        except bindings.EggSmolError:
+            return None
         text = str(out[-1]) if out else ""
         if "vec-of" not in text and "vec-empty" not in text:
             return None
@@ -178,8 +177,11 @@ def _primitive_value(node: Mapping[str, Any], nodes: Mapping[str, Any]) -> Any:
     if op.startswith('"'):
         return json.loads(op)
     if op in ("vec-of", "vec-empty"):
-        return tuple(_primitive_value(nodes[c], nodes) for c in node["children"])
-    return int(op)
+        return [_primitive_value(nodes[c], nodes) for c in node["children"]]
+    try:
+        return int(op)
+    except ValueError:
+        return float(op)  # an f64 (egglog prints the shortest text that reads back exactly)
 
 
 def constant_classes(nodes: Mapping[str, Mapping[str, Any]]) -> set[str]:
@@ -210,7 +212,7 @@ def convert_serialized(raw: Mapping[str, Any], cost_model: CostModel, graph: Gra
     vec_value: dict[str, tuple[int, ...]] = {}
     for node in nodes.values():
         if node["op"] in ("vec-of", "vec-empty") and node["eclass"] not in vec_value:
-            vec_value[node["eclass"]] = _primitive_value(node, nodes)
+            vec_value[node["eclass"]] = tuple(_primitive_value(node, nodes))
     class_shape = {c: vec_value[v] for c, v in shapes.items()}
 
     out_nodes: dict[str, dict[str, Any]] = {}
@@ -223,11 +225,7 @@ def convert_serialized(raw: Mapping[str, Any], cost_model: CostModel, graph: Gra
         prims = [_primitive_value(nodes[c], nodes) for c in kids if class_type.get(nodes[c]["eclass"]) != TERM_SORT]
         if node["eclass"] not in class_shape:
             raise RuleError(f"e-class {node['eclass']} (node {nid}, {op}) has no shape: a rule built an ill-typed term")
-        attrs: dict[str, Any]
-        if ops.OPS[op].is_leaf:
-            attrs = {"name": prims[0], "shape": list(class_shape[node["eclass"]])}
-        else:
-            attrs = dict(zip(int_attr_names(op), prims))
+        attrs: dict[str, Any] = dict(zip(attr_names(op), prims))
         in_shapes = [class_shape[nodes[c]["eclass"]] for c in tensor_kids]
         cost = 0.0 if ops.OPS[op].is_leaf else float(cost_model.op_cost(op, attrs, in_shapes))
         out_nodes[nid] = {"op": op, "children": tensor_kids, "eclass": node["eclass"], "cost": cost, "attrs": attrs}

@@ -222,27 +222,40 @@ def _progress(enabled: bool, total: int) -> Any:
 
 
 def _explain_failure(egraph: TensorEGraph, installed: _Installed, group: str, message: str) -> RuleError:
-    """Replay the run up to the failing step on a fresh e-graph, then try each rule of the group alone."""
+    """Replay the run up to the failing step on a fresh e-graph, then try each rule of the group alone.
+
+    The failing step is not in `egraph.program` (only steps that succeeded are recorded). A rule that
+    fails leaves egglog's state unusable (a panic is not undone by `pop`), so the replay is rebuilt
+    after each culprit; rules that pass cost one push/pop each.
+    """
     if "Illegal merge" not in message and "shape" not in message:
         return RuleError(f"egglog failed while running rules: {message}")
-    failing = egraph.program[-1] if egraph.program and group in egraph.program[-1] else None
-    replay = bindings.EGraph()
-    history = egraph.program[:-1] if failing else egraph.program
-    try:
-        replay.run_program(*replay.parse_program("\n".join(history)))
-    except bindings.EggSmolError as exc:
-        return RuleError(f"a rule gave an e-class two shapes ({message}); replaying to find it failed: {exc}")
+
+    def fresh_replay() -> bindings.EGraph | str:
+        replay = bindings.EGraph()
+        try:
+            replay.run_program(*replay.parse_program("\n".join(egraph.program)))
+        except bindings.EggSmolError as exc:
+            return str(exc)
+        return replay
+
+    replay = fresh_replay()
+    if isinstance(replay, str):
+        return RuleError(f"a rule gave an e-class two shapes ({message}); replaying to find it failed: {replay}")
     culprits = []
     for rs, er in installed.rules:
-        if er.multi != (group.endswith("multi")):
+        if er.multi != (group == installed.multi):
             continue
         try:
             replay.run_program(*replay.parse_program("(push)"))
             replay.run_program(*replay.parse_program(f"(run-schedule (run {rs} 1))\n(run-schedule (saturate {SHAPE_RULESET}))"))
+            replay.run_program(*replay.parse_program("(pop)"))
         except bindings.EggSmolError:
             culprits.append(er)
-        finally:
-            replay.run_program(*replay.parse_program("(pop)"))
+            rebuilt = fresh_replay()
+            if isinstance(rebuilt, str):
+                break
+            replay = rebuilt
     if culprits:
         names = ", ".join(f"{er.name} [{er.rule.text()}]" for er in culprits[:3])
         return RuleError(f"rule {names} gives one e-class two different shapes (egglog: {message})")

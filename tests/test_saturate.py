@@ -115,3 +115,31 @@ def test_invalid_limits_are_rejected() -> None:
     with pytest.raises(LimitError):
         Limits(nodes=0)
     assert ops.OPS  # registry loaded
+
+
+def test_rules_over_list_and_float_attribute_ops() -> None:
+    """Transpose/reshape/reduce/batchnorm terms match on left sides and are built, guarded, on right sides."""
+    from eqsat.extract import extract, load_egraph
+    from eqsat.egraph import decode
+    from eqsat.pipeline import numerics_match
+    from tests.test_egraph import FlopsCost
+
+    b = GraphBuilder()
+    x, y = b.input("x", (2, 3)), b.input("y", (2, 3))
+    tt = b.transpose(b.transpose(x, (1, 0)), (1, 0))
+    s = b.apply("reduce_sum", [b.ewadd(tt, y)], {"axes": (0,)})[0]
+    graph = b.build([s])
+    eg = TensorEGraph.from_graph(graph)
+    report = saturate(eg, rules(
+        "tt: (transpose [1 0] (transpose [1 0] ?x)) => ?x",
+        "flat: (ewadd ?a ?b) => (reshape [2 3] (ewadd (reshape [6] ?a) (reshape [6] ?b))) if (= (rank ?a) 2)",
+        "split-sum: (reduce_sum [0] (ewadd ?a ?b)) => (ewadd (reduce_sum [0] ?a) (reduce_sum [0] ?b))",
+        "bad-reshape: (ewadd ?a ?b) => (reshape [5] ?a)",  # 6 elements: never built
+    ), Limits(iterations=4))
+    total = report.total_matches
+    assert total.get("tt") and total.get("flat") and total.get("split-sum") and not total.get("bad-reshape")
+    data = eg.serialize(FlopsCost())
+    assert not any(n["op"] == "reshape" and n["attrs"]["shape"] == [5] for n in data["nodes"].values())
+    egraph = load_egraph(data)
+    out = decode(data, extract(egraph, "ilp", time_limit=10).as_ids(egraph))
+    assert out.op_counts().get("transpose", 0) == 0 and numerics_match(graph, out)[0]

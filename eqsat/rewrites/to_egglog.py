@@ -20,8 +20,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from eqsat import ops
-from eqsat.egglog_schema import SHAPE_RULES, case_facts, check_encodable, constructor, int_attr_names, select_cases
-from eqsat.errors import RuleError, UnknownOpError
+from eqsat.egglog_schema import (
+    SHAPE_RULES,
+    attr_literal,
+    attr_names,
+    case_facts,
+    check_encodable,
+    constructor,
+    literal_ints,
+    select_cases,
+)
+from eqsat.errors import EqsatError, RuleError, UnknownOpError
 from eqsat.rewrites.rule import Pattern, Rule, Term, Var, subterms, variables
 
 
@@ -66,12 +75,12 @@ class _Query:
 
 
 def _attrs_of(term: Term, where: str) -> dict[str, str]:
-    attrs = term.attr
-    names = int_attr_names(term.op)
-    missing = [a for a in names if a not in attrs]
-    if missing:
-        raise RuleError(f"{where}: {term.op} lacks attribute(s) {missing}")
-    return {a: str(int(attrs[a])) for a in names}
+    """The term's attributes as egglog literals (registry defaults fill the ones it leaves out)."""
+    try:
+        attrs = ops.op_spec(term.op).normalize_attrs(term.attr)
+        return {a: attr_literal(term.op, a, attrs[a]) for a in attr_names(term.op)}
+    except EqsatError as exc:
+        raise RuleError(f"{where}: {exc}") from None
 
 
 def _lhs(p: Pattern, bound: str | None, q: _Query, where: str) -> str:
@@ -132,7 +141,8 @@ def _apply(op: str, attrs: dict[str, str], args: list[str], shapes: list[str], q
     if len(cases) != 1:
         raise RuleError(f"{where}: cannot guard {op} with these attributes ({len(cases)} shape cases apply)")
     q.atoms.extend(case_facts(cases[0], attrs))
-    shape = q.bind(cases[0].result)
+    result = cases[0].result
+    shape = result if literal_ints(result) is not None else q.bind(result)  # literals stay decidable
     return f"({constructor(op)} {' '.join([*attrs.values(), *args])})", shape
 
 
