@@ -248,9 +248,11 @@ def _explain_failure(egraph: TensorEGraph, installed: _Installed, group: str, me
             continue
         try:
             replay.run_program(*replay.parse_program("(push)"))
-            replay.run_program(*replay.parse_program(f"(run-schedule (run {rs} 1))\n(run-schedule (saturate {SHAPE_RULESET}))"))
+            replay.run_program(*replay.parse_program(f"(run-schedule (run {rs}))\n(run-schedule (saturate {SHAPE_RULESET}))"))
             replay.run_program(*replay.parse_program("(pop)"))
-        except bindings.EggSmolError:
+        except bindings.EggSmolError as exc:
+            if "Illegal merge" not in str(exc) and "shape" not in str(exc):
+                return RuleError(f"replaying rule {er.name} to find a shape conflict failed: {exc}")
             culprits.append(er)
             rebuilt = fresh_replay()
             if isinstance(rebuilt, str):
