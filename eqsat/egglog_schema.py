@@ -405,7 +405,31 @@ def declarations() -> str:
                      f":ruleset {SHAPE_RULESET} :name \"numel:{r}\")")
     for op in term_ops():
         lines.extend(_analysis_rules(op))
+        lines.extend(_uid_rules(op))
     return "\n".join(lines)
+
+
+UID_MODULUS = 2_147_483_647  # uids stay below 2^31 so that `h * UID_MULTIPLIER + x` fits an i64
+UID_MULTIPLIER = 1_000_003
+
+
+def _uid_rules(op: str) -> list[str]:
+    """Give every class built by a rule a `uid` (a structural hash of its op, integer attributes
+    and children's uids), so that symmetric two-output rules can order any pair of classes.
+    Leaves get theirs from the encoder (their index); `uid` merges by min, so a class keeps one.
+    A collision only makes a symmetric rule skip that one pair."""
+    if ops.op_spec(op).is_leaf:
+        return []
+    attrs = {a: f"a_{a}" for a in attr_names(op)}
+    kids = [f"x{i}" for i in range(tensor_arity(op))]
+    uids = [f"u{i}" for i in range(len(kids))]
+    term = f"({constructor(op)} {' '.join([*attrs.values(), *kids])})"
+    h = str(term_ops().index(op) + 1)
+    ints = [attrs[a] for a, k in zip(attr_names(op), attr_kinds(op)) if k == "int"]
+    for x in [*ints, *uids]:
+        h = f"(% (+ (* {h} {UID_MULTIPLIER}) (% {x} {UID_MODULUS})) {UID_MODULUS})"
+    query = [f"(= e {term})", *(f"(= {u} (uid {x}))" for u, x in zip(uids, kids))]
+    return [f"(rule ({' '.join(query)}) ((set (uid e) {h})) :ruleset {SHAPE_RULESET} :name \"uid:{op}\")"]
 
 
 def _analysis_rules(op: str) -> list[str]:

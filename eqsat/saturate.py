@@ -28,6 +28,8 @@ from eqsat.rewrites.rule import Rule
 from eqsat.rewrites.to_egglog import EgglogRule, supported, translate_all
 
 STOP_REASONS = ("saturated", "iterations", "nodes", "time")
+MULTI_SCHEDULES = ("after-saturation", "interleaved")
+GROWTH_MARGIN = 4  # a plain step runs only if 4x the last step's growth stays within the node limit
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,11 @@ class Limits:
     seconds: float = 120.0
     multi_rounds: int = 1
     match_limit: int = 1_000
+    multi_schedule: str = "after-saturation"
 
     def __post_init__(self) -> None:
+        if self.multi_schedule not in MULTI_SCHEDULES:
+            raise LimitError(f"unknown multi_schedule {self.multi_schedule!r}; choose from {', '.join(MULTI_SCHEDULES)}")
         if self.iterations < 0 or self.nodes < 1 or self.seconds < 0 or self.multi_rounds < 0 or self.match_limit < 1:
             raise LimitError(f"invalid limits {self}: iterations, multi_rounds, seconds must be >= 0, "
                              "nodes and match_limit >= 1")
@@ -84,7 +89,7 @@ class SaturationReport:
             "enodes": self.enodes, "eclasses": self.eclasses, "seconds": self.seconds, "rules": self.rules,
             "limits": {"iterations": self.limits.iterations, "nodes": self.limits.nodes,
                        "seconds": self.limits.seconds, "multi_rounds": self.limits.multi_rounds,
-                       "match_limit": self.limits.match_limit},
+                       "match_limit": self.limits.match_limit, "multi_schedule": self.limits.multi_schedule},
             "iterations": [row.to_json() for row in self.iterations],
             "total_matches": dict(self.total_matches),
         }
@@ -95,6 +100,8 @@ class _Installed:
     single: str | None  # combined ruleset names (None: no rules of that kind)
     multi: str | None
     rules: tuple[tuple[str, EgglogRule], ...]
+    members: Mapping[str, tuple[str, ...]]  # combined ruleset → its rules' own rulesets
+    names: Mapping[str, str]  # a rule's own ruleset → the rule's name
 
 
 def install(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits) -> _Installed:
@@ -120,11 +127,13 @@ def install(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits) -> _Ins
     except bindings.EggSmolError as exc:
         raise RuleError(f"egglog rejected the translated rules: {exc}") from None
     egraph.installed_rulesets[prefix] = tuple(rs for rs, _ in translated)
-    return _Installed(groups["single"], groups["multi"], translated)
+    members = {g: tuple(rs for rs, er in translated if er.multi == (kind == "multi"))
+               for kind, g in groups.items() if g}
+    return _Installed(groups["single"], groups["multi"], translated, members, {rs: er.name for rs, er in translated})
 
 
-def _step_text(ruleset: str) -> str:
-    return f"(run-schedule (run-with {ruleset}_sched {ruleset}))\n(run-schedule (saturate {SHAPE_RULESET}))"
+def _step_text(ruleset: str, scheduler: str) -> str:
+    return f"(run-schedule (run-with {scheduler}_sched {ruleset}))\n(run-schedule (saturate {SHAPE_RULESET}))"
 
 
 def _report_of(outputs: Sequence[Any]) -> tuple[dict[str, int], bool, bool]:
@@ -144,57 +153,132 @@ def _report_of(outputs: Sequence[Any]) -> tuple[dict[str, int], bool, bool]:
     return matches, changed, can_stop
 
 
+@dataclass
+class _StepResult:
+    """What one iteration did (mutable while the step accumulates it)."""
+
+    matches: dict[str, int] = field(default_factory=dict)
+    changed: bool = False
+    can_stop: bool = True
+    skipped: list[str] = field(default_factory=list)  # rules rolled back to stay within the node limit
+    out_of_time: bool = False
+
+    def add(self, outputs: Sequence[Any]) -> None:
+        m, ch, cs = _report_of(outputs)
+        for k, v in m.items():
+            self.matches[k] = self.matches.get(k, 0) + v
+        self.changed, self.can_stop = self.changed or ch, self.can_stop and cs
+
+
+class _Stepper:
+    """Runs one iteration of some rule groups on the e-graph, plainly or within a node budget."""
+
+    def __init__(self, egraph: TensorEGraph, installed: _Installed, limits: Limits, start: float) -> None:
+        self.egraph, self.installed, self.limits, self.start = egraph, installed, limits, start
+
+    def _run(self, text: str, group: str) -> list[Any]:
+        try:
+            return self.egraph.run(text, record=True)
+        except bindings.EggSmolError as exc:
+            raise _explain_failure(self.egraph, self.installed, group, str(exc)) from None
+
+    def plain(self, groups: Sequence[str]) -> _StepResult:
+        """Every rule of each group at once (egglog matches all, then applies all)."""
+        result = _StepResult()
+        for group in groups:
+            result.add(self._run(_step_text(group, group), group))
+        return result
+
+    def within_budget(self, groups: Sequence[str]) -> _StepResult:
+        """Rule by rule, never past the node limit: the e-graph is saved (egglog `push`) before the
+        step; a rule that takes it past the limit is undone by restoring the save and re-running
+        the rules kept so far, and is skipped. Costs one saved copy of the e-graph per such step."""
+        result = _StepResult()
+        plan = [(rs, group) for group in groups for rs in self.installed.members[group]]
+        kept: list[tuple[str, str]] = []
+        self.egraph.run("(push)", record=True)
+        for rs, group in plan:
+            if time.perf_counter() - self.start >= self.limits.seconds:
+                result.out_of_time = True
+                break
+            outputs = self._run(_step_text(rs, group), group)
+            if self.egraph.num_enodes() <= self.limits.nodes:
+                kept.append((rs, group))
+                result.add(outputs)
+                continue
+            result.skipped.append(self.installed.names[rs])
+            self.egraph.run("(pop)\n(push)", record=True)  # back to the step's start, saved again
+            result = _StepResult(skipped=result.skipped)
+            for rs_kept, group_kept in kept:  # egglog is deterministic: same rules, same e-graph
+                result.add(self._run(_step_text(rs_kept, group_kept), group_kept))
+        return result
+
+
 def saturate(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits, progress: bool = False) -> SaturationReport:
     """Grow `egraph` with `rules` until saturated or a limit stops it; see the module docstring."""
     start = time.perf_counter()
     installed = install(egraph, rules, limits)
+    stepper = _Stepper(egraph, installed, limits, start)
     n0 = egraph.num_enodes()
     rows: list[IterationRow] = []
     totals: dict[str, int] = {}
     reason, detail = "iterations", f"ran the {limits.iterations} iteration(s) allowed"
-    n_prev, last_growth, last_seconds = n0, 0, 0.0
+    last_growth: int | None = None  # growth of the last single-rule step that followed one
+    last_seconds, ratio = 0.0, 1.0
+    max_growth, banned = 0, False
+    multi_done, single_quiet, previous_multi = 0, installed.single is None, True
+    interleaved = limits.multi_schedule == "interleaved"
     bar = _progress(progress, limits.iterations)
     for it in range(limits.iterations):
         elapsed = time.perf_counter() - start
-        ratio = 1.0 if not rows or n_prev == 0 else max(1.0, (n_prev + last_growth) / max(n_prev, 1))
         if elapsed >= limits.seconds or (rows and elapsed + last_seconds * ratio > limits.seconds):
             reason, detail = "time", f"{elapsed:.2f}s used; the next iteration was predicted to pass {limits.seconds}s"
             break
         n_now = egraph.num_enodes()
-        if rows and n_now + 2 * last_growth > limits.nodes:
-            reason, detail = "nodes", f"{n_now} e-nodes; the next iteration was predicted to add ~{2 * last_growth}, past {limits.nodes}"
+        if n_now >= limits.nodes:
+            reason, detail = "nodes", f"{n_now} e-nodes reached the limit {limits.nodes}"
             break
-        multi = it < limits.multi_rounds and installed.multi is not None
-        groups = [g for g in ((installed.multi if multi else None), installed.single) if g]
+        more_multi = installed.multi is not None and multi_done < limits.multi_rounds
+        multi = more_multi and (interleaved or single_quiet)
+        groups = [g for g in ((installed.multi if multi else None),
+                              (installed.single if not multi or interleaved else None)) if g]
+        if not groups:
+            reason, detail = "saturated", "no rules to run"
+            break
+        # Unknown after a two-output round or while banned rules wait to return with doubled caps.
+        predicted = None if (multi or previous_multi or last_growth is None or banned) else GROWTH_MARGIN * max_growth
+        careful = predicted is None or n_now + predicted > limits.nodes
         t0 = time.perf_counter()
-        matches: dict[str, int] = {}
-        changed, can_stop = False, True
-        for group in groups:
-            text = _step_text(group)
-            try:
-                outputs = egraph.run(text, record=True)
-            except bindings.EggSmolError as exc:
-                raise _explain_failure(egraph, installed, group, str(exc)) from None
-            m, ch, cs = _report_of(outputs)
-            for k, v in m.items():
-                matches[k] = matches.get(k, 0) + v
-            changed, can_stop = changed or ch, can_stop and cs
+        step = stepper.within_budget(groups) if careful else stepper.plain(groups)
         seconds = time.perf_counter() - t0
         n_new, classes = egraph.num_enodes(), egraph.num_eclasses()
-        rows.append(IterationRow(it, n_new, classes, seconds, {k: v for k, v in matches.items() if v}, multi))
-        for k, v in matches.items():
+        rows.append(IterationRow(it, n_new, classes, seconds, {k: v for k, v in step.matches.items() if v}, multi))
+        for k, v in step.matches.items():
             totals[k] = totals.get(k, 0) + v
-        last_growth, last_seconds, n_prev = n_new - n_now, seconds, n_now
+        growth = n_new - n_now
+        ratio = max(1.0, n_new / max(n_now, 1))
+        last_growth = None if multi else growth
+        max_growth = max(max_growth, growth)
+        banned = not step.can_stop
+        last_seconds, previous_multi = seconds, multi
+        multi_done += int(multi)
         bar(it + 1, n_new)
-        if n_new >= limits.nodes:
-            reason, detail = "nodes", f"{n_new} e-nodes reached the limit {limits.nodes}"
+        quiet = not step.changed and step.can_stop
+        if step.skipped:
+            reason, detail = "nodes", (f"{n_new} e-nodes; rule(s) {', '.join(step.skipped[:3])} would have passed "
+                                       f"the limit {limits.nodes} and were undone")
             break
-        more_multi = it + 1 < limits.multi_rounds and installed.multi is not None
-        if not changed and can_stop and not more_multi:
-            reason, detail = "saturated", "no rule changed the e-graph"
-            break
-        if time.perf_counter() - start >= limits.seconds:
+        if step.out_of_time or time.perf_counter() - start >= limits.seconds:
             reason, detail = "time", f"{time.perf_counter() - start:.2f}s used, limit {limits.seconds}s"
+            break
+        if not multi:
+            single_quiet = quiet
+        elif step.changed:
+            single_quiet = False
+        more_multi = installed.multi is not None and multi_done < limits.multi_rounds
+        if quiet and (multi or not more_multi):  # running the same rules again would change nothing
+            rounds = f" ({multi_done} two-output round(s) run)" if installed.multi is not None else ""
+            reason, detail = "saturated", "no rule changed the e-graph" + rounds
             break
     bar(None, 0)
     return SaturationReport(tuple(rows), reason, n0, egraph.num_enodes(), egraph.num_eclasses(),
