@@ -2,30 +2,52 @@
 
 egglog cannot be interrupted inside a run, so limits are enforced between iterations and no
 single iteration may run away:
-- each rule's matches per iteration are capped by egglog's back-off scheduler (a rule with more
-  matches than its cap is skipped and banned for a while, its cap doubling), which bounds the
-  growth of one iteration;
-- before an iteration, its growth and duration are predicted from the previous one; if the
-  prediction would pass the node or time limit the run stops there, saying which limit stopped it.
-Two-output rules run in their own ruleset during the first `multi_rounds` iterations only
-(Tensat's k_multi). A shape conflict (a rule that gives one e-class two shapes) raises RuleError
-naming the rule, found by replaying the run up to the failing iteration and trying rules one by one.
+- single rules run under egglog's back-off scheduler (a rule with more matches than its cap is
+  skipped and banned for a while, its cap doubling), which bounds the growth of one iteration;
+- an iteration runs all rules at once only if `GROWTH_MARGIN` x the largest growth so far keeps
+  it within the node limit and no banned rule is about to return; otherwise (and always for the
+  first step, two-output rounds and the step after one) it runs rule by rule from a saved copy of
+  the e-graph, undoing and skipping any rule that would pass the limit, so `enodes <= nodes`
+  and the stop reason is then "nodes";
+- an iteration predicted (from the last one) to pass the time limit is not started.
+
+Two-output rules (`multi_rounds`, Tensat's k_multi). Schedule "after-saturation" (the default):
+single rules run until they change nothing, then one round of two-output rules alone, then single
+rules again, and so on for each round. "interleaved" (Tensat's): two-output rules run alongside
+single ones in each of the first k iterations. The default was chosen on NasRNN (experiments/
+saturation_schedules.py): run at iteration 0, the two-output rules see only the input graph's
+matmuls; after the single rules have saturated they also pair the matmuls that rules like
+`ewadd(matmul x W, matmul h U) -> matmul(concat x h, concat W U)` created, which gives a larger
+e-graph (k=1: 2.2k vs 1.6k e-nodes; k=2: 34k vs 24k) and a lower or equal extracted cost, for
+about the same saturation time; see the report for the numbers. Two-output rules apply every
+match of their round (no back-off scheduler: it would ban them outright at NasRNN's ~8k pairs).
+
+Cycle guard: before a two-output round, every class pair those rules match is recorded, the
+e-graph is serialized, and pairs where one class descends from the other (merging them would
+create a cycle the extractor must then avoid) are marked in egglog so the rules skip them. Exact;
+on NasRNN it costs ~0.03 s (k=1, 465 pairs) to ~0.5 s (second round, ~9.6k pairs, 12% skipped).
+
+A shape conflict (a rule that gives one e-class two shapes) raises RuleError naming the rule,
+found by replaying the run up to the failing iteration and trying rules one by one.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import networkx as nx
 from egglog import bindings
 
 from eqsat.egglog_schema import SHAPE_RULESET
 from eqsat.egraph import TensorEGraph
 from eqsat.errors import LimitError, RuleError
 from eqsat.rewrites.rule import Rule
-from eqsat.rewrites.to_egglog import EgglogRule, supported, translate_all
+from eqsat.egglog_schema import PAIR_FUNCTION, TERM_SORT
+from eqsat.rewrites.to_egglog import CANDIDATE_RULESET, EgglogRule, supported, translate_all
 
 STOP_REASONS = ("saturated", "iterations", "nodes", "time")
 MULTI_SCHEDULES = ("after-saturation", "interleaved")
@@ -62,10 +84,14 @@ class IterationRow:
     seconds: float
     matches: Mapping[str, int]
     multi: bool
+    pairs: int = 0  # class pairs the two-output rules matched (multi steps only)
+    cyclic_pairs: int = 0  # of those, pairs skipped because one class descends from the other
+    guard_seconds: float = 0.0  # time spent finding them (included in `seconds`)
 
     def to_json(self) -> dict[str, Any]:
         return {"iteration": self.iteration, "enodes": self.enodes, "eclasses": self.eclasses,
-                "seconds": self.seconds, "multi": self.multi, "matches": dict(self.matches)}
+                "seconds": self.seconds, "multi": self.multi, "matches": dict(self.matches),
+                "pairs": self.pairs, "cyclic_pairs": self.cyclic_pairs, "guard_seconds": self.guard_seconds}
 
 
 @dataclass(frozen=True)
@@ -102,6 +128,7 @@ class _Installed:
     rules: tuple[tuple[str, EgglogRule], ...]
     members: Mapping[str, tuple[str, ...]]  # combined ruleset → its rules' own rulesets
     names: Mapping[str, str]  # a rule's own ruleset → the rule's name
+    pairs: str | None  # the ruleset recording the class pairs that joined two-output rules match
 
 
 def install(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits) -> _Installed:
@@ -114,13 +141,18 @@ def install(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits) -> _Ins
     lines = []
     for rs, er in translated:
         lines += [f"(ruleset {rs})", er.text]
+    candidates = [er.candidate for _, er in translated if er.candidate]
+    pairs = f"{prefix}{CANDIDATE_RULESET}" if candidates else None
+    if pairs:
+        lines += [f"(ruleset {pairs})", *candidates]
     groups: dict[str, str | None] = {}
     for kind, multi in (("single", False), ("multi", True)):
         members = [rs for rs, er in translated if er.multi == multi]
         name = f"{prefix}{kind}" if members else None
         if name:
             lines.append(f"(unstable-combined-ruleset {name} {' '.join(members)})")
-            lines.append(f"(let-scheduler {name}_sched (back-off :match-limit {limits.match_limit} :ban-length 2))")
+            if not multi:
+                lines.append(f"(let-scheduler {name}_sched (back-off :match-limit {limits.match_limit} :ban-length 2))")
         groups[kind] = name
     try:
         egraph.run("\n".join(lines), record=True)
@@ -129,11 +161,14 @@ def install(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits) -> _Ins
     egraph.installed_rulesets[prefix] = tuple(rs for rs, _ in translated)
     members = {g: tuple(rs for rs, er in translated if er.multi == (kind == "multi"))
                for kind, g in groups.items() if g}
-    return _Installed(groups["single"], groups["multi"], translated, members, {rs: er.name for rs, er in translated})
+    return _Installed(groups["single"], groups["multi"], translated, members, {rs: er.name for rs, er in translated},
+                      pairs)
 
 
-def _step_text(ruleset: str, scheduler: str) -> str:
-    return f"(run-schedule (run-with {scheduler}_sched {ruleset}))\n(run-schedule (saturate {SHAPE_RULESET}))"
+def _step_text(ruleset: str, scheduler: str | None) -> str:
+    """One run of `ruleset` (under the group's back-off scheduler, if any), then the shape analysis."""
+    run = f"(run-with {scheduler}_sched {ruleset})" if scheduler else f"(run {ruleset})"
+    return f"(run-schedule {run})\n(run-schedule (saturate {SHAPE_RULESET}))"
 
 
 def _report_of(outputs: Sequence[Any]) -> tuple[dict[str, int], bool, bool]:
@@ -182,11 +217,35 @@ class _Stepper:
         except bindings.EggSmolError as exc:
             raise _explain_failure(self.egraph, self.installed, group, str(exc)) from None
 
+    def guard_cycles(self) -> tuple[int, int]:
+        """Record every pair of classes the joined two-output rules match, then mark the pairs where
+        one class descends from the other (merging them would make a cycle): those rules fire
+        only on unmarked pairs. Exact, computed in Python on the serialized e-graph between steps.
+        Returns (pairs, related pairs)."""
+        if self.installed.pairs is None:
+            return 0, 0
+        self._run(f"(run-schedule (run {self.installed.pairs}))", self.installed.pairs)
+        roots = [bindings.Var(bindings.PanicSpan(), g) for g in self.egraph.output_globals]
+        raw = json.loads(self.egglog_serialized(roots))
+        related = related_pairs(raw)
+        if related:
+            facts = "\n".join(f"(set ({PAIR_FUNCTION} {a} {b}) 1)" for a, b in sorted(related))
+            self.egraph.run(facts, record=True)
+        return len(_pair_rows(raw)), len(related)
+
+    def egglog_serialized(self, roots: list[Any]) -> str:
+        return str(self.egraph.egglog.serialize(roots).to_json())
+
+    def _scheduler(self, group: str) -> str | None:
+        """Two-output rules apply every match of their round (as Tensat's); single rules run under
+        the back-off scheduler, whose bans bound one iteration's growth."""
+        return None if group == self.installed.multi else group
+
     def plain(self, groups: Sequence[str]) -> _StepResult:
         """Every rule of each group at once (egglog matches all, then applies all)."""
         result = _StepResult()
         for group in groups:
-            result.add(self._run(_step_text(group, group), group))
+            result.add(self._run(_step_text(group, self._scheduler(group)), group))
         return result
 
     def within_budget(self, groups: Sequence[str]) -> _StepResult:
@@ -201,7 +260,7 @@ class _Stepper:
             if time.perf_counter() - self.start >= self.limits.seconds:
                 result.out_of_time = True
                 break
-            outputs = self._run(_step_text(rs, group), group)
+            outputs = self._run(_step_text(rs, self._scheduler(group)), group)
             if self.egraph.num_enodes() <= self.limits.nodes:
                 kept.append((rs, group))
                 result.add(outputs)
@@ -210,8 +269,48 @@ class _Stepper:
             self.egraph.run("(pop)\n(push)", record=True)  # back to the step's start, saved again
             result = _StepResult(skipped=result.skipped)
             for rs_kept, group_kept in kept:  # egglog is deterministic: same rules, same e-graph
-                result.add(self._run(_step_text(rs_kept, group_kept), group_kept))
+                result.add(self._run(_step_text(rs_kept, self._scheduler(group_kept)), group_kept))
         return result
+
+
+def _pair_rows(raw: Mapping[str, Any]) -> list[tuple[int, int]]:
+    nodes = raw["nodes"]
+    return [(int(nodes[a]["op"]), int(nodes[b]["op"])) for n in nodes.values() if n["op"] == PAIR_FUNCTION
+            for a, b in [n["children"]]]
+
+
+def related_pairs(raw: Mapping[str, Any]) -> set[tuple[int, int]]:
+    """Recorded (uid, uid) pairs where one class is reachable from the other through children."""
+    nodes: Mapping[str, Any] = raw["nodes"]
+    class_type = {cid: data.get("type") for cid, data in raw.get("class_data", {}).items()}
+    graph = nx.DiGraph()
+    uid_class: dict[int, str] = {}
+    for node in nodes.values():
+        if class_type.get(node["eclass"]) == TERM_SORT:
+            graph.add_node(node["eclass"])
+            for c in node["children"]:
+                child = nodes[c]["eclass"]
+                if class_type.get(child) == TERM_SORT:
+                    graph.add_edge(node["eclass"], child)
+    values = {n["eclass"]: int(n["op"]) for n in nodes.values()
+              if class_type.get(n["eclass"]) == "i64" and not n["children"] and n["op"].lstrip("-").isdigit()}
+    for node in nodes.values():
+        if node["op"] == "uid":
+            uid_class[values[node["eclass"]]] = nodes[node["children"][0]]["eclass"]
+    wanted = _pair_rows(raw)
+    classes = {uid_class.get(u) for pair in wanted for u in pair} - {None}
+    reach = _descendants(graph, classes)
+    out = set()
+    for a, b in wanted:
+        ca, cb = uid_class.get(a), uid_class.get(b)
+        if ca is None or cb is None or cb in reach.get(ca, set()) or ca in reach.get(cb, set()):
+            out.add((a, b))
+    return out
+
+
+def _descendants(graph: nx.DiGraph, sources: set[str]) -> dict[str, set[str]]:
+    """Classes reachable from each source (one walk each; sources are the few matched classes)."""
+    return {s: nx.descendants(graph, s) for s in sources if s in graph}
 
 
 def saturate(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits, progress: bool = False) -> SaturationReport:
@@ -249,10 +348,13 @@ def saturate(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits, progre
         predicted = None if (multi or previous_multi or last_growth is None or banned) else GROWTH_MARGIN * max_growth
         careful = predicted is None or n_now + predicted > limits.nodes
         t0 = time.perf_counter()
+        pairs = stepper.guard_cycles() if multi else (0, 0)
+        guard_s = time.perf_counter() - t0
         step = stepper.within_budget(groups) if careful else stepper.plain(groups)
         seconds = time.perf_counter() - t0
         n_new, classes = egraph.num_enodes(), egraph.num_eclasses()
-        rows.append(IterationRow(it, n_new, classes, seconds, {k: v for k, v in step.matches.items() if v}, multi))
+        rows.append(IterationRow(it, n_new, classes, seconds, {k: v for k, v in step.matches.items() if v}, multi,
+                                 pairs[0], pairs[1], guard_s))
         for k, v in step.matches.items():
             totals[k] = totals.get(k, 0) + v
         growth = n_new - n_now

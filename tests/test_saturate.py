@@ -144,3 +144,21 @@ def test_rules_over_list_and_float_attribute_ops() -> None:
     egraph = load_egraph(data)
     out = decode(data, extract(egraph, "ilp", time_limit=10).as_ids(egraph))
     assert out.op_counts().get("transpose", 0) == 0 and numerics_match(graph, out)[0]
+
+
+def test_two_output_rules_skip_pairs_where_one_class_descends_from_the_other() -> None:
+    """matmul(x, W) and matmul(x, tanh(matmul(x, W))) share x, but merging them would make a cycle."""
+    from eqsat.rewrites.parser import parse_rules
+
+    b = GraphBuilder()
+    x, w, v = b.input("x", (4, 4)), b.weight("w", (4, 4)), b.weight("v", (4, 4))
+    first = b.matmul(x, w)
+    second = b.matmul(x, b.tanh(first))
+    third = b.matmul(x, v)  # independent of the other two
+    graph = b.build([second, third])
+    merge = ("(matmul 0 ?input_1 ?input_4)=>(split_0 (split 1 (matmul 0 ?input_1 (concat 1 2 ?input_4 ?input_5))))",
+             "(matmul 0 ?input_1 ?input_5)=>(split_1 (split 1 (matmul 0 ?input_1 (concat 1 2 ?input_4 ?input_5))))")
+    report = saturate(TensorEGraph.from_graph(graph), parse_rules(merge, "m", multi=True), Limits(multi_rounds=1))
+    row = report.iterations[0]
+    assert row.multi and row.pairs == 3 and row.cyclic_pairs == 1
+    assert row.matches == {"m:1-2": 2}  # (first, third) and (second, third), not (first, second)

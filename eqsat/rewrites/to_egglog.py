@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from eqsat import ops
 from eqsat.egglog_schema import (
+    PAIR_FUNCTION,
     SHAPE_RULES,
     attr_literal,
     attr_names,
@@ -34,6 +35,9 @@ from eqsat.errors import EqsatError, RuleError, UnknownOpError
 from eqsat.rewrites.rule import Pattern, Rule, Term, Var, subterms, variables
 
 
+CANDIDATE_RULESET = "pairs"  # prefixed per installation
+
+
 @dataclass(frozen=True)
 class EgglogRule:
     """One egglog rule: its unique name (reported per iteration), the source rule, and its text."""
@@ -42,6 +46,7 @@ class EgglogRule:
     rule: Rule
     text: str
     multi: bool  # joins two left sides (or came from a two-output rule): run only in multi rounds
+    candidate: str = ""  # a joined two-output rule: the rule that records its pairs (see `PAIR_FUNCTION`)
 
 
 def _var(name: str) -> str:
@@ -201,10 +206,13 @@ def to_egglog(rule: Rule, ruleset: str, name: str | None = None) -> list[EgglogR
     if is_separable(rule):
         parts = [Rule(f"{name}#{i}", (rule.lhs[i],), (rule.rhs[i],), rule.source, rule.conditions) for i in range(2)]
         return [EgglogRule(p.name, rule, _text(p, ruleset, p.name, where), True) for p in parts]
-    return [EgglogRule(name, rule, _text(rule, ruleset, name, where), rule.is_multi)]
+    candidate = _text(rule, CANDIDATE_RULESET, name, where, candidate=True) if rule.is_multi else ""
+    return [EgglogRule(name, rule, _text(rule, ruleset, name, where), rule.is_multi, candidate)]
 
 
-def _text(rule: Rule, ruleset: str, name: str, where: str) -> str:
+def _text(rule: Rule, ruleset: str, name: str, where: str, candidate: bool = False) -> str:
+    """The egglog rule; for a joined two-output rule it fires only on pairs recorded as unrelated
+    (`PAIR_FUNCTION` = 0), and `candidate` gives the rule that records the pairs it matches."""
     q = _Query()
     roots = [f"r{i}" for i in range(len(rule.lhs))]
     for root, side in zip(roots, rule.lhs):
@@ -222,6 +230,12 @@ def _text(rule: Rule, ruleset: str, name: str, where: str) -> str:
         expr, _ = _rhs(side, q, roots, where)
         actions.append(f"(union {root} {expr})")
     escaped = name.replace("\\", "\\\\").replace('"', '\\"')
+    if len(roots) == 2:
+        q.atoms += [f"(= pair_u0 (uid {roots[0]}))", f"(= pair_u1 (uid {roots[1]}))"]
+        if candidate:
+            return (f"(rule ({' '.join(q.atoms)}) ((set ({PAIR_FUNCTION} pair_u0 pair_u1) 0)) "
+                    f":ruleset {ruleset} :name \"{escaped}?\")")
+        q.atoms.append(f"(= ({PAIR_FUNCTION} pair_u0 pair_u1) 0)")
     return f"(rule ({' '.join(q.atoms)}) ({' '.join(actions)}) :ruleset {ruleset} :name \"{escaped}\")"
 
 
@@ -240,4 +254,6 @@ def translate_all(rules: Sequence[Rule], ruleset_prefix: str = "rw") -> Iterator
         name = base if seen[base] == 1 else f"{base}~{seen[base]}"
         for k, er in enumerate(to_egglog(rule, f"{ruleset_prefix}{i}_{0}", name)):
             rs = f"{ruleset_prefix}{i}_{k}"
-            yield rs, EgglogRule(er.name, er.rule, er.text.replace(f":ruleset {ruleset_prefix}{i}_0 ", f":ruleset {rs} "), er.multi)
+            yield rs, EgglogRule(er.name, er.rule, er.text.replace(f":ruleset {ruleset_prefix}{i}_0 ", f":ruleset {rs} "),
+                                 er.multi, er.candidate.replace(f":ruleset {CANDIDATE_RULESET} ",
+                                                                f":ruleset {ruleset_prefix}{CANDIDATE_RULESET} "))
