@@ -1,8 +1,10 @@
 """`eqsat bench jax` / `python -m experiments.bench_jax`: @eqsat.optimize on the target programs.
 
-Per program: speedup over `jax.jit` of the original (paired, interleaved medians), first-call
-seconds (optimization included), outputs / gradients / vmap equal (rtol 2e-4), and what was used.
-Then: first-call overhead on a 12-layer transformer, and whether the cost models rank whole graphs
+Per program: speedup over `jax.jit` of the original (paired, interleaved rounds; median of
+per-round ratios with a 95% bootstrap interval), first-call seconds (optimization included),
+outputs / gradients / vmap equal (rtol 2e-4), and what was used. A control row times identical
+code against itself (the method's noise floor). Then: first-call overhead of a 12-layer transformer
+in fresh processes (empty and warm on-disk caches), and whether the cost models rank whole graphs
 as measured (Spearman rank correlation over the captured graphs).
 """
 
@@ -24,7 +26,7 @@ import numpy as np
 
 from experiments.jax_programs import PROGRAMS, JaxProgram, transformer_stack
 
-__all__ = ["run_bench", "bench_program", "rank_check"]
+__all__ = ["run_bench", "bench_program", "rank_check", "transformer_first_call", "plot_speedups"]
 
 RTOL = 2e-4
 
@@ -36,8 +38,18 @@ def _close(a: Any, b: Any) -> bool:
         for x, y in zip(la, lb))
 
 
-def bench_program(prog: JaxProgram, rounds: int, options: dict[str, Any]) -> dict[str, Any]:
-    from jax_backend.decorator import optimize, paired_times
+def _control(prog: JaxProgram, rounds: int, budget_s: float) -> dict[str, Any]:
+    """Identical code timed against itself (two separate jits): the noise floor of the method."""
+    from jax_backend.timing import paired_timing
+
+    args = prog.make_args(0)
+    timing = paired_timing(jax.jit(prog.fn), jax.jit(lambda *a: prog.fn(*a)), args, rounds, budget_s)
+    return {"program": f"control_identical_{prog.name}", **timing.to_json()}
+
+
+def bench_program(prog: JaxProgram, rounds: int, options: dict[str, Any], budget_s: float = 8.0) -> dict[str, Any]:
+    from jax_backend.decorator import optimize
+    from jax_backend.timing import paired_timing
 
     args = prog.make_args(0)
     opt = optimize(prog.fn, **options)
@@ -55,12 +67,57 @@ def bench_program(prog: JaxProgram, rounds: int, options: dict[str, Any]) -> dic
     batched[prog.batch_arg] = jnp.stack([args[prog.batch_arg], prog.make_args(1)[prog.batch_arg]])
     axes = tuple(0 if i == prog.batch_arg else None for i in range(len(args)))
     vmap_ok = _close(jax.vmap(opt, in_axes=axes)(*batched), jax.vmap(prog.fn, in_axes=axes)(*batched))
-    t_ref, t_opt = paired_times(ref, fast, args, rounds, budget_s=30.0)
-    return {"program": prog.name, "used": report.used, "speedup": t_ref / t_opt, "jit_ms": t_ref * 1e3,
-            "optimized_ms": t_opt * 1e3, "first_call_s": first_call_s, "optimize_s": report.optimize_s,
+    timing = paired_timing(ref, fast, args, rounds, budget_s)
+    changed = [s for s in report.segments if s.after != s.before]
+    return {"program": prog.name, "used": report.used, **timing.to_json(),
+            "jit_ms": timing.base_s * 1e3, "optimized_ms": timing.other_s * 1e3,
+            "first_call_s": first_call_s, "optimize_s": report.optimize_s,
             "outputs_ok": outputs_ok, "grads_ok": grads_ok, "vmap_ok": vmap_ok,
+            "decorator_speedup_ci": report.speedup_ci, "graphs_changed": len(changed),
+            "ops_before": _op_text(s.before for s in changed), "ops_after": _op_text(s.after for s in changed),
             "opaque": ",".join(sorted(set(report.opaque))), "reason": report.reason,
-            "rules_fired": sum(len(s.rules_fired) for s in report.segments)}
+            "rules_fired": sorted({r for s in report.segments for r in s.rules_fired})}
+
+
+def _op_text(graphs: Iterable[Any]) -> str:
+    counts: dict[str, int] = {}
+    for g in graphs:
+        for op, n in g.live().op_counts().items():
+            if op not in ("input", "weight"):
+                counts[op] = counts.get(op, 0) + n
+    return " ".join(f"{op}:{n}" for op, n in sorted(counts.items()))
+
+
+def transformer_first_call(layers: int = 12, time_limit: float = 10.0) -> dict[str, Any]:
+    """Seconds of the first call of the optimized `layers`-layer transformer (optimization included)."""
+    from jax_backend.decorator import optimize
+
+    warnings.simplefilter("ignore")
+    fn, args = transformer_stack(layers)
+    opt = optimize(fn, time_limit=time_limit)
+    start = time.perf_counter()
+    jax.block_until_ready(jax.jit(opt)(*args))
+    seconds = time.perf_counter() - start
+    report = opt.reports[0]
+    return {"first_call_s": seconds, "used": report.used, "reason": report.reason,
+            "distinct_regions": report.distinct_regions, "reused_regions": report.reused_regions}
+
+
+def _first_call_in_subprocess(cache_dir: str | None) -> dict[str, Any]:
+    """A fresh process (nothing compiled, imported or cached in memory); `cache_dir` None keeps the
+    user's on-disk caches (measured op costs, verified rules), else starts from an empty one."""
+    import os
+    import subprocess
+
+    env = dict(os.environ)
+    if cache_dir is not None:
+        env["EQSAT_CACHE_DIR"] = cache_dir
+    code = "import json; from experiments.bench_jax import transformer_first_call as f; print(json.dumps(f()))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _spearman(a: Sequence[float], b: Sequence[float]) -> float:
@@ -103,48 +160,102 @@ def rank_check(rounds: int) -> list[dict[str, Any]]:
     return rows + [summary]
 
 
-def run_bench(out_dir: Path | None = None, rounds: int = 30, cost_model: str = "measured", time_limit: float = 10.0,
-              programs: Sequence[str] | None = None, with_ranking: bool = True) -> Iterable[dict[str, Any]]:
+def _geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
+def plot_speedups(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """Bar plot of speedup over jax.jit per program, with the bootstrap interval as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if "speedup_ci_low" in r]
+    names = [r["program"].replace("control_identical_", "control: ") for r in shown]
+    speed = np.array([r["speedup"] for r in shown])
+    err = np.array([[r["speedup"] - r["speedup_ci_low"] for r in shown],
+                    [r["speedup_ci_high"] - r["speedup"] for r in shown]])
+    colors = ["tab:gray" if r["program"].startswith("control") else
+              ("tab:green" if r.get("used") == "optimized" else "tab:blue") for r in shown]
+    fig, ax = plt.subplots(figsize=(1.1 * len(shown) + 2, 4))
+    ax.bar(range(len(shown)), speed, yerr=np.maximum(err, 0), color=colors, capsize=4)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(1.0345, color="tab:red", linestyle="--", linewidth=0.8, label="Enzyme-JAX EqSat (+3.45%)")
+    ax.set_xticks(range(len(shown)), names, rotation=30, ha="right")
+    ax.set_ylabel("speedup over jax.jit (95% CI)")
+    ax.set_title(f"@eqsat.optimize on {jax.devices()[0].platform.upper()} (green: optimized version used)")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_bench(out_dir: Path | None = None, rounds: int = 40, time_limit: float = 10.0,
+              programs: Sequence[str] | None = None, with_ranking: bool = True, budget_s: float = 8.0,
+              first_call: bool = True) -> Iterable[dict[str, Any]]:
+    """Every target program, a noise control, the 12-layer first call (fresh processes: cold and
+    warm caches), optionally the cost-model ranking check; JSON and a PNG plot under `out_dir`."""
+    import tempfile
+
+    from rich.console import Console
     from rich.progress import Progress
 
     warnings.simplefilter("ignore")
-    options = {"cost_model": cost_model, "time_limit": time_limit}
+    options = {"time_limit": time_limit}
     chosen = [p for p in PROGRAMS if programs is None or p.name in programs]
     rows: list[dict[str, Any]] = []
-    with Progress(transient=True, console=__import__("rich.console").console.Console(stderr=True)) as bar:
-        task = bar.add_task("bench jax", total=len(chosen) + 1)
+    with Progress(transient=True, console=Console(stderr=True)) as bar:
+        task = bar.add_task("bench jax", total=len(chosen) + 1 + 2 * first_call)
         for prog in chosen:
             bar.update(task, description=prog.name)
-            rows.append(bench_program(prog, rounds, options))
+            rows.append(bench_program(prog, rounds, options, budget_s))
             bar.advance(task)
-        from jax_backend.decorator import optimize
-
-        fn, args = transformer_stack(12)
-        start = time.perf_counter()
-        jax.block_until_ready(jax.jit(optimize(fn, **options))(*args))
-        rows.append({"program": "transformer12_first_call", "first_call_s": time.perf_counter() - start})
+        if chosen:
+            bar.update(task, description="noise control")
+            rows.append(_control(chosen[0], rounds, budget_s))
         bar.advance(task)
-    speedups = [r["speedup"] for r in rows if "speedup" in r]
-    rows.append({"program": "GEOMEAN", "speedup": math.exp(sum(map(math.log, speedups)) / len(speedups))})
+        if first_call:
+            with tempfile.TemporaryDirectory() as empty:
+                bar.update(task, description="12-layer first call, empty caches")
+                rows.append({"program": "transformer12_first_call_cold_cache", **_first_call_in_subprocess(empty)})
+                bar.advance(task)
+            bar.update(task, description="12-layer first call, warm caches")
+            rows.append({"program": "transformer12_first_call_warm_cache", **_first_call_in_subprocess(None)})
+            bar.advance(task)
+    speedups = [r["speedup"] for r in rows if "speedup" in r and not r["program"].startswith("control")]
+    if speedups:
+        rows.append({"program": "GEOMEAN", "speedup": _geomean(speedups),
+                     "speedup_ci_low": _geomean([r["speedup_ci_low"] for r in rows if r["program"] in
+                                                 {p.name for p in chosen}]),
+                     "speedup_ci_high": _geomean([r["speedup_ci_high"] for r in rows if r["program"] in
+                                                  {p.name for p in chosen}]),
+                     "note": "CI bounds are the geomean of per-program bounds (conservative)",
+                     "first_call_max_s": max(r["first_call_s"] for r in rows if r["program"] in {p.name for p in chosen}),
+                     "all_outputs_grads_vmap_ok": all(r["outputs_ok"] and r["grads_ok"] and r["vmap_ok"]
+                                                      for r in rows if r["program"] in {p.name for p in chosen})})
     if with_ranking:
-        rows += rank_check(rounds)
+        rows += rank_check(15)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "bench_jax.json").write_text(json.dumps(rows, indent=1, default=str))
+        plot_speedups(rows, out_dir / "bench_jax_speedups.png")
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results"))
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--cost-model", default="measured")
-    parser.add_argument("--time-limit", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=40, help="paired timing rounds per program (at most)")
+    parser.add_argument("--budget", type=float, default=8.0, help="timing seconds per program (at most)")
+    parser.add_argument("--time-limit", type=float, default=10.0, help="optimization seconds per signature")
     parser.add_argument("--programs", nargs="*", default=None)
     parser.add_argument("--no-ranking", action="store_true")
+    parser.add_argument("--no-first-call", action="store_true")
     args = parser.parse_args(argv)
-    for row in run_bench(args.out, args.rounds, args.cost_model, args.time_limit, args.programs, not args.no_ranking):
-        print(json.dumps(row), flush=True)
+    for row in run_bench(args.out, args.rounds, args.time_limit, args.programs, not args.no_ranking, args.budget,
+                         not args.no_first_call):
+        print(json.dumps(row, default=str), flush=True)
     return 0
 
 

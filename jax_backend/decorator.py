@@ -77,7 +77,7 @@ class SignatureReport:
 class _Options:
     rules: Any = None
     extractor: str = "ilp"
-    cost_model: str = "measured"
+    cost_model: str = "roofline"
     time_limit: float = 5.0
     static_argnums: tuple[int, ...] = ()
     static_argnames: tuple[str, ...] = ()
@@ -142,6 +142,13 @@ def _computed_nodes(graph: Graph) -> int:
     return sum(1 for n in graph.nodes if n.op not in ("input", "weight"))
 
 
+def _no_extra_work(before: Graph, after: Graph, slack: float = 1.01) -> bool:
+    """False when the rewritten graph does more arithmetic than the original: merges that overlap
+    (the same weight in two concatenations) compute some products twice, and a noisy measured cost
+    can still rank them cheaper. Merging without overlap keeps the flop count."""
+    return after.live().total_flops() <= slack * before.live().total_flops()
+
+
 def _optimize_graph(graph: Graph, opts: _Options, time_limit: float, search: _Search | None = None) -> SegmentReport:
     """Run eqsat's pipeline on each region of one graph under `time_limit`; a region structurally
     identical to one already optimized reuses that result. Any failure keeps a region as it was."""
@@ -174,7 +181,8 @@ def _optimize_graph(graph: Graph, opts: _Options, time_limit: float, search: _Se
                 try:
                     result = optimize_graph(canon.graph, search.rules, limits, search.model, opts.extractor,
                                             time_limit=max(left / 2, 0.05))
-                    known = result.optimized if result.numerics_ok else canon.graph
+                    known = result.optimized if result.numerics_ok and _no_extra_work(canon.graph, result.optimized) \
+                        else canon.graph
                     search.results[canon.graph] = result
                 except Exception as exc:  # noqa: BLE001 - keep this region as it was
                     known = exc
@@ -232,7 +240,7 @@ def _fold_program(program: Program) -> tuple[Program, dict[int, dict[str, Any]]]
             placeholders = {n.attr["name"]: None for _, n in graph.leaves("input")}  # read at run time
             graph, folded = fold_weights(graph, {**placeholders, **values}, prefix=f"folded{k}_",
                                          should_fold=_fold_decision)
-            extra = {name: jnp.asarray(v, dtype=jnp.float32) for name, v in folded.items()
+            extra = {name: np.asarray(v, dtype=np.float32) for name, v in folded.items()
                      if name not in values and name not in placeholders}
         graphs.append(graph)
         consts[id(graph)] = extra
@@ -451,7 +459,7 @@ class OptimizedFunction:
 
 
 def optimize(fun: Callable[..., Any] | None = None, *, rules: Any = None, extractor: str = "ilp",
-             cost_model: str = "measured", time_limit: float = 5.0, static_argnums: int | Sequence[int] = (),
+             cost_model: str = "roofline", time_limit: float = 5.0, static_argnums: int | Sequence[int] = (),
              static_argnames: str | Sequence[str] = (), rtol: float = 2e-4, check_speed: bool = True,
              lowering: str = "auto") -> Any:
     """Decorator: `@optimize` or `@optimize(rules=..., extractor=..., cost_model=..., time_limit=...)`."""

@@ -26,7 +26,7 @@ def qkv(x, wq, wk, wv):
 ARGS = (_rand(16, 8), _rand(8, 8, seed=1), _rand(8, 8, seed=2), _rand(8, 8, seed=3))
 
 
-@pytest.mark.parametrize("lowering", ["xla", "pallas"])
+@pytest.mark.parametrize("lowering", ["xla", pytest.param("pallas", marks=pytest.mark.slow)])
 def test_outputs_grads_vmap_equal(lowering: str) -> None:
     opt = optimize(qkv, check_speed=False, time_limit=3.0, lowering=lowering)
     with warnings.catch_warnings():

@@ -1,0 +1,92 @@
+"""Structurally identical regions are optimized once; weights a merge concatenates are folded at
+optimization time; the speed decision needs confidence and its interval brackets the truth."""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from eqsat.ir import GraphBuilder
+from jax_backend.decorator import EqsatFallbackWarning, optimize
+from jax_backend.structure import canonicalize
+from jax_backend.timing import bootstrap_median_ci, paired_timing
+
+
+def _rand(*shape: int, seed: int = 0) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) / np.sqrt(shape[-1]), jnp.float32)
+
+
+def test_canonical_form_ignores_leaf_names_only() -> None:
+    def build(a: str, b: str, act: int) -> object:
+        g = GraphBuilder()
+        x, w = g.input(a, (4, 8)), g.weight(b, (8, 8))
+        return g.build([g.matmul(x, w, act=act)])
+
+    one, two, other = canonicalize(build("v1", "v2", 0)), canonicalize(build("v7", "v9", 0)), canonicalize(build("v1", "v2", 2))
+    assert one.graph == two.graph and one.graph != other.graph
+    assert two.restore(one.graph) == build("v7", "v9", 0)
+
+
+def test_identical_layers_are_optimized_once() -> None:
+    ws = [(_rand(32, 32, seed=3 * i), _rand(32, 32, seed=3 * i + 1), _rand(32, 32, seed=3 * i + 2)) for i in range(4)]
+
+    def stack(x):
+        for wq, wk, wv in ws:  # separate projections of one input, then a softmax (opaque: splits graphs)
+            q, k, v = x @ wq, x @ wk, x @ wv
+            x = jax.nn.softmax(q @ k.T, axis=-1) @ v + x
+        return x
+
+    opt = optimize(stack, check_speed=False, time_limit=8.0)
+    x = _rand(16, 32, seed=99)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EqsatFallbackWarning)
+        np.testing.assert_allclose(opt(x), stack(x), rtol=2e-4, atol=1e-5)
+    report = opt.report(x)
+    assert report.reused_regions >= 2  # the middle layers reuse the first one's result
+    assert report.distinct_regions < report.distinct_regions + report.reused_regions
+
+
+def test_merged_weights_are_folded_and_grads_match() -> None:
+    wq, wk, wv = _rand(64, 64, seed=1), _rand(64, 64, seed=2), _rand(64, 64, seed=3)
+
+    def qkv(x):
+        return jnp.tanh(x @ wq) * jax.nn.sigmoid(x @ wk) + x @ wv
+
+    opt = optimize(qkv, check_speed=False, time_limit=5.0)
+    x = _rand(32, 64, seed=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EqsatFallbackWarning)
+        np.testing.assert_allclose(jax.jit(opt)(x), qkv(x), rtol=2e-4, atol=1e-5)
+        np.testing.assert_allclose(jax.grad(lambda t: jnp.sum(opt(t) ** 2))(x),
+                                   jax.grad(lambda t: jnp.sum(qkv(t) ** 2))(x), rtol=2e-4, atol=1e-4)
+    report = opt.report(x)
+    if report.used == "optimized" and any(s.after != s.before for s in report.segments):
+        hlo = jax.jit(opt).lower(x).as_text()
+        assert "concatenate" not in hlo  # the concatenated weight is a constant, not run-time work
+
+
+def test_bootstrap_interval_contains_median_and_narrows() -> None:
+    rng = np.random.default_rng(0)
+    small = bootstrap_median_ci(rng.normal(1.0, 0.1, 10))
+    large = bootstrap_median_ci(rng.normal(1.0, 0.1, 400))
+    assert small[0] <= 1.0 <= small[1] or abs(np.mean(small) - 1.0) < 0.1
+    assert large[1] - large[0] < small[1] - small[0]
+
+
+def test_paired_timing_detects_a_clearly_slower_function_and_not_a_copy() -> None:
+    x = _rand(64, 64)
+    fast = jax.jit(lambda t: t + 1.0)
+
+    def slow(t):
+        time.sleep(0.003)
+        return t + 1.0
+
+    slower = paired_timing(fast, slow, [x], rounds=10, budget_s=2.0)
+    assert slower.speedup < 1.0 and not slower.faster_with_confidence
+    same = paired_timing(fast, jax.jit(lambda t: t + 1.0), [x], rounds=10, budget_s=2.0)
+    low, high = same.speedup_ci
+    assert low <= high and same.ci_width >= 0
