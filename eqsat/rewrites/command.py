@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     verify.add_argument("--proof-shapes", type=int, default=3, help="shape assignments proved exactly per rule")
     verify.add_argument("--seed", type=int, default=0)
     verify.add_argument("--no-all-shapes", action="store_true", help="skip the e-graph derivation from axioms")
+    verify.add_argument("--no-cache", action="store_true", help="verify every rule again, ignoring (and not "
+                        "writing) the on-disk verification cache ($EQSAT_CACHE_DIR or ~/.cache/eqsat)")
     verify.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     synth = sub.add_parser("synth", help="enumerate small graphs and keep the new, verified equalities")
     synth.add_argument("--max-ops", type=int, default=2, help="operators per graph")
@@ -59,9 +61,16 @@ def _verify(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     rules = _load(args.files)
     options = VerifyOptions(samples=args.samples, proof_shapes=args.proof_shapes, seed=args.seed)
-    results = verify_rules(rules, options, all_shapes=not args.no_all_shapes, progress=True)
+    results = verify_rules(rules, options, all_shapes=not args.no_all_shapes, progress=True,
+                           cache=not args.no_cache)
     count = {s: sum(r.status == s for r in results) for s in ("proved", "refuted", "unknown")}
+    refuted = [r for r in results if r.status == "refuted"]
+    guarded = {f"refuted_guarded_{s}": sum(r.guarded_status == s for r in refuted) for s in ("proved", "refuted", "unknown")}
     return {"total": len(results), **count,
             "proved_all_shapes": sum(r.scope == "all shapes" for r in results),
+            "refuted_on_shapes": sum(r.method == "shapes" for r in refuted), **guarded,
+            "guarded_proved": sum(r.guarded_status == "proved" for r in results),
+            "guarded_proved_all_shapes": sum(r.guarded_status == "proved" and r.guarded_scope == "all shapes"
+                                             for r in results),
             "seconds": round(time.perf_counter() - start, 3),
             "rules": [r.to_json() for r in results]}

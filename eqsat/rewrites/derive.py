@@ -5,8 +5,15 @@ gives a well-typed, equal right side of the same shape). Starting from a rule's 
 well-typed by assumption) every term the e-graph then represents is well-typed and equal to it, by
 induction over rewrites and congruence; so if the right side shows up in the left side's class, the
 rule holds for every shape the axioms hold for. The axioms themselves are checked on concrete
-shapes, which is how TASO and Tensat checked their operator properties. Two-output rules (whose
-right sides hold split pieces) are not attempted.
+shapes, which is how TASO and Tensat checked their operator properties.
+
+Under the applier's guard (both sides well-typed with one shape) a weaker argument suffices: grow
+the e-graph from both sides at once; every term in it is then well-typed and equal to the side it
+came from, so if the two classes meet the sides are equal wherever the guard holds
+(`derivable_guarded`). A two-output rule `L0 ; L1 => split_0 (split A T) ; split_1 (split A T)`
+holds under the guard iff `concat A L0 L1 = T` does under its guard (the pieces of T then have the
+shapes of L0 and L1, so the concat is well-typed), which is derived the same way, once per rank the
+rule admits (the axioms' concats carry Tensat's rank guard).
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eqsat.rewrites.rule import Pattern, Rule, Term, Var
+from eqsat.errors import ShapeError
+from eqsat.rewrites.rule import Pattern, Rule, Term, Var, variables
 
 NodeKey = tuple[Any, ...]
 ENode = tuple[NodeKey, tuple[int, ...]]
@@ -138,9 +146,23 @@ class EGraph:
 
 
 def derivable(rule: Rule, axioms: Sequence[Rule], iterations: int = 6, max_nodes: int = 3000) -> list[str] | None:
-    """Names of axioms used (those whose rewrites fired) if `rule` follows from `axioms`, else None."""
-    if rule.is_multi or rule.conditions:
+    """Names of axioms used (those whose rewrites fired) if `rule` follows from `axioms`, else None.
+
+    A two-output rule without split pieces holds if each of its halves does (each left side is
+    well-typed on its own), so its halves are derived one by one."""
+    if rule.conditions:
         return None
+    if rule.is_multi:
+        halves = _halves(rule)
+        if halves is None:
+            return None
+        used: set[str] = set()
+        for half in halves:
+            got = derivable(half, axioms, iterations, max_nodes)
+            if got is None:
+                return None
+            used.update(got)
+        return sorted(used)
     g = EGraph()
     root = g.add(rule.lhs[0])
     usable = [a for a in axioms if not a.is_multi and not a.conditions]
@@ -151,17 +173,94 @@ def derivable(rule: Rule, axioms: Sequence[Rule], iterations: int = 6, max_nodes
     return _used(rule, [a for a in usable if a.name in fired], iterations, max_nodes)
 
 
-def _used(rule: Rule, axioms: Sequence[Rule], iterations: int, max_nodes: int) -> list[str]:
+def _used(rule: Rule, axioms: Sequence[Rule], iterations: int, max_nodes: int, both: bool = False) -> list[str]:
     """A smaller set of axioms that still derives the rule (greedy removal of each fired axiom)."""
     keep = list(axioms)
     for name in [a.name for a in axioms]:
         trial = [a for a in keep if a.name != name]
-        g = EGraph()
-        root = g.add(rule.lhs[0])
-        g.saturate(trial, iterations, max_nodes)
-        if g.lookup(rule.rhs[0]) == g.find(root):
+        if _meets(rule, trial, iterations, max_nodes, both):
             keep = trial
     return sorted({a.name for a in keep})
+
+
+def _meets(rule: Rule, axioms: Sequence[Rule], iterations: int, max_nodes: int, both: bool) -> bool:
+    g = EGraph()
+    root = g.add(rule.lhs[0])
+    other = g.add(rule.rhs[0]) if both else None
+    g.saturate(axioms, iterations, max_nodes)
+    if other is not None:
+        return g.find(root) == g.find(other)
+    return g.lookup(rule.rhs[0]) == g.find(root)
+
+
+def _halves(rule: Rule) -> list[Rule] | None:
+    """The single rules `lhs[i] => rhs[i]` of a two-output rule with no split pieces, else None."""
+    from eqsat.rewrites.rule import ops_used
+
+    if any("split_part" in ops_used(p) for p in rule.rhs):
+        return None
+    return [Rule(f"{rule.name}#{i}", (l,), (r,), rule.source) for i, (l, r) in enumerate(zip(rule.lhs, rule.rhs))]
+
+
+def derivable_guarded(rule: Rule, axioms: Sequence[Rule], iterations: int = 6,
+                      max_nodes: int = 3000) -> tuple[str, list[str]] | None:
+    """(how, axioms used) if `rule` holds wherever both sides are well-typed with one shape, by an
+    e-graph grown from both sides (and, for a two-output rule, from its concat form); else None."""
+    if rule.conditions:
+        return None
+    usable = [a for a in axioms if not a.is_multi and not a.conditions]
+    if not rule.is_multi:
+        if not _meets(rule, usable, iterations, max_nodes, both=True):
+            return None
+        return "e-graph derivation from both sides", _used(rule, usable, iterations, max_nodes, both=True)
+    halves = _halves(rule)
+    if halves is not None:  # the guard on both right sides is the guard on each
+        found = [derivable_guarded(h, axioms, iterations, max_nodes) for h in halves]
+        if any(f is None for f in found):
+            return None
+        return ("each half derived from both sides",
+                sorted({a for f in found for a in f[1]}))  # type: ignore[index]
+    single = concat_forms(rule)
+    if not single:
+        return None
+    used: set[str] = set()
+    for r in single:
+        if not _meets(r, usable, iterations, max_nodes, both=True):
+            return None
+        used.update(_used(r, usable, iterations, max_nodes, both=True))
+    ranks = sorted(dict(r.lhs[0].guards)["ndim"] for r in single)  # type: ignore[union-attr]
+    return (f"two-output rule as concat of its left sides = the split term, derived from both sides "
+            f"at rank(s) {ranks}"), sorted(used)
+
+
+def concat_forms(rule: Rule) -> list[Rule]:
+    """`concat A nd L0 L1 => T` for each rank nd the two-output rule admits (ranks up to 6 tried), or
+    [] when its right sides are not the two pieces of one split term."""
+    from eqsat.rewrites.shapes import rank_choices
+
+    pieces = rule.rhs
+    if len(pieces) != 2 or not all(isinstance(p, Term) and p.op == "split_part" for p in pieces):
+        return []
+    (a, b) = pieces
+    assert isinstance(a, Term) and isinstance(b, Term)
+    if a.args != b.args or a.attr["axis"] != b.attr["axis"] or (a.attr["index"], b.attr["index"]) != (0, 1):
+        return []
+    axis, whole = a.attr["axis"], a.args[0]
+    first = next(iter(variables(rule.lhs[0])), None)
+    if first is None:
+        return []
+    from eqsat.rewrites.semantics import pattern_shape
+
+    ranks: set[int] = set()
+    for choice in rank_choices(rule, guarded=True, ranks=tuple(range(1, 7))):
+        try:
+            ranks.add(len(pattern_shape(rule.lhs[0], {v: (2,) * r for v, r in choice.items()})))
+        except ShapeError:  # typed only with unequal dims: its rank is not known this way
+            return []
+    if not ranks or any(r <= axis for r in ranks):
+        return []
+    return [Rule(f"{rule.name}#concat{nd}", (Term("concat", (("axis", axis),), tuple(rule.lhs), (("ndim", nd),)),),
+                 (whole,), rule.source) for nd in sorted(ranks)]
 
 
 def axiom_templates() -> list[Rule]:
@@ -186,11 +285,24 @@ def axiom_templates() -> list[Rule]:
 
 
 @functools.cache
-def axiom_base() -> tuple[Rule, ...]:
-    """The axioms that the concrete prover proves (cached: a pure function of the shipped file)."""
+def axiom_base(cache: bool = True) -> tuple[Rule, ...]:
+    """The axioms that the concrete prover proves (memoized: a pure function of the shipped file;
+    with `cache`, their verification also goes through the on-disk verification cache)."""
     from eqsat.rewrites.verify import VerifyOptions, verify_concrete
+    from eqsat.rewrites.verify_cache import VerificationCache
 
-    return tuple(a for a in axiom_templates() if verify_concrete(a, VerifyOptions(samples=12)).proved)
+    options = VerifyOptions(samples=12)
+    store = VerificationCache.default() if cache else None
+    keep = []
+    for a in axiom_templates():
+        result = store.get(a, options, False) if store else None
+        if result is None:
+            result = verify_concrete(a, options)
+            if store:
+                store.put(a, options, False, result)
+        if result.proved:
+            keep.append(a)
+    return tuple(keep)
 
 
-__all__ = ["EGraph", "derivable", "axiom_base", "axiom_templates"]
+__all__ = ["EGraph", "derivable", "derivable_guarded", "concat_forms", "axiom_base", "axiom_templates"]

@@ -6,6 +6,9 @@ variables are bound, with the registry's shape inference. Candidate shapes are d
 shapes already seen in the pattern (a sibling's shape, a transpose), which finds the equalities
 that ops demand without enumerating the whole grid. Side conditions (`if (= (dim ?x 1) 3)`) prune
 the same way.
+
+In guarded mode (`guarded=True`) an assignment must also make the right sides well-typed with the
+left sides' shapes: the region where an applier that checks its right side's type fires the rule.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import numpy as np
 from eqsat.errors import ShapeError
 from eqsat.ops import Shape
 from eqsat.rewrites.rule import Pattern, Rule, Term, Var, variables
-from eqsat.rewrites.semantics import term_shape
+from eqsat.rewrites.semantics import pattern_shape, rule_split_sizes, term_shape
 
 DIMS: tuple[int, ...] = (1, 2, 3, 4)
 RANKS: tuple[int, ...] = (1, 2, 3, 4)
@@ -32,6 +35,7 @@ class ShapeChecker:
     """Checks partial assignments against a rule's left sides and conditions."""
 
     rule: Rule
+    guarded: bool = False
 
     @property
     def order(self) -> list[str]:
@@ -52,11 +56,13 @@ class ShapeChecker:
             return None
         if not all(condition_holds(c, env) for c in self.rule.conditions):
             return None
+        if self.guarded and rhs_shapes(self.rule, env) != shapes:
+            return None
         return shapes
 
     def partial_ok(self, env: Mapping[str, Shape], memo: dict[int, Shape | None]) -> bool:
         """False as soon as some fully bound left-side subterm is ill-typed or a condition fails."""
-        for p in self.rule.lhs:
+        for p in self.rule.lhs + (self.rule.rhs if self.guarded else ()):
             if _partial(p, env, memo) is False:
                 return False
         for c in self.rule.conditions:
@@ -70,6 +76,15 @@ class ShapeChecker:
 
 class _Unbound(Exception):
     pass
+
+
+def rhs_shapes(rule: Rule, env: Mapping[str, Shape]) -> list[Shape] | None:
+    """Shapes of the right sides under a complete `env` (split sizes from the left sides), or None."""
+    try:
+        sizes = rule_split_sizes(rule, env)
+        return [pattern_shape(p, env, sizes) for p in rule.rhs]
+    except ShapeError:
+        return None
 
 
 def _shape(p: Pattern, env: Mapping[str, Shape], memo: dict[int, Shape]) -> Shape:
@@ -91,8 +106,8 @@ def _partial(p: Pattern, env: Mapping[str, Shape], memo: dict[int, Shape | None]
     args = [_partial(a, env, memo) for a in p.args]
     if any(a is False for a in args):
         return False
-    if any(a is None for a in args):
-        return None
+    if any(a is None for a in args) or p.op == "split_part":
+        return None  # unbound, or a split piece (sizes come from the complete left sides)
     try:
         out: Shape | None = term_shape(p, args, None)  # type: ignore[arg-type]
     except ShapeError:
@@ -124,30 +139,33 @@ def _cond_value(c: Any, env: Mapping[str, Shape]) -> Any:
     return fns[c.op](*args)
 
 
-def rank_choices(rule: Rule, limit: int = 64) -> list[dict[str, int]]:
-    """Every rank assignment (over RANKS) under which the left sides can be well-typed (dims all 1 or 2)."""
-    checker = ShapeChecker(rule)
+def rank_choices(rule: Rule, limit: int = 64, guarded: bool = False,
+                 ranks: Sequence[int] = RANKS) -> list[dict[str, int]]:
+    """Every rank assignment (over `ranks`) under which the left sides (and in guarded mode the right
+    sides) can be well-typed with dims all 1 or all 2."""
+    checker = ShapeChecker(rule, guarded)
     order = checker.order
     found: list[dict[str, int]] = []
 
-    def ok(ranks: Mapping[str, int]) -> bool:
+    def ok(chosen: Mapping[str, int]) -> bool:
+        complete = guarded and len(chosen) == len(order)  # split pieces are checked only when complete
         for fill in (2, 1):
-            env = {v: (fill,) * r for v, r in ranks.items()}
-            if checker.partial_ok(env, {}):
+            env = {v: (fill,) * r for v, r in chosen.items()}
+            if checker.partial_ok(env, {}) and not (complete and checker.lhs_shapes(env) is None):
                 return True
         return False
 
-    def dfs(i: int, ranks: dict[str, int]) -> None:
+    def dfs(i: int, chosen: dict[str, int]) -> None:
         if len(found) >= limit:
             return
         if i == len(order):
-            found.append(dict(ranks))
+            found.append(dict(chosen))
             return
-        for r in RANKS:
-            ranks[order[i]] = r
-            if ok(ranks):
-                dfs(i + 1, ranks)
-            del ranks[order[i]]
+        for r in ranks:
+            chosen[order[i]] = r
+            if ok(chosen):
+                dfs(i + 1, chosen)
+            del chosen[order[i]]
 
     dfs(0, {})
     return found
@@ -156,9 +174,9 @@ def rank_choices(rule: Rule, limit: int = 64) -> list[dict[str, int]]:
 class _Sampler:
     """Randomized depth-first search for well-typed assignments, checking each subterm once bound."""
 
-    def __init__(self, rule: Rule, seed: int, dims: Sequence[int]) -> None:
+    def __init__(self, rule: Rule, seed: int, dims: Sequence[int], guarded: bool = False) -> None:
         self.rule, self.dims = rule, tuple(dims)
-        self.checker = ShapeChecker(rule)
+        self.checker = ShapeChecker(rule, guarded)
         self.order = self.checker.order
         self.rng = np.random.default_rng(seed)
         self.cache: dict[tuple[int, tuple[Shape, ...]], Shape | None] = {}
@@ -166,10 +184,10 @@ class _Sampler:
         # subterms that become fully bound when order[i] is bound, children first
         self.ready: list[list[Term]] = [[] for _ in self.order]
         self.cond_ready: list[list[Term]] = [[] for _ in self.order]
-        for p in rule.lhs:
+        for p in rule.lhs + (rule.rhs if guarded else ()):
             for t in _post_order(p):
                 vs = set(variables(t))
-                if vs:
+                if vs and not any(s.op == "split_part" for s in _post_order(t)):
                     self.ready[max(position[v] for v in vs)].append(t)
         for c in rule.conditions:
             vs = [v.name for v in _cond_vars(c)]
@@ -195,7 +213,9 @@ class _Sampler:
             if s is None:
                 return False
             seen.append(s)
-        return all(condition_holds(c, env) for c in self.cond_ready[i])
+        if not all(condition_holds(c, env) for c in self.cond_ready[i]):
+            return False
+        return not (self.checker.guarded and i == len(self.order) - 1 and self.checker.lhs_shapes(env) is None)
 
     def candidates(self, rank: int, seen: Sequence[Shape]) -> list[Shape]:
         """Shapes to try for a variable: shapes seen nearby, then one-dim changes of them, then random
@@ -251,12 +271,13 @@ def _cond_vars(c: Any) -> list[Var]:
 
 
 def sample_assignments(rule: Rule, count: int, seed: int = 0, max_steps: int = 6000,
-                       dims: Sequence[int] = DIMS) -> list[Env]:
-    """Up to `count` distinct well-typed assignments, diverse by randomization; [] if none found."""
-    ranks_list = rank_choices(rule)
+                       dims: Sequence[int] = DIMS, guarded: bool = False) -> list[Env]:
+    """Up to `count` distinct well-typed assignments, diverse by randomization; [] if none found.
+    `guarded`: the right sides must be well-typed with the left sides' shapes too."""
+    ranks_list = rank_choices(rule, guarded=guarded)
     if not ranks_list:
         return []
-    sampler = _Sampler(rule, seed, dims)
+    sampler = _Sampler(rule, seed, dims, guarded)
     found: dict[tuple[Shape, ...], Env] = {}
     used = 0
     for attempt in range(count * 3):

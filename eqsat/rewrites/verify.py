@@ -8,13 +8,18 @@ The proof on a few small shapes compares both sides as exact polynomials with ac
 atoms (equal polynomials are equal for every activation); only where they differ and relu / max is
 involved does z3 decide with relu's exact meaning. Rules that an e-graph derives from a base of
 axioms (each proved the same way) are proved for all shapes, see `derive.py`.
+
+`status` is strict (a well-typed left side must give a well-typed, equal right side of the same
+shape). A rule refuted only on shapes is decided again under the applier's guard, sampling only
+shapes where both sides are well-typed with one shape: `guarded_status`. Results are cached on disk
+(`verify_cache.py`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -28,6 +33,7 @@ from eqsat.rewrites.semantics import (OP_IMPLS, FieldAlgebra, Poly, PolyAlgebra,
 from eqsat.rewrites.shapes import Env, ShapeChecker, describe, sample_assignments, total_elements
 
 PROVED, REFUTED, UNKNOWN = "proved", "refuted", "unknown"
+VERIFIER_VERSION = 2  # bump when a change alters results in a way the cache key cannot see
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,13 @@ class VerificationResult:
     shapes: tuple[dict[str, Shape], ...] = ()  # proved on these concrete shapes
     source: str = ""
     seconds: float = 0.0
+    # The same question where the rewrite is only applied when its right side is well-typed with the
+    # left side's shape (the applier's guard, and Tensat's `ndim` concats): a rule refuted only on
+    # shapes may hold there. Never "proved" for a rule refuted on values.
+    guarded_status: str = ""
+    guarded_method: str = ""
+    guarded_scope: str = ""
+    guarded_counterexample: dict[str, Any] | None = None
 
     @property
     def proved(self) -> bool:
@@ -58,7 +71,17 @@ class VerificationResult:
         return {"name": self.name, "status": self.status, "method": self.method,
                 "counterexample": self.counterexample, "scope": self.scope,
                 "shapes": [{k: list(v) for k, v in s.items()} for s in self.shapes],
+                "guarded_status": self.guarded_status, "guarded_method": self.guarded_method,
+                "guarded_scope": self.guarded_scope, "guarded_counterexample": self.guarded_counterexample,
                 "source": self.source, "seconds": round(self.seconds, 4)}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> VerificationResult:
+        return VerificationResult(
+            data["name"], data["status"], data["method"], data.get("counterexample"), data.get("scope", ""),
+            tuple({k: tuple(v) for k, v in s.items()} for s in data.get("shapes", ())), data.get("source", ""),
+            float(data.get("seconds", 0.0)), data.get("guarded_status", ""), data.get("guarded_method", ""),
+            data.get("guarded_scope", ""), data.get("guarded_counterexample"))
 
 
 class _Refuted(Exception):
@@ -213,20 +236,24 @@ def _pick_proof_envs(envs: Sequence[Env], options: VerifyOptions) -> list[Env]:
     return picked[:options.proof_shapes]
 
 
-def verify_concrete(rule: Rule, options: VerifyOptions = VerifyOptions()) -> VerificationResult:
-    """Decide `rule` on concrete shapes (proved for the listed shapes / refuted / unknown)."""
-    start = time.perf_counter()
+@dataclass(frozen=True)
+class _Decision:
+    status: str
+    method: str
+    counterexample: dict[str, Any] | None = None
+    scope: str = ""
+    shapes: tuple[dict[str, Shape], ...] = ()
 
-    def result(status: str, method: str, **kw: Any) -> VerificationResult:
-        return VerificationResult(rule.name, status, method, source=rule.source,
-                                  seconds=time.perf_counter() - start, **kw)
 
+def _decide(rule: Rule, options: VerifyOptions, guarded: bool) -> _Decision:
+    """Sample shapes (guarded: both sides well-typed, same shape), filter, prove or refute."""
     missing = sorted(o for p in rule.lhs + rule.rhs for o in ops_used(p) if o not in OP_IMPLS and o != "split_part")
     if missing:
-        return result(UNKNOWN, "none", counterexample={"reason": f"no symbolic semantics for {', '.join(missing)}"})
-    envs = sample_assignments(rule, options.samples, seed=options.seed)
+        return _Decision(UNKNOWN, "none", {"reason": f"no symbolic semantics for {', '.join(missing)}"})
+    envs = sample_assignments(rule, options.samples, seed=options.seed, guarded=guarded)
     if not envs:
-        return result(UNKNOWN, "none", counterexample={"reason": "no well-typed left side on the shape grid"})
+        where = "both sides well-typed with one shape" if guarded else "a well-typed left side"
+        return _Decision(UNKNOWN, "none", {"reason": f"no shape assignment on the grid gives {where}"})
     try:
         for env in envs:
             check_shapes(rule, env)
@@ -238,14 +265,30 @@ def verify_concrete(rule: Rule, options: VerifyOptions = VerifyOptions()) -> Ver
         proof_envs = list(dict.fromkeys(map(_freeze, suspicious[:1] + _pick_proof_envs(envs, options))))
         hows = {prove_on(rule, dict(e), options) for e in proof_envs}
     except _Refuted as exc:
-        return result(REFUTED, exc.method, counterexample=exc.counterexample)
-    except _Unknown as exc:
-        return result(UNKNOWN, "none", counterexample={"reason": str(exc)})
-    except EqsatError as exc:
-        return result(UNKNOWN, "none", counterexample={"reason": str(exc)})
+        return _Decision(REFUTED, exc.method, exc.counterexample)
+    except (_Unknown, EqsatError) as exc:
+        return _Decision(UNKNOWN, "none", {"reason": str(exc)})
     method = (f"concrete shapes: {' + '.join(sorted(hows))} on {len(proof_envs)} shape(s), "
               f"prime-field test on {len(envs)}")
-    return result(PROVED, method, scope="listed shapes", shapes=tuple(dict(e) for e in proof_envs))
+    return _Decision(PROVED, method, None, "listed shapes", tuple(dict(e) for e in proof_envs))
+
+
+def verify_concrete(rule: Rule, options: VerifyOptions = VerifyOptions()) -> VerificationResult:
+    """Decide `rule` on concrete shapes (proved for the listed shapes / refuted / unknown), strictly
+    and under the applier's guard (see `VerificationResult.guarded_status`)."""
+    start = time.perf_counter()
+    strict = _decide(rule, options, guarded=False)
+    if strict.status == REFUTED and strict.method == "shapes":
+        guarded = _decide(rule, options, guarded=True)
+        if guarded.status == PROVED:
+            guarded = replace(guarded, method="guarded " + guarded.method)
+    elif strict.status == PROVED:
+        guarded = replace(strict, method="implied: holds without the guard", shapes=())
+    else:  # refuted on values (on shapes where both sides are well-typed), or unknown
+        guarded = replace(strict, shapes=())
+    return VerificationResult(rule.name, strict.status, strict.method, strict.counterexample, strict.scope,
+                              strict.shapes, rule.source, time.perf_counter() - start, guarded.status,
+                              guarded.method, guarded.scope, guarded.counterexample)
 
 
 def _freeze(env: Env) -> tuple[tuple[str, Shape], ...]:
@@ -258,49 +301,89 @@ def verify_rule(rule: Rule, options: VerifyOptions = VerifyOptions(), axioms: Se
     `axioms=None` uses the library's verified axiom base; `()` skips the all-shapes attempt.
     """
     result = verify_concrete(rule, options)
-    if result.status != PROVED:
+    if PROVED not in (result.status, result.guarded_status):
         return result
-    from eqsat.rewrites.derive import axiom_base, derivable
+    from eqsat.rewrites.derive import axiom_base, derivable, derivable_guarded
 
     base = axiom_base() if axioms is None else axioms
-    if base:
-        start = time.perf_counter()
+    if not base:
+        return result
+    start = time.perf_counter()
+    if result.status == PROVED:
         used = derivable(rule, base)
         if used is not None:
-            return VerificationResult(rule.name, PROVED, f"all shapes: e-graph derivation from {len(used)} verified "
-                                      f"axiom(s) ({', '.join(sorted(used))}); {result.method}", None, "all shapes",
-                                      result.shapes, rule.source, result.seconds + time.perf_counter() - start)
-    return result
+            how = f"all shapes: e-graph derivation from {len(used)} verified axiom(s) ({', '.join(sorted(used))})"
+            result = replace(result, method=f"{how}; {result.method}", scope="all shapes",
+                             guarded_method="implied: holds without the guard", guarded_scope="all shapes")
+    if result.guarded_status == PROVED and result.guarded_scope != "all shapes":
+        found = derivable_guarded(rule, base)
+        if found is not None:
+            how, used = found
+            result = replace(result, guarded_scope="all shapes",
+                             guarded_method=f"all shapes under the guard: {how} from {len(used)} verified axiom(s) "
+                                            f"({', '.join(sorted(used))}); {result.guarded_method}")
+    return replace(result, seconds=result.seconds + time.perf_counter() - start)
+
+
+def _stderr_progress() -> Any:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=Console(stderr=True), transient=True)
 
 
 def verify_rules(rules: Iterable[Rule], options: VerifyOptions = VerifyOptions(), all_shapes: bool = True,
-                 progress: bool = False) -> list[VerificationResult]:
-    """Verify rules in order; the axiom base is built once."""
+                 progress: bool = False, cache: bool = True) -> list[VerificationResult]:
+    """Verify rules in order. With `cache`, results come from / go to the on-disk verification cache
+    (see `verify_cache`), so an unchanged rule set verifies in milliseconds; the axiom base is built
+    only when some rule misses the cache."""
     from eqsat.rewrites.derive import axiom_base
+    from eqsat.rewrites.verify_cache import VerificationCache
 
     rules = list(rules)
-    base = axiom_base() if all_shapes else ()
-    out: list[VerificationResult] = []
-    if progress:
-        from rich.progress import Progress
+    store = VerificationCache.default() if cache else None
+    out: list[VerificationResult | None] = [store.get(r, options, all_shapes) if store else None for r in rules]
+    todo = [i for i, res in enumerate(out) if res is None]
+    if todo:
+        base = axiom_base(cache=cache) if all_shapes else ()
 
-        with Progress(transient=True) as bar:
-            task = bar.add_task("verifying rules", total=len(rules))
-            for r in rules:
-                out.append(verify_rule(r, options, base))
-                bar.advance(task)
-        return out
-    return [verify_rule(r, options, base) for r in rules]
+        def one(i: int) -> None:
+            res = verify_rule(rules[i], options, base)
+            out[i] = res
+            if store is not None:
+                store.put(rules[i], options, all_shapes, res)
+
+        if progress:
+            with _stderr_progress() as bar:
+                task = bar.add_task(f"verifying {len(todo)} rule(s)", total=len(todo))
+                for i in todo:
+                    one(i)
+                    bar.advance(task)
+        else:
+            for i in todo:
+                one(i)
+    return [r for r in out if r is not None]
 
 
-def verified_rules(rules: Iterable[Rule], allow_unproved: bool = False,
-                   options: VerifyOptions = VerifyOptions()) -> list[Rule]:
-    """The rules safe to optimize with: proved ones, or every non-refuted one if the caller opts in."""
+def verified_rules(rules: Iterable[Rule], allow_unproved: bool = False, allow_guarded: bool = False,
+                   options: VerifyOptions = VerifyOptions(), cache: bool = True) -> list[Rule]:
+    """The rules safe to optimize with: proved ones by default.
+
+    `allow_guarded=True` also admits rules that are refuted only on shapes but proved under the guard
+    (`guarded_status == "proved"`: equal wherever the right side is well-typed with the left side's
+    shape). Only a caller whose applier checks that guard may opt in: eqsat's egglog translation
+    (`eqsat.rewrites.to_egglog`) builds a right side only when its shape facts hold, and stops on a
+    shape conflict, which is why the pipeline opts in for Tensat's rule files. `allow_unproved=True`
+    also admits rules that are unknown (neither proved nor refuted), strictly or under the guard when
+    `allow_guarded` is set; refuted-on-values rules are never admitted.
+    """
     rules = list(rules)
-    results = verify_rules(rules, options)
+    results = verify_rules(rules, options, cache=cache)
     keep = {PROVED, UNKNOWN} if allow_unproved else {PROVED}
-    return [r for r, res in zip(rules, results) if res.status in keep]
+    return [r for r, res in zip(rules, results)
+            if res.status in keep or (allow_guarded and res.status == REFUTED and res.guarded_status in keep)]
 
 
 __all__ = ["VerificationResult", "VerifyOptions", "verify_rule", "verify_rules", "verified_rules", "verify_concrete",
-           "PROVED", "REFUTED", "UNKNOWN"]
+           "PROVED", "REFUTED", "UNKNOWN", "VERIFIER_VERSION"]
