@@ -24,7 +24,7 @@ from eqsat.rewrites.parser import load_rules, tensat_rule_files
 from eqsat.rewrites.rule import Rule
 from eqsat.saturate import Limits, SaturationReport, saturate
 
-__all__ = ["OptimizationResult", "optimize_graph", "default_rules", "data_dir", "graph_cost", "numerics_match"]
+__all__ = ["OptimizationResult", "optimize_graph", "default_rules", "tensat_rules", "data_dir", "graph_cost", "numerics_match"]
 
 
 @dataclass(frozen=True)
@@ -64,14 +64,26 @@ def data_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-def default_rules() -> list[Rule]:
-    """Tensat's single- and two-output rule files."""
+def tensat_rules() -> list[Rule]:
+    """Tensat's single- and two-output rule files, as written (unverified)."""
     rules: list[Rule] = []
     for path in tensat_rule_files(data_dir()):
         if not path.exists():
             raise EqsatError(f"rule file {path} not found; set EQSAT_DATA to the shared data directory")
         rules.extend(load_rules(path))
     return rules
+
+
+def default_rules(allow_unproved: bool = False) -> list[Rule]:
+    """Tensat's rules that the verifier accepts (results cached on disk, so this is cheap after once).
+
+    Rules refuted only on shapes but proved whenever their right side is well-typed are admitted
+    (`allow_guarded`): the egglog translation builds a right side only when its shape facts hold.
+    Rules refuted on values are never used; unknown ones only with `allow_unproved`.
+    """
+    from eqsat.rewrites.verify import verified_rules
+
+    return verified_rules(tensat_rules(), allow_unproved=allow_unproved, allow_guarded=True)
 
 
 def graph_cost(graph: Graph, cost_model: CostModel, fold_weights: bool = False) -> float:

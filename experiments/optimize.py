@@ -143,7 +143,7 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
     """Run the whole path on `model` and return the report row (the CLI's JSON fields and a few more)."""
     from rich.console import Console
 
-    from eqsat.pipeline import default_rules, optimize_graph
+    from eqsat.pipeline import default_rules, optimize_graph, tensat_rules
     from eqsat.saturate import Limits
 
     console = Console(stderr=True)
@@ -153,7 +153,9 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
                     multi_rounds=options.k_multi)
     console.print(f"[bold]{model}[/]: {len(graph.nodes)} nodes; saturating (limits: {limits.iterations} iterations, "
                   f"{limits.nodes} e-nodes, {limits.seconds:g} s) and extracting with {options.extractor}")
-    result = optimize_graph(graph, default_rules(), limits, costs, extractor=options.extractor,
+    with console.status("verifying Tensat's rules (cached after the first run)"):
+        rules = default_rules()
+    result = optimize_graph(graph, rules, limits, costs, extractor=options.extractor,
                             time_limit=options.time_limit, seed=options.seed, progress=True)
     optimized = result.optimized
     if options.save_graphs is not None:
@@ -177,6 +179,8 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
         "numerics_ok": bool(result.numerics_ok and measured.numerics_ok),
         "stop_reason": result.stop_reason,
         "iterations": len(result.saturation.iterations),
+        "rules_used": len(rules),
+        "rules_given": len(tensat_rules()),
         "extractor": options.extractor,
         "selection_status": result.selection_status,
         "cost_model": f"{options.cost_model}/{costs.device}",
