@@ -8,9 +8,10 @@ answer with a cycle among the classes the roots reach, we stop it, add a cut per
 answer so far, until the answer is acyclic or time is up. Every solve is a relaxation of the
 acyclic problem, so its dual bound is a valid lower bound.
 
-On large e-graphs a first phase solves the same model restricted to a candidate set (the LP
-relaxation's support plus the greedy answer; see reduced_ilp) for a share of the time: it gives
-the full model a much better warm start than greedy, and the cycles it found as initial cuts.
+Before the first solve, every class cycle of length <= 3 inside a strongly connected component
+is cut (Tensat's split/concat rewrites create hundreds; without them bert's first MIP answer is
+cyclic and far below any valid cost). Optionally (IlpOptions.reduce_above) a first phase solves
+the model restricted to a candidate set (see reduced_ilp) for a warm start; off by default.
 """
 
 from __future__ import annotations

@@ -335,3 +335,28 @@ def order_model(
     rows.pass_to(h)
     del eg
     return len(rows)
+
+
+def short_cycles(problem: Problem, max_len: int = 3, cap: int = 20_000) -> list[list[int]]:
+    """Every class cycle of length 2..max_len (at most `cap`), inside strongly connected
+    components of the kept class graph: added as cuts before the first solve, since the LP would
+    otherwise exploit them first (Tensat's split/concat rewrites make many 3-cycles)."""
+    comp = class_sccs(problem)
+    adj: dict[int, list[int]] = {}
+    for c, k in class_edges(problem):
+        if c != k and comp[c] == comp[k]:
+            adj.setdefault(c, []).append(k)
+    out: list[list[int]] = []
+    for a in sorted(adj):
+        # Cycles are listed once, from their smallest class.
+        stack: list[list[int]] = [[a]]
+        while stack:
+            path = stack.pop()
+            for k in adj.get(path[-1], ()):
+                if k == a and len(path) >= 2:
+                    out.append(path)
+                    if len(out) >= cap:
+                        return out
+                elif k > a and k not in path and len(path) < max_len:
+                    stack.append(path + [k])
+    return out
