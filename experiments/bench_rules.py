@@ -4,6 +4,9 @@ Reproduces the figures in the report; equivalent to
     eqsat rules verify ../shared/data/tensat/rules/converted.txt ../shared/data/tensat/rules/converted_multi.txt --json
     eqsat rules synth --max-ops 3 --time-limit 300 --out results/synth.rules --json
 Run: .venv/bin/python -m experiments.bench_rules [--skip-synth]
+
+The verify step reads/writes the verification cache ($EQSAT_CACHE_DIR or ~/.cache/eqsat): set
+EQSAT_CACHE_DIR to an empty folder for a cold run; a second run is the warm figure.
 """
 
 from __future__ import annotations

@@ -12,6 +12,14 @@ writes them: `(matmul ACT a b)`, `(conv2d SH SW PAD ACT x w)`, `(concat AXIS NDI
 `(split_0 (split AXIS t))`, `(poolmax x KH KW SH SW PAD ACT)`; any other IR op is written with its
 attributes first, in registry order, then its tensor arguments; list attributes as `[1 0]`.
 Conditions are s-expressions over shapes, e.g. `(= (dim ?x 1) (dim ?y 1))`, `(= (rank ?x) 4)`.
+
+Attribute references (our extension; Tensat's files use none): a float attribute may be written
+`?eps` and a list attribute `?S`, matching any value on the left side and reusing it on the right;
+a list attribute may be `(shape P)` (the shape of a tensor pattern P of the rule) and a list item
+`(dim P I)` (one of its dimensions), e.g. `(broadcast (shape (matmul 0 ?x ?w)) [1] ?b)` or
+`[1 (dim ?m 0)]`. These let a right side broadcast per-channel vectors to shapes that the rule does
+not spell out (batchnorm folding, bias merges). A right side may only use attribute variables bound
+on the left.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from pathlib import Path
 
 from eqsat import ops
 from eqsat.errors import RuleParseError
-from eqsat.rewrites.rule import Pattern, Rule, Term, Var
+from eqsat.rewrites.rule import AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var
 
 Sexp = str | list["Sexp"]
 
@@ -127,10 +135,15 @@ def to_pattern(s: Sexp, where: str) -> Pattern:
             tensors.append(to_pattern(arg, where))
         elif slot == "ndim":
             guards.append(("ndim", _int(arg, f"{op}'s ndim", where)))
+        elif isinstance(arg, str) and arg.startswith("?") and kinds.get(slot) in ("ints", "float") and len(arg) > 1:
+            attrs.append((slot, AttrVar(arg[1:], kinds[slot])))  # type: ignore[arg-type]
+        elif kinds.get(slot) == "ints" and isinstance(arg, list) and arg[:1] == ["shape"] and len(arg) == 2:
+            attrs.append((slot, ShapeOf(to_pattern(arg[1], where))))  # type: ignore[arg-type]
         elif kinds.get(slot) == "ints":
             if not (isinstance(arg, list) and arg[:1] == ["["]):
-                raise RuleParseError(f"{where}: expected a list like [1 0] for {op}'s {slot}, found {_show(arg)}")
-            attrs.append((slot, tuple(_int(a, f"{op}'s {slot}", where) for a in arg[1:])))
+                raise RuleParseError(f"{where}: expected a list like [1 0], (shape P) or ?S for {op}'s {slot}, "
+                                     f"found {_show(arg)}")
+            attrs.append((slot, tuple(_list_item(a, f"{op}'s {slot}", where) for a in arg[1:])))
         elif kinds.get(slot) == "float":
             try:
                 attrs.append((slot, float(arg)))  # type: ignore[arg-type]
@@ -139,6 +152,12 @@ def to_pattern(s: Sexp, where: str) -> Pattern:
         else:
             attrs.append((slot, _int(arg, f"{op}'s {slot}", where)))
     return Term(op, tuple(sorted(attrs)), tuple(tensors), tuple(guards))
+
+
+def _list_item(item: Sexp, what: str, where: str) -> int | DimOf:
+    if isinstance(item, list) and item[:1] == ["dim"] and len(item) == 3:
+        return DimOf(to_pattern(item[1], where), _int(item[2], "a dim index", where))
+    return _int(item, what, where)
 
 
 def _sides(text: str, where: str) -> tuple[Pattern, ...]:
@@ -196,12 +215,18 @@ def _condition(s: Sexp, where: str) -> Term:
 
 
 def _check_vars(rule: Rule, where: str) -> None:
-    from eqsat.rewrites.rule import variables
+    from eqsat.rewrites.rule import attr_variables, referenced_variables, subterms, term_attr_refs, variables
 
-    bound = {v for p in rule.lhs for v in variables(p)}
-    free = {v for p in rule.rhs for v in variables(p)} - bound
+    bound = {v for p in rule.lhs for v in variables(p)} | {a.name for p in rule.lhs for a in attr_variables(p)}
+    used = {v for p in rule.rhs for v in variables(p)} | {a.name for p in rule.rhs for a in attr_variables(p)}
+    used |= {v for p in rule.rhs for t in subterms(p) for v in referenced_variables(t)}
+    free = used - bound
     if free:
         raise RuleParseError(f"{where}: right side uses ?{', ?'.join(sorted(free))}, not bound on the left")
+    derived = [r for p in rule.lhs for t in subterms(p) for r in term_attr_refs(t) if not isinstance(r, AttrVar)]
+    if derived:
+        raise RuleParseError(f"{where}: {derived[0]} may only appear on a right side (a left side matches "
+                             "literal attributes or ?variables)")
 
 
 def parse_rules(lines: Iterable[str], source: str, multi: bool = False) -> list[Rule]:

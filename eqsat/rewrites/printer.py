@@ -6,11 +6,19 @@ import re
 
 from eqsat import ops
 from eqsat.rewrites.parser import TENSAT_SLOTS
-from eqsat.rewrites.rule import Pattern, Rule, Term, Var
+from eqsat.rewrites.rule import AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var
 
 
 def _value(v: object) -> str:
-    return "[" + " ".join(map(str, v)) + "]" if isinstance(v, tuple) else str(v)
+    if isinstance(v, tuple):
+        return "[" + " ".join(map(_value, v)) + "]"
+    if isinstance(v, ShapeOf):
+        return f"(shape {pattern_text(v.pattern)})"
+    if isinstance(v, DimOf):
+        return f"(dim {pattern_text(v.pattern)} {v.index})"
+    if isinstance(v, AttrVar):
+        return f"?{v.name}"
+    return repr(v) if isinstance(v, float) else str(v)
 
 
 def pattern_text(p: Pattern) -> str:

@@ -4,6 +4,10 @@ A pattern is a tree of `Term`s (an IR op name, its integer attributes, its tenso
 `Var` leaves. Two terms exist only in patterns: `split_part` (piece `index` of a two-way split along
 `axis`, whose sizes come from the shapes of the rule's two left sides, as in Tensat's two-output
 rules) and the `ndim` guard some Tensat concats carry (the rule only applies at that rank).
+
+Attribute values are literals, or references (our extension, see `parser.py`): `AttrVar` (`?eps`,
+`?S`: an attribute matched as a variable on the left and reused on the right), `ShapeOf`
+(`(shape P)`: the shape of pattern P as a list attribute) and `DimOf` (`(dim P i)` inside a list).
 """
 
 from __future__ import annotations
@@ -19,6 +23,38 @@ class Var:
 
     def __str__(self) -> str:
         return f"?{self.name}"
+
+
+@dataclass(frozen=True)
+class AttrVar:
+    """An attribute matched as a variable (`?eps` for a float, `?S` for a list of ints)."""
+
+    name: str
+    kind: str  # the registry's attribute kind: "float" | "ints"
+
+    def __str__(self) -> str:
+        return f"?{self.name}"
+
+
+@dataclass(frozen=True)
+class ShapeOf:
+    """`(shape P)`: the shape of the tensor pattern P, as a list attribute (right sides)."""
+
+    pattern: Pattern
+
+    def __str__(self) -> str:
+        return f"(shape {self.pattern})"
+
+
+@dataclass(frozen=True)
+class DimOf:
+    """`(dim P i)`: one dimension of the tensor pattern P, as an item of a list attribute."""
+
+    pattern: Pattern
+    index: int
+
+    def __str__(self) -> str:
+        return f"(dim {self.pattern} {self.index})"
 
 
 @dataclass(frozen=True)
@@ -60,6 +96,46 @@ def subterms(p: Pattern) -> Iterator[Term]:
 
 def ops_used(p: Pattern) -> set[str]:
     return {t.op for t in subterms(p)}
+
+
+def attr_references(value: Any) -> Iterator[AttrVar | ShapeOf | DimOf]:
+    """The references inside one attribute value (a literal has none)."""
+    if isinstance(value, (AttrVar, ShapeOf, DimOf)):
+        yield value
+    elif isinstance(value, tuple):
+        for v in value:
+            yield from attr_references(v)
+
+
+def term_attr_refs(t: Term) -> list[AttrVar | ShapeOf | DimOf]:
+    """References in `t`'s own attributes (not its arguments')."""
+    return [r for _, v in t.attrs for r in attr_references(v)]
+
+
+def has_attr_refs(p: Pattern) -> bool:
+    return any(term_attr_refs(t) for t in subterms(p))
+
+
+def attr_variables(p: Pattern) -> Iterator[AttrVar]:
+    """Attribute variables in `p`, in post-order (a term's after its arguments')."""
+    for t in subterms(p):
+        for r in term_attr_refs(t):
+            if isinstance(r, AttrVar):
+                yield r
+            else:
+                yield from attr_variables(r.pattern)
+
+
+def referenced_variables(t: Term) -> set[str]:
+    """Tensor and attribute variables that `t`'s own attributes need bound."""
+    out: set[str] = set()
+    for r in term_attr_refs(t):
+        if isinstance(r, AttrVar):
+            out.add(r.name)
+        else:
+            out.update(variables(r.pattern))
+            out.update(a.name for a in attr_variables(r.pattern))
+    return out
 
 
 @dataclass(frozen=True)

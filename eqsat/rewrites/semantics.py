@@ -20,7 +20,7 @@ import numpy as np
 from eqsat import ops
 from eqsat.errors import RuleError, ShapeError
 from eqsat.ops import Shape
-from eqsat.rewrites.rule import Pattern, Rule, Term, Var
+from eqsat.rewrites.rule import AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var, has_attr_refs, term_attr_refs, variables
 
 Coeff = int | Fraction
 Monomial = tuple[int, ...]  # sorted atom ids, with repeats
@@ -292,6 +292,36 @@ def _slice(alg: Algebra, xs: Sequence[np.ndarray], a: Mapping[str, Any]) -> np.n
     return xs[0][tuple(index)]
 
 
+def _negate(alg: Algebra, x: np.ndarray) -> np.ndarray:
+    return alg.mul(x, _full(alg, x.shape, alg.const(-1)))
+
+
+def _broadcast(alg: Algebra, xs: Sequence[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
+    expanded = [1] * len(a["shape"])
+    for i, d in enumerate(a["dims"]):
+        expanded[d] = xs[0].shape[i]
+    return np.broadcast_to(xs[0].reshape(expanded), a["shape"]).copy()
+
+
+def _reduce(combine: str) -> Impl:
+    def run(alg: Algebra, xs: Sequence[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
+        x, axes = xs[0], tuple(a["axes"])
+        kept = [i for i in range(x.ndim) if i not in axes]
+        y = np.transpose(x, kept + list(axes)).reshape([x.shape[i] for i in kept] + [-1])
+        fn = alg.add if combine == "sum" else alg.maximum
+        acc = y[..., 0]
+        for i in range(1, y.shape[-1]):
+            acc = fn(acc, y[..., i])
+        return np.asarray(acc, dtype=y.dtype)
+
+    return run
+
+
+def _opaque(name: str) -> Impl:
+    """A unary function the identities treat as an uninterpreted atom (sqrt, rsqrt, exp, log)."""
+    return lambda alg, xs, a: alg.activation(name, xs[0])
+
+
 OP_IMPLS: Mapping[str, Impl] = {
     "ewadd": lambda alg, xs, a: alg.add(xs[0], xs[1]),
     "ewmul": lambda alg, xs, a: alg.mul(xs[0], xs[1]),
@@ -309,6 +339,17 @@ OP_IMPLS: Mapping[str, Impl] = {
     "reshape": lambda alg, xs, a: xs[0].reshape(a["shape"]),
     "batchnorm": _batchnorm,
     "enlarge": _enlarge,
+    "ewsub": lambda alg, xs, a: alg.add(xs[0], _negate(alg, xs[1])),
+    "neg": lambda alg, xs, a: _negate(alg, xs[0]),
+    "ewdiv": lambda alg, xs, a: alg.mul(xs[0], alg.activation("recip", xs[1])),  # 1/b as an atom
+    "ewmax": lambda alg, xs, a: alg.maximum(xs[0], xs[1]),
+    "sqrt": _opaque("sqrt"),
+    "rsqrt": _opaque("rsqrt"),  # the same atom batchnorm uses for 1/sqrt(var + eps)
+    "exp": _opaque("exp"),
+    "log": _opaque("log"),
+    "broadcast": _broadcast,
+    "reduce_sum": _reduce("sum"),
+    "reduce_max": _reduce("max"),
 }
 
 
@@ -338,13 +379,61 @@ def term_shape(t: Term, arg_shapes: Sequence[Shape], split_sizes: SplitSizes | N
     return out
 
 
+FLOAT_ATTR_VALUE = 0.0009765625  # a float attribute variable (?eps) is verified at this value, see below
+
+
+def bind_attrs(t: Term, env: Mapping[str, Any], split_sizes: SplitSizes | None = None) -> Term:
+    """`t` with its attribute references replaced by values: attribute variables from `env`, `(shape P)`
+    and `(dim P i)` from the shapes of P under `env`. A float variable only ever feeds opaque atoms
+    (rsqrt(var + eps)) identically on both sides, so an identity proved at one value holds at all."""
+    if not term_attr_refs(t):
+        return t
+
+    def value(v: Any) -> Any:
+        if isinstance(v, AttrVar):
+            if v.name not in env:
+                raise RuleError(f"attribute variable ?{v.name} is not bound")
+            return env[v.name]
+        if isinstance(v, ShapeOf):
+            return pattern_shape(v.pattern, env, split_sizes)
+        if isinstance(v, DimOf):
+            shape = pattern_shape(v.pattern, env, split_sizes)
+            if not 0 <= v.index < len(shape):
+                raise ShapeError(f"(dim {v.pattern} {v.index}): index out of range for shape {list(shape)}")
+            return shape[v.index]
+        if isinstance(v, tuple):
+            return tuple(value(x) for x in v)
+        return v
+
+    return Term(t.op, tuple((k, value(v)) for k, v in t.attrs), t.args, t.guards)
+
+
+def _bind_all(p: Pattern, env: Mapping[str, Any], split_sizes: SplitSizes | None) -> Pattern:
+    if isinstance(p, Var):
+        return p
+    t = bind_attrs(p, env, split_sizes)
+    return Term(t.op, t.attrs, tuple(_bind_all(a, env, split_sizes) for a in t.args), t.guards)
+
+
+def instantiate(rule: Rule, env: Mapping[str, Any]) -> tuple[Rule, dict[str, Shape]]:
+    """The rule with every attribute reference resolved under `env`, and `env` cut to tensor variables."""
+    if not any(has_attr_refs(p) for p in rule.lhs + rule.rhs):
+        return rule, dict(env)
+    lhs = tuple(_bind_all(p, env, None) for p in rule.lhs)
+    tensors = {v: env[v] for p in rule.lhs for v in variables(p)}
+    sizes = rule_split_sizes(Rule(rule.name, lhs, lhs), tensors)
+    rhs = tuple(_bind_all(p, env, sizes) for p in rule.rhs)
+    return Rule(rule.name, lhs, rhs, rule.source, rule.conditions), tensors
+
+
 def pattern_shape(p: Pattern, env: Mapping[str, Shape], split_sizes: SplitSizes | None = None,
                   memo: dict[int, Shape] | None = None) -> Shape:
     if isinstance(p, Var):
         return env[p.name]
     if memo is not None and id(p) in memo:
         return memo[id(p)]
-    out = term_shape(p, [pattern_shape(a, env, split_sizes, memo) for a in p.args], split_sizes)
+    out = term_shape(bind_attrs(p, env, split_sizes), [pattern_shape(a, env, split_sizes, memo) for a in p.args],
+                     split_sizes)
     if memo is not None:
         memo[id(p)] = out
     return out

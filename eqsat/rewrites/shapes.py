@@ -5,7 +5,8 @@ grid by a randomized depth-first search that checks every left-side subterm as s
 variables are bound, with the registry's shape inference. Candidate shapes are drawn first from the
 shapes already seen in the pattern (a sibling's shape, a transpose), which finds the equalities
 that ops demand without enumerating the whole grid. Side conditions (`if (= (dim ?x 1) 3)`) prune
-the same way.
+the same way. A list attribute matched as a variable (`?S`) is sampled like a shape; a float one
+(`?eps`) is fixed (see `semantics.bind_attrs`).
 
 In guarded mode (`guarded=True`) an assignment must also make the right sides well-typed with the
 left sides' shapes: the region where an applier that checks its right side's type fires the rule.
@@ -21,8 +22,9 @@ import numpy as np
 
 from eqsat.errors import ShapeError
 from eqsat.ops import Shape
-from eqsat.rewrites.rule import Pattern, Rule, Term, Var, variables
-from eqsat.rewrites.semantics import pattern_shape, rule_split_sizes, term_shape
+from eqsat.rewrites.rule import (AttrVar, Pattern, Rule, Term, Var, attr_variables, referenced_variables, subterms,
+                                 term_attr_refs)
+from eqsat.rewrites.semantics import FLOAT_ATTR_VALUE, bind_attrs, pattern_shape, rule_split_sizes, term_shape
 
 DIMS: tuple[int, ...] = (1, 2, 3, 4)
 RANKS: tuple[int, ...] = (1, 2, 3, 4)
@@ -42,10 +44,15 @@ class ShapeChecker:
         """Variables in first-occurrence order over a post-order walk: siblings stay adjacent."""
         seen: list[str] = []
         for p in self.rule.lhs:
-            for v in variables(p):
+            for v in _sampled_vars(p):
                 if v not in seen:
                     seen.append(v)
         return seen
+
+    @property
+    def fixed(self) -> dict[str, float]:
+        """Float attribute variables and the value they are verified at."""
+        return {a.name: FLOAT_ATTR_VALUE for p in self.rule.lhs for a in attr_variables(p) if a.kind == "float"}
 
     def lhs_shapes(self, env: Mapping[str, Shape]) -> list[Shape] | None:
         """Shapes of the left sides, or None when ill-typed (or a condition fails) under `env`."""
@@ -78,6 +85,19 @@ class _Unbound(Exception):
     pass
 
 
+def _sampled_vars(p: Pattern) -> list[str]:
+    """Tensor variables and list-attribute variables, post-order (a term's attributes after its args)."""
+    if isinstance(p, Var):
+        return [p.name]
+    out = [v for a in p.args for v in _sampled_vars(a)]
+    return out + [r.name for r in term_attr_refs(p) if isinstance(r, AttrVar) and r.kind == "ints"]
+
+
+def _needed(t: Term) -> set[str]:
+    """Every variable `t`'s shape depends on (its tensors', its attributes')."""
+    return set(_sampled_vars(t)) | {v for s in subterms(t) for v in referenced_variables(s)}
+
+
 def rhs_shapes(rule: Rule, env: Mapping[str, Shape]) -> list[Shape] | None:
     """Shapes of the right sides under a complete `env` (split sizes from the left sides), or None."""
     try:
@@ -93,7 +113,9 @@ def _shape(p: Pattern, env: Mapping[str, Shape], memo: dict[int, Shape]) -> Shap
             raise _Unbound(p.name)
         return env[p.name]
     if id(p) not in memo:
-        memo[id(p)] = term_shape(p, [_shape(a, env, memo) for a in p.args], None)
+        if not referenced_variables(p) <= set(env):
+            raise _Unbound(p.op)
+        memo[id(p)] = term_shape(bind_attrs(p, env), [_shape(a, env, memo) for a in p.args], None)
     return memo[id(p)]
 
 
@@ -106,10 +128,10 @@ def _partial(p: Pattern, env: Mapping[str, Shape], memo: dict[int, Shape | None]
     args = [_partial(a, env, memo) for a in p.args]
     if any(a is False for a in args):
         return False
-    if any(a is None for a in args) or p.op == "split_part":
+    if any(a is None for a in args) or p.op == "split_part" or not referenced_variables(p) <= set(env):
         return None  # unbound, or a split piece (sizes come from the complete left sides)
     try:
-        out: Shape | None = term_shape(p, args, None)  # type: ignore[arg-type]
+        out: Shape | None = term_shape(bind_attrs(p, env), args, None)  # type: ignore[arg-type]
     except ShapeError:
         out = None
     memo[id(p)] = out
@@ -150,7 +172,7 @@ def rank_choices(rule: Rule, limit: int = 64, guarded: bool = False,
     def ok(chosen: Mapping[str, int]) -> bool:
         complete = guarded and len(chosen) == len(order)  # split pieces are checked only when complete
         for fill in (2, 1):
-            env = {v: (fill,) * r for v, r in chosen.items()}
+            env: dict[str, Any] = {v: (fill,) * r for v, r in chosen.items()} | checker.fixed
             if checker.partial_ok(env, {}) and not (complete and checker.lhs_shapes(env) is None):
                 return True
         return False
@@ -179,14 +201,14 @@ class _Sampler:
         self.checker = ShapeChecker(rule, guarded)
         self.order = self.checker.order
         self.rng = np.random.default_rng(seed)
-        self.cache: dict[tuple[int, tuple[Shape, ...]], Shape | None] = {}
+        self.cache: dict[tuple[Any, ...], Shape | None] = {}
         position = {v: i for i, v in enumerate(self.order)}
         # subterms that become fully bound when order[i] is bound, children first
         self.ready: list[list[Term]] = [[] for _ in self.order]
         self.cond_ready: list[list[Term]] = [[] for _ in self.order]
         for p in rule.lhs + (rule.rhs if guarded else ()):
             for t in _post_order(p):
-                vs = set(variables(t))
+                vs = {v for v in _needed(t) if v in position}
                 if vs and not any(s.op == "split_part" for s in _post_order(t)):
                     self.ready[max(position[v] for v in vs)].append(t)
         for c in rule.conditions:
@@ -199,10 +221,11 @@ class _Sampler:
         args = tuple(self.shape_of(a, env) for a in p.args)
         if any(a is None for a in args):
             return None
-        key = (id(p), args)  # type: ignore[arg-type]
+        refs = tuple(env[v] for v in sorted(referenced_variables(p)))
+        key = (id(p), args, refs)  # type: ignore[arg-type]
         if key not in self.cache:
             try:
-                self.cache[key] = term_shape(p, args, None)  # type: ignore[arg-type]
+                self.cache[key] = term_shape(bind_attrs(p, env), args, None)  # type: ignore[arg-type]
             except ShapeError:
                 self.cache[key] = None
         return self.cache[key]
@@ -233,7 +256,7 @@ class _Sampler:
         return sorted(ranked, key=ranked.__getitem__)
 
     def attempt(self, ranks: Mapping[str, int], budget: int) -> Env | None:
-        env: Env = {}
+        env: Env = dict(self.checker.fixed)  # type: ignore[arg-type]
         steps = 0
 
         def dfs(i: int, seen: list[Shape]) -> bool:
@@ -264,7 +287,7 @@ def _post_order(p: Pattern) -> list[Term]:
     return out
 
 
-def _cond_vars(c: Any) -> list[Var]:
+def _cond_vars(c: Any) -> list[Var]:  # noqa: D103
     if isinstance(c, Var):
         return [c]
     return [v for a in c.args for v in _cond_vars(a)]
@@ -292,7 +315,7 @@ def sample_assignments(rule: Rule, count: int, seed: int = 0, max_steps: int = 6
 
 
 def total_elements(env: Mapping[str, Shape]) -> int:
-    return sum(int(np.prod(s)) for s in env.values())
+    return sum(int(np.prod(s)) for s in env.values() if isinstance(s, tuple))
 
 
 def describe(env: Mapping[str, Shape]) -> str:

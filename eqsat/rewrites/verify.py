@@ -29,7 +29,7 @@ from eqsat.errors import EqsatError, ShapeError
 from eqsat.ops import Shape
 from eqsat.rewrites.rule import Rule, ops_used
 from eqsat.rewrites.semantics import (OP_IMPLS, FieldAlgebra, Poly, PolyAlgebra, evaluate_numpy, evaluate_pattern,
-                                      pattern_shape, rule_split_sizes)
+                                      instantiate, pattern_shape, rule_split_sizes)
 from eqsat.rewrites.shapes import Env, ShapeChecker, describe, sample_assignments, total_elements
 
 PROVED, REFUTED, UNKNOWN = "proved", "refuted", "unknown"
@@ -100,6 +100,7 @@ def _shapes_json(env: Mapping[str, Shape]) -> dict[str, list[int]]:
 
 def check_shapes(rule: Rule, env: Env) -> None:
     """Raise _Refuted if the right sides are ill-typed or shaped differently under a good `env`."""
+    rule, env = instantiate(rule, env)
     lhs = ShapeChecker(rule).lhs_shapes(env)
     assert lhs is not None
     try:
@@ -115,6 +116,7 @@ def check_shapes(rule: Rule, env: Env) -> None:
 
 def field_differs(rule: Rule, env: Env, seed: int, trials: int = 2) -> bool:
     """Randomized exact test modulo a prime (activations: consistent pseudo-random functions)."""
+    rule, env = instantiate(rule, env)
     sizes = rule_split_sizes(rule, env)
     for trial in range(trials):
         alg = FieldAlgebra(salt=seed + trial)
@@ -129,13 +131,18 @@ def field_differs(rule: Rule, env: Env, seed: int, trials: int = 2) -> bool:
 
 
 def numeric_counterexample(rule: Rule, env: Env, seed: int, trials: int = 16) -> dict[str, Any] | None:
-    """Small integer inputs where the registry's numpy semantics tell the sides apart."""
+    """Small integer inputs where the registry's numpy semantics tell the sides apart (inputs where a
+    side is not finite, e.g. a division by zero, are skipped)."""
+    rule, env = instantiate(rule, env)
     sizes = rule_split_sizes(rule, env)
     rng = np.random.default_rng(seed)
     for _ in range(trials):
         values = {v: rng.integers(-3, 4, size=s).astype(np.float64) for v, s in env.items()}
         for i, (lhs, rhs) in enumerate(zip(rule.lhs, rule.rhs)):
-            a, b = evaluate_numpy(lhs, values, sizes), evaluate_numpy(rhs, values, sizes)
+            with np.errstate(all="ignore"):
+                a, b = evaluate_numpy(lhs, values, sizes), evaluate_numpy(rhs, values, sizes)
+            if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+                continue
             if not np.allclose(a, b, rtol=1e-9, atol=1e-9):
                 return {"shapes": _shapes_json(env), "inputs": {k: v.tolist() for k, v in values.items()},
                         "side": i, "lhs": a.tolist(), "rhs": b.tolist()}
@@ -183,6 +190,7 @@ def _needs_z3(p: Poly, alg: PolyAlgebra) -> bool:
 
 def prove_on(rule: Rule, env: Env, options: VerifyOptions) -> str:
     """Prove lhs == rhs for one shape assignment; returns how, or raises _Refuted / _Unknown."""
+    rule, env = instantiate(rule, env)
     alg = PolyAlgebra()
     sizes = rule_split_sizes(rule, env)
     values = {v: alg.symbols(v, s) for v, s in env.items()}
@@ -224,8 +232,11 @@ def _pick_proof_envs(envs: Sequence[Env], options: VerifyOptions) -> list[Env]:
     if not small:
         small = sorted(envs, key=total_elements)[:1]
     picked = small[:1]
-    generic = [e for e in small if all(d >= 2 for s in e.values() for d in s)]
-    distinct = sorted(small, key=lambda e: (-len({d for s in e.values() for d in s}), total_elements(e)))
+    def dims(e: Env) -> list[int]:
+        return [d for s in e.values() if isinstance(s, tuple) for d in s]
+
+    generic = [e for e in small if all(d >= 2 for d in dims(e))]
+    distinct = sorted(small, key=lambda e: (-len(set(dims(e))), total_elements(e)))
     for pool in (generic, distinct, small[1:]):
         for e in pool:
             if len(picked) >= options.proof_shapes:

@@ -65,3 +65,18 @@ def test_printed_rules_parse_back_to_the_same_rules() -> None:
     for rule in library_rules():
         again = parse_rule_text(rule_text(rule))[0]
         assert (again.lhs, again.rhs, again.conditions) == (rule.lhs, rule.rhs, rule.conditions)
+
+
+def test_attribute_references_parse_print_and_check() -> None:
+    from eqsat.rewrites.rule import AttrVar, DimOf, ShapeOf
+
+    (r,) = parse_rule_text("f: (batchnorm ?eps (matmul 0 ?x ?w) ?s ?b ?m ?v) => (batchnorm ?eps (broadcast "
+                           "(shape (matmul 0 ?x ?w)) [0 1] (broadcast [1 (dim ?m 0)] [1] ?m)) ?s ?b ?m ?v)")
+    assert r.lhs[0].attr["eps"] == AttrVar("eps", "float")  # type: ignore[union-attr]
+    outer = r.rhs[0].args[0]  # type: ignore[union-attr]
+    assert isinstance(outer.attr["shape"], ShapeOf) and isinstance(outer.args[0].attr["shape"][1], DimOf)
+    assert parse_rule_text(rule_text(r))[0] == r
+    with pytest.raises(RuleParseError, match="not bound on the left"):
+        parse_rule_text("(relu ?x) => (batchnorm ?eps ?x ?x ?x ?x ?x)", "test:1")
+    with pytest.raises(RuleParseError, match="only appear on a right side"):
+        parse_rule_text("(broadcast (shape ?x) [0] ?x) => ?x", "test:1")

@@ -54,3 +54,30 @@ def test_activation_codes_cover_registry() -> None:
     from eqsat.rewrites.semantics import ACT_NAMES
 
     assert {ops.Activation(c) for c in ACT_NAMES} | {ops.Activation.NONE} == set(ops.Activation)
+
+
+NEW_OP_CASES = [
+    ("(ewsub ?a (neg ?b))", {"a": (2, 3), "b": (2, 3)}),
+    ("(broadcast [2 3 4] [1] ?a)", {"a": (3,)}),
+    ("(broadcast [2 3] [0 1] ?a)", {"a": (1, 3)}),
+    ("(reduce_sum [0 2] ?a)", {"a": (2, 3, 2)}),
+    ("(ewmax ?a ?b)", {"a": (3,), "b": (3,)}),
+]
+
+
+@pytest.mark.parametrize("text, shapes", NEW_OP_CASES)
+def test_new_ops_match_registry(text: str, shapes: dict) -> None:
+    pattern = parse_rule_text(f"{text} => {text}")[0].lhs[0]
+    rng = np.random.default_rng(2)
+    ints = {k: rng.integers(-4, 5, size=s) for k, s in shapes.items()}
+    want = evaluate_numpy(pattern, {k: v.astype(np.float64) for k, v in ints.items()})
+    alg = FieldAlgebra()
+    got = evaluate_pattern(pattern, {k: (v % alg.p).astype(np.int64) for k, v in ints.items()}, alg)
+    if "ewmax" not in text:  # the field's max is an opaque symmetric function
+        np.testing.assert_array_equal(got, np.rint(want).astype(np.int64) % alg.p)
+    poly = PolyAlgebra()
+    symbolic = evaluate_pattern(pattern, {k: poly.symbols(k, s) for k, s in shapes.items()}, poly)
+    assert symbolic.shape == want.shape
+    if "ewmax" not in text:
+        atoms = {i: ints[arg[0]][arg[1]] for i, (kind, arg) in enumerate(poly.atoms) if kind == "input"}
+        np.testing.assert_allclose(np.vectorize(lambda p: poly_eval(p, atoms))(symbolic), want)

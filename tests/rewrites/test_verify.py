@@ -99,3 +99,10 @@ def test_axiom_base_is_fully_proved() -> None:
     from eqsat.rewrites.derive import axiom_templates
 
     assert len(axiom_base()) == len(axiom_templates())
+
+
+def test_folding_that_forgets_the_mean_is_refuted() -> None:
+    wrong = rule("(batchnorm ?eps (matmul 0 ?x ?w) ?s ?b ?m ?v) => (ewadd (matmul 0 ?x (batchnorm ?eps ?w ?s "
+                 "(ewsub ?m ?m) (ewsub ?m ?m) ?v)) (broadcast (shape (matmul 0 ?x ?w)) [1] ?b)) if (= (rank ?x) 2)")
+    result = verify_concrete(wrong)
+    assert result.status == "refuted" and result.method != "shapes" and result.guarded_status == "refuted"
