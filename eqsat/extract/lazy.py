@@ -1,11 +1,9 @@
-"""The MIP solve loop shared by the ILP extractors: an exact model for DAG cost, HiGHS, lazy cycle cuts.
+"""The MIP solve loop shared by `ilp` and `ilp-reduced` (the model is described in ilp.py).
 
-Model (after `prune`): x_n, y_c binary; sum of x over class c = y_c; x_n <= y_k for each distinct
-child class k of n; roots have y = 1; minimise sum cost_n x_n. Acyclicity is not modelled up
-front: most optimal answers have no cycle, so we solve, look for cycles among the classes the
-roots reach, add a cut per short cycle found (class-based: of the nodes closing the cycle, at most
-len-1), and re-solve from the best valid answer so far, until the answer is acyclic or time is up.
-Every solve is a relaxation of the acyclic problem, so its dual bound is a valid lower bound.
+A callback watches every improving answer HiGHS finds: an acyclic one is kept as a valid
+incumbent; a cyclic one interrupts the solve at once, its cycles become cuts and the solve starts
+again from the best valid answer, rather than letting HiGHS prune its tree against a cost that no
+valid answer reaches.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from typing import Any
 import highspy
 import numpy as np
 
-from eqsat.extract.egraph_data import EGraphData
 from eqsat.extract.mip import (
     Clock,
     Incumbent,
@@ -25,7 +22,6 @@ from eqsat.extract.mip import (
     base_model,
     choice_from_solution,
     cycle_cut,
-    make_problem,
     needed_cycles,
     new_highs,
     repair_incumbent,

@@ -307,7 +307,6 @@ def order_model(
     nodes X, t_c - t_k - S·sum(X) >= 1 - S (S = size of the component, so t ∈ [0, S-1]).
     With only_cyclic, just the classes and edges inside non-trivial strongly connected
     components (no other edge can be on a cycle). Returns the number of rows added."""
-    eg = problem.egraph
     edges = class_edges(problem)
     if only_cyclic:
         comp = class_sccs(problem)
@@ -333,7 +332,6 @@ def order_model(
         xs = edges[(c, k)]
         rows.add([t_col[c], t_col[k]] + xs, [1.0, -1.0] + [-s] * len(xs), 1.0 - s, np.inf)
     rows.pass_to(h)
-    del eg
     return len(rows)
 
 
