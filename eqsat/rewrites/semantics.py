@@ -249,8 +249,8 @@ def _pool(reduce: str) -> Impl:
         kh, kw, sh, sw = a["kernel_h"], a["kernel_w"], a["stride_h"], a["stride_w"]
         ho, pt, pb = ops.window_out_and_pads(x.shape[2], kh, sh, a["pad"])
         wo, pl, pr = ops.window_out_and_pads(x.shape[3], kw, sw, a["pad"])
-        if reduce == "max" and (pt or pb or pl or pr):
-            raise ShapeError("poolmax with padding is not modelled exactly (padding is -inf)")
+        if reduce == "max":
+            return _act(alg, _max_windows(alg, x, (kh, kw, sh, sw), (ho, wo, pt, pl)), a["act"])
         xp = _pad_hw(alg, x, (pt, pb, pl, pr))
         acc = None
         for i in range(kh):
@@ -262,6 +262,28 @@ def _pool(reduce: str) -> Impl:
         return _act(alg, acc, a["act"])
 
     return run
+
+
+def _max_windows(alg: Algebra, x: np.ndarray, window: tuple[int, int, int, int],
+                 out: tuple[int, int, int, int]) -> np.ndarray:
+    """Max over each window's in-bounds elements: padding is -inf, which never wins a max, so it is
+    left out rather than represented (every SAME window overlaps the input)."""
+    kh, kw, sh, sw = window
+    ho, wo, pt, pl = out
+    h, w = x.shape[2], x.shape[3]
+    result = alg.zeros((x.shape[0], x.shape[1], ho, wo))
+    for oi in range(ho):
+        for oj in range(wo):
+            acc = None
+            for i in range(kh):
+                for j in range(kw):
+                    r, q = oi * sh + i - pt, oj * sw + j - pl
+                    if 0 <= r < h and 0 <= q < w:
+                        acc = x[:, :, r, q] if acc is None else alg.maximum(acc, x[:, :, r, q])
+            if acc is None:
+                raise ShapeError(f"poolmax: window ({oi}, {oj}) lies entirely in the padding")
+            result[:, :, oi, oj] = acc
+    return result
 
 
 def _full(alg: Algebra, shape: Shape, value: Any) -> np.ndarray:
