@@ -70,7 +70,7 @@ class VerificationResult:
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "status": self.status, "method": self.method,
                 "counterexample": self.counterexample, "scope": self.scope,
-                "shapes": [{k: list(v) for k, v in s.items()} for s in self.shapes],
+                "shapes": [{k: list(v) if isinstance(v, tuple) else v for k, v in s.items()} for s in self.shapes],
                 "guarded_status": self.guarded_status, "guarded_method": self.guarded_method,
                 "guarded_scope": self.guarded_scope, "guarded_counterexample": self.guarded_counterexample,
                 "source": self.source, "seconds": round(self.seconds, 4)}
@@ -79,7 +79,8 @@ class VerificationResult:
     def from_json(data: Mapping[str, Any]) -> VerificationResult:
         return VerificationResult(
             data["name"], data["status"], data["method"], data.get("counterexample"), data.get("scope", ""),
-            tuple({k: tuple(v) for k, v in s.items()} for s in data.get("shapes", ())), data.get("source", ""),
+            tuple({k: tuple(v) if isinstance(v, list) else v for k, v in s.items()} for s in data.get("shapes", ())),
+            data.get("source", ""),
             float(data.get("seconds", 0.0)), data.get("guarded_status", ""), data.get("guarded_method", ""),
             data.get("guarded_scope", ""), data.get("guarded_counterexample"))
 

@@ -82,3 +82,13 @@ def test_cache_answers_warm_runs_without_verifying(monkeypatch: pytest.MonkeyPat
         verify_rules(rules, VerifyOptions(seed=1), all_shapes=False)
     with pytest.raises(AssertionError, match="warm cache"):
         verify_rules(rules, all_shapes=False, cache=False)
+
+
+def test_rules_with_attribute_variables_round_trip_through_the_cache() -> None:
+    from eqsat.rewrites import library_rules
+
+    rules = [r for r in library_rules(["folding"]) if r.name in ("matmul-bn-fold", "matmul-scale-fold")]
+    cold = verify_rules(rules, VerifyOptions(samples=8))
+    warm = verify_rules(rules, VerifyOptions(samples=8))
+    assert [r.status for r in cold] == [r.status for r in warm] == ["proved", "proved"]
+    assert [r.shapes for r in cold] == [r.shapes for r in warm]
