@@ -89,6 +89,7 @@ class _Options:
     lowering: str = "auto"  # "auto" | "xla" | "pallas"
     iterations: int = 8
     max_enodes: int = 20_000
+    candidate_models: tuple[str, ...] = ("roofline", "measured", "merge")  # extract under each, time the distinct
 
 
 @dataclass
@@ -122,20 +123,21 @@ def _load_rules(rules: Any) -> list[Any]:
 
 @dataclass
 class _Search:
-    """What one signature's optimization shares across its graphs: rules, cost model, and the
-    results of regions already optimized, keyed by structure (leaf names aside)."""
+    """What one signature's optimization shares across its graphs: rules, the candidate cost
+    models, and the candidates of regions already optimized, keyed by structure (leaf names aside)."""
 
     rules: list[Any]
-    model: Any
-    memo: dict[Graph, Graph | Exception] = field(default_factory=dict)  # canonical region → result
-    results: dict[Graph, Any] = field(default_factory=dict)  # canonical region → OptimizationResult
+    models: dict[str, Any]
+    candidates: dict[Graph, Any] = field(default_factory=dict)  # canonical region → RegionCandidates
+    failed: dict[Graph, str] = field(default_factory=dict)  # canonical region → error
     reused: int = 0
 
 
 def _make_search(opts: _Options) -> _Search:
-    from eqsat.cost import cost_model
+    from jax_backend.candidates import candidate_models
 
-    return _Search(_load_rules(opts.rules), cost_model(opts.cost_model, "cpu" if jax.default_backend() == "cpu" else "h100"))
+    device = "cpu" if jax.default_backend() == "cpu" else "h100"
+    return _Search(_load_rules(opts.rules), candidate_models(opts.candidate_models or (opts.cost_model,), device))
 
 
 def _computed_nodes(graph: Graph) -> int:
@@ -143,73 +145,115 @@ def _computed_nodes(graph: Graph) -> int:
 
 
 def _no_extra_work(before: Graph, after: Graph, slack: float = 1.01) -> bool:
-    """False when the rewritten graph does more arithmetic than the original: merges that overlap
-    (the same weight in two concatenations) compute some products twice, and a noisy measured cost
-    can still rank them cheaper. Merging without overlap keeps the flop count."""
-    return after.live().total_flops() <= slack * before.live().total_flops()
+    from jax_backend.candidates import no_extra_work
+
+    return no_extra_work(before, after, slack)
 
 
-def _optimize_graph(graph: Graph, opts: _Options, time_limit: float, search: _Search | None = None) -> SegmentReport:
-    """Run eqsat's pipeline on each region of one graph under `time_limit`; a region structurally
-    identical to one already optimized reuses that result. Any failure keeps a region as it was."""
+def _collect_candidates(graph: Graph, opts: _Options, time_limit: float, search: _Search) -> float:
+    """Saturate each region of `graph` not seen yet (by structure) and extract its candidates
+    under `time_limit`; returns the seconds spent. A failing region keeps only the original."""
+    from eqsat.saturate import Limits
+
+    from jax_backend.candidates import region_candidates
+    from jax_backend.regions import egraph_ops, optimize_regions
+    from jax_backend.structure import canonicalize
+
     start = time.perf_counter()
+    deadline = start + time_limit
     if _computed_nodes(graph) < 2:
-        return SegmentReport(graph, graph, stop_reason="too small to optimize")
+        return 0.0
+
+    def run_one(region: Graph) -> Graph:
+        if _computed_nodes(region) < 2:
+            return region
+        canon = canonicalize(region).graph
+        if canon in search.candidates or canon in search.failed:
+            search.reused += 1
+            return region
+        left = deadline - time.perf_counter()
+        if left <= 0.05:
+            return region
+        limits = Limits(iterations=opts.iterations, nodes=opts.max_enodes, seconds=left / 2, multi_rounds=2)
+        try:
+            search.candidates[canon] = region_candidates(canon, search.rules, limits, search.models, opts.extractor,
+                                                         time_limit=max(left * 0.9, 0.1))
+        except Exception as exc:  # noqa: BLE001 - keep this region as it was
+            search.failed[canon] = f"{type(exc).__name__}: {exc}"
+        return region
+
     try:
-        from eqsat.pipeline import optimize_graph
-        from eqsat.saturate import Limits
+        optimize_regions(graph, egraph_ops(), run_one)
+    except Exception:  # noqa: BLE001 - the original graph is always a valid answer
+        pass
+    return time.perf_counter() - start
 
-        from jax_backend.regions import egraph_ops, optimize_regions
-        from jax_backend.structure import canonicalize
 
-        search = search or _make_search(opts)
-        deadline = start + time_limit
-        used: list[Any] = []
+def _apply_label(graph: Graph, label: str, search: _Search) -> tuple[Graph, tuple[Any, ...]]:
+    """`graph` with every region replaced by the candidate `label` chose for its structure; also a
+    key naming the choice made in each region (equal keys: the same program)."""
+    from jax_backend.candidates import structure_key
+    from jax_backend.regions import egraph_ops, optimize_regions
+    from jax_backend.structure import canonicalize
 
-        def run_one(region: Graph) -> Graph:
-            if _computed_nodes(region) < 2:
-                return region
-            canon = canonicalize(region)
-            known = search.memo.get(canon.graph)
-            if known is not None:
-                search.reused += 1
-            else:
-                left = deadline - time.perf_counter()
-                if left <= 0.05:
-                    return region
-                limits = Limits(iterations=opts.iterations, nodes=opts.max_enodes, seconds=left / 2, multi_rounds=2)
-                try:
-                    result = optimize_graph(canon.graph, search.rules, limits, search.model, opts.extractor,
-                                            time_limit=max(left / 2, 0.05))
-                    known = result.optimized if result.numerics_ok and _no_extra_work(canon.graph, result.optimized) \
-                        else canon.graph
-                    search.results[canon.graph] = result
-                except Exception as exc:  # noqa: BLE001 - keep this region as it was
-                    known = exc
-                search.memo[canon.graph] = known
-            if canon.graph in search.results:
-                used.append(search.results[canon.graph])
-            if isinstance(known, Exception):
-                used.append(known)
-                return region
-            return canon.restore(known)
+    chosen: list[Any] = []
 
-        after, _ = optimize_regions(graph, egraph_ops(), run_one)
-        done = [r for r in used if not isinstance(r, Exception)]
-        errors = sorted({f"{type(r).__name__}: {r}" for r in used if isinstance(r, Exception)})
-        totals: dict[str, int] = {}
-        for r in done:
-            for k, v in r.saturation.total_matches.items():
-                totals[k] = totals.get(k, 0) + v
-        fired = tuple(f"{k}×{v}" for k, v in sorted(totals.items()) if v)
-        return SegmentReport(
-            graph, after if after != graph else graph,
-            sum(r.cost_before for r in done) if done else None, sum(r.cost_after for r in done) if done else None,
-            sum(r.enodes for r in done) if done else None, sum(r.eclasses for r in done) if done else None, fired,
-            "; ".join(sorted({f"{r.stop_reason}/{r.selection_status}" for r in done})) or "no region optimized",
-            time.perf_counter() - start, error="; ".join(errors[:3]))
-    except Exception as exc:  # noqa: BLE001 - the original graph is always a valid answer
-        return SegmentReport(graph, graph, error=f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - start)
+    def pick(region: Graph) -> Graph:
+        canon = canonicalize(region)
+        found = search.candidates.get(canon.graph)
+        if found is None or label not in found.by_label:
+            return region
+        chosen.append(structure_key(found.by_label[label]))
+        return canon.restore(found.by_label[label])
+
+    if _computed_nodes(graph) < 2:
+        return graph, ()
+    try:
+        after, _ = optimize_regions(graph, egraph_ops(), pick)
+    except Exception:  # noqa: BLE001
+        return graph, ()
+    return (after, tuple(chosen)) if chosen else (graph, ())
+
+
+def _segment_report(before: Graph, after: Graph, search: _Search, seconds: float) -> SegmentReport:
+    """What the e-graph found for the regions of `before` (summed over its distinct regions)."""
+    from jax_backend.regions import egraph_ops, optimize_regions
+    from jax_backend.structure import canonicalize
+
+    seen: list[Any] = []
+    errors: list[str] = []
+
+    def look(region: Graph) -> Graph:
+        canon = canonicalize(region).graph
+        if canon in search.candidates:
+            seen.append(search.candidates[canon])
+        elif canon in search.failed:
+            errors.append(search.failed[canon])
+        return region
+
+    try:
+        optimize_regions(before, egraph_ops(), look)
+    except Exception as exc:  # noqa: BLE001
+        errors.append(f"{type(exc).__name__}: {exc}")
+    totals: dict[str, int] = {}
+    for c in seen:
+        for k, v in c.matches.items():
+            totals[k] = totals.get(k, 0) + v
+        errors.extend(c.errors)
+    fired = tuple(f"{k}×{v}" for k, v in sorted(totals.items()) if v)
+    return SegmentReport(before, after, None, None, sum(c.enodes for c in seen) if seen else None,
+                         sum(c.eclasses for c in seen) if seen else None, fired,
+                         "; ".join(sorted({c.stop_reason for c in seen})) or "no region optimized", seconds,
+                         error="; ".join(sorted(set(errors))[:3]))
+
+
+def _optimize_graph(graph: Graph, opts: _Options, time_limit: float, search: _Search | None = None,
+                    label: str | None = None) -> SegmentReport:
+    """One graph rewritten by the candidates of one model (`label`, default the first one)."""
+    search = search or _make_search(opts)
+    seconds = _collect_candidates(graph, opts, time_limit, search)
+    after, _ = _apply_label(graph, label or next(iter(search.models)), search)
+    return _segment_report(graph, after, search, seconds)
 
 
 def _lowering_mode(opts: _Options) -> str:
@@ -334,49 +378,83 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
         return _fallback(signature, out_tree, (), opaque, start, mode, f"setting up failed: {type(exc).__name__}: {exc}")
     distinct = len({canonicalize(s.graph).graph for s in steps})
     per_graph = opts.time_limit / max(distinct, 1)  # identical graphs reuse the first one's regions
-    segments = [_optimize_graph(s.graph, opts, per_graph, search) for s in steps]
-    extra = {"distinct_regions": len(search.memo), "reused_regions": search.reused}
-    optimized, consts = _fold_program(program.with_graphs([s.after for s in segments]))
-    try:
-        runner, kernels = _graph_runner([s.graph for s in optimized.graphs], mode, consts)
-    except Exception as exc:  # noqa: BLE001
-        return _fallback(signature, out_tree, segments, opaque, start, mode, f"lowering failed: {type(exc).__name__}: {exc}",
-                         **extra)
-    segments = [SegmentReport(**{**s.__dict__, "kernels": k}) for s, k in zip(segments, kernels)]
-    changed = any(s.after != s.before for s in segments)
-    if not changed and mode == "xla":
-        return _fallback(signature, out_tree, segments, opaque, start, mode, "no rewrite improved the program",
+    seconds = [_collect_candidates(s.graph, opts, per_graph, search) for s in steps]
+    extra = {"distinct_regions": len(search.candidates) + len(search.failed), "reused_regions": search.reused}
+    variants: list[tuple[str, list[Graph]]] = []
+    seen: set[tuple[Any, ...]] = set()
+    for label in search.models:
+        applied = [_apply_label(s.graph, label, search) for s in steps]
+        key = tuple(k for _, k in applied)
+        if any(key) and key not in seen:
+            seen.add(key)
+            variants.append((label, [g for g, _ in applied]))
+    if mode == "pallas":  # the original graphs through Pallas kernels are a candidate too
+        variants.append(("original", [s.graph for s in steps]))
+    unchanged = [_segment_report(s.graph, s.graph, search, t) for s, t in zip(steps, seconds)]
+    if not variants:
+        return _fallback(signature, out_tree, unchanged, opaque, start, mode, "no rewrite changed the program",
                          warn=False, **extra)
-
-    optimized_flat = jax.jit(functools.partial(_run_program, optimized, runner))
     original_flat = jax.jit(flat_fun)
-    ci = None
+    built: list[tuple[str, Callable[..., Any], list[SegmentReport], float]] = []
+    problems: list[str] = []
     try:
         with jax.ensure_compile_time_eval():
             args = _random_args(avals, seed=0)
             ref = original_flat(*args)
-            got = optimized_flat(*args)
-            ok, err = _compare(ref, got, opts.rtol, opts.atol)
-            if not ok:
-                return _fallback(signature, out_tree, segments, opaque, start, mode,
-                                 f"optimized outputs differ from the original (max rel. error {err:.3g})", False, err,
+            for label, graphs in variants:
+                try:
+                    optimized, consts = _fold_program(program.with_graphs(graphs))
+                    runner, kernels = _graph_runner([s.graph for s in optimized.graphs], mode, consts)
+                    fn = jax.jit(functools.partial(_run_program, optimized, runner))
+                    ok, err = _compare(ref, fn(*args), opts.rtol, opts.atol)
+                except Exception as exc:  # noqa: BLE001 - this candidate is dropped
+                    problems.append(f"{label}: lowering failed: {type(exc).__name__}: {exc}")
+                    continue
+                if not ok:
+                    problems.append(f"{label}: outputs differ from the original (max rel. error {err:.3g})")
+                    continue
+                segs = [SegmentReport(**{**_segment_report(s.graph, g, search, t).__dict__, "kernels": k})
+                        for s, g, t, k in zip(steps, graphs, seconds, kernels)]
+                built.append((label, fn, segs, err))
+            if not built:
+                return _fallback(signature, out_tree, unchanged, opaque, start, mode, "; ".join(problems), False,
                                  **extra)
-            t_orig = t_opt = None
-            if opts.check_speed:
-                timing = paired_timing(original_flat, optimized_flat, args, opts.timing_rounds, opts.timing_budget_s)
-                t_orig, t_opt, ci = timing.base_s, timing.other_s, timing.speedup_ci
-                if not timing.faster_with_confidence:
-                    return _fallback(signature, out_tree, segments, opaque, start, mode,
-                                     f"optimized version not faster with {timing.confidence:.0%} confidence "
-                                     f"(speedup {timing.speedup:.3f}, interval [{ci[0]:.3f}, {ci[1]:.3f}])",
-                                     True, err, t_orig, t_opt, warn=False, speedup_ci=ci, **extra)
+            if not opts.check_speed:
+                label, fn, segs, err = built[0]
+                report = SignatureReport(signature, "optimized", f"candidate '{label}' checked equal (speed not checked)",
+                                         tuple(segs), opaque, True, err, None, None, time.perf_counter() - start, mode,
+                                         **extra)
+                return _Entry(fn, out_tree, report)
+            best, timing = _select_fastest(original_flat, built, args, opts)
+            label, fn, segs, err = best
+            ci = timing.speedup_ci
+            tried = ", ".join(b[0] for b in built)
+            if not timing.faster_with_confidence:
+                return _fallback(signature, out_tree, segs, opaque, start, mode,
+                                 f"no candidate ({tried}) faster with {timing.confidence:.0%} confidence; best "
+                                 f"'{label}': speedup {timing.speedup:.3f}, interval [{ci[0]:.3f}, {ci[1]:.3f}]",
+                                 True, err, timing.base_s, timing.other_s, warn=False, speedup_ci=ci, **extra)
     except Exception as exc:  # noqa: BLE001 - any failure means: run the original
-        return _fallback(signature, out_tree, segments, opaque, start, mode,
+        return _fallback(signature, out_tree, unchanged, opaque, start, mode,
                          f"checking the optimized version failed: {type(exc).__name__}: {exc}", **extra)
-    reason = "checked equal and faster with confidence" if opts.check_speed else "checked equal (speed not checked)"
-    report = SignatureReport(signature, "optimized", reason, tuple(segments), opaque, True,
-                             err, t_orig, t_opt, time.perf_counter() - start, mode, speedup_ci=ci, **extra)
-    return _Entry(optimized_flat, out_tree, report)
+    report = SignatureReport(signature, "optimized", f"candidate '{label}' (of {tried}) checked equal and faster "
+                             "with confidence", tuple(segs), opaque, True, err, timing.base_s, timing.other_s,
+                             time.perf_counter() - start, mode, speedup_ci=ci, **extra)
+    return _Entry(fn, out_tree, report)
+
+
+def _select_fastest(original: Callable[..., Any], built: Sequence[tuple[str, Callable[..., Any], Any, float]],
+                    args: Sequence[Any], opts: _Options) -> tuple[Any, Any]:
+    """The candidate to keep and its timing against the original. With several candidates, each
+    is screened on a short budget, and the fastest is timed again on fresh rounds with the rest of
+    the budget, so picking the luckiest screen does not bias the interval the decision uses."""
+    if len(built) == 1:
+        return built[0], paired_timing(original, built[0][1], args, opts.timing_rounds, opts.timing_budget_s)
+    screen_s = opts.timing_budget_s / (2 * len(built))
+    screens = [paired_timing(original, b[1], args, max(opts.timing_rounds // 3, 8), screen_s, min_rounds=6)
+               for b in built]
+    best = max(range(len(built)), key=lambda k: screens[k].speedup)
+    return built[best], paired_timing(original, built[best][1], args, opts.timing_rounds, opts.timing_budget_s / 2)
 
 
 def _run_program(program: Program, runner: Callable[..., Any], *flat: Any) -> list[Any]:
@@ -459,18 +537,26 @@ class OptimizedFunction:
 
 
 def optimize(fun: Callable[..., Any] | None = None, *, rules: Any = None, extractor: str = "ilp",
-             cost_model: str = "roofline", time_limit: float = 5.0, static_argnums: int | Sequence[int] = (),
+             cost_model: str | Sequence[str] | None = None, time_limit: float = 5.0, static_argnums: int | Sequence[int] = (),
              static_argnames: str | Sequence[str] = (), rtol: float = 2e-4, check_speed: bool = True,
              lowering: str = "auto") -> Any:
-    """Decorator: `@optimize` or `@optimize(rules=..., extractor=..., cost_model=..., time_limit=...)`."""
+    """Decorator: `@optimize` or `@optimize(rules=..., extractor=..., cost_model=..., time_limit=...)`.
+
+    `cost_model`: None extracts one candidate under each of "roofline", "measured" and "merge"
+    (roofline plus a cost per matmul/conv call) and keeps the fastest as timed; a name or names
+    extract under those models only."""
     if lowering not in ("auto", "xla", "pallas"):
         raise EqsatError(f"optimize: lowering must be 'auto', 'xla' or 'pallas', got {lowering!r}")
     if time_limit <= 0:
         raise EqsatError(f"optimize: time_limit must be positive, got {time_limit}")
     nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
-    opts = _Options(rules, extractor, cost_model, float(time_limit), nums, names, rtol, check_speed=check_speed,
-                    lowering=lowering)
+    models = _Options.candidate_models if cost_model is None else \
+        ((cost_model,) if isinstance(cost_model, str) else tuple(cost_model))
+    if not models:
+        raise EqsatError("optimize: cost_model must name at least one cost model")
+    opts = _Options(rules, extractor, models[0], float(time_limit), nums, names, rtol, check_speed=check_speed,
+                    lowering=lowering, candidate_models=models)
     if fun is None:
         return lambda f: OptimizedFunction(f, opts)
     return OptimizedFunction(fun, opts)

@@ -62,7 +62,7 @@ def test_optimizes_once_per_signature_and_static_args() -> None:
 def test_broken_optimizer_falls_back_with_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     import jax_backend.decorator as dec
 
-    def wrong(graph, opts, time_limit, search=None):  # pretend eqsat returned a wrong graph: negate every output
+    def wrong(graph, label, search):  # pretend eqsat returned a wrong graph: negate every output
         from eqsat.ir import GraphBuilder
         b = GraphBuilder()
         t = {}
@@ -70,9 +70,9 @@ def test_broken_optimizer_falls_back_with_warning(monkeypatch: pytest.MonkeyPatc
             outs = b.apply(n.op, [t[(v.node, v.index)] for v in n.inputs], n.attr)
             t.update({(i, k): o for k, o in enumerate(outs)})
         bad = b.build([b.apply("neg", [t[(v.node, v.index)]])[0] for v in graph.outputs])
-        return dec.SegmentReport(graph, bad)
+        return bad, ("negated",)
 
-    monkeypatch.setattr(dec, "_optimize_graph", wrong)
+    monkeypatch.setattr(dec, "_apply_label", wrong)
     f = lambda x: jnp.tanh(x) + 1.0  # noqa: E731
     opt = optimize(f, check_speed=False)
     with pytest.warns(EqsatFallbackWarning, match="differ"):
