@@ -70,6 +70,19 @@ def literal_ints(expr: Expr) -> tuple[int, ...] | None:
     return tuple(int(t) for t in items) if all(t.lstrip("-").isdigit() for t in items) else None
 
 
+def vec_items(expr: Expr) -> tuple[Expr, ...] | None:
+    """The items of `(vec-of a b)` whose items are atoms (literals or query variables), else None:
+    a list attribute built item by item (`[1 (dim ?m 0)]`) has a known length and known items."""
+    if expr == "(vec-empty)":
+        return ()
+    if not (expr.startswith("(vec-of") and expr.endswith(")")):
+        return None
+    inner = expr[len("(vec-of"):-1]
+    if "(" in inner or ")" in inner:
+        return None
+    return tuple(inner.split())
+
+
 def vec_literal(values: Sequence[int]) -> Expr:
     return "(vec-of" + "".join(f" {int(v)}" for v in values) + ")"
 
@@ -108,12 +121,12 @@ def attr_literal(op: str, name: str, value: Any) -> Expr:
 # --- shape helpers --------------------------------------------------------------------------------
 
 def _length(s: Expr) -> Expr:
-    lit = literal_ints(s)
-    return str(len(lit)) if lit is not None else f"(vec-length {s})"
+    items = vec_items(s)
+    return str(len(items)) if items is not None else f"(vec-length {s})"
 
 
 def _get(s: Expr, i: Expr | int) -> Expr:
-    lit, idx = literal_ints(s), literal_int(str(i))
+    lit, idx = vec_items(s), literal_int(str(i))
     if lit is not None and idx is not None and 0 <= idx < len(lit):
         return str(lit[idx])
     return f"(vec-get {s} {i})"
@@ -357,7 +370,7 @@ def select_cases(op: str, attrs: Mapping[str, Expr], shapes: Sequence[Expr]) -> 
     out = []
     for case in SHAPE_RULES[op](attrs, shapes):
         ok = all(literal_int(attrs[k]) in (None, v) for k, v in case.attr_equals)
-        ok = ok and all(len(lit) == n for k, n in case.attr_lengths if (lit := literal_ints(attrs[k])) is not None)
+        ok = ok and all(len(items) == n for k, n in case.attr_lengths if (items := vec_items(attrs[k])) is not None)
         decided = [_decide(f) for f in case.facts]
         if ok and False not in decided:
             out.append(ShapeCase(tuple(f for f, d in zip(case.facts, decided) if d is None), case.result,
@@ -382,7 +395,7 @@ def _decide(fact: Expr) -> bool | None:
 
 def case_facts(case: ShapeCase, attrs: Mapping[str, Expr]) -> list[Expr]:
     return [*(f"(= {attrs[k]} {v})" for k, v in case.attr_equals if literal_int(attrs[k]) is None),
-            *(f"(= (vec-length {attrs[k]}) {n})" for k, n in case.attr_lengths if literal_ints(attrs[k]) is None),
+            *(f"(= (vec-length {attrs[k]}) {n})" for k, n in case.attr_lengths if vec_items(attrs[k]) is None),
             *case.facts]
 
 

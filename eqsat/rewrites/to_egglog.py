@@ -28,11 +28,12 @@ from eqsat.egglog_schema import (
     case_facts,
     check_encodable,
     constructor,
-    literal_ints,
     select_cases,
+    vec_items,
+    vec_of,
 )
 from eqsat.errors import EqsatError, RuleError, UnknownOpError
-from eqsat.rewrites.rule import Pattern, Rule, Term, Var, subterms, variables
+from eqsat.rewrites.rule import AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var, subterms, variables
 
 
 CANDIDATE_RULESET = "pairs"  # prefixed per installation
@@ -53,12 +54,19 @@ def _var(name: str) -> str:
     return "v_" + re.sub(r"\W", "_", name)
 
 
+def _attr_var(name: str) -> str:
+    """The query variable of an attribute variable (`?eps` → `a_eps`); one name per rule, so a
+    repeated attribute variable is an equality of the attribute slots it occupies."""
+    return "a_" + re.sub(r"\W", "_", name)
+
+
 class _Query:
     """Accumulates query atoms with fresh names; shapes are bound once per e-class variable."""
 
     def __init__(self) -> None:
         self.atoms: list[str] = []
         self.shape_of: dict[str, str] = {}
+        self.built: dict[Pattern, tuple[str, str]] = {}  # right-side pattern → (expression, shape)
         self.count = 0
 
     def fresh(self, prefix: str) -> str:
@@ -79,13 +87,54 @@ class _Query:
         return name
 
 
-def _attrs_of(term: Term, where: str) -> dict[str, str]:
-    """The term's attributes as egglog literals (registry defaults fill the ones it leaves out)."""
+def _attrs_of(term: Term, q: _Query, roots: Sequence[str], where: str) -> dict[str, str]:
+    """The term's attributes as egglog expressions (registry defaults fill the ones it leaves out).
+
+    Literals become egglog literals; an attribute variable becomes its query variable (bound where
+    it first occurs on a left side); `(shape P)` / `(dim P i)` (right sides only, the parser checks)
+    are computed in the query from the shapes of P's variables, with P's well-typedness guarded."""
+    refs = {k: v for k, v in term.attrs if _is_reference(v)}
+    literal = Term(term.op, tuple((k, _placeholder(term.op, k)) if k in refs else (k, v) for k, v in term.attrs))
     try:
-        attrs = ops.op_spec(term.op).normalize_attrs(term.attr)
-        return {a: attr_literal(term.op, a, attrs[a]) for a in attr_names(term.op)}
+        attrs = ops.op_spec(term.op).normalize_attrs(literal.attr)
+        out = {a: attr_literal(term.op, a, attrs[a]) for a in attr_names(term.op)}
     except EqsatError as exc:
         raise RuleError(f"{where}: {exc}") from None
+    for k, v in refs.items():
+        out[k] = _reference(v, q, roots, where)
+    return out
+
+
+def _is_reference(value: object) -> bool:
+    return isinstance(value, (AttrVar, ShapeOf, DimOf)) or (
+        isinstance(value, tuple) and any(isinstance(v, DimOf) for v in value))
+
+
+def _placeholder(op: str, name: str) -> object:
+    """A valid literal of the attribute's kind, so registry defaults and checks apply to the rest."""
+    kind = {a.name: a.kind for a in ops.op_spec(op).attrs}[name]
+    return {"int": 0, "ints": (), "float": 0.0}.get(kind, "")
+
+
+def _reference(value: object, q: _Query, roots: Sequence[str], where: str) -> str:
+    if isinstance(value, AttrVar):
+        return _attr_var(value.name)
+    if isinstance(value, ShapeOf):
+        return _pattern_shape(value.pattern, q, roots, where)
+    if isinstance(value, DimOf):
+        shape, index = _pattern_shape(value.pattern, q, roots, where), int(value.index)
+        items = vec_items(shape)
+        if items is not None and 0 <= index < len(items):
+            return items[index]
+        return q.bind(f"(vec-get {shape} {index})")
+    assert isinstance(value, tuple)
+    items = [_reference(v, q, roots, where) if isinstance(v, DimOf) else str(int(v)) for v in value]
+    return vec_of(items)
+
+
+def _pattern_shape(p: Pattern, q: _Query, roots: Sequence[str], where: str) -> str:
+    """The shape of pattern P as a query expression (P is not built: only its shape is needed)."""
+    return _rhs(p, q, roots, where)[1]
 
 
 def _lhs(p: Pattern, bound: str | None, q: _Query, where: str) -> str:
@@ -100,7 +149,8 @@ def _lhs(p: Pattern, bound: str | None, q: _Query, where: str) -> str:
     _check_op(p.op, where)
     here = bound or q.fresh("t")
     args = [_lhs(a, None, q, where) for a in p.args]
-    q.atoms.append(f"(= {here} ({constructor(p.op)} {' '.join([*_attrs_of(p, where).values(), *args])}))")
+    attrs = _attrs_of(p, q, (), where)
+    q.atoms.append(f"(= {here} ({constructor(p.op)} {' '.join([*attrs.values(), *args])}))")
     for guard, value in p.guards:
         if guard != "ndim":
             raise RuleError(f"{where}: unknown guard '{guard}'")
@@ -118,7 +168,14 @@ def _check_op(op: str, where: str) -> None:
 
 
 def _rhs(p: Pattern, q: _Query, roots: Sequence[str], where: str) -> tuple[str, str]:
-    """Build `p`'s egglog expression and its shape (guarding its well-typedness in `q`)."""
+    """Build `p`'s egglog expression and its shape (guarding its well-typedness in `q`); a pattern
+    that occurs more than once (or also under `(shape P)`) is guarded once."""
+    if p not in q.built:
+        q.built[p] = _build_rhs(p, q, roots, where)
+    return q.built[p]
+
+
+def _build_rhs(p: Pattern, q: _Query, roots: Sequence[str], where: str) -> tuple[str, str]:
     if isinstance(p, Var):
         v = _var(p.name)
         return v, q.shape(v)
@@ -134,7 +191,7 @@ def _rhs(p: Pattern, q: _Query, roots: Sequence[str], where: str) -> tuple[str, 
         return _apply(sliced.op, attrs, [inner], [inner_shape], q, where)
     _check_op(p.op, where)
     built = [_rhs(a, q, roots, where) for a in p.args]
-    attrs = _attrs_of(p, where)
+    attrs = _attrs_of(p, q, roots, where)
     expr, shape = _apply(p.op, attrs, [b[0] for b in built], [b[1] for b in built], q, where)
     for guard, value in p.guards:
         q.atoms.append(f"(= (vec-length {shape}) {int(value)})")
@@ -147,7 +204,7 @@ def _apply(op: str, attrs: dict[str, str], args: list[str], shapes: list[str], q
         raise RuleError(f"{where}: cannot guard {op} with these attributes ({len(cases)} shape cases apply)")
     q.atoms.extend(case_facts(cases[0], attrs))
     result = cases[0].result
-    shape = result if literal_ints(result) is not None else q.bind(result)  # literals stay decidable
+    shape = result if vec_items(result) is not None else q.bind(result)  # known items stay decidable
     return f"({constructor(op)} {' '.join([*attrs.values(), *args])})", shape
 
 
@@ -180,7 +237,13 @@ def _canonical(sides: Sequence[Pattern]) -> str:
     def show(p: Pattern) -> str:
         if isinstance(p, Var):
             return order[p.name]
-        return f"({p.op} {p.attrs} {p.guards} {' '.join(show(a) for a in p.args)})"
+        attrs = tuple((k, attr_name(v)) for k, v in p.attrs)
+        return f"({p.op} {attrs} {p.guards} {' '.join(show(a) for a in p.args)})"
+
+    def attr_name(value: object) -> object:  # attribute variables renamed like tensor variables
+        if isinstance(value, AttrVar):
+            return order.setdefault("?" + value.name, f"a{len(order)}")
+        return value
 
     return " ; ".join(show(s) for s in sides)
 
