@@ -1,7 +1,9 @@
 """Measured op costs (TASO's approach, on JAX): time each distinct (op, attrs, shapes) alone.
 
-Each op is jitted on its own, warmed up, and timed as the median of repeated runs; results are
-cached on disk keyed by device kind and JAX version, so a machine measures each op once.
+Each op is jitted on its own, warmed up, and timed as the minimum over samples of repeated calls
+(each sample at least a millisecond, so microsecond ops are not timer noise), minus the dispatch
+cost of an empty jitted call (paid once per program, not per op); results are cached on disk
+keyed by device kind, JAX version and timing method, so a machine measures each op once.
 
 Fusion-aware: XLA fuses elementwise ops into the loop of their producer, so an elementwise op in a
 real program costs its arithmetic (and any extra operand it reads), not a full pass over memory.
@@ -38,6 +40,8 @@ FUSIBLE_OPS: frozenset[str] = frozenset({
 """Ops XLA fuses into their producer's loop: charged their marginal cost inside a fused chain."""
 
 _FLOOR_S = 1e-8
+_METHOD = "v2"  # how ops are timed (batched samples, min, dispatch subtracted): part of the cache key
+_MIN_SAMPLE_S = 1e-3  # short ops are repeated within one sample so timer and dispatch noise averages out
 
 
 def device_key() -> str:
@@ -52,16 +56,33 @@ def _default_cache_dir() -> Path:
     return Path(root) / "measured"
 
 
-def time_callable(fn: Callable[..., Any], args: Sequence[Any], repeats: int = 15, warmup: int = 3) -> float:
-    """Median seconds of `fn(*args)` (a jitted function) after warm-up, blocking on the result."""
+def time_callable(fn: Callable[..., Any], args: Sequence[Any], repeats: int = 15, warmup: int = 3,
+                  statistic: str = "median", min_sample_s: float = 0.0) -> float:
+    """Seconds per call of `fn(*args)` (a jitted function) after warm-up, blocking on the result:
+    the median (or min) over `repeats` samples, each of enough calls to last `min_sample_s`."""
     for _ in range(warmup):
         jax.block_until_ready(fn(*args))
+    calls = 1
+    if min_sample_s > 0:
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        calls = max(1, min(200, int(min_sample_s / max(time.perf_counter() - start, 1e-7))))
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        for _ in range(calls):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - start) / calls)
+    return min(samples) if statistic == "min" else statistics.median(samples)
+
+
+def dispatch_overhead(n_args: int = 1, repeats: int = 15) -> float:
+    """Seconds one call of a jitted function costs beyond its work (dispatch, argument handling,
+    blocking): paid once per program, not once per op, so it is subtracted from each op's time."""
+    fn = jax.jit(lambda *xs: xs[0])
+    args = [jnp.zeros((1,), jnp.float32)] * max(n_args, 1)
+    return time_callable(fn, args, repeats, 3, statistic="min", min_sample_s=1e-3)
 
 
 def _key(op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> str:
@@ -92,10 +113,11 @@ class MeasuredModel:
     _table: dict[str, float] = field(default_factory=dict, repr=False)
     _loaded: bool = field(default=False, repr=False)
     _dirty: int = field(default=0, repr=False)
+    _overhead: dict[int, float] = field(default_factory=dict, repr=False)
 
     @property
     def cache_file(self) -> Path:
-        return self.cache_dir / f"{device_key()}.json"
+        return self.cache_dir / f"{device_key()}-{_METHOD}.json"
 
     def _load(self) -> None:
         if self._loaded:
@@ -156,7 +178,14 @@ class MeasuredModel:
 
         norm = ops.op_spec(op).normalize_attrs(attrs)
         fn = jax.jit(lambda *xs: lower_node(op, xs, norm, precision="default"))
-        return time_callable(fn, _random_args(op, shapes, 0), self.repeats, self.warmup)
+        return self._time(fn, _random_args(op, shapes, 0))
+
+    def _time(self, fn: Callable[..., Any], args: Sequence[Any]) -> float:
+        """Min over batched samples (noise only ever adds time) minus the per-call dispatch."""
+        if len(args) not in self._overhead:
+            self._overhead[len(args)] = dispatch_overhead(len(args), self.repeats)
+        raw = time_callable(fn, args, self.repeats, self.warmup, statistic="min", min_sample_s=_MIN_SAMPLE_S)
+        return max(raw - self._overhead[len(args)], 0.0)
 
     def _measure(self, op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> float:
         if op not in FUSIBLE_OPS:
@@ -167,8 +196,7 @@ class MeasuredModel:
         with_op = jax.jit(lambda *xs: lower_node(op, [-xs[0], *xs[1:]], norm, precision="default"))
         without = jax.jit(lambda *xs: (-xs[0],))
         args = _random_args(op, shapes, 0)
-        marginal = (time_callable(with_op, args, self.repeats, self.warmup)
-                    - time_callable(without, args[:1], self.repeats, self.warmup))
+        marginal = self._time(with_op, args) - self._time(without, args[:1])
         return max(marginal, _FLOOR_S)
 
 
