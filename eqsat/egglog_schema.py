@@ -71,16 +71,29 @@ def literal_ints(expr: Expr) -> tuple[int, ...] | None:
 
 
 def vec_items(expr: Expr) -> tuple[Expr, ...] | None:
-    """The items of `(vec-of a b)` whose items are atoms (literals or query variables), else None:
-    a list attribute built item by item (`[1 (dim ?m 0)]`) has a known length and known items."""
+    """The items of `(vec-of a b ...)` (each an expression), else None: a list attribute built item
+    by item (`[1 (dim ?m 0)]`) or a shape computed item by item has a known length and items."""
     if expr == "(vec-empty)":
         return ()
-    if not (expr.startswith("(vec-of") and expr.endswith(")")):
+    if not (expr.startswith("(vec-of ") and expr.endswith(")")):
         return None
-    inner = expr[len("(vec-of"):-1]
-    if "(" in inner or ")" in inner:
+    items, depth, start = [], 0, None
+    for i, c in enumerate(expr[len("(vec-of "):-1], len("(vec-of ")):
+        if c == " " and depth == 0:
+            if start is not None:
+                items.append(expr[start:i])
+                start = None
+            continue
+        if start is None:
+            start = i
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if depth < 0:
+            return None  # the first ')' closed the vec-of: not one call
+    if depth != 0:
         return None
-    return tuple(inner.split())
+    if start is not None:
+        items.append(expr[start:-1])
+    return tuple(items)
 
 
 def vec_literal(values: Sequence[int]) -> Expr:
@@ -147,8 +160,8 @@ def _numel(shape: Expr) -> Expr:
     """Element count of a shape: computed here for a literal, else the `numel` table (filled for
     every e-class's shape, so a guard on a right-side subterm whose shape is computed and not
     literal finds no row and the rule does not fire there)."""
-    lit = literal_ints(shape)
-    return str(math.prod(lit)) if lit is not None else f"(numel {shape})"
+    items = vec_items(shape)
+    return _product(items) if items is not None else f"(numel {shape})"
 
 
 def _items(vec: Expr, n: int) -> list[Expr]:
@@ -186,6 +199,9 @@ def _matmul(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, .
         f"(= (vec-pop (vec-pop {a})) (vec-pop (vec-pop {b})))",  # equal batch prefix
         *_act_ok(attrs["act"]),
     )
+    items = vec_items(a)
+    if items is not None and len(items) >= 1:  # a known rank: the result's items stay known
+        return (ShapeCase(facts, vec_of([*items[:-1], _get(b, len(items) - 1)])),)
     return (ShapeCase(facts, f"(vec-push (vec-pop {a}) {_get(b, f'(- {n} 1)')})"),)
 
 
