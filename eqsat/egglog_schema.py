@@ -11,7 +11,8 @@ symbolic shape table (`SHAPE_RULES`, one entry per registry op) produces both th
 that compute shapes from children and the guards that keep a rule's right side well-typed (see
 `eqsat.rewrites.to_egglog`). Every op's shape is computed in egglog; none is asserted from Python.
 Ops whose shape depends on a list attribute's length (transpose, reshape, reductions, broadcast)
-have one case per length up to `MAX_RANK`; a literal attribute selects its case in Python.
+have one case per length up to `MAX_RANK`; a literal attribute selects its case in Python, and so
+does a `(vec-of ...)` of computed items (a rule's `[1 (dim ?m 0)]`), whose length is known.
 """
 
 from __future__ import annotations

@@ -7,6 +7,12 @@ facts that make it well-typed, so an ill-typed right side is never built. A righ
 shape differs from the left side's is not guarded against: egglog then stops with a shape conflict,
 which `eqsat.saturate` reports naming the rule.
 
+Attribute references (see `eqsat.rewrites.rule`): an attribute variable (`?eps`, `?S`) is a query
+variable in its left-side constructor's attribute slot, so a repeated one is an equality, and the
+right side reuses the matched value. `(shape P)` and `(dim P i)` are computed in the query from
+the shapes of P's variables (P itself is not built, but its well-typedness is guarded); a list
+written item by item stays a `vec-of`, so the op's shape case is still chosen by its length.
+
 Two-output rules join both left sides in one query, on distinct e-classes; when swapping the two
 sides (and renaming variables) gives the same rule back, only one order is kept (`uid` order). A
 two-output rule whose left sides share no variable and whose right sides use only their own side
