@@ -40,7 +40,7 @@ FUSIBLE_OPS: frozenset[str] = frozenset({
 """Ops XLA fuses into their producer's loop: charged their marginal cost inside a fused chain."""
 
 _FLOOR_S = 1e-8
-_METHOD = "v2"  # how ops are timed (batched samples, min, dispatch subtracted): part of the cache key
+_METHOD = "v3"  # how ops are timed (batched samples, min, dispatch subtracted): part of the cache key
 _MIN_SAMPLE_S = 1e-3  # short ops are repeated within one sample so timer and dispatch noise averages out
 
 
@@ -59,7 +59,17 @@ def _default_cache_dir() -> Path:
 def time_callable(fn: Callable[..., Any], args: Sequence[Any], repeats: int = 15, warmup: int = 3,
                   statistic: str = "median", min_sample_s: float = 0.0) -> float:
     """Seconds per call of `fn(*args)` (a jitted function) after warm-up, blocking on the result:
-    the median (or min) over `repeats` samples, each of enough calls to last `min_sample_s`."""
+    the median (or min) over `repeats` samples, each of enough calls to last `min_sample_s`.
+
+    Runs eagerly even when called while an outer function is being traced (the decorator builds
+    its e-graph at trace time): there a jitted call would be staged into the outer trace and the
+    "timing" would measure tracing, not execution."""
+    with jax.ensure_compile_time_eval():
+        return _time_eagerly(fn, args, repeats, warmup, statistic, min_sample_s)
+
+
+def _time_eagerly(fn: Callable[..., Any], args: Sequence[Any], repeats: int, warmup: int, statistic: str,
+                  min_sample_s: float) -> float:
     for _ in range(warmup):
         jax.block_until_ready(fn(*args))
     calls = 1
@@ -155,7 +165,8 @@ class MeasuredModel:
         key = _key(op, attrs, shapes)
         self._load()
         if key not in self._table:
-            self._table[key] = self._measure(op, attrs, shapes)
+            with jax.ensure_compile_time_eval():  # concrete arrays even while an outer function traces
+                self._table[key] = self._measure(op, attrs, shapes)
             self._dirty += 1
             if self._dirty >= 16:
                 self.save()
