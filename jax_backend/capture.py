@@ -108,6 +108,7 @@ class _Capturer:
         self.avals: dict[int, tuple[Shape, Any]] = {}
         self.consts: dict[int, Any] = {}
         self.items: list[_Instr | OpaqueStep] = []
+        self.reshape_sources: dict[int, int] = {}  # output of a captured reshape -> its input
 
     def new(self, shape: Shape, dtype: Any) -> int:
         vid = len(self.avals)
@@ -142,6 +143,22 @@ class _Capturer:
         if have == shape:
             return vid
         dims = tuple(range(len(shape) - len(have), len(shape))) if have else ()
+        return self.broadcast(vid, shape, dims)
+
+    def broadcast(self, vid: int, shape: Shape, dims: tuple[int, ...]) -> int:
+        """A broadcast in canonical form: size-1 input axes that get expanded are dropped first, so
+        `mean[None, :, None, None]` broadcast to NCHW reads as `broadcast(mean, dims=[1])`, the form
+        the folding rules match (a reshape that only added those axes is looked through)."""
+        have = self.shape(vid)
+        keep = [i for i, d in enumerate(dims) if have[i] == shape[d]]
+        if keep and len(keep) < len(have):  # (a scalar-like input stays as it is)
+            squeezed = tuple(have[i] for i in keep)
+            source = self.reshape_sources.get(vid)
+            vid = source if source is not None and self.shape(source) == squeezed else \
+                self.emit1("reshape", [vid], shape=squeezed)
+            dims = tuple(dims[i] for i in keep)
+        if self.shape(vid) == shape and dims == tuple(range(len(shape))):
+            return vid
         return self.emit1("broadcast", [vid], shape=shape, dims=dims)
 
     # --- walking ----------------------------------------------------------------------------
@@ -258,7 +275,11 @@ def _reshape(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
 
 
 def _reshape_to(c: _Capturer, vid: int, shape: Shape) -> int:
-    return vid if c.shape(vid) == tuple(shape) else c.emit1("reshape", [vid], shape=tuple(shape))
+    if c.shape(vid) == tuple(shape):
+        return vid
+    out = c.emit1("reshape", [vid], shape=tuple(shape))
+    c.reshape_sources[out] = vid
+    return out
 
 
 def _as_reshape(c: _Capturer, eqn: Any, ins: list[int]) -> list[int]:
@@ -278,9 +299,7 @@ def _broadcast_in_dim(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | Non
     if eqn.params.get("sharding") is not None or len(eqn.invars) != 1:
         return None
     shape, dims = _out_shape(eqn), tuple(int(d) for d in eqn.params["broadcast_dimensions"])
-    if c.shape(ins[0]) == shape and dims == tuple(range(len(shape))):
-        return [ins[0]]
-    return [c.emit1("broadcast", ins, shape=shape, dims=dims)]
+    return [c.broadcast(ins[0], shape, dims)]
 
 
 def _concatenate(c: _Capturer, eqn: Any, ins: list[int]) -> list[int]:

@@ -102,23 +102,25 @@ class _Entry:
 # --- optimizing one signature -----------------------------------------------------------------------
 
 def _load_rules(rules: Any) -> list[Any]:
-    """None: the proved library rules that pay under XLA (Tensat's files if there is no library);
-    "tensat": Tensat's rule files; a path (or paths): rule files; else a sequence of Rule values."""
+    """None: the proved library rules that pay under XLA; "tensat": Tensat's verified rules; a path
+    (or paths): rule files; else a sequence of Rule values. Whatever the source, only rules the
+    verifier accepts are used (guarded ones too: the egglog applier checks right sides' shapes)."""
     from eqsat.pipeline import default_rules
     from eqsat.rewrites.parser import load_rules
+    from eqsat.rewrites.verify import verified_rules
 
-    from jax_backend.default_rules import library_available, proved_library_rules
+    from jax_backend.default_rules import proved_library_rules
 
     if rules is None:
-        return proved_library_rules() if library_available() else default_rules()
+        return proved_library_rules()
     if isinstance(rules, str) and rules == "tensat":
         return default_rules()
     if isinstance(rules, (str, Path)):
-        return list(load_rules(Path(rules)))
+        rules = [rules]
     rules = list(rules)
     if rules and all(isinstance(r, (str, Path)) for r in rules):
-        return [r for path in rules for r in load_rules(Path(path))]
-    return rules
+        rules = [r for path in rules for r in load_rules(Path(path))]
+    return verified_rules(rules, allow_guarded=True)
 
 
 @dataclass

@@ -90,3 +90,14 @@ def test_paired_timing_detects_a_clearly_slower_function_and_not_a_copy() -> Non
     same = paired_timing(fast, jax.jit(lambda t: t + 1.0), [x], rounds=10, budget_s=2.0)
     low, high = same.speedup_ci
     assert low <= high and same.ci_width >= 0
+
+
+def test_capture_writes_per_channel_broadcasts_in_the_form_folding_rules_match() -> None:
+    from jax_backend.capture import capture
+
+    def f(y: jax.Array, mean: jax.Array) -> jax.Array:
+        return y - mean[None, :, None, None]
+
+    program, _ = capture(f, jnp.ones((2, 3, 4, 4)), jnp.ones((3,)))
+    broadcasts = [n for step in program.graphs for n in step.graph.nodes if n.op == "broadcast"]
+    assert broadcasts and all(n.attr["dims"] == (1,) for n in broadcasts)
