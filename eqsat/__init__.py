@@ -1,5 +1,8 @@
+"""eqsat: equality saturation for tensor programs.
 
-
+Importing `eqsat` is cheap: the egglog stage and the JAX backend (`eqsat.optimize`, `eqsat.explain`)
+load on first use.
+"""
 def __getattr__(name: str):  # noqa: ANN202 - lazy re-exports, so `import eqsat` never imports JAX
     """`eqsat.optimize` and `eqsat.explain` come from jax_backend, imported on first use."""
     if name == "optimize":

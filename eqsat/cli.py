@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "extract": ("eqsat.extract.command", "extract the best term from E-graph JSON files"),
     "rules": ("eqsat.rewrites.command", "verify or synthesize rewrite rules"),
     "optimize": ("experiments.optimize", "optimize a model end to end"),
-    "bench": ("experiments.command", "run an experiment: tensat | extraction | parallel"),
+    "bench": ("experiments.command", "run an experiment: extraction | jax"),
 }
 
 
