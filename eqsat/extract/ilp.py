@@ -10,19 +10,33 @@ acyclic problem, so its dual bound is a valid lower bound.
 
 Before the first solve, every class cycle of length <= 3 inside a strongly connected component
 is cut (Tensat's split/concat rewrites create hundreds; without them bert's first MIP answer is
-cyclic and far below any valid cost). Optionally (IlpOptions.reduce_above) a first phase solves
-the model restricted to a candidate set (see reduced_ilp) for a warm start; off by default.
+cyclic and far below any valid cost). On problems with a large cyclic region
+(IlpOptions.lns_above), a large-neighbourhood search (lns.py) first improves the greedy start
+with small MIPs, since there the full MIP never gets past its root within a minute; the full MIP
+then starts from that answer and supplies the lower bound. Optionally (IlpOptions.reduce_above)
+a first phase solves the model restricted to a candidate set (see reduced_ilp) for a warm start;
+off by default.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Any
+
 from eqsat.extract.egraph_data import EGraphData
 from eqsat.extract.lazy import IlpOptions, solve_lazy
-from eqsat.extract.mip import Clock, Incumbent, make_problem
+from eqsat.extract.lns import LnsOptions, improve
+from eqsat.extract.mip import Clock, Incumbent, Problem, class_sccs, make_problem, start_incumbent
 from eqsat.extract.reduced_ilp import reduced_phase
 from eqsat.extract.selection import Selection
 
 __all__ = ["IlpOptions", "ilp"]
+
+
+def largest_cyclic_region(problem: Problem) -> int:
+    """Classes in the largest strongly connected component of the kept class graph."""
+    sizes = Counter(c for c in class_sccs(problem) if c >= 0)
+    return max(sizes.values(), default=0)
 
 
 def ilp(egraph: EGraphData, time_limit: float = 60.0, options: IlpOptions = IlpOptions()) -> Selection:
@@ -31,12 +45,18 @@ def ilp(egraph: EGraphData, time_limit: float = 60.0, options: IlpOptions = IlpO
     full = make_problem(egraph)
     start = None
     cycles: list[list[int]] = []
-    phase1: dict[str, object] = {}
+    phases: dict[str, Any] = {}
     if len(full.nodes) >= options.reduce_above:
         sel, cycles, lp_bound = reduced_phase(full, Clock(options.reduce_share * clock.left()), options)
         start = Incumbent(sel.choice, sel.dag_cost, "reduced")
-        phase1 = {"cost": sel.dag_cost, "seconds": sel.seconds, "cycles": len(cycles), "lp_bound": lp_bound}
+        phases["reduced_phase"] = {"cost": sel.dag_cost, "seconds": sel.seconds, "cycles": len(cycles), "lp_bound": lp_bound}
+    region = largest_cyclic_region(full)
+    if region >= options.lns_above:
+        _, warm = start_incumbent(full, start)
+        t = clock.elapsed()
+        result = improve(full, warm, Clock(options.lns_share * clock.left()), LnsOptions(), options)
+        start = result.best
+        phases["lns"] = {**result.info, "region": region, "started_s": t, "seconds": clock.elapsed() - t}
     sel, _ = solve_lazy(full, clock, options, "ilp", start=start, known_cycles=cycles)
-    if phase1:
-        sel.info["reduced_phase"] = phase1  # type: ignore[index]
+    sel.info.update(phases)  # type: ignore[attr-defined]
     return sel
