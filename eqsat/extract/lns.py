@@ -36,6 +36,7 @@ class LnsOptions:
     seeds: int = 2  # chosen classes the breadth-first search starts from
     sub_time: float = 4.0  # seconds per neighbourhood MIP at most
     seed: int = 0  # random seed: the same inputs give the same answer (up to timeouts)
+    rounds: int = 1 << 30  # neighbourhoods at most (tests use it to stop without a clock)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def improve(
     size = options.size
     history: list[dict[str, Any]] = []
     sub_opts = IlpOptions(gap=ilp_options.gap, threads=ilp_options.threads, short_cycles=ilp_options.short_cycles)
-    while clock.left() > 0.5:
+    while clock.left() > 0.5 and len(history) < options.rounds:
         used = np.flatnonzero(best.choice >= 0).tolist()
         seeds = rng.sample(used, min(options.seeds, len(used)))
         free = neighbourhood(children, seeds, size, rng)
@@ -138,8 +139,8 @@ def improve(
             size = min(options.max_size, int(size * options.grow))
         else:
             size = max(options.min_size, int(size * options.shrink))
-        if len(free) < size and len(free) >= len(children):
-            break  # the neighbourhood is already everything
+        if len(free) == len(full.classes) and sel.status == Status.FEASIBLE:
+            break  # that neighbourhood was the whole problem, solved to optimality
     improvements = [h for h in history if h["improved"]]
     return LnsResult(
         best=best,
