@@ -12,17 +12,18 @@ import importlib
 import json
 import math
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from eqsat.errors import EqsatError
 
-COMMANDS: dict[str, tuple[str, str]] = {
+COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "extract": ("eqsat.extract.command", "extract the best term from E-graph JSON files"),
     "rules": ("eqsat.rewrites.command", "verify or synthesize rewrite rules"),
     "optimize": ("experiments.optimize", "optimize a model end to end"),
     "bench": ("experiments.command", "run an experiment: extraction | jax"),
-}
+})
 
 
 def _jsonable(value: Any) -> Any:

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -110,12 +111,12 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-ACTIVATIONS: dict[Activation, Callable[[np.ndarray], np.ndarray]] = {
+ACTIVATIONS: Mapping[Activation, Callable[[np.ndarray], np.ndarray]] = MappingProxyType({
     Activation.NONE: lambda x: x,
     Activation.SIGMOID: _sigmoid,
     Activation.RELU: lambda x: np.maximum(x, 0),
     Activation.TANH: np.tanh,
-}
+})
 
 
 def _check_act(op: str, shapes: Sequence[Shape], act: int) -> None:

@@ -25,8 +25,9 @@ on the left.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 
 from eqsat import ops
 from eqsat.errors import RuleParseError
@@ -36,11 +37,11 @@ Sexp = str | list["Sexp"]
 
 # Tensat's spelling of ops whose layout differs from "attributes first, then tensors":
 # each slot is an attribute name, "*" for a tensor argument, or "ndim" for the rank guard.
-TENSAT_SLOTS: dict[str, tuple[str, ...]] = {
+TENSAT_SLOTS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "concat": ("axis", "ndim", "*", "*"),
     "poolmax": ("*", "kernel_h", "kernel_w", "stride_h", "stride_w", "pad", "act"),
     "poolavg": ("*", "kernel_h", "kernel_w", "stride_h", "stride_w", "pad", "act"),
-}
+})
 
 _TOKEN = re.compile(r"\s*(?:(\()|(\))|(\[)|(\])|([^\s()\[\]]+))")
 
