@@ -54,7 +54,7 @@ def ilp(egraph: EGraphData, time_limit: float = 60.0, options: IlpOptions = IlpO
     if region >= options.lns_above:
         _, warm = start_incumbent(full, start)
         t = clock.elapsed()
-        result = improve(full, warm, Clock(options.lns_share * clock.left()), LnsOptions(), options)
+        result = improve(full, warm, Clock(options.lns_share * clock.left()), LnsOptions(seed=options.lns_seed), options)
         start = result.best
         phases["lns"] = {**result.info, "region": region, "started_s": t, "seconds": clock.elapsed() - t}
     sel, _ = solve_lazy(full, clock, options, "ilp", start=start, known_cycles=cycles)

@@ -48,6 +48,7 @@ class IlpOptions:
     # resnet50, vgg (regions < 2k) and nasneta are solved or at best known by the full MIP alone.
     lns_above: int = 5000
     lns_share: float = 0.5
+    lns_seed: int = 0
     overrun_share: float = 0.12  # of the time left, held back from each HiGHS run (see solve_lazy)
     overrun_cap: float = 3.0
 

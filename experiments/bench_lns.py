@@ -1,0 +1,60 @@
+"""Cost against time of the ILP's large-neighbourhood phase (eqsat/extract/lns.py), per seed.
+
+Per (file, seed): final cost and bound of `ilp` under the time limit (load included), and the
+seconds (load included) at which the answer first got within 0.1% of the best known cost.
+
+    python -m experiments.bench_lns [--files tensat/nasrnn.json] [--seeds 0 1 2] [--time-limit 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from eqsat.extract import check_selection, load_egraph
+from eqsat.extract.ilp import IlpOptions, ilp
+from experiments.bench_extraction import EGRAPHS, best_known
+
+
+def run_one(path: Path, seed: int, time_limit: float, best: float | None) -> dict[str, Any]:
+    start = time.perf_counter()
+    egraph = load_egraph(path)
+    load_s = time.perf_counter() - start
+    sel = ilp(egraph, time_limit - load_s, IlpOptions(lns_seed=seed))
+    total = time.perf_counter() - start
+    lns = sel.info.get("lns", {})
+    offset = load_s + float(lns.get("started_s", 0.0))
+    trace = [(round(offset + t, 2), size, cost) for t, size, cost in lns.get("trace", [])]
+    hit = next((t for t, _, c in trace if best is not None and c <= best * 1.001), None)
+    return {
+        "file": f"{path.parent.name}/{path.name}",
+        "seed": seed,
+        "cost": sel.dag_cost,
+        "best_known": best,
+        "lower_bound": sel.lower_bound,
+        "status": str(sel.status),
+        "seconds": round(total, 2),
+        "seconds_to_best_known_0.1pct": hit,
+        "valid": not check_selection(egraph, sel),
+        "trace_s_size_cost": trace,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", nargs="+", default=["tensat/nasrnn.json"], help="relative to the e-graph data folder")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--time-limit", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    known = best_known()
+    for f in args.files:
+        for seed in args.seeds:
+            print(json.dumps(run_one(EGRAPHS / f, seed, args.time_limit, known.get(f))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
