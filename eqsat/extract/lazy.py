@@ -49,8 +49,8 @@ class IlpOptions:
     lns_above: int = 5000
     lns_share: float = 0.5
     lns_seed: int = 0
-    overrun_share: float = 0.12  # of the time left, held back from each HiGHS run (see solve_lazy)
-    overrun_cap: float = 3.0
+    overrun_share: float = 0.15  # of the time left, held back from each HiGHS run (see solve_lazy)
+    overrun_cap: float = 5.0
 
 
 class _Watch:
