@@ -94,19 +94,8 @@ def sub_problem(full: Problem, incumbent: np.ndarray, free: set[int]) -> Problem
     uc = eg.unique_children
     for n in nodes.tolist():
         class_mask[list(uc[n])] = True
-    classes = np.flatnonzero(class_mask)
-    k = len(nodes)
-    pruned = Pruned(node_mask=mask, class_mask=class_mask, stats={"kept_nodes": k, "kept_classes": len(classes)})
-    return Problem(
-        egraph=eg,
-        pruned=pruned,
-        nodes=nodes,
-        classes=classes,
-        node_col={int(n): j for j, n in enumerate(nodes.tolist())},
-        class_col={int(c): k + i for i, c in enumerate(classes.tolist())},
-        parents=full.parents,
-        repair_key=full.repair_key,
-    )
+    stats = {"kept_nodes": len(nodes), "kept_classes": int(class_mask.sum())}
+    return Problem.over(eg, Pruned(node_mask=mask, class_mask=class_mask, stats=stats), full.parents, full.repair_key)
 
 
 def improve(

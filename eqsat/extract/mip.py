@@ -37,22 +37,28 @@ class Problem:
     def n_cols(self) -> int:
         return len(self.nodes) + len(self.classes)
 
+    @classmethod
+    def over(cls, egraph: EGraphData, pruned: Pruned, parents: list[list[int]], repair_key: np.ndarray) -> Problem:
+        """The problem over the nodes and classes `pruned` keeps, with the column layout above."""
+        nodes = np.flatnonzero(pruned.node_mask)
+        classes = np.flatnonzero(pruned.class_mask)
+        k = len(nodes)
+        return cls(
+            egraph=egraph,
+            pruned=pruned,
+            nodes=nodes,
+            classes=classes,
+            node_col={int(n): j for j, n in enumerate(nodes.tolist())},
+            class_col={int(c): k + i for i, c in enumerate(classes.tolist())},
+            parents=parents,
+            repair_key=repair_key,
+        )
+
 
 def make_problem(egraph: EGraphData, pruned: Pruned | None = None) -> Problem:
     pruned = pruned if pruned is not None else prune(egraph)
-    nodes = np.flatnonzero(pruned.node_mask)
-    classes = np.flatnonzero(pruned.class_mask)
-    k = len(nodes)
-    return Problem(
-        egraph=egraph,
-        pruned=pruned,
-        nodes=nodes,
-        classes=classes,
-        node_col={int(n): j for j, n in enumerate(nodes.tolist())},
-        class_col={int(c): k + i for i, c in enumerate(classes.tolist())},
-        parents=parents_of_classes(egraph),
-        repair_key=bottom_up_tree_costs(egraph, pruned.node_mask)[0][egraph.node_class],
-    )
+    return Problem.over(egraph, pruned, parents_of_classes(egraph),
+                        bottom_up_tree_costs(egraph, pruned.node_mask)[0][egraph.node_class])
 
 
 @dataclass
