@@ -68,16 +68,16 @@ def nasrnn(x: jax.Array, h: jax.Array, wx: jax.Array, wh: jax.Array) -> jax.Arra
     return jnp.tanh(a + b)
 
 
-def _nasrnn() -> JaxProgram:
+def _nasrnn(batch: int, name: str) -> JaxProgram:
     rng = np.random.default_rng(101)
     d = 512
     weights = (_normal(rng, 8, d, d, scale=d ** -0.5), _normal(rng, 8, d, d, scale=d ** -0.5))
 
     def make_args(seed: int) -> tuple[Any, ...]:
         r = np.random.default_rng(seed)
-        return _normal(r, 64, d), _normal(r, 64, d)
+        return _normal(r, batch, d), _normal(r, batch, d)
 
-    return JaxProgram("nasrnn", _with_weights(nasrnn, weights), make_args)
+    return JaxProgram(name, _with_weights(nasrnn, weights), make_args)
 
 
 def _conv(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -165,7 +165,8 @@ def transformer_stack(layers: int = 12, d: int = 128, s: int = 64) -> tuple[Call
 
 PROGRAMS: tuple[JaxProgram, ...] = (
     _attention(),
-    _nasrnn(),
+    _nasrnn(64, "nasrnn"),
+    _nasrnn(1, "nasrnn_b1"),
     _inception(),
     _mlp(),
     _conv_bn(),

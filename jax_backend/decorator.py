@@ -27,7 +27,7 @@ import numpy as np
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from jax_backend.capture import GraphStep, Program, capture, graph_leaf_name, replay
-from jax_backend.timing import paired_timing
+from jax_backend.timing import paired_timing, screen_timings
 
 __all__ = ["optimize", "OptimizedFunction", "SignatureReport", "SegmentReport", "EqsatFallbackWarning", "paired_timing"]
 
@@ -447,14 +447,14 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
 
 def _select_fastest(original: Callable[..., Any], built: Sequence[tuple[str, Callable[..., Any], Any, float]],
                     args: Sequence[Any], opts: _Options) -> tuple[Any, Any]:
-    """The candidate to keep and its timing against the original. With several candidates, each
-    is screened on a short budget, and the fastest is timed again on fresh rounds with the rest of
-    the budget, so picking the luckiest screen does not bias the interval the decision uses."""
+    """The candidate to keep and its timing against the original. With several candidates, all
+    are screened in the same interleaved rounds on half the budget, and the fastest is timed again
+    on fresh rounds with the other half, so picking the luckiest screen does not bias the interval
+    the decision uses."""
     if len(built) == 1:
         return built[0], paired_timing(original, built[0][1], args, opts.timing_rounds, opts.timing_budget_s)
-    screen_s = opts.timing_budget_s / (2 * len(built))
-    screens = [paired_timing(original, b[1], args, max(opts.timing_rounds // 3, 8), screen_s, min_rounds=6)
-               for b in built]
+    screens = screen_timings(original, [b[1] for b in built], args, opts.timing_rounds, opts.timing_budget_s / 2,
+                             min_rounds=6)
     best = max(range(len(built)), key=lambda k: screens[k].speedup)
     return built[best], paired_timing(original, built[best][1], args, opts.timing_rounds, opts.timing_budget_s / 2)
 

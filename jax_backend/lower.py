@@ -188,13 +188,19 @@ def to_jax(graph: Graph, precision: str = "highest") -> Callable[[Mapping[str, A
 
 
 def _foldable_nodes(graph: Graph, should_fold: Callable[[Graph, int], bool]) -> frozenset[int]:
-    """Weight leaves, and computed nodes of foldable nodes that `should_fold` accepts."""
-    constant: set[int] = set()
-    for i, node in enumerate(graph.nodes):
-        if node.op == "weight" or (node.inputs and all(v.node in constant for v in node.inputs)
-                                   and should_fold(graph, i)):
-            constant.add(i)
-    return frozenset(constant)
+    """Weight-only nodes, less those read at run time that `should_fold` rejects (a broadcast is
+    cheaper to recompute inside its consumer's fusion than to read from memory); such a node's
+    inputs are then precomputed instead, so `w * broadcast(k)` still folds to one weight."""
+    constant = set(weight_only_nodes(graph))
+    read_at_run_time = {v.node for i, n in enumerate(graph.nodes) if i not in constant for v in n.inputs}
+    read_at_run_time |= {v.node for v in graph.outputs}
+    while True:
+        rejected = {i for i in read_at_run_time & constant
+                    if graph.nodes[i].op != "weight" and not should_fold(graph, i)}
+        if not rejected:
+            return frozenset(constant)
+        constant -= rejected
+        read_at_run_time |= {v.node for i in rejected for v in graph.nodes[i].inputs}
 
 
 def fold_weights(graph: Graph, values: Mapping[str, np.ndarray],

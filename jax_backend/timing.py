@@ -17,9 +17,9 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["PairedTiming", "paired_timing", "bootstrap_median_ci"]
+__all__ = ["PairedTiming", "paired_timing", "screen_timings", "bootstrap_median_ci"]
 
-_MIN_SAMPLE_S = 2e-3  # a sample shorter than this is mostly timer and dispatch noise: repeat calls
+_MIN_SAMPLE_S = 5e-3  # a sample shorter than this is mostly timer and dispatch noise: repeat calls
 
 
 @dataclass(frozen=True)
@@ -81,30 +81,48 @@ def _sample(fn: Callable[..., Any], args: Sequence[Any], calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
+def _calls_per_sample(fns: Sequence[Callable[..., Any]], args: Sequence[Any]) -> int:
+    for _ in range(2):  # warm-up (and compilation)
+        for fn in fns:
+            jax.block_until_ready(fn(*args))
+    single = min(_sample(fn, args, 1) for fn in fns)
+    return max(1, min(1000, math.ceil(_MIN_SAMPLE_S / max(single, 1e-7))))
+
+
+def _summary(tb: Sequence[float], to: Sequence[float], calls: int, confidence: float) -> PairedTiming:
+    ratios = [o / b for o, b in zip(to, tb)]
+    low, high = bootstrap_median_ci(ratios, confidence)
+    return PairedTiming(float(np.median(tb)), float(np.median(to)), float(np.median(ratios)), low, high,
+                        len(ratios), calls, confidence)
+
+
 def paired_timing(base: Callable[..., Any], other: Callable[..., Any], args: Sequence[Any], rounds: int = 40,
                   budget_s: float = 5.0, confidence: float = 0.95, min_rounds: int = 8) -> PairedTiming:
     """Time `base` and `other` (both already compiled or cheap to compile) on `args`.
 
     Stops after `rounds` rounds or when `budget_s` is spent (but never before `min_rounds`).
     """
-    for _ in range(2):  # warm-up (and compilation)
-        jax.block_until_ready(base(*args))
-        jax.block_until_ready(other(*args))
-    single = min(_sample(base, args, 1), _sample(other, args, 1))
-    calls = max(1, min(1000, math.ceil(_MIN_SAMPLE_S / max(single, 1e-7))))
-    tb: list[float] = []
-    to: list[float] = []
+    return screen_timings(base, [other], args, rounds, budget_s, confidence, min_rounds)[0]
+
+
+def screen_timings(base: Callable[..., Any], others: Sequence[Callable[..., Any]], args: Sequence[Any],
+                   rounds: int = 40, budget_s: float = 5.0, confidence: float = 0.95,
+                   min_rounds: int = 8) -> list[PairedTiming]:
+    """`paired_timing` of each of `others` against `base`, all in the same rounds: every round
+    times `base` and each candidate once, in a rotating order, so all candidates see the same
+    machine state and each ratio pairs a candidate with the `base` sample of its own round."""
+    fns = [base, *others]
+    calls = _calls_per_sample(fns, args)
+    times: list[list[float]] = [[] for _ in fns]
     deadline = time.perf_counter() + budget_s
     for k in range(rounds):
-        if k % 2 == 0:
-            tb.append(_sample(base, args, calls))
-            to.append(_sample(other, args, calls))
-        else:
-            to.append(_sample(other, args, calls))
-            tb.append(_sample(base, args, calls))
+        order = list(range(len(fns)))
+        shift = k % len(fns)
+        order = order[shift:] + order[:shift]
+        if k % 2:
+            order.reverse()
+        for i in order:
+            times[i].append(_sample(fns[i], args, calls))
         if k + 1 >= min_rounds and time.perf_counter() > deadline:
             break
-    ratios = [o / b for o, b in zip(to, tb)]
-    low, high = bootstrap_median_ci(ratios, confidence)
-    return PairedTiming(float(np.median(tb)), float(np.median(to)), float(np.median(ratios)), low, high,
-                        len(ratios), calls, confidence)
+    return [_summary(times[0], times[i], calls, confidence) for i in range(1, len(fns))]

@@ -13,7 +13,7 @@ import numpy as np
 from eqsat.ir import GraphBuilder
 from jax_backend.decorator import EqsatFallbackWarning, optimize
 from jax_backend.structure import canonicalize
-from jax_backend.timing import bootstrap_median_ci, paired_timing
+from jax_backend.timing import bootstrap_median_ci, paired_timing, screen_timings
 
 
 def _rand(*shape: int, seed: int = 0) -> jax.Array:
@@ -101,3 +101,44 @@ def test_capture_writes_per_channel_broadcasts_in_the_form_folding_rules_match()
     program, _ = capture(f, jnp.ones((2, 3, 4, 4)), jnp.ones((3,)))
     broadcasts = [n for step in program.graphs for n in step.graph.nodes if n.op == "broadcast"]
     assert broadcasts and all(n.attr["dims"] == (1,) for n in broadcasts)
+
+
+def test_screen_times_every_candidate_in_the_same_rounds() -> None:
+    x = _rand(64, 64)
+    base = jax.jit(lambda t: t + 1.0)
+
+    def slow(t):
+        time.sleep(0.004)
+        return t + 1.0
+
+    copy, slower = screen_timings(base, [jax.jit(lambda t: t + 1.0), slow], [x], rounds=8, budget_s=2.0)
+    assert copy.rounds == slower.rounds
+    assert slower.speedup < 0.5 and not slower.faster_with_confidence
+    assert slower.speedup < copy.speedup
+
+
+def test_batchnorm_after_conv_folds_to_one_conv_and_one_bias() -> None:
+    """Capture writes inference batchnorm as sub, mul and add of per-channel broadcasts; the folding
+    rules move the scale into the conv weight and merge the two shifts, and lowering precomputes
+    the scaled weight and the combined shift while the broadcast stays in the fusion."""
+    rng = np.random.default_rng(5)
+    w = jnp.asarray(rng.standard_normal((8, 4, 3, 3)) / 6, jnp.float32)
+    scale, bias, mean = (jnp.asarray(rng.standard_normal(8), jnp.float32) for _ in range(3))
+    var = jnp.asarray(np.abs(rng.standard_normal(8)) + 0.5, jnp.float32)
+
+    def conv_bn(x):
+        y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW"))
+        inv = scale / jnp.sqrt(var + 1e-5)
+        return jax.nn.relu((y - mean[None, :, None, None]) * inv[None, :, None, None] + bias[None, :, None, None])
+
+    opt = optimize(conv_bn, cost_model="roofline", check_speed=False, time_limit=8.0)
+    x = _rand(2, 4, 10, 10, seed=6)
+    np.testing.assert_allclose(jax.jit(opt)(x), conv_bn(x), rtol=2e-4, atol=1e-5)
+    report = opt.report(x)
+    assert report.used == "optimized", report.reason
+    full = (2, 8, 10, 10)
+    run_time = [n.op for s in report.segments for n in s.after.live().nodes
+                if n.op not in ("input", "weight") and full in n.shapes]
+    assert sorted(run_time) == ["broadcast", "conv2d", "ewadd", "relu"]
+    jaxpr = str(jax.make_jaxpr(opt)(x))
+    assert "sqrt" not in jaxpr and jaxpr.count("mul ") == 0  # scale and shift were precomputed

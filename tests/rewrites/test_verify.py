@@ -86,7 +86,11 @@ def test_every_shipped_rule_is_proved() -> None:
     results = [verify_rule(r, VerifyOptions(samples=16)) for r in rules]
     bad = [(r.name, res.status, res.counterexample) for r, res in zip(rules, results) if not res.proved]
     assert not bad
-    assert sum(res.scope == "all shapes" for res in results) >= len(rules) // 2
+    # TASO's operator properties are algebra over the axioms: most must be proved for all shapes
+    # (merges and folding use concat / broadcast shapes the axioms do not cover, so they stay
+    # proved on the listed shapes).
+    properties = [res for r, res in zip(rules, results) if r.source.startswith("properties.rules")]
+    assert sum(res.scope == "all shapes" for res in properties) >= 2 * len(properties) // 3
 
 
 def test_verified_rules_drops_refuted_unless_opted_in() -> None:
