@@ -217,6 +217,19 @@ def _apply_label(graph: Graph, label: str, search: _Search) -> tuple[Graph, tupl
     return (after, tuple(chosen)) if chosen else (graph, ())
 
 
+def _predicted_costs(before: Graph, after: Graph, search: _Search) -> tuple[float | None, float | None]:
+    """Seconds per call of both graphs under the first candidate cost model (weights folded)."""
+    from eqsat.cost import graph_cost
+
+    model = next(iter(search.models.values()), None)
+    if model is None:
+        return None, None
+    try:
+        return graph_cost(before, model), graph_cost(after, model)
+    except Exception:  # noqa: BLE001 - a cost the model cannot give is reported as unknown
+        return None, None
+
+
 def _segment_report(before: Graph, after: Graph, search: _Search, seconds: float) -> SegmentReport:
     """What the e-graph found for the regions of `before` (summed over its distinct regions)."""
     from jax_backend.regions import egraph_ops, optimize_regions
@@ -243,7 +256,8 @@ def _segment_report(before: Graph, after: Graph, search: _Search, seconds: float
             totals[k] = totals.get(k, 0) + v
         errors.extend(c.errors)
     fired = tuple(f"{k}×{v}" for k, v in sorted(totals.items()) if v)
-    return SegmentReport(before, after, None, None, sum(c.enodes for c in seen) if seen else None,
+    cost_before, cost_after = _predicted_costs(before, after, search)
+    return SegmentReport(before, after, cost_before, cost_after, sum(c.enodes for c in seen) if seen else None,
                          sum(c.eclasses for c in seen) if seen else None, fired,
                          "; ".join(sorted({c.stop_reason for c in seen})) or "no region optimized", seconds,
                          error="; ".join(sorted(set(errors))[:3]))

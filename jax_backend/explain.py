@@ -36,7 +36,8 @@ class Explanation:
         if r.opaque:
             lines.append(f"replayed verbatim: {', '.join(r.opaque)}")
         for k, s in enumerate(r.segments):
-            lines.append(f"graph {k}: {_size(s.before)} → {_size(s.after)} ops; cost {s.cost_before} → {s.cost_after}; "
+            lines.append(f"graph {k}: {_size(s.before)} → {_size(s.after)} ops; predicted {_us(s.cost_before)} → "
+                         f"{_us(s.cost_after)} per call; "
                          f"e-graph {s.enodes} nodes / {s.eclasses} classes; stop: {s.stop_reason or '-'}")
             if s.rules_fired:
                 lines.append(f"  rules fired: {', '.join(s.rules_fired)}")
@@ -49,6 +50,10 @@ class Explanation:
 
     def __str__(self) -> str:
         return self.text()
+
+
+def _us(seconds: float | None) -> str:
+    return "unknown" if seconds is None else f"{seconds * 1e6:.1f} µs"
 
 
 def _size(graph: Graph) -> int:

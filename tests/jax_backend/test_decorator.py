@@ -91,4 +91,7 @@ def test_explain_writes_pictures(tmp_path) -> None:
         warnings.simplefilter("ignore", EqsatFallbackWarning)
         text = eqsat.explain(optimize(qkv, check_speed=False, time_limit=2.0), *ARGS, out=tmp_path)
     assert "graph 0" in str(text) and text.pictures
+    seg = text.report.segments[0]
+    assert seg.cost_before is not None and seg.cost_after is not None and seg.cost_before > 0
+    assert "µs" in str(text) and "unknown" not in str(text)
     assert all(p.stat().st_size > 1000 for p in text.pictures)
