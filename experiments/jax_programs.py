@@ -27,6 +27,7 @@ class JaxProgram:
     fn: Callable[..., Any]
     make_args: Callable[[int], tuple[Any, ...]]
     batch_arg: int = 0  # the argument vmap maps over
+    target: bool = True  # one of the issue's six target programs (the headline geomean); else an extra
 
 
 def _normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> jax.Array:
@@ -68,7 +69,9 @@ def nasrnn(x: jax.Array, h: jax.Array, wx: jax.Array, wh: jax.Array) -> jax.Arra
     return jnp.tanh(a + b)
 
 
-def _nasrnn(batch: int, name: str) -> JaxProgram:
+def _nasrnn(batch: int, name: str, target: bool = True) -> JaxProgram:
+    """The cell at `batch` 64 (a target) or 1 (Tensat's inference setting, where each of the 16
+    matmuls is a matrix-vector product and merging them pays)."""
     rng = np.random.default_rng(101)
     d = 512
     weights = (_normal(rng, 8, d, d, scale=d ** -0.5), _normal(rng, 8, d, d, scale=d ** -0.5))
@@ -77,7 +80,7 @@ def _nasrnn(batch: int, name: str) -> JaxProgram:
         r = np.random.default_rng(seed)
         return _normal(r, batch, d), _normal(r, batch, d)
 
-    return JaxProgram(name, _with_weights(nasrnn, weights), make_args)
+    return JaxProgram(name, _with_weights(nasrnn, weights), make_args, target=target)
 
 
 def _conv(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -166,7 +169,7 @@ def transformer_stack(layers: int = 12, d: int = 128, s: int = 64) -> tuple[Call
 PROGRAMS: tuple[JaxProgram, ...] = (
     _attention(),
     _nasrnn(64, "nasrnn"),
-    _nasrnn(1, "nasrnn_b1"),
+    _nasrnn(1, "nasrnn_b1", target=False),
     _inception(),
     _mlp(),
     _conv_bn(),

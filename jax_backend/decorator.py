@@ -120,7 +120,7 @@ def _load_rules(rules: Any) -> list[Any]:
     rules = list(rules)
     if rules and all(isinstance(r, (str, Path)) for r in rules):
         rules = [r for path in rules for r in load_rules(Path(path))]
-    return verified_rules(rules, allow_guarded=True)
+    return verified_rules(rules, allow_guarded=True, all_shapes=False)
 
 
 @dataclass

@@ -23,4 +23,4 @@ def proved_library_rules(groups: Sequence[str] = DEFAULT_GROUPS) -> list[Rule]:
     from eqsat.rewrites import library_rules
     from eqsat.rewrites.verify import verified_rules
 
-    return verified_rules(library_rules(groups))
+    return verified_rules(library_rules(groups), all_shapes=False)

@@ -355,7 +355,9 @@ def verify_rules(rules: Iterable[Rule], options: VerifyOptions = VerifyOptions()
 
     rules = list(rules)
     store = VerificationCache.default() if cache else None
-    out: list[VerificationResult | None] = [store.get(r, options, all_shapes) if store else None for r in rules]
+    out: list[VerificationResult | None] = [
+        (store.get(r, options, all_shapes) or (None if all_shapes else store.get(r, options, True))) if store else None
+        for r in rules]
     todo = [i for i, res in enumerate(out) if res is None]
     if todo:
         base = axiom_base(cache=cache) if all_shapes else ()
@@ -379,7 +381,7 @@ def verify_rules(rules: Iterable[Rule], options: VerifyOptions = VerifyOptions()
 
 
 def verified_rules(rules: Iterable[Rule], allow_unproved: bool = False, allow_guarded: bool = False,
-                   options: VerifyOptions = VerifyOptions(), cache: bool = True) -> list[Rule]:
+                   options: VerifyOptions = VerifyOptions(), cache: bool = True, all_shapes: bool = True) -> list[Rule]:
     """The rules safe to optimize with: proved ones by default.
 
     `allow_guarded=True` also admits rules that are refuted only on shapes but proved under the guard
@@ -388,10 +390,12 @@ def verified_rules(rules: Iterable[Rule], allow_unproved: bool = False, allow_gu
     (`eqsat.rewrites.to_egglog`) builds a right side only when its shape facts hold, and stops on a
     shape conflict, which is why the pipeline opts in for Tensat's rule files. `allow_unproved=True`
     also admits rules that are unknown (neither proved nor refuted), strictly or under the guard when
-    `allow_guarded` is set; refuted-on-values rules are never admitted.
+    `allow_guarded` is set; refuted-on-values rules are never admitted. The all-shapes attempt only
+    widens a proof's scope, never admits or rejects a rule, so a caller that only filters may skip
+    it (`all_shapes=False`), which saves building the axiom base on a cold cache.
     """
     rules = list(rules)
-    results = verify_rules(rules, options, cache=cache)
+    results = verify_rules(rules, options, all_shapes=all_shapes, cache=cache)
     keep = {PROVED, UNKNOWN} if allow_unproved else {PROVED}
     return [r for r, res in zip(rules, results)
             if res.status in keep or (allow_guarded and res.status == REFUTED and res.guarded_status in keep)]
