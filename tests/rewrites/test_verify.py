@@ -110,3 +110,24 @@ def test_folding_that_forgets_the_mean_is_refuted() -> None:
                  "(ewsub ?m ?m) (ewsub ?m ?m) ?v)) (broadcast (shape (matmul 0 ?x ?w)) [1] ?b)) if (= (rank ?x) 2)")
     result = verify_concrete(wrong)
     assert result.status == "refuted" and result.method != "shapes" and result.guarded_status == "refuted"
+
+
+def test_gating_without_the_all_shapes_attempt_admits_the_same_rules(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path) -> None:
+    """`all_shapes=False` only skips widening a proof's scope: the same rules pass, no axiom base is
+    built, and an all-shapes result already cached is reused."""
+    import eqsat.rewrites.derive as derive
+    from eqsat.rewrites.verify import verify_rules
+
+    rules = library_rules(("fusion",))
+    built: list[int] = []
+    original = derive.axiom_base
+    monkeypatch.setattr(derive, "axiom_base", lambda *a, **k: built.append(1) or original(*a, **k))
+    quick = verified_rules(rules, all_shapes=False)
+    assert not built
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))  # a fresh cache for the full verification
+    full = verified_rules(rules)
+    assert built and [r.name for r in quick] == [r.name for r in full]
+    built.clear()
+    reused = verify_rules(rules, all_shapes=False)
+    assert not built and any(res.scope == "all shapes" for res in reused)
