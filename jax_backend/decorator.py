@@ -146,12 +146,6 @@ def _computed_nodes(graph: Graph) -> int:
     return sum(1 for n in graph.nodes if n.op not in ("input", "weight"))
 
 
-def _no_extra_work(before: Graph, after: Graph, slack: float = 1.01) -> bool:
-    from jax_backend.candidates import no_extra_work
-
-    return no_extra_work(before, after, slack)
-
-
 def _collect_candidates(graph: Graph, opts: _Options, time_limit: float, search: _Search) -> float:
     """Saturate each region of `graph` not seen yet (by structure) and extract its candidates
     under `time_limit`; returns the seconds spent. A failing region keeps only the original."""

@@ -187,13 +187,18 @@ def to_jax(graph: Graph, precision: str = "highest") -> Callable[[Mapping[str, A
     return run
 
 
+def _read_at_run_time(graph: Graph, constant: set[int] | frozenset[int]) -> set[int]:
+    """Nodes whose values run-time ops (nodes outside `constant`) or the outputs read."""
+    return {v.node for i, n in enumerate(graph.nodes) if i not in constant for v in n.inputs} | \
+        {v.node for v in graph.outputs}
+
+
 def _foldable_nodes(graph: Graph, should_fold: Callable[[Graph, int], bool]) -> frozenset[int]:
     """Weight-only nodes, less those read at run time that `should_fold` rejects (a broadcast is
     cheaper to recompute inside its consumer's fusion than to read from memory); such a node's
     inputs are then precomputed instead, so `w * broadcast(k)` still folds to one weight."""
     constant = set(weight_only_nodes(graph))
-    read_at_run_time = {v.node for i, n in enumerate(graph.nodes) if i not in constant for v in n.inputs}
-    read_at_run_time |= {v.node for v in graph.outputs}
+    read_at_run_time = _read_at_run_time(graph, constant)
     while True:
         rejected = {i for i in read_at_run_time & constant
                     if graph.nodes[i].op != "weight" and not should_fold(graph, i)}
@@ -214,8 +219,7 @@ def fold_weights(graph: Graph, values: Mapping[str, np.ndarray],
     keeps some weight-only nodes computed at run time (e.g. broadcasts, cheaper than their result).
     """
     constant = weight_only_nodes(graph) if should_fold is None else _foldable_nodes(graph, should_fold)
-    users = {v.node for i, n in enumerate(graph.nodes) if i not in constant for v in n.inputs}
-    users |= {v.node for v in graph.outputs}
+    users = _read_at_run_time(graph, constant)
     computed: dict[int, tuple[np.ndarray, ...]] = {}
     builder = GraphBuilder()
     handles: list[tuple[Tensor, ...]] = []

@@ -20,6 +20,15 @@ def _rand(*shape: int, seed: int = 0) -> jax.Array:
     return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) / np.sqrt(shape[-1]), jnp.float32)
 
 
+def _add_one_after_sleeping(seconds: float):
+    """`t + 1` that takes at least `seconds`: a function known to be slower than its jitted copy."""
+    def slow(t):
+        time.sleep(seconds)
+        return t + 1.0
+
+    return slow
+
+
 def test_canonical_form_ignores_leaf_names_only() -> None:
     def build(a: str, b: str, act: int) -> object:
         g = GraphBuilder()
@@ -80,12 +89,7 @@ def test_bootstrap_interval_contains_median_and_narrows() -> None:
 def test_paired_timing_detects_a_clearly_slower_function_and_not_a_copy() -> None:
     x = _rand(64, 64)
     fast = jax.jit(lambda t: t + 1.0)
-
-    def slow(t):
-        time.sleep(0.003)
-        return t + 1.0
-
-    slower = paired_timing(fast, slow, [x], rounds=10, budget_s=2.0)
+    slower = paired_timing(fast, _add_one_after_sleeping(0.003), [x], rounds=10, budget_s=2.0)
     assert slower.speedup < 1.0 and not slower.faster_with_confidence
     same = paired_timing(fast, jax.jit(lambda t: t + 1.0), [x], rounds=10, budget_s=2.0)
     low, high = same.speedup_ci
@@ -106,12 +110,7 @@ def test_capture_writes_per_channel_broadcasts_in_the_form_folding_rules_match()
 def test_screen_times_every_candidate_in_the_same_rounds() -> None:
     x = _rand(64, 64)
     base = jax.jit(lambda t: t + 1.0)
-
-    def slow(t):
-        time.sleep(0.004)
-        return t + 1.0
-
-    copy, slower = screen_timings(base, [jax.jit(lambda t: t + 1.0), slow], [x], rounds=8, budget_s=2.0)
+    copy, slower = screen_timings(base, [jax.jit(lambda t: t + 1.0), _add_one_after_sleeping(0.004)], [x], rounds=8, budget_s=2.0)
     assert copy.rounds == slower.rounds
     assert slower.speedup < 0.5 and not slower.faster_with_confidence
     assert slower.speedup < copy.speedup
