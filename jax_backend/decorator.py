@@ -101,26 +101,30 @@ class _Entry:
 
 # --- optimizing one signature -----------------------------------------------------------------------
 
-def _load_rules(rules: Any) -> list[Any]:
-    """None: the proved library rules that pay under XLA; "tensat": Tensat's verified rules; a path
-    (or paths): rule files; else a sequence of Rule values. Whatever the source, only rules the
-    verifier accepts are used (guarded ones too: the egglog applier checks right sides' shapes)."""
-    from eqsat.pipeline import default_rules
+def _load_rules(rules: Any, ops: frozenset[str]) -> list[Any]:
+    """None: the proved library rules that pay under XLA; "tensat": Tensat's rule files; a path (or paths):
+    rule files; else a sequence of Rule values. Of those, only the rules that can match a graph of
+    `ops` are kept, and of these only the ones the verifier accepts (guarded ones too: the egglog
+    applier checks right sides' shapes); filtering first means rules that could never fire are
+    never verified (a cold cache's main cost on the first call)."""
+    from eqsat.pipeline import tensat_rules
     from eqsat.rewrites.parser import load_rules
+    from eqsat.rewrites.rule import rules_that_can_match
     from eqsat.rewrites.verify import verified_rules
 
     from jax_backend.default_rules import proved_library_rules
 
     if rules is None:
-        return proved_library_rules()
+        return proved_library_rules(ops=ops)
     if isinstance(rules, str) and rules == "tensat":
-        return default_rules()
-    if isinstance(rules, (str, Path)):
-        rules = [rules]
-    rules = list(rules)
-    if rules and all(isinstance(r, (str, Path)) for r in rules):
-        rules = [r for path in rules for r in load_rules(Path(path))]
-    return verified_rules(rules, allow_guarded=True, all_shapes=False)
+        rules = tensat_rules()
+    elif isinstance(rules, (str, Path)):
+        rules = load_rules(Path(rules))
+    else:
+        rules = list(rules)
+        if rules and all(isinstance(r, (str, Path)) for r in rules):
+            rules = [r for path in rules for r in load_rules(Path(path))]
+    return verified_rules(rules_that_can_match(rules, ops), allow_guarded=True, all_shapes=False)
 
 
 @dataclass
@@ -135,11 +139,13 @@ class _Search:
     reused: int = 0
 
 
-def _make_search(opts: _Options) -> _Search:
+def _make_search(opts: _Options, graphs: Sequence[Graph]) -> _Search:
+    """The search state for `graphs`: the rules that can match them, and the candidate models."""
     from jax_backend.candidates import candidate_models
 
     device = "cpu" if jax.default_backend() == "cpu" else "h100"
-    return _Search(_load_rules(opts.rules), candidate_models(opts.candidate_models or (opts.cost_model,), device))
+    ops = frozenset(n.op for g in graphs for n in g.nodes)
+    return _Search(_load_rules(opts.rules, ops), candidate_models(opts.candidate_models or (opts.cost_model,), device))
 
 
 def _computed_nodes(graph: Graph) -> int:
@@ -260,7 +266,7 @@ def _segment_report(before: Graph, after: Graph, search: _Search, seconds: float
 def _optimize_graph(graph: Graph, opts: _Options, time_limit: float, search: _Search | None = None,
                     label: str | None = None) -> SegmentReport:
     """One graph rewritten by the candidates of one model (`label`, default the first one)."""
-    search = search or _make_search(opts)
+    search = search or _make_search(opts, [graph])
     seconds = _collect_candidates(graph, opts, time_limit, search)
     after, _ = _apply_label(graph, label or next(iter(search.models)), search)
     return _segment_report(graph, after, search, seconds)
@@ -383,7 +389,7 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
     steps = program.graphs
     opaque = tuple(s.name for s in program.opaque)
     try:
-        search = _make_search(opts)
+        search = _make_search(opts, [s.graph for s in program.graphs])
     except Exception as exc:  # noqa: BLE001 - no rules or no cost model: nothing to optimize with
         return _fallback(signature, out_tree, (), opaque, start, mode, f"setting up failed: {type(exc).__name__}: {exc}")
     distinct = len({canonicalize(s.graph).graph for s in steps})

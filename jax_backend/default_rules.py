@@ -6,7 +6,7 @@ the first run this costs milliseconds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from eqsat.rewrites.rule import Rule
 
@@ -18,9 +18,12 @@ batchnorms and per-channel scales into weights; TASO's general properties (assoc
 commutativity) only grow the e-graph for these programs."""
 
 
-def proved_library_rules(groups: Sequence[str] = DEFAULT_GROUPS) -> list[Rule]:
-    """The library rules of `groups` that the verifier proves."""
+def proved_library_rules(groups: Sequence[str] = DEFAULT_GROUPS, ops: Iterable[str] | None = None) -> list[Rule]:
+    """The library rules of `groups` that the verifier proves; with `ops`, only those that can
+    match a graph of these ops (the others are not even verified)."""
     from eqsat.rewrites import library_rules
+    from eqsat.rewrites.rule import rules_that_can_match
     from eqsat.rewrites.verify import verified_rules
 
-    return verified_rules(library_rules(groups), all_shapes=False)
+    rules = library_rules(groups)
+    return verified_rules(rules if ops is None else rules_that_can_match(rules, ops), all_shapes=False)

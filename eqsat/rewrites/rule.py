@@ -12,7 +12,7 @@ Attribute values are literals, or references (our extension, see `parser.py`): `
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,3 +154,27 @@ class Rule:
 
     def text(self) -> str:
         return " ; ".join(map(str, self.lhs)) + " => " + " ; ".join(map(str, self.rhs))
+
+
+_BUILT_AS = {"split_part": "slice"}  # a pattern-only term → the IR op a right side builds for it
+
+
+def rules_that_can_match(rules: Sequence[Rule], ops: Iterable[str]) -> list[Rule]:
+    """The rules that can ever match in an e-graph built from a graph of `ops`, in their order.
+
+    A rule matches only where every op of its left sides is present, and an op enters the e-graph
+    only from the graph or from the right side of a rule that can match; the fixpoint of that is
+    exact up to shapes. Dropping the rest before verification and saturation costs nothing in
+    what saturation finds (e.g. a transformer never needs the conv rules verified)."""
+    present = set(ops)
+    lhs_ops = [set().union(*map(ops_used, r.lhs)) for r in rules]
+    rhs_ops = [{_BUILT_AS.get(op, op) for op in set().union(*map(ops_used, r.rhs))} for r in rules]
+    kept = [False] * len(rules)
+    grew = True
+    while grew:
+        grew = False
+        for i in range(len(rules)):
+            if not kept[i] and lhs_ops[i] <= present:
+                kept[i] = grew = True
+                present |= rhs_ops[i]
+    return [r for r, k in zip(rules, kept) if k]
