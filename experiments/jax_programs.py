@@ -28,6 +28,12 @@ class JaxProgram:
     make_args: Callable[[int], tuple[Any, ...]]
     batch_arg: int = 0  # the argument vmap maps over
     target: bool = True  # one of the issue's six target programs (the headline geomean); else an extra
+    weights: tuple[Any, ...] = ()  # the constants `fn` closes over, after its data arguments (see `bound`)
+
+    def bound(self, variant: Callable[..., Any]) -> Callable[..., Any]:
+        """`variant` (same signature as the unbound program: data, then weights) closed over this
+        program's weights, as `fn` is; hand-written variants are compared this way."""
+        return _with_weights(variant, self.weights) if self.weights else variant
 
 
 def _normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> jax.Array:
@@ -58,7 +64,7 @@ def _attention() -> JaxProgram:
     d = 512
     weights = tuple(_normal(rng, d, d, scale=d ** -0.5) for _ in range(4))
     return JaxProgram("attention", _with_weights(attention, weights),
-                      lambda seed: (_normal(np.random.default_rng(seed), 256, d),))
+                      lambda seed: (_normal(np.random.default_rng(seed), 256, d),), weights=weights)
 
 
 def nasrnn(x: jax.Array, h: jax.Array, wx: jax.Array, wh: jax.Array) -> jax.Array:
@@ -80,7 +86,7 @@ def _nasrnn(batch: int, name: str, target: bool = True) -> JaxProgram:
         r = np.random.default_rng(seed)
         return _normal(r, batch, d), _normal(r, batch, d)
 
-    return JaxProgram(name, _with_weights(nasrnn, weights), make_args, target=target)
+    return JaxProgram(name, _with_weights(nasrnn, weights), make_args, target=target, weights=weights)
 
 
 def _conv(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -105,7 +111,7 @@ def _inception() -> JaxProgram:
     weights = (kernel(64, c, 1), kernel(96, c, 1), kernel(128, 96, 3), kernel(16, c, 1), kernel(32, 16, 5),
                kernel(32, c, 1))
     return JaxProgram("inception", _with_weights(inception, weights),
-                      lambda seed: (_normal(np.random.default_rng(seed), 4, c, 28, 28),))
+                      lambda seed: (_normal(np.random.default_rng(seed), 4, c, 28, 28),), weights=weights)
 
 
 def mlp(x: jax.Array, w1: jax.Array, b1: jax.Array, w2: jax.Array, b2: jax.Array, w3: jax.Array) -> jax.Array:
@@ -119,7 +125,8 @@ def _mlp() -> JaxProgram:
     rng = np.random.default_rng(103)
     weights = (_normal(rng, 512, 1024, scale=512 ** -0.5), _normal(rng, 1024), _normal(rng, 1024, 1024, scale=1024 ** -0.5),
                _normal(rng, 1024), _normal(rng, 1024, 256, scale=1024 ** -0.5))
-    return JaxProgram("mlp", _with_weights(mlp, weights), lambda seed: (_normal(np.random.default_rng(seed), 256, 512),))
+    return JaxProgram("mlp", _with_weights(mlp, weights), lambda seed: (_normal(np.random.default_rng(seed), 256, 512),),
+                      weights=weights)
 
 
 def conv_bn(x: jax.Array, w: jax.Array, scale: jax.Array, bias: jax.Array, mean: jax.Array, var: jax.Array) -> jax.Array:
@@ -135,7 +142,7 @@ def _conv_bn() -> JaxProgram:
     weights = (_normal(rng, c, c, 3, 3, scale=(9 * c) ** -0.5), _normal(rng, c), _normal(rng, c), _normal(rng, c),
                jnp.abs(_normal(rng, c)) + 0.5)
     return JaxProgram("conv_bn", _with_weights(conv_bn, weights),
-                      lambda seed: (_normal(np.random.default_rng(seed), 4, c, 32, 32),))
+                      lambda seed: (_normal(np.random.default_rng(seed), 4, c, 32, 32),), weights=weights)
 
 
 def mixed(x: jax.Array, w: jax.Array) -> jax.Array:
