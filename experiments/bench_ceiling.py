@@ -165,7 +165,8 @@ def mlp_transposed(x, w1, b1, w2, b2, w3):  # noqa: ANN001, ANN201
 
 # --- conv + batchnorm (x; w, scale, bias, mean, var) -----------------------------------------------
 
-def _bn_folded(w: jax.Array, scale: jax.Array, bias: jax.Array, mean: jax.Array, var: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _bn_folded(w: jax.Array, scale: jax.Array, bias: jax.Array, mean: jax.Array,
+               var: jax.Array) -> tuple[jax.Array, jax.Array]:
     inv = scale / jnp.sqrt(var + 1e-5)
     return w * inv[:, None, None, None], bias - mean * inv
 

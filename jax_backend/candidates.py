@@ -21,7 +21,8 @@ from typing import Any
 from eqsat import ops
 from eqsat.ir import Graph
 
-__all__ = ["PerCallModel", "RegionCandidates", "region_candidates", "candidate_models", "no_extra_work", "structure_key"]
+__all__ = ["CANDIDATE_ONLY_MODELS", "PerCallModel", "RegionCandidates", "region_candidates", "candidate_models",
+           "no_extra_work", "structure_key"]
 
 ORIGINAL = "original"
 
@@ -46,6 +47,11 @@ class PerCallModel:
         if spec.is_leaf or spec.is_view or op in FUSIBLE_OPS or op in ("concat", "split"):
             return cost
         return cost + self.per_call_s
+
+
+CANDIDATE_ONLY_MODELS: tuple[str, ...] = ("merge",)
+"""Cost models only the decorator's candidates use, next to `eqsat.cost`'s named ones: "merge" is
+the roofline plus a fixed cost per matmul/conv call, which favours merged calls."""
 
 
 def candidate_models(names: Sequence[str], device: str) -> dict[str, Any]:

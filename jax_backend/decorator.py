@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,14 +101,34 @@ class _Entry:
 
 # --- optimizing one signature -----------------------------------------------------------------------
 
-def _load_rules(rules: Any, ops: frozenset[str]) -> list[Any]:
-    """None: the proved library rules that pay under XLA; "tensat": Tensat's rule files; a path (or paths):
-    rule files; else a sequence of Rule values. Of those, only the rules that can match a graph of
-    `ops` are kept, and of these only the ones the verifier accepts (guarded ones too: the egglog
-    applier checks right sides' shapes); filtering first means rules that could never fire are
-    never verified (a cold cache's main cost on the first call)."""
-    from eqsat.pipeline import tensat_rules
+def _rule_source(rules: Any) -> Any:
+    """None, "tensat", or the Rule values `rules` names: rule files are parsed here, at decoration,
+    so a missing or malformed file is an error then rather than a warning on the first call."""
     from eqsat.rewrites.parser import load_rules
+    from eqsat.rewrites.rule import Rule
+
+    if rules is None or (isinstance(rules, str) and rules == "tensat"):
+        return rules
+    items = [rules] if isinstance(rules, (str, Path, Rule)) else rules
+    if not isinstance(items, Iterable):
+        raise EqsatError(f"optimize: rules must be None, 'tensat', rule file paths or Rule values, got {rules!r}")
+    parsed: list[Rule] = []
+    for item in items:
+        if isinstance(item, Rule):
+            parsed.append(item)
+        elif isinstance(item, (str, Path)):
+            parsed.extend(load_rules(Path(item)))
+        else:
+            raise EqsatError(f"optimize: rules must be None, 'tensat', rule file paths or Rule values; got {item!r}")
+    return tuple(parsed)
+
+
+def _load_rules(rules: Any, ops: frozenset[str]) -> list[Any]:
+    """The rules of `_rule_source(...)` (None: the library groups that pay under XLA; "tensat":
+    Tensat's rule files) that can match a graph of `ops` and that the verifier accepts (guarded
+    ones too outside the library: the egglog applier checks right sides' shapes). Filtering first
+    means rules that could never fire are never verified (a cold cache's main first-call cost)."""
+    from eqsat.pipeline import tensat_rules
     from eqsat.rewrites.rule import rules_that_can_match
     from eqsat.rewrites.verify import verified_rules
 
@@ -116,15 +136,23 @@ def _load_rules(rules: Any, ops: frozenset[str]) -> list[Any]:
 
     if rules is None:
         return proved_library_rules(ops=ops)
-    if isinstance(rules, str) and rules == "tensat":
-        rules = tensat_rules()
-    elif isinstance(rules, (str, Path)):
-        rules = load_rules(Path(rules))
-    else:
-        rules = list(rules)
-        if rules and all(isinstance(r, (str, Path)) for r in rules):
-            rules = [r for path in rules for r in load_rules(Path(path))]
+    rules = tensat_rules() if rules == "tensat" else list(rules)
     return verified_rules(rules_that_can_match(rules, ops), allow_guarded=True, all_shapes=False)
+
+
+def _check_names(extractor: str, models: Sequence[str]) -> None:
+    """Unknown extractor or cost model names fail at decoration, with the known ones listed."""
+    from eqsat.cost import COST_MODEL_FACTORIES, UnknownCostModelError
+    from eqsat.extract.registry import EXTRACTORS
+
+    from jax_backend.candidates import CANDIDATE_ONLY_MODELS
+
+    if extractor not in EXTRACTORS:
+        raise EqsatError(f"optimize: unknown extractor {extractor!r}; choose from {', '.join(EXTRACTORS)}")
+    known = sorted({*COST_MODEL_FACTORIES, *CANDIDATE_ONLY_MODELS})
+    for name in models:
+        if name not in known:
+            raise UnknownCostModelError(f"optimize: unknown cost model {name!r}; known cost models: {', '.join(known)}")
 
 
 @dataclass
@@ -571,8 +599,9 @@ def optimize(fun: Callable[..., Any] | None = None, *, rules: Any = None, extrac
         ((cost_model,) if isinstance(cost_model, str) else tuple(cost_model))
     if not models:
         raise EqsatError("optimize: cost_model must name at least one cost model")
-    opts = _Options(rules, extractor, models[0], float(time_limit), nums, names, rtol, check_speed=check_speed,
-                    lowering=lowering, candidate_models=models)
+    _check_names(extractor, models)
+    opts = _Options(_rule_source(rules), extractor, models[0], float(time_limit), nums, names, rtol,
+                    check_speed=check_speed, lowering=lowering, candidate_models=models)
     if fun is None:
         return lambda f: OptimizedFunction(f, opts)
     return OptimizedFunction(fun, opts)

@@ -81,9 +81,28 @@ def test_broken_optimizer_falls_back_with_warning(monkeypatch: pytest.MonkeyPatc
     assert opt.report(ARGS[0]).used == "original"
 
 
-def test_bad_options_are_rejected() -> None:
-    with pytest.raises(eqsat.errors.EqsatError, match="lowering"):
-        optimize(qkv, lowering="cuda")
+@pytest.mark.parametrize(("options", "message"), [
+    ({"lowering": "cuda"}, "lowering"),
+    ({"time_limit": 0}, "time_limit"),
+    ({"extractor": "simplex"}, "unknown extractor 'simplex'; choose from .*ilp"),
+    ({"cost_model": "rooflien"}, "unknown cost model 'rooflien'; known cost models: measured, merge, roofline"),
+    ({"cost_model": ["roofline", "nope"]}, "unknown cost model 'nope'"),
+    ({"rules": "/no/such/file.rules"}, "cannot read rule file"),
+    ({"rules": 3}, "rules must be"),
+    ({"rules": ["fine.rules", 3.5]}, "rules must be|cannot read"),
+])
+def test_bad_options_are_rejected_at_decoration(options, message) -> None:
+    """A typo in an option is the user's error: it fails at once with the choices, never silently
+    leaves the function unoptimized."""
+    with pytest.raises(eqsat.errors.EqsatError, match=message):
+        optimize(qkv, **options)
+
+
+def test_malformed_rule_file_is_rejected_at_decoration(tmp_path) -> None:
+    path = tmp_path / "bad.rules"
+    path.write_text("broken: (ewadd ?a => ?a\n")
+    with pytest.raises(eqsat.errors.EqsatError, match="bad.rules"):
+        optimize(rules=path)(qkv)
 
 
 def test_explain_writes_pictures(tmp_path) -> None:
