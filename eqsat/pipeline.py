@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,16 +74,19 @@ def tensat_rules() -> list[Rule]:
     return rules
 
 
-def default_rules(allow_unproved: bool = False) -> list[Rule]:
+def default_rules(allow_unproved: bool = False, ops: Iterable[str] | None = None) -> list[Rule]:
     """Tensat's rules that the verifier accepts (results cached on disk, so this is cheap after once).
 
     Rules refuted only on shapes but proved whenever their right side is well-typed are admitted
     (`allow_guarded`): the egglog translation builds a right side only when its shape facts hold.
-    Rules refuted on values are never used; unknown ones only with `allow_unproved`.
+    Rules refuted on values are never used; unknown ones only with `allow_unproved`. With `ops`
+    (a graph's ops), only the rules that can match such a graph are verified and returned.
     """
+    from eqsat.rewrites.rule import rules_that_can_match
     from eqsat.rewrites.verify import verified_rules
 
-    return verified_rules(tensat_rules(), allow_unproved=allow_unproved, allow_guarded=True)
+    rules = tensat_rules() if ops is None else rules_that_can_match(tensat_rules(), ops)
+    return verified_rules(rules, allow_unproved=allow_unproved, allow_guarded=True)
 
 
 def graph_cost(graph: Graph, cost_model: CostModel, fold_weights: bool = False) -> float:

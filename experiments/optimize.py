@@ -144,6 +144,7 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
     from rich.console import Console
 
     from eqsat.pipeline import default_rules, optimize_graph, tensat_rules
+    from eqsat.rewrites.rule import rules_that_can_match
     from eqsat.saturate import Limits
 
     console = Console(stderr=True)
@@ -153,8 +154,9 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
                     multi_rounds=options.k_multi)
     console.print(f"[bold]{model}[/]: {len(graph.nodes)} nodes; saturating (limits: {limits.iterations} iterations, "
                   f"{limits.nodes} e-nodes, {limits.seconds:g} s) and extracting with {options.extractor}")
-    with console.status("verifying Tensat's rules (cached after the first run)"):
-        rules = default_rules()
+    ops = {n.op for n in graph.nodes}
+    with console.status("verifying Tensat's rules that can match the graph (cached after the first run)"):
+        rules = default_rules(ops=ops)
     result = optimize_graph(graph, rules, limits, costs, extractor=options.extractor,
                             time_limit=options.time_limit, seed=options.seed, progress=True)
     optimized = result.optimized
@@ -180,6 +182,7 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
         "stop_reason": result.stop_reason,
         "iterations": len(result.saturation.iterations),
         "rules_used": len(rules),
+        "rules_can_match": len(rules_that_can_match(tensat_rules(), ops)),
         "rules_given": len(tensat_rules()),
         "extractor": options.extractor,
         "selection_status": result.selection_status,
