@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from eqsat import ops
@@ -105,27 +105,44 @@ class RegionCandidates:
 def region_candidates(region: Graph, rules: Sequence[Any], limits: Any, models: Mapping[str, Any],
                       extractor: str = "ilp", time_limit: float = 2.0, fold_weights: bool = True) -> RegionCandidates:
     """Saturate `region` once and extract it under each of `models`; each result is checked
-    against the region with the numpy interpreter (a disagreeing or flop-adding result is dropped)."""
+    against the region with the numpy interpreter (a disagreeing or flop-adding result is dropped).
+
+    Two-output merges that overlap (one weight in two concatenations) compute some products twice,
+    so a model whose extraction adds work is extracted again from an e-graph grown by the
+    single-output rules alone: the rewrites that pay without merging (a separable pool, a folded
+    batchnorm) are then not lost with the merges."""
     from eqsat.egraph import TensorEGraph, decode
     from eqsat.extract.egraph_data import load_egraph
     from eqsat.pipeline import _extractor, numerics_match
     from eqsat.saturate import saturate
 
     start = time.perf_counter()
+    deadline = start + time_limit
     egraph = TensorEGraph.from_graph(region)
     report = saturate(egraph, rules, limits)
     extract = _extractor(extractor)
     found: dict[str, Graph] = {}
     errors: list[str] = []
-    enodes = eclasses = 0
+    sizes = [0, 0]
+    single_rules = [r for r in rules if not r.is_multi]
+    single: list[TensorEGraph] = []  # grown on first need
+
+    def best(eg: TensorEGraph, model: Any, seconds: float) -> Graph:
+        data_json = eg.serialize(model, fold_weights=fold_weights)
+        if eg is egraph:
+            sizes[:] = len(data_json["nodes"]), len(data_json["class_data"])
+        data = load_egraph(data_json)
+        return decode(data_json, extract(data, time_limit=seconds).as_ids(data)).live()
+
     per_model = max(time_limit - (time.perf_counter() - start), 0.05) / max(len(models), 1)
     for label, model in models.items():
         try:
-            data_json = egraph.serialize(model, fold_weights=fold_weights)
-            enodes, eclasses = len(data_json["nodes"]), len(data_json["class_data"])
-            data = load_egraph(data_json)
-            selection = extract(data, time_limit=per_model)
-            graph = decode(data_json, selection.as_ids(data)).live()
+            graph = best(egraph, model, per_model)
+            if not no_extra_work(region, graph) and len(single_rules) < len(rules):
+                if not single:
+                    single.append(TensorEGraph.from_graph(region))
+                    saturate(single[0], single_rules, replace(limits, seconds=max(deadline - time.perf_counter(), 0.05)))
+                graph = best(single[0], model, per_model)
         except Exception as exc:  # noqa: BLE001 - one model failing leaves the others
             errors.append(f"{label}: {type(exc).__name__}: {exc}")
             continue
@@ -143,5 +160,6 @@ def region_candidates(region: Graph, rules: Sequence[Any], limits: Any, models: 
         if not no_extra_work(region, graph):
             continue
         found[label] = graph
+    enodes, eclasses = sizes
     return RegionCandidates(region, found, enodes, eclasses, dict(report.total_matches), report.stop_reason,
                             tuple(errors), time.perf_counter() - start)

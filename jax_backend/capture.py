@@ -374,6 +374,26 @@ def _conv(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
     return None
 
 
+def _reduce_window_max(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+    """Max pooling over the last two axes of a 4-D value, padded as TensorFlow's SAME or VALID."""
+    p = eqn.params
+    x = c.shape(ins[0])
+    window, strides = tuple(int(d) for d in p["window_dimensions"]), tuple(int(d) for d in p["window_strides"])
+    if len(x) != 4 or window[:2] != (1, 1) or strides[:2] != (1, 1):
+        return None
+    if any(d != 1 for d in (*p["base_dilation"], *p["window_dilation"])):
+        return None
+    pads = tuple(tuple(int(v) for v in pr) for pr in p["padding"])
+    if pads[:2] != ((0, 0), (0, 0)):
+        return None
+    for code in Padding:
+        want = tuple(ops.window_out_and_pads(x[2 + i], window[2 + i], strides[2 + i], code)[1:] for i in range(2))
+        if want == pads[2:]:
+            return [c.emit1("poolmax", ins, kernel_h=window[2], kernel_w=window[3], stride_h=strides[2],
+                            stride_w=strides[3], pad=int(code), act=0)]
+    return None
+
+
 def _custom_jvp(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
     """Only jax.nn.relu's wrapper is understood (its rule is restored by the relu lowering)."""
     closed = eqn.params["call_jaxpr"]
@@ -397,6 +417,7 @@ CAPTURE_RULES: Mapping[str, CaptureRule] = {
     "broadcast_in_dim": _broadcast_in_dim, "concatenate": _concatenate, "slice": _slice, "split": _split,
     "convert_element_type": _identity, "copy": _identity, "copy_p": _identity,
     "dot_general": _dot_general, "conv_general_dilated": _conv, "custom_jvp_call": _custom_jvp,
+    "reduce_window_max": _reduce_window_max,
 }
 """Primitive name → how it becomes IR; anything not listed is replayed verbatim."""
 

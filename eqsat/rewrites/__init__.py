@@ -10,14 +10,15 @@ from eqsat.rewrites.parser import load_rules, parse_rule_text
 from eqsat.rewrites.rule import Rule, Term, Var
 
 LIBRARY_DIR = Path(__file__).parent / "library"
-LIBRARY_GROUPS: tuple[str, ...] = ("properties", "fusion", "merges", "folding")
+LIBRARY_GROUPS: tuple[str, ...] = ("properties", "fusion", "merges", "folding", "decompositions")
 
 
 def library_rules(groups: Iterable[str] | None = None) -> list[Rule]:
     """The rules the project ships, by group: properties (TASO's operator properties), fusion
     (activation fusion, elementwise chains), merges (two-output concat/split merges), folding
     (batchnorm / per-channel scales folded into conv and matmul weights, matmul + bias merges; these
-    use attribute references, see `parser.py`)."""
+    use attribute references, see `parser.py`), decompositions (one op as cheaper ones: separable
+    max pooling)."""
     chosen = list(LIBRARY_GROUPS if groups is None else groups)
     unknown = [g for g in chosen if g not in LIBRARY_GROUPS]
     if unknown:

@@ -137,7 +137,21 @@ class PolyAlgebra:
         return _map(lambda p: self.atom((name, p)), x)
 
     def maximum(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return np.vectorize(lambda p, q: self.atom(("max", frozenset((p, q)))), otypes=[object])(a, b)
+        """max as one atom over the set of its operands, nested maxes flattened: max is associative,
+        commutative and idempotent, so equal operand sets are equal maxes (a separable pool's
+        max of row maxes is the same atom as the window's max)."""
+        def one(p: Poly, q: Poly) -> Poly:
+            operands = self._max_operands(p) | self._max_operands(q)
+            return next(iter(operands)) if len(operands) == 1 else self.atom(("max", operands))
+
+        return np.vectorize(one, otypes=[object])(a, b)
+
+    def _max_operands(self, p: Poly) -> frozenset[Poly]:
+        if len(p.terms) == 1:
+            ((m, c),) = p.terms.items()
+            if c == 1 and len(m) == 1 and self.atoms[m[0]][0] == "max":
+                return self.atoms[m[0]][1]
+        return frozenset((p,))
 
 
 def _map(fn: Callable[[Any], Any], x: np.ndarray) -> np.ndarray:
@@ -193,8 +207,9 @@ class FieldAlgebra:
         return h % self.p
 
     def maximum(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        lo, hi = np.minimum(a, b), np.maximum(a, b)  # symmetric, like max
-        return self.activation("max", (lo * 7 + hi * 13) % self.p)
+        """The larger representative: associative, commutative and idempotent like max (identities
+        that also need max's order against + and * are left to the proof)."""
+        return np.maximum(a, b)
 
 
 # --- the op table ---------------------------------------------------------------------------------

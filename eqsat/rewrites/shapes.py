@@ -164,14 +164,15 @@ def _cond_value(c: Any, env: Mapping[str, Shape]) -> Any:
 def rank_choices(rule: Rule, limit: int = 64, guarded: bool = False,
                  ranks: Sequence[int] = RANKS) -> list[dict[str, int]]:
     """Every rank assignment (over `ranks`) under which the left sides (and in guarded mode the right
-    sides) can be well-typed with dims all 1 or all 2."""
+    sides) can be well-typed with all dims equal to one grid value (2 and 1 first; larger ones for
+    ops that need room, e.g. a 3x3 VALID pool)."""
     checker = ShapeChecker(rule, guarded)
     order = checker.order
     found: list[dict[str, int]] = []
 
     def ok(chosen: Mapping[str, int]) -> bool:
         complete = guarded and len(chosen) == len(order)  # split pieces are checked only when complete
-        for fill in (2, 1):
+        for fill in (2, 1, *(d for d in DIMS if d > 2)):
             env: dict[str, Any] = {v: (fill,) * r for v, r in chosen.items()} | checker.fixed
             if checker.partial_ok(env, {}) and not (complete and checker.lhs_shapes(env) is None):
                 return True

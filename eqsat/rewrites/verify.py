@@ -160,9 +160,11 @@ def _to_z3(p: Poly, alg: PolyAlgebra, cache: dict[int, z3.ArithRef]) -> z3.Arith
                 x = _to_z3(arg, alg, cache)
                 cache[a] = z3.If(x > 0, x, z3.RealVal(0))
             elif kind == "max":
-                x, y = (_to_z3(q, alg, cache) for q in sorted(arg, key=repr)) if len(arg) == 2 else (
-                    _to_z3(next(iter(arg)), alg, cache),) * 2
-                cache[a] = z3.If(x >= y, x, y)
+                operands = [_to_z3(q, alg, cache) for q in sorted(arg, key=repr)]
+                acc = operands[0]
+                for y in operands[1:]:
+                    acc = z3.If(acc >= y, acc, y)
+                cache[a] = acc
             else:
                 cache[a] = z3.Function(kind, z3.RealSort(), z3.RealSort())(_to_z3(arg, alg, cache))
         return cache[a]

@@ -63,3 +63,23 @@ def test_softmax_and_conv_and_pytrees() -> None:
 def test_constants_are_kept() -> None:
     table = np.arange(8, dtype=np.float32)
     _check(lambda x: x * jnp.asarray(table) + 3.0, _args((2, 8)))
+
+
+def test_max_pooling_becomes_poolmax_and_other_windows_stay_opaque() -> None:
+    def pools(x):
+        same = lax.reduce_window(x, -jnp.inf, lax.max, (1, 1, 3, 3), (1, 1, 1, 1), "SAME")
+        strided = lax.reduce_window(x, -jnp.inf, lax.max, (1, 1, 3, 3), (1, 1, 2, 2), "VALID")
+        uneven = lax.reduce_window(x, -jnp.inf, lax.max, (1, 1, 2, 3), (1, 1, 2, 1), "SAME")
+        return same, strided, uneven
+
+    def over_channels(x):  # a window across channels is no 2-D pool: replayed as it is
+        return lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 1, 1), (1, 1, 1, 1), "VALID")
+
+    args = _args((2, 3, 9, 8))
+    program, _ = capture(pools, *args)
+    assert not program.opaque
+    assert sum(n.op == "poolmax" for s in program.graphs for n in s.graph.nodes) == 3
+    _check(pools, args)
+    program, _ = capture(over_channels, *args)
+    assert [s.name for s in program.opaque] == ["reduce_window_max"]
+    _check(over_channels, args)
