@@ -223,11 +223,13 @@ def conv2d_numpy(x: np.ndarray, w: np.ndarray, stride_h: int, stride_w: int, pad
     groups = x.shape[1] // w.shape[1]
     win = _windows(x, w.shape[2], w.shape[3], stride_h, stride_w, pad, 0.0)
     n, c, ho, wo, kh, kw = win.shape
-    o = w.shape[0]
-    win = win.reshape(n, groups, c // groups, ho, wo, kh, kw)
-    wg = w.reshape(groups, o // groups, c // groups, kh, kw)
-    out = np.einsum("ngchwij,gocij->ngohw", win, wg)
-    return out.reshape(n, o, ho, wo)
+    o, cg = w.shape[0], c // groups
+    # im2col: one (positions x window) matrix per group, so the product runs in BLAS (a 7-index
+    # einsum over the windows is ~40x slower on a GoogLeNet-sized 3x3 conv)
+    cols = win.reshape(n, groups, cg, ho, wo, kh, kw).transpose(1, 0, 3, 4, 2, 5, 6).reshape(
+        groups, n * ho * wo, cg * kh * kw)
+    out = np.matmul(cols, w.reshape(groups, o // groups, cg * kh * kw).transpose(0, 2, 1))
+    return out.reshape(groups, n, ho, wo, o // groups).transpose(1, 0, 4, 2, 3).reshape(n, o, ho, wo)
 
 
 def _conv_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ...]:
