@@ -374,12 +374,13 @@ def _conv(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
     return None
 
 
-def _reduce_window_max(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
-    """Max pooling over the last two axes of a 4-D value, padded as TensorFlow's SAME or VALID."""
+def _pool_attrs(c: _Capturer, eqn: Any, x: int) -> dict[str, int] | None:
+    """A window over the last two axes of a 4-D value, padded as TensorFlow's SAME or VALID, as
+    pool attributes; None for any other window."""
     p = eqn.params
-    x = c.shape(ins[0])
+    shape = c.shape(x)
     window, strides = tuple(int(d) for d in p["window_dimensions"]), tuple(int(d) for d in p["window_strides"])
-    if len(x) != 4 or window[:2] != (1, 1) or strides[:2] != (1, 1):
+    if len(shape) != 4 or window[:2] != (1, 1) or strides[:2] != (1, 1):
         return None
     if any(d != 1 for d in (*p["base_dilation"], *p["window_dilation"])):
         return None
@@ -387,11 +388,29 @@ def _reduce_window_max(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | No
     if pads[:2] != ((0, 0), (0, 0)):
         return None
     for code in Padding:
-        want = tuple(ops.window_out_and_pads(x[2 + i], window[2 + i], strides[2 + i], code)[1:] for i in range(2))
+        want = tuple(ops.window_out_and_pads(shape[2 + i], window[2 + i], strides[2 + i], code)[1:] for i in range(2))
         if want == pads[2:]:
-            return [c.emit1("poolmax", ins, kernel_h=window[2], kernel_w=window[3], stride_h=strides[2],
-                            stride_w=strides[3], pad=int(code), act=0)]
+            return {"kernel_h": window[2], "kernel_w": window[3], "stride_h": strides[2], "stride_w": strides[3],
+                    "pad": int(code), "act": 0}
     return None
+
+
+def _reduce_window_max(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+    """Max pooling (padding never wins a max)."""
+    attrs = _pool_attrs(c, eqn, ins[0])
+    return None if attrs is None else [c.emit1("poolmax", ins, **attrs)]
+
+
+def _reduce_window_sum(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+    """Sum pooling as the IR's average pool (zero padding counted) times the window size: JAX's
+    average pooling is this sum divided by the window size."""
+    attrs = _pool_attrs(c, eqn, ins[0])
+    if attrs is None:
+        return None
+    pooled = c.emit1("poolavg", ins, **attrs)
+    size = c.new((), CAPTURED_DTYPE)
+    c.consts[size] = np.asarray(attrs["kernel_h"] * attrs["kernel_w"], dtype=CAPTURED_DTYPE)
+    return [c.emit1("ewmul", [pooled, c.broadcast_to(size, c.shape(pooled))])]
 
 
 def _custom_jvp(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
@@ -417,7 +436,7 @@ CAPTURE_RULES: Mapping[str, CaptureRule] = {
     "broadcast_in_dim": _broadcast_in_dim, "concatenate": _concatenate, "slice": _slice, "split": _split,
     "convert_element_type": _identity, "copy": _identity, "copy_p": _identity,
     "dot_general": _dot_general, "conv_general_dilated": _conv, "custom_jvp_call": _custom_jvp,
-    "reduce_window_max": _reduce_window_max,
+    "reduce_window_max": _reduce_window_max, "reduce_window_sum": _reduce_window_sum,
 }
 """Primitive name → how it becomes IR; anything not listed is replayed verbatim."""
 

@@ -14,8 +14,9 @@ __all__ = ["DEFAULT_GROUPS", "proved_library_rules"]
 
 DEFAULT_GROUPS: tuple[str, ...] = ("fusion", "merges", "folding", "decompositions")
 """Merges (Q/K/V-style matmuls and parallel convs on one input), activation fusion, folding of
-batchnorms and per-channel scales into weights, and decompositions (separable max pooling); TASO's
-general properties (associativity, commutativity) only grow the e-graph for these programs."""
+batchnorms and per-channel scales into weights, and decompositions (separable max and average
+pools); TASO's general properties (associativity, commutativity) only grow the e-graph for these
+programs."""
 
 
 def proved_library_rules(groups: Sequence[str] = DEFAULT_GROUPS, ops: Iterable[str] | None = None) -> list[Rule]:

@@ -18,7 +18,7 @@ def library_rules(groups: Iterable[str] | None = None) -> list[Rule]:
     (activation fusion, elementwise chains), merges (two-output concat/split merges), folding
     (batchnorm / per-channel scales folded into conv and matmul weights, matmul + bias merges; these
     use attribute references, see `parser.py`), decompositions (one op as cheaper ones: separable
-    max pooling)."""
+    max and average pools)."""
     chosen = list(LIBRARY_GROUPS if groups is None else groups)
     unknown = [g for g in chosen if g not in LIBRARY_GROUPS]
     if unknown:

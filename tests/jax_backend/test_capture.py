@@ -83,3 +83,14 @@ def test_max_pooling_becomes_poolmax_and_other_windows_stay_opaque() -> None:
     program, _ = capture(over_channels, *args)
     assert [s.name for s in program.opaque] == ["reduce_window_max"]
     _check(over_channels, args)
+
+
+def test_sum_pooling_becomes_an_average_pool_times_its_window() -> None:
+    def average(x):  # JAX's average pooling: a window sum divided by the window size
+        return lax.reduce_window(x, 0.0, lax.add, (1, 1, 3, 3), (1, 1, 2, 2), "SAME") / 9.0
+
+    args = _args((2, 3, 9, 8))
+    program, _ = capture(average, *args)
+    assert not program.opaque
+    assert [n.op for n in program.graphs[0].graph.nodes if n.op.startswith("pool")] == ["poolavg"]
+    _check(average, args)

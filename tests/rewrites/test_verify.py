@@ -38,6 +38,7 @@ WRONG_RULES = [
     ("(ewmul (sigmoid ?x) ?y) => (ewmul (tanh ?x) ?y)", "inputs"),
     # a separable pool whose row pass is one row short: same shape, different values
     ("(poolmax ?x 3 3 1 1 0 0) => (poolmax (poolmax ?x 1 3 1 1 0 0) 2 1 1 1 0 0)", "inputs"),
+    ("(poolavg ?x 3 3 1 1 0 0) => (poolavg (poolmax ?x 1 3 1 1 0 0) 3 1 1 1 0 0)", "inputs"),  # max for mean
     ("(ewmax (ewadd ?a ?b) ?c) => (ewadd ?a (ewmax ?b ?c))", "inputs"),
 ]
 
@@ -99,7 +100,8 @@ def test_every_shipped_rule_is_proved() -> None:
 
 
 @pytest.mark.parametrize("name", ["poolmax-separable-3x3-s1-same", "poolmax-separable-3x3-s2-same",
-                                  "poolmax-separable-3x3-s1-valid", "poolmax-separable-2x2-s2-valid"])
+                                  "poolmax-separable-3x3-s1-valid", "poolmax-separable-2x2-s2-valid",
+                                  "poolavg-separable-3x3-s2-same", "poolavg-separable-3x3-s1-valid"])
 def test_separable_pools_are_identities_on_maps_with_interior_windows(name: str) -> None:
     """The verifier's grid (dims up to 4) barely holds a 3x3 window; on a 7x6 map every kind of
     window (corner, edge, interior) occurs, and the two sides are the same max atoms."""
