@@ -125,6 +125,9 @@ class MeasuredModel:
     _dirty: int = field(default=0, repr=False)
     _overhead: dict[int, float] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        self.cache_dir = Path(self.cache_dir)  # a str from a user or a config file is fine too
+
     @property
     def cache_file(self) -> Path:
         return self.cache_dir / f"{device_key()}-{_METHOD}.json"

@@ -36,10 +36,12 @@ def test_elementwise_chain_grad() -> None:
 def test_measured_costs_cache_and_fusion_discount(tmp_path) -> None:
     model = cost_model("measured", repeats=5, warmup=1, cache_dir=tmp_path)
     mm = model.op_cost("matmul", {"act": 0}, [(64, 64), (64, 64)])
-    relu = model.op_cost("relu", {}, [(64, 64)])
+    # a map big enough that a pass over memory stands out of timer noise: fused into its producer,
+    # a relu costs a small part of that pass
+    relu = model.op_cost("relu", {}, [(512, 512)])
     assert mm > 0 and relu > 0
     assert model.op_cost("reshape", {"shape": (4096,)}, [(64, 64)]) == 0.0
-    assert relu <= model.isolated_cost("relu", {}, [(64, 64)]) * 1.5
+    assert relu <= model.isolated_cost("relu", {}, [(512, 512)]) * 0.5
     model.save()
-    again = cost_model("measured", cache_dir=tmp_path)
+    again = cost_model("measured", cache_dir=str(tmp_path))  # a str path is fine too
     assert again.op_cost("matmul", {"act": 0}, [(64, 64), (64, 64)]) == mm  # read back, not re-measured
