@@ -141,3 +141,20 @@ def test_batchnorm_after_conv_folds_to_one_conv_and_one_bias() -> None:
     assert sorted(run_time) == ["broadcast", "conv2d", "ewadd", "relu"]
     jaxpr = str(jax.make_jaxpr(opt)(x))
     assert "sqrt" not in jaxpr and jaxpr.count("mul ") == 0  # scale and shift were precomputed
+
+
+def test_checks_and_timing_run_outside_any_trace() -> None:
+    """The wrapper is usually first called while jax.jit traces; the optimization then runs on a
+    worker thread where values are concrete and jitted candidates dispatch as in a user's calls."""
+    from jax_backend.decorator import _outside_traces
+
+    seen: list[bool] = []
+
+    @jax.jit
+    def traced(x):
+        seen.append(isinstance(x + 1, jax.core.Tracer))
+        seen.append(_outside_traces(lambda: isinstance(jnp.ones(2) + 1, jax.core.Tracer)))
+        return x
+
+    traced(jnp.ones(2))
+    assert seen == [True, False]
