@@ -123,26 +123,26 @@ def region_candidates(region: Graph, rules: Sequence[Any], limits: Any, models: 
     extract = _extractor(extractor)
     found: dict[str, Graph] = {}
     errors: list[str] = []
-    sizes = [0, 0]
+    enodes = eclasses = 0
     single_rules = [r for r in rules if not r.is_multi]
     single: list[TensorEGraph] = []  # grown on first need
 
-    def best(eg: TensorEGraph, model: Any, seconds: float) -> Graph:
+    def extract_from(eg: TensorEGraph, model: Any, seconds: float) -> tuple[Graph, int, int]:
+        """The cheapest graph in `eg` under `model`, and the serialized e-graph's size."""
         data_json = eg.serialize(model, fold_weights=fold_weights)
-        if eg is egraph:
-            sizes[:] = len(data_json["nodes"]), len(data_json["class_data"])
         data = load_egraph(data_json)
-        return decode(data_json, extract(data, time_limit=seconds).as_ids(data)).live()
+        graph = decode(data_json, extract(data, time_limit=seconds).as_ids(data)).live()
+        return graph, len(data_json["nodes"]), len(data_json["class_data"])
 
     per_model = max(time_limit - (time.perf_counter() - start), 0.05) / max(len(models), 1)
     for label, model in models.items():
         try:
-            graph = best(egraph, model, per_model)
+            graph, enodes, eclasses = extract_from(egraph, model, per_model)
             if not no_extra_work(region, graph) and len(single_rules) < len(rules):
                 if not single:
                     single.append(TensorEGraph.from_graph(region))
                     saturate(single[0], single_rules, replace(limits, seconds=max(deadline - time.perf_counter(), 0.05)))
-                graph = best(single[0], model, per_model)
+                graph, _, _ = extract_from(single[0], model, per_model)
         except Exception as exc:  # noqa: BLE001 - one model failing leaves the others
             errors.append(f"{label}: {type(exc).__name__}: {exc}")
             continue
@@ -160,6 +160,5 @@ def region_candidates(region: Graph, rules: Sequence[Any], limits: Any, models: 
         if not no_extra_work(region, graph):
             continue
         found[label] = graph
-    enodes, eclasses = sizes
     return RegionCandidates(region, found, enodes, eclasses, dict(report.total_matches), report.stop_reason,
                             tuple(errors), time.perf_counter() - start)
