@@ -57,6 +57,7 @@ class SegmentReport:
     seconds: float = 0.0
     kernels: tuple[str, ...] = ()
     error: str = ""
+    cost_model: str = ""  # the candidate model whose choice `after` is and whose costs are given
 
 
 @dataclass(frozen=True)
@@ -252,11 +253,13 @@ def _apply_label(graph: Graph, label: str, search: _Search) -> tuple[Graph, tupl
     return (after, tuple(chosen)) if chosen else (graph, ())
 
 
-def _predicted_costs(before: Graph, after: Graph, search: _Search) -> tuple[float | None, float | None]:
-    """Seconds per call of both graphs under the first candidate cost model (weights folded)."""
+def _predicted_costs(before: Graph, after: Graph, search: _Search,
+                     label: str | None = None) -> tuple[float | None, float | None]:
+    """Seconds per call of both graphs under the cost model `label` chose with (default: the first
+    candidate model)."""
     from eqsat.cost import graph_cost
 
-    model = next(iter(search.models.values()), None)
+    model = search.models.get(label) if label is not None else next(iter(search.models.values()), None)
     if model is None:
         return None, None
     try:
@@ -265,8 +268,10 @@ def _predicted_costs(before: Graph, after: Graph, search: _Search) -> tuple[floa
         return None, None
 
 
-def _segment_report(before: Graph, after: Graph, search: _Search, seconds: float) -> SegmentReport:
-    """What the e-graph found for the regions of `before` (summed over its distinct regions)."""
+def _segment_report(before: Graph, after: Graph, search: _Search, seconds: float,
+                    label: str | None = None) -> SegmentReport:
+    """What the e-graph found for the regions of `before` (summed over its distinct regions), with
+    costs predicted by the model of candidate `label` (default: the first model)."""
     from jax_backend.regions import egraph_ops, optimize_regions
     from jax_backend.structure import canonicalize
 
@@ -291,7 +296,7 @@ def _segment_report(before: Graph, after: Graph, search: _Search, seconds: float
             totals[k] = totals.get(k, 0) + v
         errors.extend(c.errors)
     fired = tuple(f"{k}×{v}" for k, v in sorted(totals.items()) if v)
-    cost_before, cost_after = _predicted_costs(before, after, search)
+    cost_before, cost_after = _predicted_costs(before, after, search, label)
     return SegmentReport(before, after, cost_before, cost_after, sum(c.enodes for c in seen) if seen else None,
                          sum(c.eclasses for c in seen) if seen else None, fired,
                          "; ".join(sorted({c.stop_reason for c in seen})) or "no region optimized", seconds,
@@ -463,7 +468,8 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
             if not ok:
                 problems.append(f"{label}: outputs differ from the original (max rel. error {err:.3g})")
                 continue
-            segs = [SegmentReport(**{**_segment_report(s.graph, g, search, t).__dict__, "kernels": k})
+            segs = [SegmentReport(**{**_segment_report(s.graph, g, search, t, label).__dict__, "kernels": k,
+                                     "cost_model": label})
                     for s, g, t, k in zip(steps, graphs, seconds, kernels)]
             built.append((label, fn, segs, err))
         if not built:

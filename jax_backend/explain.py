@@ -36,8 +36,9 @@ class Explanation:
         if r.opaque:
             lines.append(f"replayed verbatim: {', '.join(r.opaque)}")
         for k, s in enumerate(r.segments):
+            model = f" ({s.cost_model} model)" if s.cost_model else ""
             lines.append(f"graph {k}: {_size(s.before)} → {_size(s.after)} ops; predicted {_us(s.cost_before)} → "
-                         f"{_us(s.cost_after)} per call; "
+                         f"{_us(s.cost_after)} per call{model}; "
                          f"e-graph {s.enodes} nodes / {s.eclasses} classes; stop: {s.stop_reason or '-'}")
             if s.rules_fired:
                 lines.append(f"  rules fired: {', '.join(s.rules_fired)}")
