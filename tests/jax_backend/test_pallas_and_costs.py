@@ -1,5 +1,5 @@
-"""Pallas kernels (interpret mode on CPU) match XLA in value and gradient; measured costs cache on
-disk and discount what XLA fuses."""
+"""Pallas kernels (interpret mode on CPU) match XLA in value and gradient; measured costs are cached
+on disk and charge fusible ops their marginal time."""
 
 from __future__ import annotations
 
@@ -33,15 +33,26 @@ def test_elementwise_chain_grad() -> None:
                                jax.grad(lambda t: chain(t).sum())(x), rtol=1e-5)
 
 
-def test_measured_costs_cache_and_fusion_discount(tmp_path) -> None:
+def test_measured_costs_are_real_and_cached(tmp_path) -> None:
     model = cost_model("measured", repeats=5, warmup=1, cache_dir=tmp_path)
     mm = model.op_cost("matmul", {"act": 0}, [(64, 64), (64, 64)])
-    # a map big enough that a pass over memory stands out of timer noise: fused into its producer,
-    # a relu costs a small part of that pass
-    relu = model.op_cost("relu", {}, [(512, 512)])
-    assert mm > 0 and relu > 0
-    assert model.op_cost("reshape", {"shape": (4096,)}, [(64, 64)]) == 0.0
-    assert relu <= model.isolated_cost("relu", {}, [(512, 512)]) * 0.5
+    assert mm > 0 and model.op_cost("relu", {}, [(64, 64)]) > 0
+    assert model.op_cost("reshape", {"shape": (4096,)}, [(64, 64)]) == 0.0  # a view costs nothing
     model.save()
     again = cost_model("measured", cache_dir=str(tmp_path))  # a str path is fine too
     assert again.op_cost("matmul", {"act": 0}, [(64, 64), (64, 64)]) == mm  # read back, not re-measured
+
+
+def test_fusible_ops_are_charged_their_marginal_time(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relu is timed inside a chain and charged what it adds to it (XLA fuses it into its
+    producer's loop); a matmul is timed alone. The timer is replaced by a script, so the rule, not
+    machine noise, is what is checked."""
+    from jax_backend.measured_cost import MeasuredModel
+
+    timings = iter([2e-4, 5e-4, 4.6e-4, 3e-4])  # matmul alone; relu chain with, without; relu alone
+    monkeypatch.setattr(MeasuredModel, "_time", lambda self, fn, args: next(timings))
+    model = cost_model("measured", cache_dir=tmp_path)
+    assert model.op_cost("matmul", {"act": 0}, [(64, 64), (64, 64)]) == 2e-4
+    assert model.op_cost("relu", {}, [(512, 512)]) == pytest.approx(4e-5)
+    assert model.isolated_cost("relu", {}, [(512, 512)]) == 3e-4
+    assert model.op_cost("relu", {}, [(512, 512)]) == pytest.approx(4e-5)  # cached: the script is spent
