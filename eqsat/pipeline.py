@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,18 +74,18 @@ def tensat_rules() -> list[Rule]:
     return rules
 
 
-def default_rules(allow_unproved: bool = False, ops: Iterable[str] | None = None) -> list[Rule]:
+def default_rules(allow_unproved: bool = False, candidates: Sequence[Rule] | None = None) -> list[Rule]:
     """Tensat's rules that the verifier accepts (results cached on disk, so this is cheap after once).
 
     Rules refuted only on shapes but proved whenever their right side is well-typed are admitted
     (`allow_guarded`): the egglog translation builds a right side only when its shape facts hold.
-    Rules refuted on values are never used; unknown ones only with `allow_unproved`. With `ops`
-    (a graph's ops), only the rules that can match such a graph are verified and returned.
+    Rules refuted on values are never used; unknown ones only with `allow_unproved`. `candidates`
+    narrows the rules considered (default: all of Tensat's), e.g. to those that can match one
+    graph (`rules_that_can_match`), so the others are never verified.
     """
-    from eqsat.rewrites.rule import rules_that_can_match
     from eqsat.rewrites.verify import verified_rules
 
-    rules = tensat_rules() if ops is None else rules_that_can_match(tensat_rules(), ops)
+    rules = tensat_rules() if candidates is None else list(candidates)
     return verified_rules(rules, allow_unproved=allow_unproved, allow_guarded=True)
 
 

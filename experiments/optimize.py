@@ -154,9 +154,10 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
                     multi_rounds=options.k_multi)
     console.print(f"[bold]{model}[/]: {len(graph.nodes)} nodes; saturating (limits: {limits.iterations} iterations, "
                   f"{limits.nodes} e-nodes, {limits.seconds:g} s) and extracting with {options.extractor}")
-    ops = {n.op for n in graph.nodes}
+    given = tensat_rules()
+    can_match = rules_that_can_match(given, {n.op for n in graph.nodes})
     with console.status("verifying Tensat's rules that can match the graph (cached after the first run)"):
-        rules = default_rules(ops=ops)
+        rules = default_rules(candidates=can_match)
     result = optimize_graph(graph, rules, limits, costs, extractor=options.extractor,
                             time_limit=options.time_limit, seed=options.seed, progress=True)
     optimized = result.optimized
@@ -182,8 +183,8 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
         "stop_reason": result.stop_reason,
         "iterations": len(result.saturation.iterations),
         "rules_used": len(rules),
-        "rules_can_match": len(rules_that_can_match(tensat_rules(), ops)),
-        "rules_given": len(tensat_rules()),
+        "rules_can_match": len(can_match),
+        "rules_given": len(given),
         "extractor": options.extractor,
         "selection_status": result.selection_status,
         "cost_model": f"{options.cost_model}/{costs.device}",

@@ -125,7 +125,7 @@ def region_candidates(region: Graph, rules: Sequence[Any], limits: Any, models: 
     errors: list[str] = []
     enodes = eclasses = 0
     single_rules = [r for r in rules if not r.is_multi]
-    single: list[TensorEGraph] = []  # grown on first need
+    single: TensorEGraph | None = None  # grown by the single-output rules, on first need
 
     def extract_from(eg: TensorEGraph, model: Any, seconds: float) -> tuple[Graph, int, int]:
         """The cheapest graph in `eg` under `model`, and the serialized e-graph's size."""
@@ -139,10 +139,10 @@ def region_candidates(region: Graph, rules: Sequence[Any], limits: Any, models: 
         try:
             graph, enodes, eclasses = extract_from(egraph, model, per_model)
             if not no_extra_work(region, graph) and len(single_rules) < len(rules):
-                if not single:
-                    single.append(TensorEGraph.from_graph(region))
-                    saturate(single[0], single_rules, replace(limits, seconds=max(deadline - time.perf_counter(), 0.05)))
-                graph, _, _ = extract_from(single[0], model, per_model)
+                if single is None:
+                    single = TensorEGraph.from_graph(region)
+                    saturate(single, single_rules, replace(limits, seconds=max(deadline - time.perf_counter(), 0.05)))
+                graph, _, _ = extract_from(single, model, per_model)
         except Exception as exc:  # noqa: BLE001 - one model failing leaves the others
             errors.append(f"{label}: {type(exc).__name__}: {exc}")
             continue
