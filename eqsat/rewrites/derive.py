@@ -25,7 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from eqsat.errors import ShapeError
-from eqsat.rewrites.rule import Pattern, Rule, Term, Var, variables
+from eqsat.rewrites.concrete import VerifyOptions, verify_concrete
+from eqsat.rewrites.parser import parse_rules
+from eqsat.rewrites.rule import Pattern, Rule, Term, Var, ops_used, variables
+from eqsat.rewrites.semantics import pattern_shape
+from eqsat.rewrites.shapes import rank_choices
+from eqsat.rewrites.verify_cache import VerificationCache
 
 NodeKey = tuple[Any, ...]
 ENode = tuple[NodeKey, tuple[int, ...]]
@@ -195,8 +200,6 @@ def _meets(rule: Rule, axioms: Sequence[Rule], iterations: int, max_nodes: int, 
 
 def _halves(rule: Rule) -> list[Rule] | None:
     """The single rules `lhs[i] => rhs[i]` of a two-output rule with no split pieces, else None."""
-    from eqsat.rewrites.rule import ops_used
-
     if any("split_part" in ops_used(p) for p in rule.rhs):
         return None
     return [Rule(f"{rule.name}#{i}", (l,), (r,), rule.source) for i, (l, r) in enumerate(zip(rule.lhs, rule.rhs))]
@@ -236,8 +239,6 @@ def derivable_guarded(rule: Rule, axioms: Sequence[Rule], iterations: int = 6,
 def concat_forms(rule: Rule) -> list[Rule]:
     """`concat A nd L0 L1 => T` for each rank nd the two-output rule admits (ranks up to 6 tried), or
     [] when its right sides are not the two pieces of one split term."""
-    from eqsat.rewrites.shapes import rank_choices
-
     pieces = rule.rhs
     if len(pieces) != 2 or not all(isinstance(p, Term) and p.op == "split_part" for p in pieces):
         return []
@@ -249,8 +250,6 @@ def concat_forms(rule: Rule) -> list[Rule]:
     first = next(iter(variables(rule.lhs[0])), None)
     if first is None:
         return []
-    from eqsat.rewrites.semantics import pattern_shape
-
     ranks: set[int] = set()
     for choice in rank_choices(rule, guarded=True, ranks=tuple(range(1, 7))):
         try:
@@ -279,8 +278,6 @@ def axiom_templates() -> list[Rule]:
             variants = [v.replace("{s}", str(s)).replace("{p}", str(p)).replace(":", f".s{s}p{p}:", 1)
                         for v in variants for s in (1, 2) for p in (0, 1)]
         lines.extend(variants)
-    from eqsat.rewrites.parser import parse_rules
-
     return parse_rules(lines, AXIOMS_FILE.name)
 
 
@@ -288,9 +285,6 @@ def axiom_templates() -> list[Rule]:
 def axiom_base(cache: bool = True) -> tuple[Rule, ...]:
     """The axioms that the concrete prover proves (memoized: a pure function of the shipped file;
     with `cache`, their verification also goes through the on-disk verification cache)."""
-    from eqsat.rewrites.verify import VerifyOptions, verify_concrete
-    from eqsat.rewrites.verify_cache import VerificationCache
-
     options = VerifyOptions(samples=12)
     store = VerificationCache.default() if cache else None
     keep = []

@@ -18,9 +18,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from eqsat.rewrites.concrete import VERIFIER_VERSION, VerificationResult
+from eqsat.rewrites.printer import rule_text
 from eqsat.rewrites.rule import Rule
 
-_DEPENDENCIES = ("semantics.py", "shapes.py", "verify.py", "derive.py", "rule.py", "parser.py",
+_DEPENDENCIES = ("semantics.py", "shapes.py", "concrete.py", "verify.py", "derive.py", "rule.py", "parser.py",
                  "library/axioms.rules", "../ops.py")
 
 
@@ -30,8 +32,6 @@ def cache_root() -> Path:
 
 
 def _code_digest() -> str:
-    from eqsat.rewrites.verify import VERIFIER_VERSION
-
     h = hashlib.sha256(f"verifier v{VERIFIER_VERSION}\n".encode())
     here = Path(__file__).parent
     for name in _DEPENDENCIES:
@@ -44,8 +44,6 @@ def _code_digest() -> str:
 
 def canonical_text(rule: Rule) -> str:
     """The rule as the printer writes it, without its name (two names, one rule, one entry)."""
-    from eqsat.rewrites.printer import rule_text
-
     return rule_text(dataclasses.replace(rule, name="r"))
 
 
@@ -63,9 +61,7 @@ class VerificationCache:
         digest = hashlib.sha256(key.encode()).hexdigest()
         return self.root / digest[:2] / f"{digest[2:32]}.json"
 
-    def get(self, rule: Rule, options: object, all_shapes: bool):  # -> VerificationResult | None
-        from eqsat.rewrites.verify import VerificationResult
-
+    def get(self, rule: Rule, options: object, all_shapes: bool) -> VerificationResult | None:
         try:
             data = json.loads(self.path(rule, options, all_shapes).read_text())
             result = VerificationResult.from_json(data)
@@ -73,12 +69,12 @@ class VerificationCache:
             return None
         return dataclasses.replace(result, name=rule.name, source=rule.source)
 
-    def put(self, rule: Rule, options: object, all_shapes: bool, result: object) -> None:
+    def put(self, rule: Rule, options: object, all_shapes: bool, result: VerificationResult) -> None:
         path = self.path(rule, options, all_shapes)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(result.to_json()))  # type: ignore[attr-defined]
+            tmp.write_text(json.dumps(result.to_json()))
             tmp.replace(path)
         except OSError:
             pass

@@ -90,7 +90,7 @@ def test_padded_poolmax_is_exact_over_polynomials() -> None:
     values = np.random.default_rng(3).normal(size=(1, 2, 4, 3))
     import z3
 
-    from eqsat.rewrites.verify import _to_z3
+    from eqsat.rewrites.concrete import _to_z3
 
     cache: dict = {}
     model_values = {f"x{list(idx)}": float(values[idx]) for idx in np.ndindex(*values.shape)}
