@@ -28,12 +28,12 @@ import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from eqsat import ops
 from eqsat.errors import EqsatError
+from eqsat.paths import cache_dir
 
 if TYPE_CHECKING:
     from eqsat.ir import Graph
@@ -87,15 +87,6 @@ def _machine_key() -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
-def _cache_dir() -> Path:
-    """`$EQSAT_CACHE_DIR`, else `~/.cache/eqsat` (XDG_CACHE_HOME respected)."""
-    explicit = os.environ.get("EQSAT_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "eqsat"
-
-
 def _best_of(fn: Callable[[], Any], repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
@@ -134,7 +125,7 @@ def _measure_cpu() -> DeviceSpec:
 
 def calibrate_cpu(force: bool = False) -> DeviceSpec:
     """The CPU's spec from the on-disk cache, measuring (< 2 s) and caching it if absent or `force`."""
-    path = _cache_dir() / f"cpu-{_machine_key()}.json"
+    path = cache_dir() / f"cpu-{_machine_key()}.json"
     if not force and path.exists():
         try:
             return DeviceSpec(**json.loads(path.read_text()))

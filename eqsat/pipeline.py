@@ -7,11 +7,9 @@ input (e.g. a solver that timed out), the input graph is returned and `selection
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,11 +18,12 @@ from eqsat import ops
 from eqsat.egraph import CostModel, TensorEGraph, decode
 from eqsat.errors import EqsatError, NumericsError
 from eqsat.ir import Graph
-from eqsat.rewrites.parser import load_rules, tensat_rule_files
+from eqsat.paths import tensat_rule_files
+from eqsat.rewrites.parser import load_rules
 from eqsat.rewrites.rule import Rule
 from eqsat.saturate import Limits, SaturationReport, saturate
 
-__all__ = ["OptimizationResult", "optimize_graph", "default_rules", "tensat_rules", "data_dir", "graph_cost", "numerics_match"]
+__all__ = ["OptimizationResult", "optimize_graph", "default_rules", "tensat_rules", "graph_cost", "numerics_match"]
 
 
 @dataclass(frozen=True)
@@ -58,16 +57,10 @@ class OptimizationResult:
                 "stop_reason": self.stop_reason, "saturation": self.saturation.to_json()}
 
 
-def data_dir() -> Path:
-    """The shared data directory: $EQSAT_DATA, else `shared/data` beside the repository."""
-    env = os.environ.get("EQSAT_DATA") or os.environ.get("EQSAT_DATA_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
 def tensat_rules() -> list[Rule]:
     """Tensat's single- and two-output rule files, as written (unverified)."""
     rules: list[Rule] = []
-    for path in tensat_rule_files(data_dir()):
+    for path in tensat_rule_files():
         if not path.exists():
             raise EqsatError(f"rule file {path} not found; set EQSAT_DATA to the shared data directory")
         rules.extend(load_rules(path))

@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from eqsat.extract import EXTRACTORS, check_selection, extract, load_egraph
-
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-EGRAPHS = DATA / "egraphs"
+from eqsat.paths import data_dir, egraphs_dir
 
 
-def best_known(readme: Path = DATA / "README.md") -> dict[str, float]:
+
+def best_known(readme: Path | None = None) -> dict[str, float]:
     """'suite/file.json' → best known DAG cost, read from the data README's table."""
     out: dict[str, float] = {}
+    readme = readme or data_dir() / "README.md"
     if not readme.exists():
         return out
     for line in readme.read_text().splitlines():
@@ -40,7 +40,7 @@ def best_known(readme: Path = DATA / "README.md") -> dict[str, float]:
 
 
 def default_files() -> list[Path]:
-    return sorted(EGRAPHS.glob("*/*.json"))
+    return sorted(egraphs_dir().glob("*/*.json"))
 
 
 def _key(path: Path) -> str:

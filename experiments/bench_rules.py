@@ -12,13 +12,11 @@ EQSAT_CACHE_DIR to an empty folder for a cold run; a second run is the warm figu
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 from eqsat.cli import main as eqsat_main
+from eqsat.paths import tensat_rule_files
 
-RULES = Path(__file__).resolve().parents[2] / "shared" / "data" / "tensat" / "rules"
 
 
 def run() -> int:
@@ -26,7 +24,7 @@ def run() -> int:
     parser.add_argument("--skip-synth", action="store_true")
     parser.add_argument("--out", default="results/synth.rules")
     args = parser.parse_args()
-    code = eqsat_main(["rules", "verify", str(RULES / "converted.txt"), str(RULES / "converted_multi.txt"), "--json"])
+    code = eqsat_main(["rules", "verify", *map(str, tensat_rule_files()), "--json"])
     if code or args.skip_synth:
         return code
     return eqsat_main(["rules", "synth", "--max-ops", "3", "--time-limit", "300", "--out", args.out, "--json"])

@@ -8,7 +8,6 @@ from Tensat's `.model` files in the shared data directory.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -17,21 +16,14 @@ from types import MappingProxyType
 
 from eqsat.errors import EqsatError, GraphFormatError
 from eqsat.ir import Graph, GraphBuilder, Tensor
+from eqsat.paths import tensat_models_dir
 from eqsat.taso import load_taso_model
 
-__all__ = ["MODELS", "ModelEntry", "build_model", "nasrnn", "data_dir", "UnknownModelError"]
+__all__ = ["MODELS", "ModelEntry", "build_model", "nasrnn", "UnknownModelError"]
 
 
 class UnknownModelError(EqsatError):
     """A model name that the registry does not define."""
-
-
-def data_dir() -> Path:
-    """`$EQSAT_DATA_DIR`, else `../shared/data` beside the repository root."""
-    explicit = os.environ.get("EQSAT_DATA_DIR")
-    if explicit:
-        return Path(explicit)
-    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def _nas_cell(b: GraphBuilder, x: Tensor, h: Tensor, step: int, hidden: int) -> Tensor:
@@ -63,9 +55,9 @@ def nasrnn(steps: int = 5, hidden: int = 512, batch: int = 1) -> Graph:
 
 
 def _taso(file_name: str) -> Graph:
-    path = data_dir() / "tensat" / "models" / file_name
+    path = tensat_models_dir() / file_name
     if not path.exists():
-        raise GraphFormatError(f"{path}: TASO model file not found (set EQSAT_DATA_DIR to the shared data directory)")
+        raise GraphFormatError(f"{path}: TASO model file not found (set EQSAT_DATA to the shared data directory)")
     return load_taso_model(path)
 
 

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eqsat import ops
+from eqsat.paths import cache_dir
 
 Shape = tuple[int, ...]
 
@@ -52,8 +53,7 @@ def device_key() -> str:
 
 
 def _default_cache_dir() -> Path:
-    root = os.environ.get("EQSAT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "eqsat")
-    return Path(root) / "measured"
+    return cache_dir("measured")
 
 
 def time_callable(fn: Callable[..., Any], args: Sequence[Any], repeats: int = 15, warmup: int = 3,

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from eqsat.cost import cost_model, graph_cost
-from experiments.models import MODELS, UnknownModelError, build_model, data_dir, nasrnn
+from eqsat.paths import tensat_models_dir
+from experiments.models import MODELS, UnknownModelError, build_model, nasrnn
 from jax_backend.lower import to_jax
 
 
@@ -30,7 +31,7 @@ def test_nasrnn_small_lowers_and_matches_numpy() -> None:
     assert np.all(np.abs(want) < 1)  # a tanh output
 
 
-@pytest.mark.skipif(not (data_dir() / "tensat" / "models").exists(), reason="shared data not present")
+@pytest.mark.skipif(not tensat_models_dir().exists(), reason="shared data not present")
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_every_registered_model_builds_and_has_a_cost(name: str) -> None:
     g = build_model(name)

@@ -11,9 +11,9 @@ import pytest
 from eqsat.errors import GraphFormatError, UnknownOpError
 from eqsat.ir import Graph
 from eqsat.taso import load_taso_model, parse_blocks
-from experiments.models import data_dir
+from eqsat.paths import tensat_models_dir
 
-MODELS_DIR = data_dir() / "tensat" / "models"
+MODELS_DIR = tensat_models_dir()
 
 # (file, output shapes, op counts that identify the architecture)
 EXPECTED = {

@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     verify.add_argument("--seed", type=int, default=0)
     verify.add_argument("--no-all-shapes", action="store_true", help="skip the e-graph derivation from axioms")
     verify.add_argument("--no-cache", action="store_true", help="verify every rule again, ignoring (and not "
-                        "writing) the on-disk verification cache ($EQSAT_CACHE_DIR or ~/.cache/eqsat)")
+                        "writing) the on-disk verification cache (see README: $EQSAT_CACHE_DIR)")
     verify.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     synth = sub.add_parser("synth", help="enumerate small graphs and keep the new, verified equalities")
     synth.add_argument("--max-ops", type=int, default=2, help="operators per graph")

@@ -25,7 +25,7 @@ on the left.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -260,7 +260,3 @@ def load_rules(path: str | Path, multi: bool | None = None) -> list[Rule]:
         multi = "multi" in path.name
     return parse_rules(text.splitlines(), path.name, multi)
 
-
-def tensat_rule_files(data_dir: str | Path) -> Sequence[Path]:
-    base = Path(data_dir) / "tensat" / "rules"
-    return (base / "converted.txt", base / "converted_multi.txt")

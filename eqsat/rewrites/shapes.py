@@ -14,7 +14,7 @@ left sides' shapes: the region where an applier that checks its right side's typ
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 

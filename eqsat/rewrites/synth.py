@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 
 from eqsat.errors import EqsatError, ShapeError
 from eqsat.ops import Shape
+from eqsat.paths import tensat_rule_files
 from eqsat.rewrites.derive import derivable
 from eqsat.rewrites.printer import rule_text
 from eqsat.rewrites.rule import Pattern, Rule, Term, Var, ops_used, subterms, variables
@@ -40,8 +41,7 @@ class SynthOptions:
     worlds: tuple[tuple[Shape, int], ...] = (((2, 2), 4), ((2, 2, 1, 2), 3))
     trials: int = 2
     seed: int = 0
-    tensat_rules: str | None = str(Path(__file__).resolve().parents[3] / "shared" / "data" / "tensat" / "rules"
-                                   / "converted.txt")
+    tensat_rules: str | None = field(default_factory=lambda: str(tensat_rule_files()[0]))
 
 
 def _builders(ops: Sequence[str], shape: Shape) -> tuple[list[Any], list[Any]]:

@@ -1,7 +1,7 @@
 """On-disk cache of verification results, so a pipeline can verify its rule set on every run.
 
-One small JSON file per (rule, options) under `$EQSAT_CACHE_DIR/verify/` (default
-`~/.cache/eqsat/verify/`). The key hashes the rule's canonical text (as the printer writes it, with
+One small JSON file per (rule, options) under the `verify` cache folder
+(`eqsat.paths.cache_dir`). The key hashes the rule's canonical text (as the printer writes it, with
 its side conditions), the verifier options, `VERIFIER_VERSION`, and the source of everything the
 answer depends on (the rewrites package's verifier modules, the axiom file, the op registry), so an
 edited verifier, axiom or op never serves a stale answer. The rule's name and source are not in the
@@ -18,17 +18,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from eqsat.paths import cache_dir
 from eqsat.rewrites.concrete import VERIFIER_VERSION, VerificationResult
 from eqsat.rewrites.printer import rule_text
 from eqsat.rewrites.rule import Rule
 
 _DEPENDENCIES = ("semantics.py", "shapes.py", "concrete.py", "verify.py", "derive.py", "rule.py", "parser.py",
                  "library/axioms.rules", "../ops.py")
-
-
-def cache_root() -> Path:
-    root = os.environ.get("EQSAT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "eqsat")
-    return Path(root) / "verify"
 
 
 def _code_digest() -> str:
@@ -54,7 +50,7 @@ class VerificationCache:
 
     @staticmethod
     def default() -> VerificationCache:
-        return VerificationCache(cache_root(), _code_digest())
+        return VerificationCache(cache_dir("verify"), _code_digest())
 
     def path(self, rule: Rule, options: object, all_shapes: bool) -> Path:
         key = f"{self.code}\n{options!r}\nall_shapes={all_shapes}\n{canonical_text(rule)}"
@@ -80,4 +76,4 @@ class VerificationCache:
             pass
 
 
-__all__ = ["VerificationCache", "cache_root", "canonical_text"]
+__all__ = ["VerificationCache", "canonical_text"]

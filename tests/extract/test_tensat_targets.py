@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from eqsat.extract import check_selection, extract, load_egraph
+from eqsat.paths import egraphs_dir
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "egraphs" / "tensat"
+DATA = egraphs_dir() / "tensat"
 BEST = {"resnet50": 4.386, "bert": 0.705, "nasneta": 11.199, "nasrnn": 0.950, "vgg": 4.851}
 
 

@@ -5,11 +5,12 @@ from pathlib import Path
 import pytest
 
 from eqsat.errors import RuleParseError
+from eqsat.paths import tensat_rules_dir
 from eqsat.rewrites import library_rules, load_rules, parse_rule_text
 from eqsat.rewrites.printer import rule_text
 from eqsat.rewrites.rule import Term, Var
 
-TENSAT = Path(__file__).resolve().parents[3] / "shared" / "data" / "tensat" / "rules"
+TENSAT = tensat_rules_dir()
 needs_tensat = pytest.mark.skipif(not TENSAT.exists(), reason="Tensat rule files not present")
 
 
