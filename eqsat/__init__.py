@@ -23,5 +23,5 @@ def __getattr__(name: str):  # noqa: ANN202 - lazy re-exports, so `import eqsat`
 _EQSAT_EXPORTS = {
     "TensorEGraph": "eqsat.egraph", "decode": "eqsat.egraph",
     "Limits": "eqsat.saturate", "SaturationReport": "eqsat.saturate", "saturate": "eqsat.saturate",
-    "optimize_graph": "eqsat.pipeline", "OptimizationResult": "eqsat.pipeline", "default_rules": "eqsat.pipeline",
+    "optimize_graph": "eqsat.pipeline", "OptimizationResult": "eqsat.pipeline", "select_rules": "eqsat.rulesets",
 }

@@ -18,12 +18,11 @@ from eqsat import ops
 from eqsat.egraph import CostModel, TensorEGraph, decode
 from eqsat.errors import EqsatError, NumericsError
 from eqsat.ir import Graph
-from eqsat.paths import tensat_rule_files
-from eqsat.rewrites.parser import load_rules
 from eqsat.rewrites.rule import Rule
+from eqsat.rulesets import tensat_rules  # noqa: F401 - jax_backend.decorator still imports it from here
 from eqsat.saturate import Limits, SaturationReport, saturate
 
-__all__ = ["OptimizationResult", "optimize_graph", "default_rules", "tensat_rules", "graph_cost", "numerics_match"]
+__all__ = ["OptimizationResult", "optimize_graph", "graph_cost", "numerics_match"]
 
 
 @dataclass(frozen=True)
@@ -55,31 +54,6 @@ class OptimizationResult:
                 "selection_status": self.selection_status, "extractor": self.extractor,
                 "numerics_ok": self.numerics_ok, "max_abs_diff": self.max_abs_diff,
                 "stop_reason": self.stop_reason, "saturation": self.saturation.to_json()}
-
-
-def tensat_rules() -> list[Rule]:
-    """Tensat's single- and two-output rule files, as written (unverified)."""
-    rules: list[Rule] = []
-    for path in tensat_rule_files():
-        if not path.exists():
-            raise EqsatError(f"rule file {path} not found; set EQSAT_DATA to the shared data directory")
-        rules.extend(load_rules(path))
-    return rules
-
-
-def default_rules(allow_unproved: bool = False, candidates: Sequence[Rule] | None = None) -> list[Rule]:
-    """Tensat's rules that the verifier accepts (results cached on disk, so this is cheap after once).
-
-    Rules refuted only on shapes but proved whenever their right side is well-typed are admitted
-    (`allow_guarded`): the egglog translation builds a right side only when its shape facts hold.
-    Rules refuted on values are never used; unknown ones only with `allow_unproved`. `candidates`
-    narrows the rules considered (default: all of Tensat's), e.g. to those that can match one
-    graph (`rules_that_can_match`), so the others are never verified.
-    """
-    from eqsat.rewrites.verify import verified_rules
-
-    rules = tensat_rules() if candidates is None else list(candidates)
-    return verified_rules(rules, allow_unproved=allow_unproved, allow_guarded=True)
 
 
 def graph_cost(graph: Graph, cost_model: CostModel, fold_weights: bool = False) -> float:

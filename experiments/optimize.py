@@ -143,8 +143,8 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
     """Run the whole path on `model` and return the report row (the CLI's JSON fields and a few more)."""
     from rich.console import Console
 
-    from eqsat.pipeline import default_rules, optimize_graph, tensat_rules
-    from eqsat.rewrites.rule import rules_that_can_match
+    from eqsat.pipeline import optimize_graph
+    from eqsat.rulesets import select_rules
     from eqsat.saturate import Limits
 
     console = Console(stderr=True)
@@ -154,11 +154,9 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
                     multi_rounds=options.k_multi)
     console.print(f"[bold]{model}[/]: {len(graph.nodes)} nodes; saturating (limits: {limits.iterations} iterations, "
                   f"{limits.nodes} e-nodes, {limits.seconds:g} s) and extracting with {options.extractor}")
-    given = tensat_rules()
-    can_match = rules_that_can_match(given, {n.op for n in graph.nodes})
     with console.status("verifying Tensat's rules that can match the graph (cached after the first run)"):
-        rules = default_rules(candidates=can_match)
-    result = optimize_graph(graph, rules, limits, costs, extractor=options.extractor,
+        rule_set = select_rules("tensat", {n.op for n in graph.nodes})
+    result = optimize_graph(graph, rule_set.trusted, limits, costs, extractor=options.extractor,
                             time_limit=options.time_limit, seed=options.seed, progress=True)
     optimized = result.optimized
     if options.save_graphs is not None:
@@ -182,9 +180,7 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
         "numerics_ok": bool(result.numerics_ok and measured.numerics_ok),
         "stop_reason": result.stop_reason,
         "iterations": len(result.saturation.iterations),
-        "rules_used": len(rules),
-        "rules_can_match": len(can_match),
-        "rules_given": len(given),
+        **rule_set.counts(),
         "extractor": options.extractor,
         "selection_status": result.selection_status,
         "cost_model": f"{options.cost_model}/{costs.device}",

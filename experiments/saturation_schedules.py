@@ -13,7 +13,8 @@ import json
 import sys
 
 from eqsat.cost import cost_model
-from eqsat.pipeline import default_rules, optimize_graph
+from eqsat.pipeline import optimize_graph
+from eqsat.rulesets import select_rules
 from eqsat.saturate import MULTI_SCHEDULES, Limits
 from experiments.models import build_model
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-limit", type=int, default=50_000)
     parser.add_argument("--time-limit", type=float, default=60.0, help="extraction time limit, seconds")
     args = parser.parse_args(argv)
-    graph, rules, costs = build_model(args.model), default_rules(), cost_model("roofline", device="cpu")
+    graph, rules, costs = build_model(args.model), select_rules("tensat").trusted, cost_model("roofline", device="cpu")
     for k in args.k_multi:
         for schedule in args.schedules:
             limits = Limits(nodes=args.node_limit, multi_rounds=k, multi_schedule=schedule)

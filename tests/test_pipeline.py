@@ -7,7 +7,8 @@ import pytest
 from eqsat import ops
 from eqsat.errors import NumericsError
 from eqsat.ir import Graph, GraphBuilder
-from eqsat.pipeline import default_rules, graph_cost, numerics_match, optimize_graph, tensat_rules
+from eqsat.pipeline import graph_cost, numerics_match, optimize_graph
+from eqsat.rulesets import select_rules, tensat_rules
 from eqsat.rewrites.parser import parse_rule_text
 from eqsat.saturate import STOP_REASONS, Limits
 from tests.test_egraph import FlopsCost
@@ -32,7 +33,7 @@ def tiny_nasrnn(steps: int = 2, hidden: int = 8) -> Graph:
 def test_default_rules_are_the_verified_tensat_rules() -> None:
     given = tensat_rules()
     assert len(given) == 120 + 13 and sum(r.is_multi for r in given) == 13
-    used = default_rules()
+    used = select_rules("tensat").trusted
     assert set(used) < set(given)
     names = {r.name for r in used}
     # grouped-conv merges are wrong on values (concatenating weights changes the group count)
@@ -43,7 +44,7 @@ def test_default_rules_are_the_verified_tensat_rules() -> None:
 @pytest.mark.parametrize("extractor", ["greedy-dag", "ilp"])
 def test_tiny_nasrnn_round_trip(extractor: str) -> None:
     graph = tiny_nasrnn()
-    result = optimize_graph(graph, default_rules(), Limits(iterations=10, nodes=5_000, seconds=30), FlopsCost(),
+    result = optimize_graph(graph, select_rules("tensat").trusted, Limits(iterations=10, nodes=5_000, seconds=30), FlopsCost(),
                             extractor=extractor, time_limit=20)
     assert result.numerics_ok and result.max_abs_diff < 1e-9
     assert result.stop_reason in STOP_REASONS

@@ -34,11 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _load(files: list[str]) -> list[Rule]:
     from eqsat.rewrites import library_rules
-    from eqsat.rewrites.parser import load_rules
+    from eqsat.rulesets import given_rules
 
-    if not files:
-        return library_rules()
-    return [r for f in files for r in load_rules(f)]
+    return given_rules(files) if files else library_rules()
 
 
 def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
@@ -57,6 +55,7 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
 
 def _verify(args: argparse.Namespace) -> dict[str, Any]:
     from eqsat.rewrites.verify import VerifyOptions, verify_rules
+    from eqsat.rulesets import is_trusted
 
     start = time.perf_counter()
     rules = _load(args.files)
@@ -72,5 +71,6 @@ def _verify(args: argparse.Namespace) -> dict[str, Any]:
             "guarded_proved": sum(r.guarded_status == "proved" for r in results),
             "guarded_proved_all_shapes": sum(r.guarded_status == "proved" and r.guarded_scope == "all shapes"
                                              for r in results),
+            "trusted": sum(map(is_trusted, results)),
             "seconds": round(time.perf_counter() - start, 3),
-            "rules": [r.to_json() for r in results]}
+            "rules": [{**r.to_json(), "trusted": is_trusted(r)} for r in results]}

@@ -1,0 +1,104 @@
+"""Which rewrite rules an optimization uses: loaded, kept if they can match, and trusted.
+
+One policy for every caller (`eqsat optimize`, `eqsat rules verify`, the `@eqsat.optimize`
+decorator): a rule is trusted when the verifier proves it, or when it is refuted only on shapes and
+proved under the applier's guard (eqsat's egglog translation builds a right side only when its shape
+facts hold, so the guard always holds where eqsat applies a rule). Rules refuted on values are never
+trusted; unknown ones only with `allow_unproved`. The all-shapes derivation only widens a proof's
+scope, never admits or rejects a rule, so selection skips it. Results come from the on-disk
+verification cache, so selecting again costs milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eqsat.errors import EqsatError
+from eqsat.paths import tensat_rule_files
+from eqsat.rewrites import library_rules
+from eqsat.rewrites.concrete import PROVED, REFUTED, UNKNOWN, VerificationResult
+from eqsat.rewrites.parser import load_rules
+from eqsat.rewrites.rule import Rule, rules_that_can_match
+
+XLA_GROUPS: tuple[str, ...] = ("fusion", "merges", "folding", "decompositions")
+"""The library groups that pay under XLA (the decorator's default): merges (Q/K/V-style matmuls and
+parallel convs on one input), activation fusion, folding of batchnorms and per-channel scales into
+weights, and decompositions (separable max and average pools); TASO's general properties
+(associativity, commutativity) only grow the e-graph for these programs."""
+
+TENSAT = "tensat"
+
+
+def tensat_rules() -> list[Rule]:
+    """Tensat's single- and two-output rule files, as written (unverified)."""
+    rules: list[Rule] = []
+    for path in tensat_rule_files():
+        if not path.exists():
+            raise EqsatError(f"rule file {path} not found; set EQSAT_DATA to the shared data directory")
+        rules.extend(load_rules(path))
+    return rules
+
+
+def given_rules(source: Any) -> list[Rule]:
+    """The rules `source` names, unverified: None (the library's `XLA_GROUPS`), "tensat" (Tensat's
+    rule files), or a rule file path, a Rule, or an iterable of those."""
+    if source is None:
+        return library_rules(XLA_GROUPS)
+    if isinstance(source, str) and source == TENSAT:
+        return tensat_rules()
+    items = [source] if isinstance(source, (str, Path, Rule)) else source
+    if not isinstance(items, Iterable):
+        raise EqsatError(f"rules must be None, 'tensat', rule file paths or Rule values, got {source!r}")
+    rules: list[Rule] = []
+    for item in items:
+        if isinstance(item, Rule):
+            rules.append(item)
+        elif isinstance(item, (str, Path)):
+            rules.extend(load_rules(Path(item)))
+        else:
+            raise EqsatError(f"rules must be None, 'tensat', rule file paths or Rule values; got {item!r}")
+    return rules
+
+
+def is_trusted(result: VerificationResult, allow_unproved: bool = False) -> bool:
+    """The policy: proved, or refuted only on shapes and proved under the guard (unknown counts as
+    proved with `allow_unproved`; refuted on values never does)."""
+    keep = {PROVED, UNKNOWN} if allow_unproved else {PROVED}
+    return result.status in keep or (result.status == REFUTED and result.guarded_status in keep)
+
+
+def trusted_rules(rules: Sequence[Rule], allow_unproved: bool = False) -> list[Rule]:
+    """The rules of `rules` that the policy trusts, in their order."""
+    from eqsat.rewrites.verify import verify_rules
+
+    results = verify_rules(rules, all_shapes=False)
+    return [r for r, res in zip(rules, results) if is_trusted(res, allow_unproved)]
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """The rules named (`given`), those that can match the graph's ops (`can_match`), and those of
+    them the policy trusts (`trusted`: what saturation uses)."""
+
+    given: tuple[Rule, ...]
+    can_match: tuple[Rule, ...]
+    trusted: tuple[Rule, ...]
+
+    def counts(self) -> dict[str, int]:
+        return {"rules_given": len(self.given), "rules_can_match": len(self.can_match),
+                "rules_used": len(self.trusted)}
+
+
+def select_rules(source: Any = TENSAT, ops: Iterable[str] | None = None, allow_unproved: bool = False) -> RuleSet:
+    """Load the rules `source` names (see `given_rules`), keep those that can match a graph of `ops`
+    (all when None; the others are never verified), and trust them by the one policy."""
+    given = given_rules(source)
+    can_match = given if ops is None else rules_that_can_match(given, ops)
+    return RuleSet(tuple(given), tuple(can_match), tuple(trusted_rules(can_match, allow_unproved)))
+
+
+__all__ = ["XLA_GROUPS", "TENSAT", "RuleSet", "select_rules", "given_rules", "tensat_rules", "trusted_rules",
+           "is_trusted"]
