@@ -25,7 +25,6 @@ import hashlib
 import json
 import os
 import platform
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from types import MappingProxyType
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from eqsat import ops
 from eqsat.errors import EqsatError
 from eqsat.paths import cache_dir
+from eqsat.timer import best_of
 
 if TYPE_CHECKING:
     from eqsat.ir import Graph
@@ -87,15 +87,6 @@ def _machine_key() -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
-def _best_of(fn: Callable[[], Any], repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def _measure_cpu() -> DeviceSpec:
     """About half a second: a 512³ fp32 matmul, a 32 MiB copy and a one-element add, best of a few."""
     import numpy as np
@@ -106,13 +97,13 @@ def _measure_cpu() -> DeviceSpec:
     b = rng.standard_normal((n, n), dtype=np.float32)
     out = np.empty((n, n), dtype=np.float32)
     np.matmul(a, b, out=out)  # warm up BLAS threads
-    matmul_s = _best_of(lambda: np.matmul(a, b, out=out), 5)
+    matmul_s = best_of(lambda: np.matmul(a, b, out=out), 5)
     src = np.ones(8 * 1024 * 1024, dtype=np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)
-    copy_s = _best_of(lambda: np.copyto(dst, src), 5)
+    copy_s = best_of(lambda: np.copyto(dst, src), 5)
     one = np.ones(1, dtype=np.float32)
-    tiny_s = _best_of(lambda: [np.add(one, one) for _ in range(100)], 5) / 100
+    tiny_s = best_of(lambda: [np.add(one, one) for _ in range(100)], 5) / 100
     return DeviceSpec(
         name="cpu",
         peak_flops_fp32=2.0 * n**3 / matmul_s,
@@ -230,11 +221,12 @@ def weight_only_nodes(graph: Graph) -> frozenset[int]:
 
 
 def graph_cost(graph: Graph, model: CostModel, fold_weights: bool = True) -> float:
-    """Sum of the op costs of the nodes the outputs depend on (leaves and views add 0).
+    """Sum of the op costs of the nodes the outputs depend on (leaves cost nothing).
 
-    With `fold_weights`, nodes computed from weights alone cost 0 (see `weight_only_nodes`).
+    With `fold_weights`, nodes computed from weights alone cost 0 too (see `weight_only_nodes`),
+    as in `TensorEGraph.serialize`.
     """
     live = graph.live()
     skip = weight_only_nodes(live) if fold_weights else frozenset()
-    return sum(model.op_cost(n.op, n.attr, [live.shape(v) for v in n.inputs])
-               for i, n in enumerate(live.nodes) if i not in skip)
+    return float(sum(model.op_cost(n.op, n.attr, [live.shape(v) for v in n.inputs])
+                     for i, n in enumerate(live.nodes) if i not in skip and not ops.OPS[n.op].is_leaf))

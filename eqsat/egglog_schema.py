@@ -326,9 +326,7 @@ def vec_of(items: Sequence[Expr] | Any) -> Expr:
 
 
 # Same-shape elementwise ops: one shape rule for all (inputs of one shape, output of that shape).
-ELEMENTWISE: frozenset[str] = frozenset({
-    "ewadd", "ewmul", "ewsub", "ewdiv", "ewmax", "relu", "tanh", "sigmoid", "exp", "log", "neg", "sqrt", "rsqrt",
-})
+ELEMENTWISE: frozenset[str] = frozenset(op for op, spec in ops.OPS.items() if spec.elementwise)
 
 # IR op → symbolic shape function, for every registry op but `split` (encoded as slices).
 SHAPE_RULES: Mapping[str, ShapeFn] = {

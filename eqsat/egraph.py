@@ -10,12 +10,13 @@ shape of every class in `class_data`; `decode` turns a selection on that JSON ba
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
 from egglog import bindings
 
 from eqsat import ops
+from eqsat.cost import CostModel
 from eqsat.egglog_schema import (
     BINARY_ONLY,
     SHAPE_RULESET,
@@ -29,13 +30,9 @@ from eqsat.egglog_schema import (
 from eqsat.errors import EGraphFormatError, EqsatError, RuleError, ShapeError
 from eqsat.ir import Graph, GraphBuilder, Tensor, Value
 
-__all__ = ["CostModel", "TensorEGraph", "decode", "EGRAPH_FORMAT"]
+__all__ = ["TensorEGraph", "decode", "EGRAPH_FORMAT"]
 
 EGRAPH_FORMAT = "eqsat-egraph-1"
-
-
-class CostModel(Protocol):
-    def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]) -> float: ...
 
 
 class TensorEGraph:

@@ -31,6 +31,11 @@ class Activation(IntEnum):
     RELU = 2
     TANH = 3
 
+    @property
+    def op_name(self) -> str:
+        """The unary op computing this activation on its own ("" for NONE)."""
+        return "" if self is Activation.NONE else self.name.lower()
+
 
 class Padding(IntEnum):
     """Padding codes, numbered as in Tensat's rule files."""
@@ -61,6 +66,13 @@ class OpSpec:
     is_leaf: bool = False
     is_view: bool = False  # moves no data under XLA (slices of concats, reshapes)
     doc: str = ""
+    elementwise: bool = False  # inputs and output of one shape, each element computed on its own
+    fusible: bool = False  # XLA fuses it into its producer's loop (charged its marginal cost there)
+
+    @property
+    def is_unary_elementwise(self) -> bool:
+        """One input, elementwise: a link of a unary chain (the Pallas backend fuses such chains)."""
+        return self.elementwise and self.arity == 1
 
     def normalize_attrs(self, attrs: Attrs) -> dict[str, Any]:
         """Fill defaults, convert kinds, and reject unknown or missing attributes."""
@@ -159,11 +171,13 @@ def _pointwise_flops(per_element: float) -> Callable[[Sequence[Shape], Sequence[
 
 
 def _unary(name: str, fn: Callable[[np.ndarray], np.ndarray], flops_per: float, doc: str) -> OpSpec:
-    return OpSpec(name, (), 1, _same_shape(name), lambda xs, a: (fn(xs[0]),), _pointwise_flops(flops_per), doc=doc)
+    return OpSpec(name, (), 1, _same_shape(name), lambda xs, a: (fn(xs[0]),), _pointwise_flops(flops_per), doc=doc,
+                  elementwise=True, fusible=True)
 
 
 def _binary(name: str, fn: Callable[[np.ndarray, np.ndarray], np.ndarray], doc: str) -> OpSpec:
-    return OpSpec(name, (), 2, _same_shape(name), lambda xs, a: (fn(xs[0], xs[1]),), _pointwise_flops(1), doc=doc)
+    return OpSpec(name, (), 2, _same_shape(name), lambda xs, a: (fn(xs[0], xs[1]),), _pointwise_flops(1), doc=doc,
+                  elementwise=True, fusible=True)
 
 
 def _smul_infer(shapes: Sequence[Shape], attrs: Attrs) -> tuple[Shape, ...]:
@@ -427,7 +441,7 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
     _binary("ewadd", np.add, "elementwise sum"),
     _binary("ewmul", np.multiply, "elementwise product"),
     OpSpec("smul", (), 2, _smul_infer, lambda xs, a: (xs[0] * xs[1].reshape(()),), _pointwise_flops(1),
-           doc="multiply by a one-element tensor"),
+           doc="multiply by a one-element tensor", fusible=True),
     OpSpec("matmul", (AttrSpec("act", "int", 0),), 2, _matmul_infer,
            lambda xs, a: (_activate(np.matmul(xs[0], xs[1]), a["act"]),), _matmul_flops,
            doc="2-D or batched 3-D matrix product with a fused activation"),
@@ -469,7 +483,8 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
            lambda xs, a: (np.max(xs[0], axis=tuple(a["axes"])),), _reduce_flops,
            doc="maximum over the listed axes (dropped)"),
     OpSpec("broadcast", (AttrSpec("shape", "ints"), AttrSpec("dims", "ints")), 1, _broadcast_infer,
-           _broadcast_numpy, _zero_flops, doc="lax.broadcast_in_dim: input axis i goes to output axis dims[i]"),
+           _broadcast_numpy, _zero_flops, doc="lax.broadcast_in_dim: input axis i goes to output axis dims[i]",
+           fusible=True),
 )}
 
 

@@ -14,15 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from eqsat import ops
-from eqsat.egraph import CostModel, TensorEGraph, decode
+from eqsat.cost import CostModel, graph_cost
+from eqsat.egraph import TensorEGraph, decode
 from eqsat.errors import EqsatError, NumericsError
 from eqsat.ir import Graph
 from eqsat.rewrites.rule import Rule
 from eqsat.rulesets import tensat_rules  # noqa: F401 - jax_backend.decorator still imports it from here
 from eqsat.saturate import Limits, SaturationReport, saturate
 
-__all__ = ["OptimizationResult", "optimize_graph", "graph_cost", "numerics_match"]
+__all__ = ["OptimizationResult", "optimize_graph", "numerics_match"]
 
 
 @dataclass(frozen=True)
@@ -54,22 +54,6 @@ class OptimizationResult:
                 "selection_status": self.selection_status, "extractor": self.extractor,
                 "numerics_ok": self.numerics_ok, "max_abs_diff": self.max_abs_diff,
                 "stop_reason": self.stop_reason, "saturation": self.saturation.to_json()}
-
-
-def graph_cost(graph: Graph, cost_model: CostModel, fold_weights: bool = False) -> float:
-    """Sum of op costs over the nodes the outputs depend on (leaves cost nothing; with
-    `fold_weights`, neither do ops computed from weights alone, as in `TensorEGraph.serialize`)."""
-    live = graph.live()
-    constant: set[int] = set()
-    total = 0.0
-    for i, n in enumerate(live.nodes):
-        if n.op == "weight" or (n.op != "input" and all(v.node in constant for v in n.inputs)):
-            constant.add(i)
-            if fold_weights or ops.OPS[n.op].is_leaf:
-                continue
-        if not ops.OPS[n.op].is_leaf:
-            total += cost_model.op_cost(n.op, n.attr, [live.shape(v) for v in n.inputs])
-    return float(total)
 
 
 def _finite(outputs: Sequence[np.ndarray]) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 
 from eqsat.cost import COST_MODEL_FACTORIES, cost_model
 from eqsat.ir import Graph
+from eqsat.timer import sample_seconds
 from experiments.models import MODELS, build_model
 
 __all__ = ["OptimizeOptions", "optimize_model", "time_interleaved", "compare_outputs", "add_arguments", "run"]
@@ -84,9 +84,7 @@ def time_interleaved(fns: Sequence[Callable[[], Any]], repeats: int, warmup: int
     samples: list[list[float]] = [[] for _ in fns]
     for _ in range(max(repeats, 1)):
         for k, fn in enumerate(fns):
-            start = time.perf_counter()
-            fn()
-            samples[k].append(time.perf_counter() - start)
+            samples[k].append(sample_seconds(fn))
     return [statistics.median(s) for s in samples]
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,16 +28,15 @@ import numpy as np
 
 from eqsat import ops
 from eqsat.paths import cache_dir
+from eqsat.timer import sample_seconds
 
 Shape = tuple[int, ...]
 
 __all__ = ["MeasuredModel", "FUSIBLE_OPS", "device_key", "time_callable", "measured_model"]
 
-FUSIBLE_OPS: frozenset[str] = frozenset({
-    "ewadd", "ewsub", "ewmul", "ewdiv", "ewmax", "smul", "relu", "tanh", "sigmoid", "exp", "log", "neg",
-    "sqrt", "rsqrt", "broadcast",
-})
-"""Ops XLA fuses into their producer's loop: charged their marginal cost inside a fused chain."""
+FUSIBLE_OPS: frozenset[str] = frozenset(op for op, spec in ops.OPS.items() if spec.fusible)
+"""Ops XLA fuses into their producer's loop (`OpSpec.fusible`): charged their marginal cost inside a
+fused chain."""
 
 _FLOOR_S = 1e-8
 _METHOD = "v3"  # how ops are timed (batched samples, min, dispatch subtracted): part of the cache key
@@ -72,18 +70,13 @@ def _time_eagerly(fn: Callable[..., Any], args: Sequence[Any], repeats: int, war
                   min_sample_s: float) -> float:
     for _ in range(warmup):
         jax.block_until_ready(fn(*args))
+    def call() -> Any:
+        return fn(*args)
+
     calls = 1
     if min_sample_s > 0:
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        calls = max(1, min(200, int(min_sample_s / max(time.perf_counter() - start, 1e-7))))
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - start) / calls)
+        calls = max(1, min(200, int(min_sample_s / max(sample_seconds(call, 1, jax.block_until_ready), 1e-7))))
+    samples = [sample_seconds(call, calls, jax.block_until_ready) for _ in range(repeats)]
     return min(samples) if statistic == "min" else statistics.median(samples)
 
 

@@ -21,21 +21,18 @@ from jax.experimental import pallas as pl
 from eqsat import ops
 from eqsat.ir import Graph, Value
 from eqsat.ops import Activation
+from jax_backend.lower import ACTIVATIONS
 
 Array = jax.Array
 
 __all__ = ["matmul_bias_act", "elementwise", "to_jax_pallas", "UNARY_CHAIN_OPS"]
 
-_ACT_FN: Mapping[int, Callable[[Array], Array]] = {
-    Activation.NONE: lambda z: z, Activation.RELU: lambda z: jnp.maximum(z, 0.0),
-    Activation.TANH: jnp.tanh, Activation.SIGMOID: jax.nn.sigmoid,
-}
 # derivative of the activation, written in terms of its output y
 _ACT_GRAD: Mapping[int, Callable[[Array], Array]] = {
     Activation.NONE: lambda y: jnp.ones_like(y), Activation.RELU: lambda y: (y > 0).astype(y.dtype),
     Activation.TANH: lambda y: 1.0 - y * y, Activation.SIGMOID: lambda y: y * (1.0 - y),
 }
-_ACT_OF_OP: Mapping[str, int] = {"relu": Activation.RELU, "tanh": Activation.TANH, "sigmoid": Activation.SIGMOID}
+_ACT_OF_OP: Mapping[str, int] = {act.op_name: act for act in Activation if act.op_name}
 
 UNARY_CHAIN_OPS: Mapping[str, Callable[[Array], Array]] = {
     "relu": lambda x: jnp.maximum(x, 0.0), "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid, "exp": jnp.exp,
@@ -51,7 +48,7 @@ def _block(dim: int, want: int = 128) -> int:
 
 def _mba_kernel(act: int, x_ref: Any, w_ref: Any, b_ref: Any, o_ref: Any) -> None:
     z = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32) + b_ref[...]
-    o_ref[...] = _ACT_FN[act](z).astype(o_ref.dtype)
+    o_ref[...] = ACTIVATIONS[act](z).astype(o_ref.dtype)
 
 
 def _mba_call(x: Array, w: Array, b: Array, act: int, interpret: bool) -> Array:

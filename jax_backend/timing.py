@@ -17,6 +17,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from eqsat.timer import sample_seconds
+
 __all__ = ["PairedTiming", "paired_timing", "screen_timings", "bootstrap_median_ci"]
 
 _MIN_SAMPLE_S = 5e-3  # a sample shorter than this is mostly timer and dispatch noise: repeat calls
@@ -74,11 +76,7 @@ def bootstrap_median_ci(values: Sequence[float], confidence: float = 0.95, resam
 
 
 def _sample(fn: Callable[..., Any], args: Sequence[Any], calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        out = fn(*args)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) / calls
+    return sample_seconds(lambda: fn(*args), calls, jax.block_until_ready)
 
 
 def _calls_per_sample(fns: Sequence[Callable[..., Any]], args: Sequence[Any]) -> int:

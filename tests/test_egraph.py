@@ -21,6 +21,9 @@ from eqsat.ir import Graph, GraphBuilder, Tensor
 class FlopsCost:
     """A stand-in cost model: flops plus bytes."""
 
+    name = "flops"
+    device = "any"
+
     def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]) -> float:
         return ops.flops(op, input_shapes, attrs) + ops.bytes_moved(op, input_shapes, attrs)
 

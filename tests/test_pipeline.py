@@ -7,7 +7,8 @@ import pytest
 from eqsat import ops
 from eqsat.errors import NumericsError
 from eqsat.ir import Graph, GraphBuilder
-from eqsat.pipeline import graph_cost, numerics_match, optimize_graph
+from eqsat.cost import graph_cost
+from eqsat.pipeline import numerics_match, optimize_graph
 from eqsat.rulesets import select_rules, tensat_rules
 from eqsat.rewrites.parser import parse_rule_text
 from eqsat.saturate import STOP_REASONS, Limits

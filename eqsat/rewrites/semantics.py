@@ -215,11 +215,10 @@ class FieldAlgebra:
 # --- the op table ---------------------------------------------------------------------------------
 
 Impl = Callable[[Algebra, Sequence[np.ndarray], Mapping[str, Any]], np.ndarray]
-ACT_NAMES = {ops.Activation.SIGMOID: "sigmoid", ops.Activation.RELU: "relu", ops.Activation.TANH: "tanh"}
 
 
 def _act(alg: Algebra, x: np.ndarray, code: int) -> np.ndarray:
-    return x if code == ops.Activation.NONE else alg.activation(ACT_NAMES[ops.Activation(code)], x)
+    return x if code == ops.Activation.NONE else alg.activation(ops.Activation(code).op_name, x)
 
 
 def _matmul(alg: Algebra, xs: Sequence[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
