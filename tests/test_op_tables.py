@@ -1,0 +1,61 @@
+"""Every registry op has an entry in every per-stage table, or a stated reason why not.
+
+A new op in `eqsat/ops.py` that a stage does not know fails here with the table named, instead of
+failing deep inside saturation, verification, lowering or capture on the first graph that uses it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+from eqsat import ops
+from eqsat.egglog_schema import ELEMENTWISE, ENCODED_AS, SHAPE_RULES
+from eqsat.rewrites.semantics import OP_IMPLS
+from jax_backend import capture
+from jax_backend.lower import LOWERINGS
+from jax_backend.measured_cost import FUSIBLE_OPS
+from jax_backend.pallas import UNARY_CHAIN_OPS
+
+_LEAVES = {op: "a leaf: an argument of every stage, not an operation" for op, s in ops.OPS.items() if s.is_leaf}
+
+
+def _captured_ops() -> set[str]:
+    """Registry ops that a capture rule emits (read from the capture rules' source)."""
+    text = Path(capture.__file__).read_text()
+    return set(re.findall(r'(?:emit1?|_unary|_binary|_reduce)\("(\w+)"', text)) & set(ops.OPS)
+
+
+STAGES: Mapping[str, tuple[Callable[[], set[str]], Mapping[str, str]]] = {
+    "SHAPE_RULES (egglog shape facts)": (lambda: set(SHAPE_RULES) | set(ENCODED_AS), {}),
+    "OP_IMPLS (verifier semantics)": (lambda: set(OP_IMPLS), {
+        **_LEAVES, "split": "rules write a split's pieces as split_0 / split_1, evaluated from the rule's sizes"}),
+    "LOWERINGS (JAX lowering)": (lambda: set(LOWERINGS), _LEAVES),
+    "CAPTURE_RULES (JAX capture)": (_captured_ops, {
+        **_LEAVES,
+        "smul": "JAX scales by a one-element tensor with mul: captured as ewmul",
+        "batchnorm": "JAX programs write a batchnorm as its elementwise parts; rules fold them",
+        "enlarge": "Tensat's kernel padding for conv merges: made by rules, never written in JAX"}),
+}
+
+
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_every_op_has_an_entry_or_a_stated_exclusion(stage: str) -> None:
+    entries, excluded = STAGES[stage]
+    have = entries()
+    missing = sorted(op for op in ops.OPS if op not in have and op not in excluded)
+    assert not missing, f"{stage}: no entry for {missing} (add one, or state why not in tests/test_op_tables.py)"
+    stale = sorted(op for op in excluded if op in have or op not in ops.OPS)
+    assert not stale, f"{stage}: exclusions {stale} are stale (the op has an entry now, or is gone)"
+
+
+def test_op_facts_and_the_tables_built_from_them_agree() -> None:
+    assert ELEMENTWISE == {op for op, s in ops.OPS.items() if s.elementwise}
+    assert FUSIBLE_OPS == {op for op, s in ops.OPS.items() if s.fusible}
+    assert set(UNARY_CHAIN_OPS) == {op for op, s in ops.OPS.items() if s.is_unary_elementwise}
+    for name, spec in ops.OPS.items():
+        assert not spec.elementwise or spec.fusible, f"{name}: elementwise ops fuse"
+        assert not (spec.is_leaf and (spec.elementwise or spec.fusible)), name
