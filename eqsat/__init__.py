@@ -3,7 +3,7 @@
 Importing `eqsat` is cheap: the egglog stage and the JAX backend (`eqsat.optimize`, `eqsat.explain`)
 load on first use.
 """
-def __getattr__(name: str):  # noqa: ANN202 - lazy re-exports, so `import eqsat` never imports JAX
+def __getattr__(name: str):
     """`eqsat.optimize` and `eqsat.explain` come from jax_backend, imported on first use."""
     if name == "optimize":
         from jax_backend.decorator import optimize

@@ -149,8 +149,11 @@ def device_spec(device: str) -> DeviceSpec:
 class CostModel(Protocol):
     """Anything that prices one op application in seconds."""
 
-    name: str
-    device: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def device(self) -> str: ...
 
     def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]) -> float: ...
 
@@ -164,7 +167,7 @@ class RooflineModel:
     name: str = "roofline"
 
     @property
-    def device(self) -> str:  # type: ignore[override]
+    def device(self) -> str:
         return self.spec.name
 
     @property

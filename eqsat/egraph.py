@@ -161,7 +161,8 @@ class TensorEGraph:
         Extra keys (`format`, `outputs`, node `attrs`, class `shape`) let `decode` rebuild a Graph
         from the JSON alone; extractors ignore them.
         """
-        roots = [bindings.Var(bindings.PanicSpan(), g) for g in self.output_globals]
+        roots: list[bindings.Lit | bindings.Var | bindings.Call] = [
+            bindings.Var(bindings.PanicSpan(), g) for g in self.output_globals]
         try:
             raw = json.loads(self.egglog.serialize(roots).to_json())
         except bindings.EggSmolError as exc:

@@ -8,7 +8,7 @@ input (e.g. a solver that timed out), the input graph is returned and `selection
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,8 @@ import numpy as np
 
 from eqsat.cost import CostModel, graph_cost
 from eqsat.egraph import TensorEGraph, decode
-from eqsat.errors import EqsatError, NumericsError
+from eqsat.errors import NumericsError
+from eqsat.extract import extract
 from eqsat.ir import Graph
 from eqsat.rewrites.rule import Rule
 from eqsat.rulesets import tensat_rules  # noqa: F401 - jax_backend.decorator still imports it from here
@@ -100,24 +101,8 @@ def numerics_match(a: Graph, b: Graph, seed: int = 0, rtol: float = 1e-7, trials
 
 
 def _extractor(name: str) -> Callable[..., Any]:
-    """`eqsat.extract.extract` when present, else the named extractor module (local adapter)."""
-    try:
-        from eqsat.extract import extract  # type: ignore[attr-defined]
-
-        return lambda data, time_limit: extract(data, extractor=name, time_limit=time_limit)
-    except ImportError:
-        pass
-    table: Mapping[str, tuple[str, str]] = {
-        "ilp": ("eqsat.extract.ilp", "ilp"),
-        "greedy-dag": ("eqsat.extract.greedy_dag", "greedy_dag"),
-        "bottom-up": ("eqsat.extract.bottom_up", "bottom_up"),
-    }
-    if name not in table:
-        raise EqsatError(f"unknown extractor '{name}'; known: {', '.join(table)}")
-    import importlib
-
-    module, fn = table[name]
-    return getattr(importlib.import_module(module), fn)
+    """The named extractor, as `selection = f(data, time_limit=...)`."""
+    return lambda data, time_limit: extract(data, extractor=name, time_limit=time_limit)
 
 
 def optimize_graph(graph: Graph, rules: Sequence[Rule], limits: Limits, cost_model: CostModel,

@@ -147,10 +147,10 @@ def install(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits) -> _Ins
         lines += [f"(ruleset {pairs})", *candidates]
     groups: dict[str, str | None] = {}
     for kind, multi in (("single", False), ("multi", True)):
-        members = [rs for rs, er in translated if er.multi == multi]
-        name = f"{prefix}{kind}" if members else None
+        kind_members = [rs for rs, er in translated if er.multi == multi]
+        name = f"{prefix}{kind}" if kind_members else None
         if name:
-            lines.append(f"(unstable-combined-ruleset {name} {' '.join(members)})")
+            lines.append(f"(unstable-combined-ruleset {name} {' '.join(kind_members)})")
             if not multi:
                 lines.append(f"(let-scheduler {name}_sched (back-off :match-limit {limits.match_limit} :ban-length 2))")
         groups[kind] = name
@@ -298,7 +298,7 @@ def related_pairs(raw: Mapping[str, Any]) -> set[tuple[int, int]]:
         if node["op"] == "uid":
             uid_class[values[node["eclass"]]] = nodes[node["children"][0]]["eclass"]
     wanted = _pair_rows(raw)
-    classes = {uid_class.get(u) for pair in wanted for u in pair} - {None}
+    classes = {c for pair in wanted for u in pair if (c := uid_class.get(u)) is not None}
     reach = _descendants(graph, classes)
     out = set()
     for a, b in wanted:

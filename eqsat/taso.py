@@ -136,7 +136,7 @@ def _dropout(b: GraphBuilder, xs: Sequence[Tensor], ctx: _Context) -> Tensor:
 
 def _batchnorm(b: GraphBuilder, xs: Sequence[Tensor], ctx: _Context) -> Tensor:
     _n_inputs(ctx, xs, 5)
-    return _checked(ctx, b.batchnorm(*xs[:5]))
+    return _checked(ctx, b.batchnorm(xs[0], xs[1], xs[2], xs[3], xs[4]))
 
 
 def _concat(b: GraphBuilder, xs: Sequence[Tensor], ctx: _Context) -> Tensor:

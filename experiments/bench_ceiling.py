@@ -49,18 +49,18 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, scale: float) -> jax.Array
     return out.transpose(1, 0, 2).reshape(s, d)
 
 
-def attention_qkv_merged(x, wq, wk, wv, wo):  # noqa: ANN001, ANN201 - same signature as the program
+def attention_qkv_merged(x, wq, wk, wv, wo):
     d = x.shape[1]
     qkv = x @ jnp.concatenate([wq, wk, wv], axis=1)
     return x + _attend(qkv[:, :d], qkv[:, d:2 * d], qkv[:, 2 * d:], 1 / np.sqrt(d // HEADS)) @ wo
 
 
-def attention_scale_folded(x, wq, wk, wv, wo):  # noqa: ANN001, ANN201
+def attention_scale_folded(x, wq, wk, wv, wo):
     d = x.shape[1]
     return x + _attend(x @ (wq / np.sqrt(d // HEADS)), x @ wk, x @ wv, 1.0) @ wo
 
 
-def attention_head_major(x, wq, wk, wv, wo):  # noqa: ANN001, ANN201
+def attention_head_major(x, wq, wk, wv, wo):
     """Projections straight into (head, seq, dim) and out of it: no transposes of activations."""
     d, e = x.shape[1], x.shape[1] // HEADS
     heads = lambda w: jnp.einsum("sd,dhe->hse", x, w.reshape(d, HEADS, e))  # noqa: E731
@@ -69,7 +69,7 @@ def attention_head_major(x, wq, wk, wv, wo):  # noqa: ANN001, ANN201
     return x + jnp.einsum("hqe,hed->qd", out, wo.reshape(HEADS, e, d))
 
 
-def attention_late_normalization(x, wq, wk, wv, wo):  # noqa: ANN001, ANN201
+def attention_late_normalization(x, wq, wk, wv, wo):
     """softmax(S) V = (exp(S - max) V) / rowsum(exp(S - max)): divide (h, q, e) instead of (h, q, k)."""
     s, d = x.shape
     split = lambda t: t.reshape(s, HEADS, d // HEADS).transpose(1, 0, 2)  # noqa: E731
@@ -93,20 +93,20 @@ def _gate_columns(w: jax.Array) -> jax.Array:
     return jnp.concatenate(list(w), axis=1)
 
 
-def nasrnn_gates_merged(x, h, wx, wh):  # noqa: ANN001, ANN201
+def nasrnn_gates_merged(x, h, wx, wh):
     """All sixteen matmuls as one: [x h] · [Wx; Wh] with every gate's columns side by side."""
     d = x.shape[1]
     pre = jnp.concatenate([x, h], axis=1) @ jnp.concatenate([_gate_columns(wx), _gate_columns(wh)], axis=0)
     return _nasrnn_combine([pre[:, i * d:(i + 1) * d] for i in range(8)])
 
 
-def nasrnn_two_matmuls(x, h, wx, wh):  # noqa: ANN001, ANN201
+def nasrnn_two_matmuls(x, h, wx, wh):
     d = x.shape[1]
     pre = x @ _gate_columns(wx) + h @ _gate_columns(wh)
     return _nasrnn_combine([pre[:, i * d:(i + 1) * d] for i in range(8)])
 
 
-def nasrnn_pairs_merged(x, h, wx, wh):  # noqa: ANN001, ANN201
+def nasrnn_pairs_merged(x, h, wx, wh):
     """Each gate's two matmuls as one (x·W + h·U = [x h]·[W; U]), the gates kept apart."""
     xh = jnp.concatenate([x, h], axis=1)
     return _nasrnn_combine([xh @ jnp.concatenate([wx[i], wh[i]], axis=0) for i in range(8)])
@@ -124,7 +124,7 @@ def _pool(x: jax.Array, layout: str = "NCHW") -> jax.Array:
     return lax.reduce_window(x, -jnp.inf, lax.max, window, (1, 1, 1, 1), "SAME")
 
 
-def inception_1x1_merged(x, w1, r3, w3, r5, w5, wp):  # noqa: ANN001, ANN201
+def inception_1x1_merged(x, w1, r3, w3, r5, w5, wp):
     """The three 1x1 convs that read x as one conv, its output sliced (relu before the slices)."""
     a, b = w1.shape[0], w1.shape[0] + r3.shape[0]
     y = relu(_conv(x, jnp.concatenate([w1, r3, r5], axis=0)))
@@ -137,7 +137,7 @@ def _separable_pool(x: jax.Array) -> jax.Array:
     return lax.reduce_window(rows, -jnp.inf, lax.max, (1, 1, 3, 1), (1, 1, 1, 1), "SAME")
 
 
-def inception_separable_pool(x, w1, r3, w3, r5, w5, wp):  # noqa: ANN001, ANN201
+def inception_separable_pool(x, w1, r3, w3, r5, w5, wp):
     """The 3x3 max pool as a 1x3 then a 3x1 pass (eqsat's decompositions rules)."""
     branches = [relu(_conv(x, w1)), relu(_conv(relu(_conv(x, r3)), w3)), relu(_conv(relu(_conv(x, r5)), w5)),
                 relu(_conv(_separable_pool(x), wp))]
@@ -148,13 +148,13 @@ def _conv1x1_as_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.einsum("nchw,oc->nohw", x, w[:, :, 0, 0])
 
 
-def inception_1x1_as_matmul(x, w1, r3, w3, r5, w5, wp):  # noqa: ANN001, ANN201
+def inception_1x1_as_matmul(x, w1, r3, w3, r5, w5, wp):
     m = _conv1x1_as_matmul
     branches = [relu(m(x, w1)), relu(_conv(relu(m(x, r3)), w3)), relu(_conv(relu(m(x, r5)), w5)), relu(m(_pool(x), wp))]
     return jnp.concatenate(branches, axis=1)
 
 
-def inception_nhwc(x, w1, r3, w3, r5, w5, wp):  # noqa: ANN001, ANN201
+def inception_nhwc(x, w1, r3, w3, r5, w5, wp):
     """The block in NHWC/HWIO (the layout XLA's CPU convolutions use), transposed at its borders."""
     t = x.transpose(0, 2, 3, 1)
     c = lambda inp, w: _conv(inp, w.transpose(2, 3, 1, 0), "NHWC")  # noqa: E731
@@ -164,7 +164,7 @@ def inception_nhwc(x, w1, r3, w3, r5, w5, wp):  # noqa: ANN001, ANN201
 
 # --- MLP (x; w1, b1, w2, b2, w3) ---------------------------------------------------------------------
 
-def mlp_bias_in_matmul(x, w1, b1, w2, b2, w3):  # noqa: ANN001, ANN201
+def mlp_bias_in_matmul(x, w1, b1, w2, b2, w3):
     """x·W + b = [x 1]·[W; b]: the bias adds ride inside the matmuls."""
     ones = jnp.ones((x.shape[0], 1), x.dtype)
     h = relu(jnp.concatenate([x, ones], axis=1) @ jnp.concatenate([w1, b1[None]], axis=0))
@@ -172,7 +172,7 @@ def mlp_bias_in_matmul(x, w1, b1, w2, b2, w3):  # noqa: ANN001, ANN201
     return h @ w3
 
 
-def mlp_transposed(x, w1, b1, w2, b2, w3):  # noqa: ANN001, ANN201
+def mlp_transposed(x, w1, b1, w2, b2, w3):
     """The chain computed on x^T (feature-major activations), transposed once at the end."""
     h = relu(w1.T @ x.T + b1[:, None])
     h = jnp.tanh(w2.T @ h + b2[:, None])
@@ -187,17 +187,17 @@ def _bn_folded(w: jax.Array, scale: jax.Array, bias: jax.Array, mean: jax.Array,
     return w * inv[:, None, None, None], bias - mean * inv
 
 
-def conv_bn_folded(x, w, scale, bias, mean, var):  # noqa: ANN001, ANN201
+def conv_bn_folded(x, w, scale, bias, mean, var):
     wf, bf = _bn_folded(w, scale, bias, mean, var)
     return relu(_conv(x, wf) + bf[None, :, None, None])
 
 
-def conv_bn_folded_nhwc(x, w, scale, bias, mean, var):  # noqa: ANN001, ANN201
+def conv_bn_folded_nhwc(x, w, scale, bias, mean, var):
     wf, bf = _bn_folded(w, scale, bias, mean, var)
     return relu(_conv(x.transpose(0, 2, 3, 1), wf.transpose(2, 3, 1, 0), "NHWC") + bf).transpose(0, 3, 1, 2)
 
 
-def conv_bn_folded_im2col(x, w, scale, bias, mean, var):  # noqa: ANN001, ANN201
+def conv_bn_folded_im2col(x, w, scale, bias, mean, var):
     wf, bf = _bn_folded(w, scale, bias, mean, var)
     o, i, kh, kw = wf.shape
     patches = lax.conv_general_dilated_patches(x, (kh, kw), (1, 1), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW"))
@@ -206,7 +206,7 @@ def conv_bn_folded_im2col(x, w, scale, bias, mean, var):  # noqa: ANN001, ANN201
 
 # --- cumsum / sort / fori_loop (x, w) -------------------------------------------------------------
 
-def mixed_loop_unrolled(x, w):  # noqa: ANN001, ANN201
+def mixed_loop_unrolled(x, w):
     h = jnp.tanh(x @ w)
     t = jnp.sort(jnp.cumsum(h, axis=1), axis=1)
     for _ in range(3):
@@ -214,7 +214,7 @@ def mixed_loop_unrolled(x, w):  # noqa: ANN001, ANN201
     return relu(t @ w + h)
 
 
-def mixed_cumsum_as_matmul(x, w):  # noqa: ANN001, ANN201
+def mixed_cumsum_as_matmul(x, w):
     """cumsum along rows = h · U with U upper-triangular ones (a matmul instead of a scan)."""
     h = jnp.tanh(x @ w)
     n = h.shape[1]

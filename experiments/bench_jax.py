@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from eqsat.ir import Graph, Node
 from experiments.jax_programs import PROGRAMS, JaxProgram, transformer_stack
 
 __all__ = ["run_bench", "bench_program", "rank_check", "transformer_first_call", "plot_speedups"]
@@ -132,9 +133,9 @@ def rank_check(rounds: int) -> list[dict[str, Any]]:
     from eqsat.cost import cost_model
     from jax_backend.capture import capture, graph_leaf_name
     from jax_backend.lower import to_jax
-    from jax_backend.measured_cost import time_callable
+    from jax_backend.measured_cost import measured_model, time_callable
 
-    measured, roofline = cost_model("measured"), cost_model("roofline", "cpu")
+    measured, roofline = measured_model(), cost_model("roofline", "cpu")
     rows: list[dict[str, Any]] = []
     for prog in PROGRAMS:
         program, _ = capture(prog.fn, *prog.make_args(0))
@@ -147,7 +148,9 @@ def rank_check(rounds: int) -> list[dict[str, Any]]:
             fn = jax.jit(to_jax(g, precision="default"))
             t = time_callable(fn, [inputs], repeats=rounds)
             live_nodes = [n for n in g.nodes if n.op not in ("input", "weight")]
-            shapes = lambda n: [g.shape(v) for v in n.inputs]  # noqa: E731
+            def shapes(n: Node, g: Graph = g) -> list[tuple[int, ...]]:
+                return [g.shape(v) for v in n.inputs]
+
             rows.append({"graph": f"{prog.name}/{k}", "measured_ms": t * 1e3,
                          "pred_fused_ms": 1e3 * sum(measured.op_cost(n.op, n.attr, shapes(n)) for n in live_nodes),
                          "pred_isolated_ms": 1e3 * sum(measured.isolated_cost(n.op, n.attr, shapes(n))

@@ -16,7 +16,8 @@ from typing import Any
 
 from eqsat.extract import check_selection, load_egraph
 from eqsat.extract.ilp import IlpOptions, ilp
-from experiments.bench_extraction import EGRAPHS, best_known
+from eqsat.paths import egraphs_dir
+from experiments.bench_extraction import best_known
 
 
 def run_one(path: Path, seed: int, time_limit: float, best: float | None) -> dict[str, Any]:
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     known = best_known()
     for f in args.files:
         for seed in args.seeds:
-            print(json.dumps(run_one(EGRAPHS / f, seed, args.time_limit, known.get(f))), flush=True)
+            print(json.dumps(run_one(egraphs_dir() / f, seed, args.time_limit, known.get(f))), flush=True)
     return 0
 
 

@@ -165,8 +165,10 @@ class _Capturer:
 
     def read(self, env: dict[Any, int], atom: Any) -> int:
         if isinstance(atom, jcore.Literal):
-            vid = self.new(np.shape(atom.val), atom.aval.dtype)
-            self.consts[vid] = np.asarray(atom.val, dtype=atom.aval.dtype)
+            aval: Any = atom.aval  # a literal's abstract value is a ShapedArray (typed as its base class)
+            dtype = aval.dtype
+            vid = self.new(np.shape(atom.val), dtype)
+            self.consts[vid] = np.asarray(atom.val, dtype=dtype)
             return vid
         return env[atom]
 
@@ -240,7 +242,7 @@ def _is_zero(c: _Capturer, vid: int) -> bool:
     return value is not None and value.size >= 1 and not np.any(value)
 
 
-def _max(c: _Capturer, eqn: Any, ins: list[int]) -> list[int]:
+def _max(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
     shape = _out_shape(eqn)
     for x, other in ((ins[0], ins[1]), (ins[1], ins[0])):
         if _is_zero(c, other) and c.shape(x) == shape:
@@ -510,7 +512,7 @@ def capture(fun: Callable[..., Any], *args: Any) -> tuple[Program, Any]:
         closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*args)
     except EqsatError:
         raise
-    except Exception as exc:  # noqa: BLE001 - tracing user code can fail in any way
+    except Exception as exc:
         raise CaptureError(f"cannot trace {getattr(fun, '__name__', fun)}: {type(exc).__name__}: {exc}") from exc
     return capture_jaxpr(closed), jax.tree_util.tree_structure(out_shape)
 

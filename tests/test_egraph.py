@@ -109,6 +109,9 @@ def _op_examples() -> dict[str, Callable[[GraphBuilder], list[Tensor]]]:
     def unary(op: str) -> Callable[[GraphBuilder], list[Tensor]]:
         return lambda b: [b.apply(op, [x(b)])[0]]
 
+    def positive_unary(op: str) -> Callable[[GraphBuilder], list[Tensor]]:
+        return lambda b: [b.apply(op, [positive(b)])[0]]
+
     def binary(op: str) -> Callable[[GraphBuilder], list[Tensor]]:
         return lambda b: [b.apply(op, [x(b), b.weight("y", (2, 3))])[0]]
 
@@ -121,7 +124,7 @@ def _op_examples() -> dict[str, Callable[[GraphBuilder], list[Tensor]]]:
     examples: dict[str, Callable[[GraphBuilder], list[Tensor]]] = {
         **{op: binary(op) for op in ("ewadd", "ewmul", "ewsub", "ewmax")},
         **{op: unary(op) for op in ("relu", "tanh", "sigmoid", "exp", "neg")},
-        **{op: (lambda op: lambda b: [b.apply(op, [positive(b)])[0]])(op) for op in ("log", "sqrt", "rsqrt")},
+        **{op: positive_unary(op) for op in ("log", "sqrt", "rsqrt")},
         "input": lambda b: [x(b)],
         "weight": lambda b: [b.apply("neg", [b.weight("w", (3, 2))])[0]],
         "ewdiv": lambda b: [b.apply("ewdiv", [b.weight("y", (2, 3)), positive(b)])[0]],

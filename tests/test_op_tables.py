@@ -53,8 +53,8 @@ def test_every_op_has_an_entry_or_a_stated_exclusion(stage: str) -> None:
 
 
 def test_op_facts_and_the_tables_built_from_them_agree() -> None:
-    assert ELEMENTWISE == {op for op, s in ops.OPS.items() if s.elementwise}
-    assert FUSIBLE_OPS == {op for op, s in ops.OPS.items() if s.fusible}
+    assert {op for op, s in ops.OPS.items() if s.elementwise} == ELEMENTWISE
+    assert {op for op, s in ops.OPS.items() if s.fusible} == FUSIBLE_OPS
     assert set(UNARY_CHAIN_OPS) == {op for op, s in ops.OPS.items() if s.is_unary_elementwise}
     for name, spec in ops.OPS.items():
         assert not spec.elementwise or spec.fusible, f"{name}: elementwise ops fuse"

@@ -191,7 +191,7 @@ def needed_cycles(problem: Problem, choice: np.ndarray, per_component: int = 8) 
         members.setdefault(cid, []).append(v)
     cycles: list[list[int]] = []
     seen_cycles: set[tuple[int, ...]] = set()
-    for cid, vs in members.items():
+    for vs in members.values():
         if len(vs) == 1 and vs[0] not in adj[vs[0]]:
             continue
         inside = set(vs)

@@ -32,7 +32,8 @@ def _registry() -> Mapping[str, Extractor]:
     entries = [
         Extractor("bottom-up", bottom_up, "optimal for tree cost; the classic egg extractor"),
         Extractor("greedy-dag", greedy_dag, "counts shared sub-graphs once; fast baseline and ILP start"),
-        Extractor("ilp", ilp, "exact DAG cost with HiGHS, pruning and lazy cycle cuts; neighbourhood search first on big cyclic regions (default)"),
+        Extractor("ilp", ilp, "exact DAG cost with HiGHS, pruning and lazy cycle cuts; "
+                              "neighbourhood search first on big cyclic regions (default)"),
         Extractor("tensat-ilp", tensat_ilp, "Tensat's topological-order formulation, to compare encodings"),
         Extractor(
             "ilp-reduced",

@@ -226,9 +226,9 @@ def prove_on(rule: Rule, env: Env, options: VerifyOptions) -> str:
     if answer == z3.sat:
         model = solver.model()
         inputs: dict[str, np.ndarray] = {v: np.zeros(s) for v, s in env.items()}
-        for a, (kind, arg) in enumerate(alg.atoms):
-            if kind == "input" and a in cache:
-                val = model.eval(cache[a], model_completion=True)
+        for atom, (kind, arg) in enumerate(alg.atoms):
+            if kind == "input" and atom in cache:
+                val = model.eval(cache[atom], model_completion=True)
                 inputs[arg[0]][arg[1]] = float(val.as_fraction()) if z3.is_rational_value(val) else 0.0
         raise _Refuted("z3", {"shapes": _shapes_json(env), "inputs": {k: v.tolist() for k, v in inputs.items()}})
     raise _Unknown(f"z3 gave no answer within {options.z3_timeout_ms} ms on {describe(env)}: "

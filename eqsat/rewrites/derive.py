@@ -202,7 +202,8 @@ def _halves(rule: Rule) -> list[Rule] | None:
     """The single rules `lhs[i] => rhs[i]` of a two-output rule with no split pieces, else None."""
     if any("split_part" in ops_used(p) for p in rule.rhs):
         return None
-    return [Rule(f"{rule.name}#{i}", (l,), (r,), rule.source) for i, (l, r) in enumerate(zip(rule.lhs, rule.rhs))]
+    return [Rule(f"{rule.name}#{i}", (lhs,), (rhs,), rule.source)
+            for i, (lhs, rhs) in enumerate(zip(rule.lhs, rule.rhs))]
 
 
 def derivable_guarded(rule: Rule, axioms: Sequence[Rule], iterations: int = 6,

@@ -28,6 +28,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any, cast
 
 from eqsat import ops
 from eqsat.errors import RuleParseError
@@ -105,7 +106,7 @@ def _slots(op: str, where: str) -> tuple[str, ...]:
                         *(n for n, s in ops.OPS.items() if not s.is_leaf)})
         raise RuleParseError(f"{where}: unknown operator '{op}'; expected one of {', '.join(known)}")
     spec = ops.OPS[op]
-    return tuple(a.name for a in spec.attrs) + ("*",) * spec.arity
+    return tuple(a.name for a in spec.attrs) + ("*",) * (spec.arity or 0)
 
 
 def to_pattern(s: Sexp, where: str) -> Pattern:
@@ -130,16 +131,18 @@ def to_pattern(s: Sexp, where: str) -> Pattern:
         raise RuleParseError(f"{where}: '{op}' takes {len(slots)} arguments ({' '.join(slots)}), got {len(args)}")
     spec = ops.OPS[op]
     kinds = {a.name: a.kind for a in spec.attrs}
-    attrs, guards, tensors = [], [], []
+    attrs: list[tuple[str, Any]] = []
+    guards: list[tuple[str, int]] = []
+    tensors: list[Pattern] = []
     for slot, arg in zip(slots, args):
         if slot == "*":
             tensors.append(to_pattern(arg, where))
         elif slot == "ndim":
             guards.append(("ndim", _int(arg, f"{op}'s ndim", where)))
         elif isinstance(arg, str) and arg.startswith("?") and kinds.get(slot) in ("ints", "float") and len(arg) > 1:
-            attrs.append((slot, AttrVar(arg[1:], kinds[slot])))  # type: ignore[arg-type]
+            attrs.append((slot, AttrVar(arg[1:], kinds[slot])))
         elif kinds.get(slot) == "ints" and isinstance(arg, list) and arg[:1] == ["shape"] and len(arg) == 2:
-            attrs.append((slot, ShapeOf(to_pattern(arg[1], where))))  # type: ignore[arg-type]
+            attrs.append((slot, ShapeOf(to_pattern(arg[1], where))))
         elif kinds.get(slot) == "ints":
             if not (isinstance(arg, list) and arg[:1] == ["["]):
                 raise RuleParseError(f"{where}: expected a list like [1 0], (shape P) or ?S for {op}'s {slot}, "
@@ -147,8 +150,8 @@ def to_pattern(s: Sexp, where: str) -> Pattern:
             attrs.append((slot, tuple(_list_item(a, f"{op}'s {slot}", where) for a in arg[1:])))
         elif kinds.get(slot) == "float":
             try:
-                attrs.append((slot, float(arg)))  # type: ignore[arg-type]
-            except (TypeError, ValueError):
+                attrs.append((slot, float(arg if isinstance(arg, str) else "not a number")))
+            except ValueError:
                 raise RuleParseError(f"{where}: expected a number for {op}'s {slot}, found {_show(arg)}") from None
         else:
             attrs.append((slot, _int(arg, f"{op}'s {slot}", where)))
@@ -173,7 +176,7 @@ def parse_rule_text(line: str, where: str = "<rule>", name: str | None = None, c
     m = _LINE.match(line)
     if not m or not m.group("lhs"):
         raise RuleParseError(f"{where}: expected 'LHS => RHS', found {line.strip()!r}")
-    rhs_text, conditions = m.group("rhs"), ()
+    rhs_text, conditions = m.group("rhs"), cast(tuple[Term, ...], ())
     if " if " in rhs_text:
         rhs_text, cond_text = rhs_text.split(" if ", 1)
         conditions = tuple(_condition(parse_sexp(c, where), where) for c in _split_top(cond_text, where))
@@ -212,7 +215,7 @@ def _condition(s: Sexp, where: str) -> Term:
     if not s or s[0] not in _CONDITION_OPS or len(s) - 1 != _CONDITION_OPS[s[0]]:
         raise RuleParseError(f"{where}: bad condition {_show(s)}; use (= a b), (!= a b), (< a b), (<= a b) "
                              "over (dim ?x I), (rank ?x), integers, + - * %")
-    return Term(s[0], (), tuple(_condition(a, where) for a in s[1:]))  # type: ignore[arg-type]
+    return Term(s[0], (), tuple(_condition(a, where) for a in s[1:]))
 
 
 def _check_vars(rule: Rule, where: str) -> None:

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -88,7 +88,7 @@ class Algebra(Protocol):
     """What the op table needs from a number system."""
 
     def zeros(self, shape: Shape) -> np.ndarray: ...
-    def const(self, value: float) -> Any: ...
+    def const(self, value: float | Fraction) -> Any: ...
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray: ...
     def mul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray: ...
     def tensordot(self, a: np.ndarray, b: np.ndarray, axes: tuple[list[int], list[int]]) -> np.ndarray: ...
@@ -120,7 +120,7 @@ class PolyAlgebra:
         out.fill(Poly({}))
         return out
 
-    def const(self, value: float) -> Any:
+    def const(self, value: float | Fraction) -> Any:
         return Poly.const(Fraction(value))
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -167,7 +167,7 @@ def _fill_zero(x: np.ndarray, alg: PolyAlgebra) -> np.ndarray:
         return alg.zeros(x.shape)
     for idx in np.ndindex(*x.shape):
         if not isinstance(x[idx], Poly):
-            x[idx] = Poly.const(x[idx])
+            x[idx] = Poly.const(cast(Coeff, x[idx]))
     return x
 
 
@@ -184,7 +184,7 @@ class FieldAlgebra:
     def zeros(self, shape: Shape) -> np.ndarray:
         return np.zeros(shape, dtype=np.int64)
 
-    def const(self, value: float) -> Any:
+    def const(self, value: float | Fraction) -> Any:
         f = Fraction(value)
         return (f.numerator % self.p) * pow(f.denominator, -1, self.p) % self.p
 
@@ -271,6 +271,7 @@ def _pool(reduce: str) -> Impl:
             for j in range(kw):
                 win = xp[:, :, i:i + (ho - 1) * sh + 1:sh, j:j + (wo - 1) * sw + 1:sw]
                 acc = win if acc is None else (alg.add(acc, win) if reduce == "avg" else alg.maximum(acc, win))
+        assert acc is not None  # the kernel has at least one position
         if reduce == "avg":
             acc = alg.mul(acc, _full(alg, acc.shape, alg.const(Fraction(1, kh * kw))))
         return _act(alg, acc, a["act"])

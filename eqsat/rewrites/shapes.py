@@ -213,8 +213,8 @@ class _Sampler:
                 if vs and not any(s.op == "split_part" for s in _post_order(t)):
                     self.ready[max(position[v] for v in vs)].append(t)
         for c in rule.conditions:
-            vs = [v.name for v in _cond_vars(c)]
-            self.cond_ready[max((position.get(v, 0) for v in vs), default=0)].append(c)
+            names = [v.name for v in _cond_vars(c)]
+            self.cond_ready[max((position.get(v, 0) for v in names), default=0)].append(c)
 
     def shape_of(self, p: Pattern, env: Mapping[str, Shape]) -> Shape | None:
         if isinstance(p, Var):
@@ -223,7 +223,7 @@ class _Sampler:
         if any(a is None for a in args):
             return None
         refs = tuple(env[v] for v in sorted(referenced_variables(p)))
-        key = (id(p), args, refs)  # type: ignore[arg-type]
+        key = (id(p), args, refs)
         if key not in self.cache:
             try:
                 self.cache[key] = term_shape(bind_attrs(p, env), args, None)  # type: ignore[arg-type]
@@ -288,7 +288,7 @@ def _post_order(p: Pattern) -> list[Term]:
     return out
 
 
-def _cond_vars(c: Any) -> list[Var]:  # noqa: D103
+def _cond_vars(c: Any) -> list[Var]:
     if isinstance(c, Var):
         return [c]
     return [v for a in c.args for v in _cond_vars(a)]

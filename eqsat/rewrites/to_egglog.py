@@ -134,8 +134,7 @@ def _reference(value: object, q: _Query, roots: Sequence[str], where: str) -> st
             return items[index]
         return q.bind(f"(vec-get {shape} {index})")
     assert isinstance(value, tuple)
-    items = [_reference(v, q, roots, where) if isinstance(v, DimOf) else str(int(v)) for v in value]
-    return vec_of(items)
+    return vec_of([_reference(v, q, roots, where) if isinstance(v, DimOf) else str(int(v)) for v in value])
 
 
 def _pattern_shape(p: Pattern, q: _Query, roots: Sequence[str], where: str) -> str:
@@ -199,7 +198,7 @@ def _build_rhs(p: Pattern, q: _Query, roots: Sequence[str], where: str) -> tuple
     built = [_rhs(a, q, roots, where) for a in p.args]
     attrs = _attrs_of(p, q, roots, where)
     expr, shape = _apply(p.op, attrs, [b[0] for b in built], [b[1] for b in built], q, where)
-    for guard, value in p.guards:
+    for _, value in p.guards:
         q.atoms.append(f"(= (vec-length {shape}) {int(value)})")
     return expr, shape
 
@@ -229,7 +228,7 @@ def _condition(t: Term | Var, q: _Query, where: str) -> str:
         if not isinstance(v, Var):
             raise RuleError(f"{where}: (rank ...) takes a ?variable")
         return f"(vec-length {q.shape(_var(v.name))})"
-    args = " ".join(_condition(a, q, where) for a in t.args)  # type: ignore[arg-type]
+    args = " ".join(_condition(a, q, where) for a in t.args)
     return f"({t.op} {args})"
 
 

@@ -16,7 +16,8 @@ def rule(text: str):
 # True rules that are not in the library, one per proof path.
 TRUE_RULES = [
     "(ewmul (ewadd ?a ?b) (ewadd ?a ?b)) => (ewadd (ewmul ?a (ewadd ?a ?b)) (ewmul ?b (ewadd ?b ?a)))",
-    "(transpose [1 0] (matmul 0 (matmul 0 ?a ?b) ?c)) => (matmul 0 (transpose [1 0] ?c) (matmul 0 (transpose [1 0] ?b) (transpose [1 0] ?a)))",
+    "(transpose [1 0] (matmul 0 (matmul 0 ?a ?b) ?c)) => "
+    "(matmul 0 (transpose [1 0] ?c) (matmul 0 (transpose [1 0] ?b) (transpose [1 0] ?a)))",
     "(relu (ewadd (relu ?x) (relu ?x))) => (ewadd (relu ?x) (relu ?x))",  # needs relu's meaning: z3
     "(conv2d 2 2 0 2 (ewadd ?x ?y) ?w) => (relu (ewadd (conv2d 2 2 0 0 ?x ?w) (conv2d 2 2 0 0 ?y ?w)))",
     "(tanh (concat 0 2 ?a ?b)) => (concat 0 2 (tanh ?a) (tanh ?b))",
