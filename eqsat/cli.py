@@ -22,7 +22,7 @@ COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "extract": ("eqsat.extract.command", "extract the best term from E-graph JSON files"),
     "rules": ("eqsat.rewrites.command", "verify or synthesize rewrite rules"),
     "optimize": ("experiments.optimize", "optimize a model end to end"),
-    "bench": ("experiments.command", "run an experiment: extraction | jax"),
+    "bench": ("experiments.command", "run a named experiment (eqsat bench --help lists them)"),
 })
 
 
