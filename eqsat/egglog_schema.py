@@ -61,16 +61,6 @@ def literal_int(expr: Expr) -> int | None:
     return int(expr) if expr.lstrip("-").isdigit() else None
 
 
-def literal_ints(expr: Expr) -> tuple[int, ...] | None:
-    """The items of a literal `(vec-of 1 2)` / `(vec-empty)`, else None."""
-    if expr == "(vec-empty)":
-        return ()
-    if not (expr.startswith("(vec-of") and expr.endswith(")")):
-        return None
-    items = expr[len("(vec-of"):-1].split()
-    return tuple(int(t) for t in items) if all(t.lstrip("-").isdigit() for t in items) else None
-
-
 def vec_items(expr: Expr) -> tuple[Expr, ...] | None:
     """The items of `(vec-of a b ...)` (each an expression), else None: a list attribute built item
     by item (`[1 (dim ?m 0)]`) or a shape computed item by item has a known length and items."""
@@ -343,10 +333,6 @@ BINARY_ONLY = frozenset({"concat"})  # variadic in the IR, binary (nested) in th
 def constructor(op: str) -> str:
     """The egglog constructor name of an IR op: stable, capitalised (`matmul` → `Matmul`)."""
     return op[:1].upper() + op[1:]
-
-
-def op_of_constructor(name: str) -> str:
-    return name[:1].lower() + name[1:]
 
 
 def tensor_arity(op: str) -> int:
