@@ -68,6 +68,7 @@ class OpSpec:
     doc: str = ""
     elementwise: bool = False  # inputs and output of one shape, each element computed on its own
     fusible: bool = False  # XLA fuses it into its producer's loop (charged its marginal cost there)
+    positive_domain: bool = False  # real-valued only for positive inputs (log, square roots)
 
     @property
     def is_unary_elementwise(self) -> bool:
@@ -170,9 +171,10 @@ def _pointwise_flops(per_element: float) -> Callable[[Sequence[Shape], Sequence[
     return lambda ins, outs, attrs: per_element * numel(outs[0])
 
 
-def _unary(name: str, fn: Callable[[np.ndarray], np.ndarray], flops_per: float, doc: str) -> OpSpec:
+def _unary(name: str, fn: Callable[[np.ndarray], np.ndarray], flops_per: float, doc: str,
+           positive_domain: bool = False) -> OpSpec:
     return OpSpec(name, (), 1, _same_shape(name), lambda xs, a: (fn(xs[0]),), _pointwise_flops(flops_per), doc=doc,
-                  elementwise=True, fusible=True)
+                  elementwise=True, fusible=True, positive_domain=positive_domain)
 
 
 def _binary(name: str, fn: Callable[[np.ndarray, np.ndarray], np.ndarray], doc: str) -> OpSpec:
@@ -472,10 +474,10 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
     _binary("ewdiv", np.divide, "elementwise quotient"),
     _binary("ewmax", np.maximum, "elementwise maximum"),
     _unary("exp", np.exp, 4, "e to the x"),
-    _unary("log", np.log, 4, "natural logarithm"),
+    _unary("log", np.log, 4, "natural logarithm", positive_domain=True),
     _unary("neg", np.negative, 1, "-x"),
-    _unary("sqrt", np.sqrt, 4, "square root"),
-    _unary("rsqrt", lambda x: 1.0 / np.sqrt(x), 4, "reciprocal square root"),
+    _unary("sqrt", np.sqrt, 4, "square root", positive_domain=True),
+    _unary("rsqrt", lambda x: 1.0 / np.sqrt(x), 4, "reciprocal square root", positive_domain=True),
     OpSpec("reduce_sum", (AttrSpec("axes", "ints"),), 1, _reduce_infer("reduce_sum"),
            lambda xs, a: (np.sum(xs[0], axis=tuple(a["axes"])).astype(xs[0].dtype),), _reduce_flops,
            doc="sum over the listed axes (dropped)"),

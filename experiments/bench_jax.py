@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from eqsat import ops
 from eqsat.ir import Graph, Node
 from experiments.jax_programs import PROGRAMS, JaxProgram, transformer_stack
 
@@ -85,7 +86,7 @@ def _op_text(graphs: Iterable[Any]) -> str:
     counts: dict[str, int] = {}
     for g in graphs:
         for op, n in g.live().op_counts().items():
-            if op not in ("input", "weight"):
+            if not ops.OPS[op].is_leaf:
                 counts[op] = counts.get(op, 0) + n
     return " ".join(f"{op}:{n}" for op, n in sorted(counts.items()))
 
@@ -141,20 +142,20 @@ def rank_check(rounds: int) -> list[dict[str, Any]]:
         program, _ = capture(prog.fn, *prog.make_args(0))
         for k, step in enumerate(program.graphs):
             g = step.graph.live()
-            if sum(1 for n in g.nodes if n.op not in ("input", "weight")) < 3:
+            if sum(1 for n in g.nodes if not ops.OPS[n.op].is_leaf) < 3:
                 continue
             inputs = {graph_leaf_name(i): jnp.asarray(np.abs(np.random.default_rng(0).standard_normal(program.avals[i][0]))
                                                       + 0.5, jnp.float32) for i in step.inputs}
             fn = jax.jit(to_jax(g, precision="default"))
             t = time_callable(fn, [inputs], repeats=rounds)
-            live_nodes = [n for n in g.nodes if n.op not in ("input", "weight")]
+            live_nodes = [n for n in g.nodes if not ops.OPS[n.op].is_leaf]
             def shapes(n: Node, g: Graph = g) -> list[tuple[int, ...]]:
                 return [g.shape(v) for v in n.inputs]
 
             rows.append({"graph": f"{prog.name}/{k}", "measured_ms": t * 1e3,
                          "pred_fused_ms": 1e3 * sum(measured.op_cost(n.op, n.attr, shapes(n)) for n in live_nodes),
                          "pred_isolated_ms": 1e3 * sum(measured.isolated_cost(n.op, n.attr, shapes(n))
-                                                       for n in live_nodes if n.op not in ("reshape", "slice", "split")),
+                                                       for n in live_nodes if not ops.OPS[n.op].is_view),
                          "pred_roofline_ms": 1e3 * sum(roofline.op_cost(n.op, n.attr, shapes(n)) for n in live_nodes)})
     measured.save()
     truth = [r["measured_ms"] for r in rows]

@@ -97,7 +97,7 @@ def _key(op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> str:
 def _random_args(op: str, shapes: Sequence[Shape], seed: int) -> list[jax.Array]:
     rng = np.random.default_rng(seed)
     args: list[np.ndarray] = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    if op in ("log", "sqrt", "rsqrt"):
+    if ops.OPS[op].positive_domain:
         args = [np.abs(a) + np.float32(0.5) for a in args]
     if op == "batchnorm":
         args[4] = np.abs(args[4]) + np.float32(0.5)

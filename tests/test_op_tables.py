@@ -59,3 +59,4 @@ def test_op_facts_and_the_tables_built_from_them_agree() -> None:
     for name, spec in ops.OPS.items():
         assert not spec.elementwise or spec.fusible, f"{name}: elementwise ops fuse"
         assert not (spec.is_leaf and (spec.elementwise or spec.fusible)), name
+        assert not spec.positive_domain or spec.is_unary_elementwise, name
