@@ -19,7 +19,7 @@ from typing import Any
 from eqsat.errors import EqsatError
 from eqsat.paths import tensat_rule_files
 from eqsat.rewrites import library_rules
-from eqsat.rewrites.concrete import PROVED, REFUTED, UNKNOWN, VerificationResult
+from eqsat.rewrites.concrete import VerificationResult
 from eqsat.rewrites.parser import load_rules
 from eqsat.rewrites.rule import Rule, rules_that_can_match
 
@@ -66,8 +66,7 @@ def given_rules(source: Any) -> list[Rule]:
 def is_trusted(result: VerificationResult, allow_unproved: bool = False) -> bool:
     """The policy: proved, or refuted only on shapes and proved under the guard (unknown counts as
     proved with `allow_unproved`; refuted on values never does)."""
-    keep = {PROVED, UNKNOWN} if allow_unproved else {PROVED}
-    return result.status in keep or (result.status == REFUTED and result.guarded_status in keep)
+    return result.admits(allow_unproved, allow_guarded=True)
 
 
 def trusted_rules(rules: Sequence[Rule], allow_unproved: bool = False) -> list[Rule]:

@@ -68,6 +68,13 @@ class VerificationResult:
     def proved(self) -> bool:
         return self.status == PROVED
 
+    def admits(self, allow_unproved: bool = False, allow_guarded: bool = False) -> bool:
+        """Whether the rule may be used: proved; with `allow_guarded` also refuted only on shapes and
+        proved under the guard; with `allow_unproved` unknown counts as proved. Never when refuted
+        on values. (`eqsat.rulesets` fixes the flags into the project's one policy.)"""
+        keep = {PROVED, UNKNOWN} if allow_unproved else {PROVED}
+        return self.status in keep or (allow_guarded and self.status == REFUTED and self.guarded_status in keep)
+
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "status": self.status, "method": self.method,
                 "counterexample": self.counterexample, "scope": self.scope,

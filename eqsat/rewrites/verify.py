@@ -103,9 +103,7 @@ def verified_rules(rules: Iterable[Rule], allow_unproved: bool = False, allow_gu
     """
     rules = list(rules)
     results = verify_rules(rules, options, all_shapes=all_shapes, cache=cache)
-    keep = {PROVED, UNKNOWN} if allow_unproved else {PROVED}
-    return [r for r, res in zip(rules, results)
-            if res.status in keep or (allow_guarded and res.status == REFUTED and res.guarded_status in keep)]
+    return [r for r, res in zip(rules, results) if res.admits(allow_unproved, allow_guarded)]
 
 
 __all__ = ["VerificationResult", "VerifyOptions", "verify_rule", "verify_rules", "verified_rules", "verify_concrete",
