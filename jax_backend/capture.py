@@ -71,6 +71,7 @@ class Program:
     steps: tuple[Step, ...]
     outputs: tuple[int, ...]
     avals: Mapping[int, tuple[Shape, Any]] = field(repr=False)  # value id → (shape, dtype)
+    effects: tuple[str, ...] = ()  # the jaxpr's effects (callbacks, debug prints): what running it does besides computing
 
     @property
     def graphs(self) -> list[GraphStep]:
@@ -84,7 +85,7 @@ class Program:
         """The same program with each GraphStep's graph replaced (same leaves and outputs, in order)."""
         it = iter(graphs)
         steps = tuple(GraphStep(next(it), s.inputs, s.outputs) if isinstance(s, GraphStep) else s for s in self.steps)
-        return Program(self.n_inputs, self.consts, steps, self.outputs, self.avals)
+        return Program(self.n_inputs, self.consts, steps, self.outputs, self.avals, self.effects)
 
 
 def graph_leaf_name(value_id: int) -> str:
@@ -112,7 +113,7 @@ class _Capturer:
 
     def new(self, shape: Shape, dtype: Any) -> int:
         vid = len(self.avals)
-        self.avals[vid] = (tuple(int(d) for d in shape), np.dtype(dtype))
+        self.avals[vid] = (tuple(int(d) for d in shape), _dtype(dtype))
         return vid
 
     def shape(self, vid: int) -> Shape:
@@ -206,10 +207,15 @@ class _Capturer:
         return outs
 
 
+def _dtype(dtype: Any) -> Any:
+    """A numpy dtype, or JAX's own dtype object where numpy has none (PRNG key types)."""
+    return dtype if jax.dtypes.issubdtype(dtype, jax.dtypes.extended) else np.dtype(dtype)
+
+
 def _all_captureable(eqn: Any) -> bool:
     for atom in [*eqn.invars, *eqn.outvars]:
         aval = atom.aval
-        if not hasattr(aval, "dtype") or np.dtype(aval.dtype) != CAPTURED_DTYPE:
+        if not hasattr(aval, "dtype") or _dtype(aval.dtype) != CAPTURED_DTYPE:
             return False
         if any(not isinstance(d, int) or d < 1 for d in aval.shape):
             return False
@@ -501,7 +507,8 @@ def capture_jaxpr(closed: Any) -> Program:
     args = [c.new(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
     outputs = c.walk(closed.jaxpr, closed.consts, args)
     steps = _build_steps(c, len(args), outputs)
-    return Program(len(args), dict(c.consts), steps, tuple(outputs), dict(c.avals))
+    effects = tuple(sorted(str(e) for e in closed.effects))
+    return Program(len(args), dict(c.consts), steps, tuple(outputs), dict(c.avals), effects)
 
 
 def capture(fun: Callable[..., Any], *args: Any) -> tuple[Program, Any]:

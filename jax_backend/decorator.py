@@ -14,6 +14,7 @@ timings there run compiled code the way a user's calls do.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 import warnings
@@ -378,6 +379,11 @@ def _random_args(avals: Sequence[jax.ShapeDtypeStruct], seed: int) -> list[Any]:
     rng = np.random.default_rng(seed)
     out = []
     for a in avals:
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            impl = getattr(a.dtype, "_impl", None)
+            key = jax.random.key(seed) if impl is None else jax.random.key(seed, impl=impl)
+            out.append(jax.random.split(key, a.shape) if a.shape else key)
+            continue
         dt = np.dtype(a.dtype)
         if np.issubdtype(dt, np.floating):
             out.append(jnp.asarray(rng.standard_normal(a.shape), dtype=a.dtype))
@@ -385,8 +391,6 @@ def _random_args(avals: Sequence[jax.ShapeDtypeStruct], seed: int) -> list[Any]:
             out.append(jnp.asarray(rng.integers(0, 4, a.shape), dtype=a.dtype))
         elif dt == np.bool_:
             out.append(jnp.asarray(rng.integers(0, 2, a.shape).astype(bool)))
-        elif jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
-            out.append(jax.random.key(seed))
         else:
             out.append(jnp.zeros(a.shape, a.dtype))
     return out
@@ -395,7 +399,8 @@ def _random_args(avals: Sequence[jax.ShapeDtypeStruct], seed: int) -> list[Any]:
 def _compare(ref: Sequence[Any], got: Sequence[Any], rtol: float, atol: float) -> tuple[bool, float]:
     worst = 0.0
     for r, g in zip(ref, got):
-        r, g = np.asarray(r), np.asarray(g)
+        r, g = (np.asarray(jax.random.key_data(v) if jax.dtypes.issubdtype(v.dtype, jax.dtypes.prng_key) else v)
+                for v in (r, g))
         if r.shape != g.shape or r.dtype != g.dtype:
             return False, float("inf")
         if not np.issubdtype(r.dtype, np.inexact):
@@ -428,6 +433,10 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
                                                       "the function closes over traced values; not optimized"))
     steps = program.graphs
     opaque = tuple(s.name for s in program.opaque)
+    if program.effects:  # checks and timings would run the user's callbacks and prints many times
+        return _fallback(signature, out_tree, (), opaque, start, mode,
+                         f"the function has side effects ({', '.join(program.effects)}); the original runs "
+                         "(compiled, once per call), nothing is checked or timed")
     try:
         search = _make_search(opts, [s.graph for s in program.graphs])
     except Exception as exc:  # noqa: BLE001 - no rules or no cost model: nothing to optimize with
@@ -536,66 +545,195 @@ def _fallback(signature: str, out_tree: Any, segments: Sequence[SegmentReport], 
 
 # --- the wrapper ---------------------------------------------------------------------------------------
 
+class _Unfreezable(Exception):
+    """A static value with no content-based key (an unhashable object of a user class)."""
+
+
+def _frozen(value: Any) -> Hashable:
+    """A hashable key equal for equal static values: hashable values as they are (with their type,
+    so 1 and 1.0 differ as they would in a trace), lists / tuples / dicts / sets by content, numpy
+    arrays by shape, dtype and bytes."""
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.shape, str(value.dtype), value.tobytes())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_frozen(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted(((repr(k), _frozen(v)) for k, v in value.items()), key=lambda kv: kv[0])))
+    if isinstance(value, (set, frozenset)):
+        return ("set", tuple(sorted(repr(_frozen(v)) for v in value)))
+    try:
+        hash(value)
+    except TypeError as exc:
+        raise _Unfreezable(type(value).__name__) from exc
+    return (type(value), value)
+
+
+def _is_array_leaf(x: Any) -> bool:
+    """Leaves `jax.jit` traces (arrays, numpy and Python numbers); any other leaf (a string, a
+    callable, an enum) is a static value of the call."""
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, int, float, complex)) or hasattr(x, "__jax_array__")
+
+
+@dataclass(frozen=True)
+class _Split:
+    """One call taken apart: the traced leaves, and everything static (the declared static
+    arguments, the non-array leaves, the tree) with a key that is equal exactly for equal statics
+    (None when a static value has no such key)."""
+
+    leaves: tuple[Any, ...]
+    tree: Any
+    static_positions: tuple[int, ...]  # leaf positions holding static values
+    static_leaves: tuple[Any, ...]
+    declared: tuple[tuple[int | str, Any], ...]  # static_argnums / static_argnames values
+    key: Hashable | None
+
+    def rebuild(self, dynamic: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
+        """The call's (args, kwargs) with `dynamic` in place of the traced leaves."""
+        it = iter(dynamic)
+        statics = dict(zip(self.static_positions, self.static_leaves))
+        n = len(self.leaves) + len(self.static_positions)
+        leaves = [statics[i] if i in statics else next(it) for i in range(n)]
+        dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(self.tree, leaves)
+        declared = dict(self.declared)
+        args = [declared.get(i, a) for i, a in enumerate(dyn_args)]
+        kwargs = {**dyn_kwargs, **{k: v for k, v in self.declared if isinstance(k, str)}}
+        return args, kwargs
+
+
+@dataclass(frozen=True, eq=False)
+class _SplitCall:
+    """The static part of a call that `jax.jit` cannot take as it is (non-array leaves, unhashable
+    static arguments), passed to the inner jit as one static argument compared by `_Split.key`."""
+
+    split: _Split
+
+    def __hash__(self) -> int:
+        return hash(self.split.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _SplitCall) and self.split.key == other.split.key
+
+
 class OptimizedFunction:
-    """A function that runs the eqsat-optimized version of `fun` when it is safe to."""
+    """A function that runs the eqsat-optimized version of `fun` when it is safe to.
+
+    Every call goes through `jax.jit`: the traced body looks up (or builds) the optimized version
+    for the signature and traces either it or the original `fun`, so every path runs compiled and
+    a steady-state call costs what a `jax.jit` call costs (its C++ cache hit)."""
 
     def __init__(self, fun: Callable[..., Any], opts: _Options) -> None:
         self.fun = fun
         self.options = opts
         self._cache: dict[Hashable, _Entry] = {}
+        self._traces = 0  # bodies entered: tells an argument error of jax.jit from the function's own
+        self._warned: set[str] = set()
         functools.update_wrapper(self, fun)
 
-    def _split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any, tuple[Any, ...]]:
-        static = tuple((i, args[i]) for i in self.options.static_argnums if i < len(args))
-        static += tuple((k, kwargs[k]) for k in self.options.static_argnames if k in kwargs)
-        dyn_args = tuple(None if i in self.options.static_argnums else a for i, a in enumerate(args))
-        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.options.static_argnames}
-        leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
-        return leaves, tree, static
+        def direct(*args: Any, **kwargs: Any) -> Any:
+            self._traces += 1
+            return self._traced(list(args), kwargs)
 
-    def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Entry, list[Any]]:
-        leaves, tree, static = self._split(args, kwargs)
-        leaves = [x if hasattr(x, "shape") and hasattr(x, "dtype") else jnp.asarray(x) for x in leaves]
-        avals = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in leaves]
+        def split(call: _SplitCall, *dynamic: Any) -> Any:
+            self._traces += 1
+            args, kwargs = call.split.rebuild(dynamic)
+            return self._traced(args, kwargs)
+
+        # `direct` carries fun's signature, so static_argnames/argnums map to each other as for jax.jit(fun)
+        self._jit_direct = jax.jit(functools.wraps(fun)(direct), static_argnums=opts.static_argnums,
+                                   static_argnames=opts.static_argnames)
+        self._jit_split = jax.jit(split, static_argnums=0)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        traces = self._traces
         try:
-            key: Hashable = (tree, tuple((a.shape, str(a.dtype)) for a in avals), static)
-            hash(key)
-        except TypeError:
+            return self._jit_direct(*args, **kwargs)
+        except (TypeError, ValueError):
+            if self._traces != traces:  # raised while tracing: the function's own error
+                raise
+        return self._call_split(args, kwargs)  # jax.jit refused the arguments themselves
+
+    def _call_split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Non-array leaves become static values; unhashable static arguments are keyed by content."""
+        split = self._split(list(args), kwargs)
+        if split.key is None:
+            self._warn_once("unhashable", "eqsat.optimize: a static argument has no content-based key; the "
+                            "original function runs compiled for each call (not optimized)")
+            return jax.jit(lambda *dynamic: self.fun(*split.rebuild(dynamic)[0], **split.rebuild(dynamic)[1]))(
+                *split.leaves)
+        return self._jit_split(_SplitCall(split), *split.leaves)
+
+    def _warn_once(self, tag: str, message: str) -> None:
+        if tag not in self._warned:
+            self._warned.add(tag)
+            warnings.warn(message, EqsatFallbackWarning, stacklevel=4)
+
+    def _traced(self, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Inside the jit trace: the optimized version for this signature, else the original."""
+        entry, split = self._entry(args, kwargs)
+        if entry.fn is not None:
+            try:
+                return jax.tree_util.tree_unflatten(entry.out_tree, entry.fn(*split.leaves))
+            except Exception as exc:  # noqa: BLE001 - the original is always a valid answer
+                entry.fn = None
+                entry.report = dataclasses.replace(entry.report, used="original",
+                                                   reason=f"tracing the optimized version failed: "
+                                                          f"{type(exc).__name__}: {exc}")
+                warnings.warn(f"eqsat.optimize: running the original function: {entry.report.reason}",
+                              EqsatFallbackWarning, stacklevel=2)
+        return self.fun(*args, **kwargs)
+
+    def _split(self, args: list[Any], kwargs: dict[str, Any]) -> _Split:
+        nums, names = self.options.static_argnums, self.options.static_argnames
+        declared: tuple[tuple[int | str, Any], ...] = tuple((i, args[i]) for i in nums if i < len(args))
+        declared += tuple((k, kwargs[k]) for k in names if k in kwargs)
+        dyn_args = tuple(None if i in nums else a for i, a in enumerate(args))
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in names}
+        all_leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
+        positions = tuple(i for i, x in enumerate(all_leaves) if not _is_array_leaf(x))
+        static_leaves = tuple(all_leaves[i] for i in positions)
+        leaves = tuple(x for i, x in enumerate(all_leaves) if i not in set(positions))
+        avals = tuple(jax.typeof(x) for x in leaves)
+        try:
+            key: Hashable | None = (tree, tuple((a.shape, str(a.dtype), a.weak_type) for a in avals), positions,
+                                    _frozen(static_leaves), tuple((k, _frozen(v)) for k, v in declared))
+        except _Unfreezable:
             key = None
-        entry = self._cache.get(key) if key is not None else None
+        return _Split(leaves, tree, positions, static_leaves, declared, key)
+
+    def _entry(self, args: list[Any], kwargs: dict[str, Any]) -> tuple[_Entry, _Split]:
+        split = self._split(args, kwargs)
+        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
+                 for a in (jax.typeof(x) for x in split.leaves)]
+        signature = ", ".join(f"{a.dtype}{list(a.shape)}" for a in avals)
+        statics = [*(f"{k}={v!r}" for k, v in split.declared), *(repr(v) for v in split.static_leaves)]
+        signature += f"; static {', '.join(statics)}" if statics else ""
+        if split.key is None:
+            return _Entry(None, None, SignatureReport(signature, "original", "unhashable static arguments")), split
+        entry = self._cache.get(split.key)
         if entry is None:
-            statics = dict(static)
             out_trees: list[Any] = []
 
             def flat_fun(*flat: Any) -> list[Any]:
-                dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(tree, flat)
-                full = [statics.get(i, a) for i, a in enumerate(dyn_args)]
-                out = self.fun(*full, **dyn_kwargs, **{k: statics[k] for k in self.options.static_argnames
-                                                      if k in statics})
-                leaves_out, out_tree = jax.tree_util.tree_flatten(out)
+                full_args, full_kwargs = split.rebuild(flat)
+                leaves_out, out_tree = jax.tree_util.tree_flatten(self.fun(*full_args, **full_kwargs))
                 out_trees.append(out_tree)
                 return leaves_out
 
-            signature = ", ".join(f"{a.dtype}{list(a.shape)}" for a in avals) + (f"; static {static}" if static else "")
-            if key is None:
-                entry = _Entry(None, None, SignatureReport(signature, "original", "unhashable static arguments"))
-            else:
+            try:
                 entry = _outside_traces(build_signature, flat_fun, avals, signature, self.options)
-                entry.out_tree = out_trees[0] if out_trees else None
-                self._cache[key] = entry
-                if entry.warning:
-                    warnings.warn(entry.warning, EqsatFallbackWarning, stacklevel=3)
-        return entry, leaves
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        entry, leaves = self._entry(args, kwargs)
-        if entry.fn is None:
-            return self.fun(*args, **kwargs)
-        return jax.tree_util.tree_unflatten(entry.out_tree, entry.fn(*leaves))
+            except Exception as exc:  # noqa: BLE001 - the optimizer's own failure: run the original
+                reason = f"optimizing failed: {type(exc).__name__}: {exc}"
+                entry = _Entry(None, None, SignatureReport(signature, "original", reason),
+                               f"eqsat.optimize: running the original function: {reason}")
+            entry.out_tree = out_trees[0] if out_trees else None
+            self._cache[split.key] = entry
+            if entry.warning:
+                warnings.warn(entry.warning, EqsatFallbackWarning, stacklevel=4)
+        return entry, split
 
     def report(self, *args: Any, **kwargs: Any) -> SignatureReport:
         """What was done for the signature of these arguments (optimizing now if it was not yet)."""
-        return self._entry(args, kwargs)[0].report
+        return self._entry(list(args), kwargs)[0].report
 
     @property
     def reports(self) -> list[SignatureReport]:

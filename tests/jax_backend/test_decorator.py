@@ -77,7 +77,7 @@ def test_broken_optimizer_falls_back_with_warning(monkeypatch: pytest.MonkeyPatc
     opt = optimize(f, check_speed=False)
     with pytest.warns(EqsatFallbackWarning, match="differ"):
         out = opt(ARGS[0])
-    np.testing.assert_allclose(out, f(ARGS[0]))
+    np.testing.assert_array_equal(out, jax.jit(f)(ARGS[0]))  # the original runs compiled, as jax.jit runs it
     assert opt.report(ARGS[0]).used == "original"
 
 
