@@ -89,6 +89,64 @@ def _op_text(graphs: Iterable[Any]) -> str:
     return " ".join(f"{op}:{n}" for op, n in sorted(counts.items()))
 
 
+def _leafy_program(leaves: int, rows: int) -> tuple[Any, tuple[Any, ...]]:
+    """A chain of `leaves` matmul + tanh layers whose weights are one dict argument (a model's
+    state as a many-leaf pytree); `rows` sets the work (256 rows: about 1 ms on two CPU cores)."""
+    rng = np.random.default_rng(7)
+    params = {f"layer{i:02d}": jnp.asarray(rng.standard_normal((64, 64)) / 8, jnp.float32) for i in range(leaves)}
+    x = jnp.asarray(rng.standard_normal((rows, 64)), jnp.float32)
+
+    def chain(params: dict[str, Any], x: Any) -> Any:
+        for name in sorted(params):
+            x = jnp.tanh(x @ params[name])
+        return x
+
+    return chain, (params, x)
+
+
+def wrapper_overhead(rounds: int = 40, budget_s: float = 6.0) -> list[dict[str, Any]]:
+    """Steady-state cost of `@eqsat.optimize` over `jax.jit` on programs it does not change, where
+    only the wrapper differs: a ~1 ms program and a tiny one, both over a 50-leaf pytree, called
+    directly and inside an outer `jax.jit`; also the paths that keep the original (a string
+    argument made static, an unhashable static argument). Target: overhead ≤ max(5%, 20 µs)."""
+    from jax_backend.decorator import optimize
+    from jax_backend.timing import paired_timing
+
+    rows: list[dict[str, Any]] = []
+    for label, row_count in (("1ms_50leaf", 256), ("tiny_50leaf", 1)):
+        fn, args = _leafy_program(50, row_count)
+        opt = optimize(fn, time_limit=2.0)
+        ref = jax.jit(fn)
+        jax.block_until_ready(opt(*args))
+        for how, fast in (("direct", opt), ("inside_jit", jax.jit(opt))):
+            t = paired_timing(ref, fast, args, rounds, budget_s)
+            rows.append(_overhead_row(f"overhead_{label}_{how}", t, opt.report(*args).used))
+
+    def act(x: Any, fn: str = "tanh") -> Any:
+        return getattr(jnp, fn)(x) @ x
+
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((128, 128)), jnp.float32)
+    opt_act = optimize(act, time_limit=1.0)
+    t = paired_timing(jax.jit(act, static_argnames="fn"), lambda v: opt_act(v, fn="sin"), [x], rounds, budget_s)
+    rows.append(_overhead_row("overhead_string_argument_static", t, opt_act.report(x, fn="sin").used))
+
+    def scaled(x: Any, factors: list[float]) -> Any:
+        return jnp.tanh(x) @ x * factors[0]
+
+    opt_list = optimize(scaled, static_argnums=1, time_limit=1.0)
+    t = paired_timing(jax.jit(lambda v: scaled(v, [2.0])), lambda v: opt_list(v, [2.0]), [x], rounds, budget_s)
+    rows.append(_overhead_row("overhead_unhashable_static", t, opt_list.report(x, [2.0]).used))
+    return rows
+
+
+def _overhead_row(name: str, timing: Any, used: str) -> dict[str, Any]:
+    overhead_s = timing.other_s - timing.base_s
+    allowed_s = max(0.05 * timing.base_s, 20e-6)
+    return {"program": name, "used": used, **timing.to_json(), "jit_us": timing.base_s * 1e6,
+            "optimized_us": timing.other_s * 1e6, "overhead_us": overhead_s * 1e6, "allowed_us": allowed_s * 1e6,
+            "within_target": overhead_s <= allowed_s}
+
+
 def transformer_first_call(layers: int = 12) -> dict[str, Any]:
     """Seconds of the first call of the `layers`-layer transformer under `@eqsat.optimize` with its
     default options, as a user gets it (optimization, checking and timing included)."""

@@ -626,6 +626,7 @@ class OptimizedFunction:
         self.options = opts
         self._cache: dict[Hashable, _Entry] = {}
         self._traces = 0  # bodies entered: tells an argument error of jax.jit from the function's own
+        self._split_calls = False  # set once jax.jit refuses this function's arguments as they are
         self._warned: set[str] = set()
         functools.update_wrapper(self, fun)
 
@@ -644,17 +645,20 @@ class OptimizedFunction:
         self._jit_split = jax.jit(split, static_argnums=0)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._split_calls:
+            return self._call_split(args, kwargs)
         traces = self._traces
         try:
             return self._jit_direct(*args, **kwargs)
         except (TypeError, ValueError):
             if self._traces != traces:  # raised while tracing: the function's own error
                 raise
-        return self._call_split(args, kwargs)  # jax.jit refused the arguments themselves
+        self._split_calls = True  # jax.jit refused the arguments themselves (its error is slow to build)
+        return self._call_split(args, kwargs)
 
     def _call_split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Non-array leaves become static values; unhashable static arguments are keyed by content."""
-        split = self._split(list(args), kwargs)
+        split = self._split(list(args), kwargs, with_avals=False)
         if split.key is None:
             self._warn_once("unhashable", "eqsat.optimize: a static argument has no content-based key; the "
                             "original function runs compiled for each call (not optimized)")
@@ -682,7 +686,8 @@ class OptimizedFunction:
                               EqsatFallbackWarning, stacklevel=2)
         return self.fun(*args, **kwargs)
 
-    def _split(self, args: list[Any], kwargs: dict[str, Any]) -> _Split:
+    def _split(self, args: list[Any], kwargs: dict[str, Any], with_avals: bool = True) -> _Split:
+        """`with_avals`: the key also holds the traced leaves' shapes and dtypes (the signature)."""
         nums, names = self.options.static_argnums, self.options.static_argnames
         declared: tuple[tuple[int | str, Any], ...] = tuple((i, args[i]) for i in nums if i < len(args))
         declared += tuple((k, kwargs[k]) for k in names if k in kwargs)
@@ -691,11 +696,11 @@ class OptimizedFunction:
         all_leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
         positions = tuple(i for i, x in enumerate(all_leaves) if not _is_array_leaf(x))
         static_leaves = tuple(all_leaves[i] for i in positions)
-        leaves = tuple(x for i, x in enumerate(all_leaves) if i not in set(positions))
-        avals = tuple(jax.typeof(x) for x in leaves)
+        leaves = tuple(x for i, x in enumerate(all_leaves) if i not in positions) if positions else tuple(all_leaves)
+        avals = tuple((a.shape, str(a.dtype), a.weak_type) for a in map(jax.typeof, leaves)) if with_avals else ()
         try:
-            key: Hashable | None = (tree, tuple((a.shape, str(a.dtype), a.weak_type) for a in avals), positions,
-                                    _frozen(static_leaves), tuple((k, _frozen(v)) for k, v in declared))
+            key: Hashable | None = (tree, avals, positions, _frozen(static_leaves) if static_leaves else (),
+                                    tuple((k, _frozen(v)) for k, v in declared))
         except _Unfreezable:
             key = None
         return _Split(leaves, tree, positions, static_leaves, declared, key)
