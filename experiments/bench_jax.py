@@ -80,7 +80,9 @@ def bench_program(prog: JaxProgram, rounds: int, options: dict[str, Any], budget
             "outputs_ok": outputs_ok, "grads_ok": grads_ok, "vmap_ok": vmap_ok,
             "decorator_speedup_ci": report.speedup_ci, "graphs_changed": len(changed),
             "ops_before": _op_text(s.before for s in changed), "ops_after": _op_text(s.after for s in changed),
-            "opaque": ",".join(sorted(set(report.opaque))), "reason": report.reason,
+            "captured": _op_text(s.before for s in report.segments),
+            "opaque": ",".join(sorted(set(report.opaque))), "opaque_why": list(report.opaque_why),
+            "reason": report.reason,
             "rules_fired": sorted({r for s in report.segments for r in s.rules_fired})}
 
 

@@ -79,6 +79,7 @@ class SignatureReport:
     speedup_ci: tuple[float, float] | None = None  # bootstrap interval of original/optimized time
     distinct_regions: int = 0  # regions optimized; the rest reused a structurally identical result
     reused_regions: int = 0
+    opaque_why: tuple[str, ...] = ()  # "primitive: why it was not captured", one per distinct pair
 
 
 @dataclass(frozen=True)
@@ -433,18 +434,20 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
                                                       "the function closes over traced values; not optimized"))
     steps = program.graphs
     opaque = tuple(s.name for s in program.opaque)
+    why = {"opaque_why": tuple(sorted({f"{s.name}: {s.why}" for s in program.opaque}))}
     if program.effects:  # checks and timings would run the user's callbacks and prints many times
         return _fallback(signature, out_tree, (), opaque, start, mode,
                          f"the function has side effects ({', '.join(program.effects)}); the original runs "
-                         "(compiled, once per call), nothing is checked or timed")
+                         "(compiled, once per call), nothing is checked or timed", **why)
     try:
         search = _make_search(opts, [s.graph for s in program.graphs])
     except Exception as exc:  # noqa: BLE001 - no rules or no cost model: nothing to optimize with
-        return _fallback(signature, out_tree, (), opaque, start, mode, f"setting up failed: {type(exc).__name__}: {exc}")
+        return _fallback(signature, out_tree, (), opaque, start, mode, f"setting up failed: {type(exc).__name__}: {exc}",
+                         **why)
     distinct = len({canonicalize(s.graph).graph for s in steps})
     per_graph = opts.time_limit / max(distinct, 1)  # identical graphs reuse the first one's regions
     seconds = [_collect_candidates(s.graph, opts, per_graph, search) for s in steps]
-    extra = {"distinct_regions": len(search.candidates) + len(search.failed), "reused_regions": search.reused}
+    extra = {"distinct_regions": len(search.candidates) + len(search.failed), "reused_regions": search.reused, **why}
     variants: list[tuple[str, list[Graph]]] = []
     seen: set[tuple[Any, ...]] = set()
     for label in search.models:
