@@ -155,11 +155,9 @@ def _check_names(extractor: str, models: Sequence[str]) -> None:
     from eqsat.cost import COST_MODEL_FACTORIES, UnknownCostModelError
     from eqsat.extract.registry import EXTRACTORS
 
-    from jax_backend.candidates import CANDIDATE_ONLY_MODELS
-
     if extractor not in EXTRACTORS:
         raise EqsatError(f"optimize: unknown extractor {extractor!r}; choose from {', '.join(EXTRACTORS)}")
-    known = sorted({*COST_MODEL_FACTORIES, *CANDIDATE_ONLY_MODELS})
+    known = sorted(COST_MODEL_FACTORIES)
     for name in models:
         if name not in known:
             raise UnknownCostModelError(f"optimize: unknown cost model {name!r}; known cost models: {', '.join(known)}")
@@ -303,15 +301,6 @@ def _segment_report(before: Graph, after: Graph, search: _Search, seconds: float
                          sum(c.eclasses for c in seen) if seen else None, fired,
                          "; ".join(sorted({c.stop_reason for c in seen})) or "no region optimized", seconds,
                          error="; ".join(sorted(set(errors))[:3]))
-
-
-def _optimize_graph(graph: Graph, opts: _Options, time_limit: float, search: _Search | None = None,
-                    label: str | None = None) -> SegmentReport:
-    """One graph rewritten by the candidates of one model (`label`, default the first one)."""
-    search = search or _make_search(opts, [graph])
-    seconds = _collect_candidates(graph, opts, time_limit, search)
-    after, _ = _apply_label(graph, label or next(iter(search.models)), search)
-    return _segment_report(graph, after, search, seconds)
 
 
 def _lowering_mode(opts: _Options) -> str:

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eqsat import ops
+from eqsat.cost import register_cost_model
 
 Shape = tuple[int, ...]
 
@@ -217,3 +218,6 @@ class MeasuredModel:
 def measured_model(device: str = "current", **options: Any) -> MeasuredModel:
     """Factory for eqsat.cost's registry: `cost_model("measured")`."""
     return MeasuredModel(device=device, **options)
+
+
+register_cost_model("measured", measured_model)
