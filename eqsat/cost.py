@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 Shape = tuple[int, ...]
 
 __all__ = [
-    "DeviceSpec", "DEVICES", "CostModel", "RooflineModel", "COST_MODEL_FACTORIES", "cost_model",
+    "DeviceSpec", "DEVICES", "CostModel", "RooflineModel", "COST_MODEL_FACTORIES", "cost_model", "register_cost_model",
     "graph_cost", "weight_only_nodes", "device_spec", "calibrate_cpu", "UnknownCostModelError",
 ]
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from experiments.jax_programs import PROGRAMS, JaxProgram, transformer_stack
 
-__all__ = ["run_bench", "bench_program", "rank_check", "transformer_first_call", "plot_speedups"]
+__all__ = ["run_bench", "bench_program", "rank_check", "transformer_first_call", "plot_speedups", "wrapper_overhead"]
 
 RTOL = 2e-4
 

@@ -139,10 +139,9 @@ def _load_rules(rules: Any, ops: frozenset[str]) -> list[Any]:
     ones too outside the library: the egglog applier checks right sides' shapes). Filtering first
     means rules that could never fire are never verified (a cold cache's main first-call cost)."""
     from eqsat.pipeline import tensat_rules
+    from eqsat.rewrites.default_rules import proved_library_rules
     from eqsat.rewrites.rule import rules_that_can_match
     from eqsat.rewrites.verify import verified_rules
-
-    from jax_backend.default_rules import proved_library_rules
 
     if rules is None:
         return proved_library_rules(ops=ops)
@@ -177,7 +176,7 @@ class _Search:
 
 def _make_search(opts: _Options, graphs: Sequence[Graph]) -> _Search:
     """The search state for `graphs`: the rules that can match them, and the candidate models."""
-    from jax_backend.candidates import candidate_models
+    from eqsat.candidates import candidate_models
 
     device = "cpu" if jax.default_backend() == "cpu" else "h100"
     ops = frozenset(n.op for g in graphs for n in g.nodes)
@@ -191,11 +190,10 @@ def _computed_nodes(graph: Graph) -> int:
 def _collect_candidates(graph: Graph, opts: _Options, time_limit: float, search: _Search) -> float:
     """Saturate each region of `graph` not seen yet (by structure) and extract its candidates
     under `time_limit`; returns the seconds spent. A failing region keeps only the original."""
+    from eqsat.candidates import region_candidates
+    from eqsat.regions import egraph_ops, optimize_regions
     from eqsat.saturate import Limits
-
-    from jax_backend.candidates import region_candidates
-    from jax_backend.regions import egraph_ops, optimize_regions
-    from jax_backend.structure import canonicalize
+    from eqsat.structure import canonicalize
 
     start = time.perf_counter()
     deadline = start + time_limit
@@ -230,9 +228,9 @@ def _collect_candidates(graph: Graph, opts: _Options, time_limit: float, search:
 def _apply_label(graph: Graph, label: str, search: _Search) -> tuple[Graph, tuple[Any, ...]]:
     """`graph` with every region replaced by the candidate `label` chose for its structure; also a
     key naming the choice made in each region (equal keys: the same program)."""
-    from jax_backend.candidates import structure_key
-    from jax_backend.regions import egraph_ops, optimize_regions
-    from jax_backend.structure import canonicalize
+    from eqsat.candidates import structure_key
+    from eqsat.regions import egraph_ops, optimize_regions
+    from eqsat.structure import canonicalize
 
     chosen: list[Any] = []
 
@@ -272,8 +270,8 @@ def _segment_report(before: Graph, after: Graph, search: _Search, seconds: float
                     label: str | None = None) -> SegmentReport:
     """What the e-graph found for the regions of `before` (summed over its distinct regions), with
     costs predicted by the model of candidate `label` (default: the first model)."""
-    from jax_backend.regions import egraph_ops, optimize_regions
-    from jax_backend.structure import canonicalize
+    from eqsat.regions import egraph_ops, optimize_regions
+    from eqsat.structure import canonicalize
 
     seen: list[Any] = []
     errors: list[str] = []
@@ -409,8 +407,7 @@ def _compare(ref: Sequence[Any], got: Sequence[Any], rtol: float, atol: float) -
 def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.ShapeDtypeStruct], signature: str,
                     opts: _Options) -> _Entry:
     """Capture, optimize, lower, check and time one signature."""
-    from jax_backend.structure import canonicalize
-    from jax_backend.timing import paired_timing
+    from eqsat.structure import canonicalize
 
     start = time.perf_counter()
     mode = _lowering_mode(opts)

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-import jax_backend.candidates as candidates
+from eqsat import candidates
 from eqsat.ir import Graph, GraphBuilder
+from eqsat.rewrites.default_rules import proved_library_rules
 from eqsat.saturate import Limits
-from jax_backend.default_rules import proved_library_rules
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def test_an_extraction_that_adds_work_falls_back_to_the_single_output_rules(monk
     the e-graph of the single-output rules: the separable pool survives, the merges do not."""
     graph = _convs_and_pool()
     rules = proved_library_rules(ops={n.op for n in graph.nodes})
-    import eqsat.pipeline as pipeline
+    from eqsat import pipeline
 
     real = pipeline.does_extra_work
     monkeypatch.setattr(pipeline, "does_extra_work",

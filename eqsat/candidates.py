@@ -7,9 +7,7 @@ distinct results instead of trusting any one model. Saturation runs once; each m
 serialization and an extraction: the search is `eqsat.pipeline.search`, the one the CLI runs;
 this module only keeps the distinct results worth timing.
 
-The "merge" model is the roofline plus a fixed cost per non-fusible op (a matmul or conv call):
-on CPU each such call is its own loop nest, thread-pool dispatch and pass over its input, so
-fewer, larger calls win even when the roofline says the work is the same.
+Cost models come from `eqsat.cost`'s registry (the JAX backend registers "measured" and "merge").
 """
 
 from __future__ import annotations
@@ -18,46 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from eqsat import ops
-from eqsat.cost import register_cost_model
 from eqsat.ir import Graph
 
-__all__ = ["PerCallModel", "RegionCandidates", "region_candidates", "candidate_models", "merge_model",
-           "structure_key"]
+__all__ = ["RegionCandidates", "candidate_models", "region_candidates", "structure_key"]
 
-ORIGINAL = "original"
-
-
-@dataclass(frozen=True)
-class PerCallModel:
-    """`base` plus `per_call_s` for every op that XLA cannot fuse into its neighbours."""
-
-    base: Any
-    per_call_s: float
-    name: str = "merge"
-
-    @property
-    def device(self) -> str:
-        return getattr(self.base, "device", "cpu")
-
-    def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]) -> float:
-        from jax_backend.measured_cost import FUSIBLE_OPS
-
-        cost = self.base.op_cost(op, attrs, input_shapes)
-        spec = ops.op_spec(op)
-        if spec.is_leaf or spec.is_view or op in FUSIBLE_OPS or op in ("concat", "split"):
-            return cost
-        return cost + self.per_call_s
-
-
-def merge_model(device: str = "cpu", per_call_s: float = 1e-3, **options: Any) -> PerCallModel:
-    """The "merge" cost model: the roofline plus `per_call_s` per matmul / conv call."""
-    from eqsat.cost import cost_model
-
-    return PerCallModel(cost_model("roofline", device, **options), per_call_s=per_call_s)
-
-
-register_cost_model("merge", merge_model)
 
 
 def candidate_models(names: Sequence[str], device: str) -> dict[str, Any]:
