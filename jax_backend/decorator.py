@@ -18,16 +18,17 @@ import dataclasses
 import functools
 import time
 import warnings
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from eqsat import candidates
+from eqsat.candidates import SegmentReport
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from jax_backend.capture import GraphStep, Program, capture, graph_leaf_name, replay
@@ -41,24 +42,6 @@ _T = TypeVar("_T")
 
 class EqsatFallbackWarning(UserWarning):
     """The optimized version was not used; the original function runs instead."""
-
-
-@dataclass(frozen=True)
-class SegmentReport:
-    """What happened to one IR graph of the program."""
-
-    before: Graph = field(repr=False)
-    after: Graph = field(repr=False)
-    cost_before: float | None = None
-    cost_after: float | None = None
-    enodes: int | None = None
-    eclasses: int | None = None
-    rules_fired: tuple[str, ...] = ()
-    stop_reason: str = ""
-    seconds: float = 0.0
-    kernels: tuple[str, ...] = ()
-    error: str = ""
-    cost_model: str = ""  # the candidate model whose choice `after` is and whose costs are given
 
 
 @dataclass(frozen=True)
@@ -110,196 +93,6 @@ class _Entry:
 
 
 # --- optimizing one signature -----------------------------------------------------------------------
-
-def _rule_source(rules: Any) -> Any:
-    """None, "tensat", or the Rule values `rules` names: rule files are parsed here, at decoration,
-    so a missing or malformed file is an error then rather than a warning on the first call."""
-    from eqsat.rewrites.parser import load_rules
-    from eqsat.rewrites.rule import Rule
-
-    if rules is None or (isinstance(rules, str) and rules == "tensat"):
-        return rules
-    items = [rules] if isinstance(rules, (str, Path, Rule)) else rules
-    if not isinstance(items, Iterable):
-        raise EqsatError(f"optimize: rules must be None, 'tensat', rule file paths or Rule values, got {rules!r}")
-    parsed: list[Rule] = []
-    for item in items:
-        if isinstance(item, Rule):
-            parsed.append(item)
-        elif isinstance(item, (str, Path)):
-            parsed.extend(load_rules(Path(item)))
-        else:
-            raise EqsatError(f"optimize: rules must be None, 'tensat', rule file paths or Rule values; got {item!r}")
-    return tuple(parsed)
-
-
-def _load_rules(rules: Any, ops: frozenset[str]) -> list[Any]:
-    """The rules of `_rule_source(...)` (None: the library groups that pay under XLA; "tensat":
-    Tensat's rule files) that can match a graph of `ops` and that the verifier accepts (guarded
-    ones too outside the library: the egglog applier checks right sides' shapes). Filtering first
-    means rules that could never fire are never verified (a cold cache's main first-call cost)."""
-    from eqsat.pipeline import tensat_rules
-    from eqsat.rewrites.default_rules import proved_library_rules
-    from eqsat.rewrites.rule import rules_that_can_match
-    from eqsat.rewrites.verify import verified_rules
-
-    if rules is None:
-        return proved_library_rules(ops=ops)
-    rules = tensat_rules() if rules == "tensat" else list(rules)
-    return verified_rules(rules_that_can_match(rules, ops), allow_guarded=True, all_shapes=False)
-
-
-def _check_names(extractor: str, models: Sequence[str]) -> None:
-    """Unknown extractor or cost model names fail at decoration, with the known ones listed."""
-    from eqsat.cost import COST_MODEL_FACTORIES, UnknownCostModelError
-    from eqsat.extract.registry import EXTRACTORS
-
-    if extractor not in EXTRACTORS:
-        raise EqsatError(f"optimize: unknown extractor {extractor!r}; choose from {', '.join(EXTRACTORS)}")
-    known = sorted(COST_MODEL_FACTORIES)
-    for name in models:
-        if name not in known:
-            raise UnknownCostModelError(f"optimize: unknown cost model {name!r}; known cost models: {', '.join(known)}")
-
-
-@dataclass
-class _Search:
-    """What one signature's optimization shares across its graphs: rules, the candidate cost
-    models, and the candidates of regions already optimized, keyed by structure (leaf names aside)."""
-
-    rules: list[Any]
-    models: dict[str, Any]
-    candidates: dict[Graph, Any] = field(default_factory=dict)  # canonical region → RegionCandidates
-    failed: dict[Graph, str] = field(default_factory=dict)  # canonical region → error
-    reused: int = 0
-
-
-def _make_search(opts: _Options, graphs: Sequence[Graph]) -> _Search:
-    """The search state for `graphs`: the rules that can match them, and the candidate models."""
-    from eqsat.candidates import candidate_models
-
-    device = "cpu" if jax.default_backend() == "cpu" else "h100"
-    ops = frozenset(n.op for g in graphs for n in g.nodes)
-    return _Search(_load_rules(opts.rules, ops), candidate_models(opts.candidate_models or (opts.cost_model,), device))
-
-
-def _computed_nodes(graph: Graph) -> int:
-    return sum(1 for n in graph.nodes if n.op not in ("input", "weight"))
-
-
-def _collect_candidates(graph: Graph, opts: _Options, time_limit: float, search: _Search) -> float:
-    """Saturate each region of `graph` not seen yet (by structure) and extract its candidates
-    under `time_limit`; returns the seconds spent. A failing region keeps only the original."""
-    from eqsat.candidates import region_candidates
-    from eqsat.regions import egraph_ops, optimize_regions
-    from eqsat.saturate import Limits
-    from eqsat.structure import canonicalize
-
-    start = time.perf_counter()
-    deadline = start + time_limit
-    if _computed_nodes(graph) < 2:
-        return 0.0
-
-    def run_one(region: Graph) -> Graph:
-        if _computed_nodes(region) < 2:
-            return region
-        canon = canonicalize(region).graph
-        if canon in search.candidates or canon in search.failed:
-            search.reused += 1
-            return region
-        left = deadline - time.perf_counter()
-        if left <= 0.05:
-            return region
-        limits = Limits(iterations=opts.iterations, nodes=opts.max_enodes, seconds=left / 2, multi_rounds=2)
-        try:
-            search.candidates[canon] = region_candidates(canon, search.rules, limits, search.models, opts.extractor,
-                                                         time_limit=max(left * 0.9, 0.1))
-        except Exception as exc:  # noqa: BLE001 - keep this region as it was
-            search.failed[canon] = f"{type(exc).__name__}: {exc}"
-        return region
-
-    try:
-        optimize_regions(graph, egraph_ops(), run_one)
-    except Exception:  # noqa: BLE001 - the original graph is always a valid answer
-        pass
-    return time.perf_counter() - start
-
-
-def _apply_label(graph: Graph, label: str, search: _Search) -> tuple[Graph, tuple[Any, ...]]:
-    """`graph` with every region replaced by the candidate `label` chose for its structure; also a
-    key naming the choice made in each region (equal keys: the same program)."""
-    from eqsat.candidates import structure_key
-    from eqsat.regions import egraph_ops, optimize_regions
-    from eqsat.structure import canonicalize
-
-    chosen: list[Any] = []
-
-    def pick(region: Graph) -> Graph:
-        canon = canonicalize(region)
-        found = search.candidates.get(canon.graph)
-        if found is None or label not in found.by_label:
-            return region
-        chosen.append(structure_key(found.by_label[label]))
-        return canon.restore(found.by_label[label])
-
-    if _computed_nodes(graph) < 2:
-        return graph, ()
-    try:
-        after, _ = optimize_regions(graph, egraph_ops(), pick)
-    except Exception:  # noqa: BLE001
-        return graph, ()
-    return (after, tuple(chosen)) if chosen else (graph, ())
-
-
-def _predicted_costs(before: Graph, after: Graph, search: _Search,
-                     label: str | None = None) -> tuple[float | None, float | None]:
-    """Seconds per call of both graphs under the cost model `label` chose with (default: the first
-    candidate model)."""
-    from eqsat.cost import graph_cost
-
-    model = search.models.get(label) if label is not None else next(iter(search.models.values()), None)
-    if model is None:
-        return None, None
-    try:
-        return graph_cost(before, model), graph_cost(after, model)
-    except Exception:  # noqa: BLE001 - a cost the model cannot give is reported as unknown
-        return None, None
-
-
-def _segment_report(before: Graph, after: Graph, search: _Search, seconds: float,
-                    label: str | None = None) -> SegmentReport:
-    """What the e-graph found for the regions of `before` (summed over its distinct regions), with
-    costs predicted by the model of candidate `label` (default: the first model)."""
-    from eqsat.regions import egraph_ops, optimize_regions
-    from eqsat.structure import canonicalize
-
-    seen: list[Any] = []
-    errors: list[str] = []
-
-    def look(region: Graph) -> Graph:
-        canon = canonicalize(region).graph
-        if canon in search.candidates:
-            seen.append(search.candidates[canon])
-        elif canon in search.failed:
-            errors.append(search.failed[canon])
-        return region
-
-    try:
-        optimize_regions(before, egraph_ops(), look)
-    except Exception as exc:  # noqa: BLE001
-        errors.append(f"{type(exc).__name__}: {exc}")
-    totals: dict[str, int] = {}
-    for c in seen:
-        for k, v in c.matches.items():
-            totals[k] = totals.get(k, 0) + v
-        errors.extend(c.errors)
-    fired = tuple(f"{k}×{v}" for k, v in sorted(totals.items()) if v)
-    cost_before, cost_after = _predicted_costs(before, after, search, label)
-    return SegmentReport(before, after, cost_before, cost_after, sum(c.enodes for c in seen) if seen else None,
-                         sum(c.eclasses for c in seen) if seen else None, fired,
-                         "; ".join(sorted({c.stop_reason for c in seen})) or "no region optimized", seconds,
-                         error="; ".join(sorted(set(errors))[:3]))
-
 
 def _lowering_mode(opts: _Options) -> str:
     if opts.lowering != "auto":
@@ -426,25 +219,28 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
                          f"the function has side effects ({', '.join(program.effects)}); the original runs "
                          "(compiled, once per call), nothing is checked or timed", **why)
     try:
-        search = _make_search(opts, [s.graph for s in program.graphs])
+        device = "cpu" if jax.default_backend() == "cpu" else "h100"
+        search = candidates.make_search(opts.rules, opts.candidate_models or (opts.cost_model,),
+                                        [s.graph for s in program.graphs], device, opts.extractor, opts.iterations,
+                                        opts.max_enodes)
     except Exception as exc:  # noqa: BLE001 - no rules or no cost model: nothing to optimize with
         return _fallback(signature, out_tree, (), opaque, start, mode, f"setting up failed: {type(exc).__name__}: {exc}",
                          **why)
     distinct = len({canonicalize(s.graph).graph for s in steps})
     per_graph = opts.time_limit / max(distinct, 1)  # identical graphs reuse the first one's regions
-    seconds = [_collect_candidates(s.graph, opts, per_graph, search) for s in steps]
+    seconds = [candidates.collect_candidates(s.graph, per_graph, search) for s in steps]
     extra = {"distinct_regions": len(search.candidates) + len(search.failed), "reused_regions": search.reused, **why}
     variants: list[tuple[str, list[Graph]]] = []
     seen: set[tuple[Any, ...]] = set()
     for label in search.models:
-        applied = [_apply_label(s.graph, label, search) for s in steps]
+        applied = [candidates.apply_label(s.graph, label, search) for s in steps]
         key = tuple(k for _, k in applied)
         if any(key) and key not in seen:
             seen.add(key)
             variants.append((label, [g for g, _ in applied]))
     if mode == "pallas":  # the original graphs through Pallas kernels are a candidate too
         variants.append(("original", [s.graph for s in steps]))
-    unchanged = [_segment_report(s.graph, s.graph, search, t) for s, t in zip(steps, seconds)]
+    unchanged = [candidates.segment_report(s.graph, s.graph, search, t) for s, t in zip(steps, seconds)]
     if not variants:
         return _fallback(signature, out_tree, unchanged, opaque, start, mode, "no rewrite changed the program",
                          warn=False, **extra)
@@ -466,7 +262,7 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
             if not ok:
                 problems.append(f"{label}: outputs differ from the original (max rel. error {err:.3g})")
                 continue
-            segs = [SegmentReport(**{**_segment_report(s.graph, g, search, t, label).__dict__, "kernels": k,
+            segs = [SegmentReport(**{**candidates.segment_report(s.graph, g, search, t, label).__dict__, "kernels": k,
                                      "cost_model": label})
                     for s, g, t, k in zip(steps, graphs, seconds, kernels)]
             built.append((label, fn, segs, err))
@@ -753,8 +549,8 @@ def optimize(fun: Callable[..., Any] | None = None, *, rules: Any = None, extrac
         ((cost_model,) if isinstance(cost_model, str) else tuple(cost_model))
     if not models:
         raise EqsatError("optimize: cost_model must name at least one cost model")
-    _check_names(extractor, models)
-    opts = _Options(_rule_source(rules), extractor, models[0], float(time_limit), nums, names, rtol,
+    candidates.check_names(extractor, models)
+    opts = _Options(candidates.rule_source(rules), extractor, models[0], float(time_limit), nums, names, rtol,
                     check_speed=check_speed, lowering=lowering, candidate_models=models)
     if fun is None:
         return lambda f: OptimizedFunction(f, opts)
