@@ -18,9 +18,9 @@ import dataclasses
 import functools
 import time
 import warnings
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import jax
@@ -197,39 +197,35 @@ def _compare(ref: Sequence[Any], got: Sequence[Any], rtol: float, atol: float) -
     return True, worst
 
 
-def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.ShapeDtypeStruct], signature: str,
-                    opts: _Options) -> _Entry:
-    """Capture, optimize, lower, check and time one signature."""
-    from eqsat.structure import canonicalize
+@dataclass(frozen=True)
+class _Outcome:
+    """What every report of one signature shares; builds the entry for each way it can end."""
 
-    start = time.perf_counter()
-    mode = _lowering_mode(opts)
-    try:
-        program, out_tree = capture(flat_fun, *avals)
-    except EqsatError as exc:
-        return _Entry(None, None, SignatureReport(signature, "original", f"capture failed: {exc}"))
-    if any(isinstance(v, jax.core.Tracer) for v in program.consts.values()):
-        return _Entry(None, out_tree, SignatureReport(signature, "original",
-                                                      "the function closes over traced values; not optimized"))
-    steps = program.graphs
-    opaque = tuple(s.name for s in program.opaque)
-    why = {"opaque_why": tuple(sorted({f"{s.name}: {s.why}" for s in program.opaque}))}
-    if program.effects:  # checks and timings would run the user's callbacks and prints many times
-        return _fallback(signature, out_tree, (), opaque, start, mode,
-                         f"the function has side effects ({', '.join(program.effects)}); the original runs "
-                         "(compiled, once per call), nothing is checked or timed", **why)
-    try:
-        device = "cpu" if jax.default_backend() == "cpu" else "h100"
-        search = candidates.make_search(opts.rules, opts.candidate_models or (opts.cost_model,),
-                                        [s.graph for s in program.graphs], device, opts.extractor, opts.iterations,
-                                        opts.max_enodes)
-    except Exception as exc:  # noqa: BLE001 - no rules or no cost model: nothing to optimize with
-        return _fallback(signature, out_tree, (), opaque, start, mode, f"setting up failed: {type(exc).__name__}: {exc}",
-                         **why)
-    distinct = len({canonicalize(s.graph).graph for s in steps})
-    per_graph = opts.time_limit / max(distinct, 1)  # identical graphs reuse the first one's regions
-    seconds = [candidates.collect_candidates(s.graph, per_graph, search) for s in steps]
-    extra = {"distinct_regions": len(search.candidates) + len(search.failed), "reused_regions": search.reused, **why}
+    signature: str
+    out_tree: Any
+    start: float
+    mode: str
+    facts: Mapping[str, Any] = field(default_factory=dict)  # SignatureReport fields known so far
+
+    def with_facts(self, **facts: Any) -> _Outcome:
+        return dataclasses.replace(self, facts={**self.facts, **facts})
+
+    def _report(self, used: str, reason: str, segments: Sequence[SegmentReport], fields: Mapping[str, Any]
+                ) -> SignatureReport:
+        return SignatureReport(self.signature, used, reason, tuple(segments), optimize_s=time.perf_counter() - self.start,
+                               lowering=self.mode, **{**self.facts, **fields})
+
+    def original(self, reason: str, segments: Sequence[SegmentReport] = (), warn: bool = True, **fields: Any) -> _Entry:
+        """The original runs (`warn`: tell the user, once, why)."""
+        return _Entry(None, self.out_tree, self._report("original", reason, segments, fields),
+                      f"eqsat.optimize: running the original function: {reason}" if warn else "")
+
+    def optimized(self, fn: Callable[..., Any], reason: str, segments: Sequence[SegmentReport], **fields: Any) -> _Entry:
+        return _Entry(fn, self.out_tree, self._report("optimized", reason, segments, fields))
+
+
+def _variants(steps: Sequence[GraphStep], search: Any, mode: str) -> list[tuple[str, list[Graph]]]:
+    """The distinct programs the candidate models chose (each label once per distinct choice)."""
     variants: list[tuple[str, list[Graph]]] = []
     seen: set[tuple[Any, ...]] = set()
     for label in search.models:
@@ -240,57 +236,95 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
             variants.append((label, [g for g, _ in applied]))
     if mode == "pallas":  # the original graphs through Pallas kernels are a candidate too
         variants.append(("original", [s.graph for s in steps]))
+    return variants
+
+
+def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.ShapeDtypeStruct], signature: str,
+                    opts: _Options) -> _Entry:
+    """Capture, optimize, lower, check and time one signature."""
+    from eqsat.structure import canonicalize
+
+    start = time.perf_counter()
+    try:
+        program, out_tree = capture(flat_fun, *avals)
+    except EqsatError as exc:
+        return _Outcome(signature, None, start, _lowering_mode(opts)).original(f"capture failed: {exc}")
+    outcome = _Outcome(signature, out_tree, start, _lowering_mode(opts)).with_facts(
+        opaque=tuple(s.name for s in program.opaque),
+        opaque_why=tuple(sorted({f"{s.name}: {s.why}" for s in program.opaque})))
+    if any(isinstance(v, jax.core.Tracer) for v in program.consts.values()):
+        return outcome.original("the function closes over traced values; not optimized", warn=False)
+    if program.effects:  # checks and timings would run the user's callbacks and prints many times
+        return outcome.original(f"the function has side effects ({', '.join(program.effects)}); the original runs "
+                                "(compiled, once per call), nothing is checked or timed")
+    steps = program.graphs
+    try:
+        device = "cpu" if jax.default_backend() == "cpu" else "h100"
+        search = candidates.make_search(opts.rules, opts.candidate_models or (opts.cost_model,),
+                                        [s.graph for s in steps], device, opts.extractor, opts.iterations,
+                                        opts.max_enodes)
+    except Exception as exc:  # noqa: BLE001 - no rules or no cost model: nothing to optimize with
+        return outcome.original(f"setting up failed: {type(exc).__name__}: {exc}")
+    distinct = len({canonicalize(s.graph).graph for s in steps})
+    per_graph = opts.time_limit / max(distinct, 1)  # identical graphs reuse the first one's regions
+    seconds = [candidates.collect_candidates(s.graph, per_graph, search) for s in steps]
+    outcome = outcome.with_facts(distinct_regions=len(search.candidates) + len(search.failed),
+                                 reused_regions=search.reused)
+    variants = _variants(steps, search, outcome.mode)
     unchanged = [candidates.segment_report(s.graph, s.graph, search, t) for s, t in zip(steps, seconds)]
     if not variants:
-        return _fallback(signature, out_tree, unchanged, opaque, start, mode, "no rewrite changed the program",
-                         warn=False, **extra)
+        return outcome.original("no rewrite changed the program", unchanged, warn=False)
     original_flat = jax.jit(flat_fun)
-    built: list[tuple[str, Callable[..., Any], list[SegmentReport], float]] = []
-    problems: list[str] = []
     try:
         args = _random_args(avals, seed=0)
-        ref = original_flat(*args)
-        for label, graphs in variants:
-            try:
-                optimized, consts = _fold_program(program.with_graphs(graphs))
-                runner, kernels = _graph_runner([s.graph for s in optimized.graphs], mode, consts)
-                fn = jax.jit(functools.partial(_run_program, optimized, runner))
-                ok, err = _compare(ref, fn(*args), opts.rtol, opts.atol)
-            except Exception as exc:  # noqa: BLE001 - this candidate is dropped
-                problems.append(f"{label}: lowering failed: {type(exc).__name__}: {exc}")
-                continue
-            if not ok:
-                problems.append(f"{label}: outputs differ from the original (max rel. error {err:.3g})")
-                continue
-            segs = [SegmentReport(**{**candidates.segment_report(s.graph, g, search, t, label).__dict__, "kernels": k,
-                                     "cost_model": label})
-                    for s, g, t, k in zip(steps, graphs, seconds, kernels)]
-            built.append((label, fn, segs, err))
+        built, problems = _build_candidates(program, variants, original_flat(*args), args, opts, outcome.mode,
+                                            search, seconds)
         if not built:
-            return _fallback(signature, out_tree, unchanged, opaque, start, mode, "; ".join(problems), False,
-                             **extra)
+            return outcome.original("; ".join(problems), unchanged, numerics_ok=False)
         if not opts.check_speed:
             label, fn, segs, err = built[0]
-            report = SignatureReport(signature, "optimized", f"candidate '{label}' checked equal (speed not checked)",
-                                     tuple(segs), opaque, True, err, None, None, time.perf_counter() - start, mode,
-                                     **extra)
-            return _Entry(fn, out_tree, report)
-        best, timing = _select_fastest(original_flat, built, args, opts)
-        label, fn, segs, err = best
-        ci = timing.speedup_ci
-        tried = ", ".join(b[0] for b in built)
-        if not timing.faster_with_confidence:
-            return _fallback(signature, out_tree, segs, opaque, start, mode,
-                             f"no candidate ({tried}) faster with {timing.confidence:.0%} confidence; best "
-                             f"'{label}': speedup {timing.speedup:.3f}, interval [{ci[0]:.3f}, {ci[1]:.3f}]",
-                             True, err, timing.base_s, timing.other_s, warn=False, speedup_ci=ci, **extra)
+            return outcome.optimized(fn, f"candidate '{label}' checked equal (speed not checked)", segs,
+                                     numerics_ok=True, max_rel_err=err)
+        (label, fn, segs, err), timing = _select_fastest(original_flat, built, args, opts)
     except Exception as exc:  # noqa: BLE001 - any failure means: run the original
-        return _fallback(signature, out_tree, unchanged, opaque, start, mode,
-                         f"checking the optimized version failed: {type(exc).__name__}: {exc}", **extra)
-    report = SignatureReport(signature, "optimized", f"candidate '{label}' (of {tried}) checked equal and faster "
-                             "with confidence", tuple(segs), opaque, True, err, timing.base_s, timing.other_s,
-                             time.perf_counter() - start, mode, speedup_ci=ci, **extra)
-    return _Entry(fn, out_tree, report)
+        return outcome.original(f"checking the optimized version failed: {type(exc).__name__}: {exc}", unchanged)
+    ci = timing.speedup_ci
+    tried = ", ".join(b[0] for b in built)
+    measured = {"numerics_ok": True, "max_rel_err": err, "time_original_s": timing.base_s,
+                "time_optimized_s": timing.other_s, "speedup_ci": ci}
+    if not timing.faster_with_confidence:
+        return outcome.original(f"no candidate ({tried}) faster with {timing.confidence:.0%} confidence; best "
+                                f"'{label}': speedup {timing.speedup:.3f}, interval [{ci[0]:.3f}, {ci[1]:.3f}]",
+                                segs, warn=False, **measured)
+    return outcome.optimized(fn, f"candidate '{label}' (of {tried}) checked equal and faster with confidence", segs,
+                             **measured)
+
+
+def _build_candidates(program: Program, variants: Sequence[tuple[str, list[Graph]]], ref: Sequence[Any],
+                      args: Sequence[Any], opts: _Options, mode: str, search: Any, seconds: Sequence[float],
+                      ) -> tuple[list[tuple[str, Callable[..., Any], list[SegmentReport], float]], list[str]]:
+    """Each variant folded, lowered, compiled and compared with the original's outputs `ref` on
+    `args`; returns the ones that agree (label, function, segment reports, error) and why the
+    others were dropped."""
+    built: list[tuple[str, Callable[..., Any], list[SegmentReport], float]] = []
+    problems: list[str] = []
+    for label, graphs in variants:
+        try:
+            optimized, consts = _fold_program(program.with_graphs(graphs))
+            runner, kernels = _graph_runner([s.graph for s in optimized.graphs], mode, consts)
+            fn = jax.jit(functools.partial(_run_program, optimized, runner))
+            ok, err = _compare(ref, fn(*args), opts.rtol, opts.atol)
+        except Exception as exc:  # noqa: BLE001 - this candidate is dropped
+            problems.append(f"{label}: lowering failed: {type(exc).__name__}: {exc}")
+            continue
+        if not ok:
+            problems.append(f"{label}: outputs differ from the original (max rel. error {err:.3g})")
+            continue
+        segs = [dataclasses.replace(candidates.segment_report(s.graph, g, search, t, label), kernels=k,
+                                    cost_model=label)
+                for s, g, t, k in zip(program.graphs, graphs, seconds, kernels)]
+        built.append((label, fn, segs, err))
+    return built, problems
 
 
 def _outside_traces(fn: Callable[..., _T], *args: Any) -> _T:
@@ -318,14 +352,6 @@ def _select_fastest(original: Callable[..., Any], built: Sequence[tuple[str, Cal
 
 def _run_program(program: Program, runner: Callable[..., Any], *flat: Any) -> list[Any]:
     return replay(program, runner, flat)
-
-
-def _fallback(signature: str, out_tree: Any, segments: Sequence[SegmentReport], opaque: tuple[str, ...], start: float,
-              mode: str, reason: str, numerics_ok: bool | None = None, err: float | None = None,
-              t_orig: float | None = None, t_opt: float | None = None, warn: bool = True, **extra: Any) -> _Entry:
-    report = SignatureReport(signature, "original", reason, tuple(segments), opaque, numerics_ok, err, t_orig, t_opt,
-                             time.perf_counter() - start, mode, **extra)
-    return _Entry(None, out_tree, report, f"eqsat.optimize: running the original function: {reason}" if warn else "")
 
 
 # --- the wrapper ---------------------------------------------------------------------------------------
