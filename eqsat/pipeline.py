@@ -24,7 +24,8 @@ from eqsat.rewrites.parser import load_rules, tensat_rule_files
 from eqsat.rewrites.rule import Rule
 from eqsat.saturate import Limits, SaturationReport, saturate
 
-__all__ = ["Extraction", "OptimizationResult", "SearchResult", "data_dir", "default_rules", "does_extra_work", "graph_cost", "numerics_match", "optimize_graph", "search", "tensat_rules"]
+__all__ = ["OptimizationResult", "optimize_graph", "search", "SearchResult", "Extraction", "does_extra_work",
+           "default_rules", "tensat_rules", "data_dir", "graph_cost", "numerics_match"]
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ class Program:
     steps: tuple[Step, ...]
     outputs: tuple[int, ...]
     avals: Mapping[int, tuple[Shape, Any]] = field(repr=False)  # value id → (shape, dtype)
-    effects: tuple[str, ...] = ()  # the jaxpr's effects (callbacks, debug prints): what running it does besides computing
+    effects: tuple[str, ...] = ()  # the jaxpr's effects (callbacks, debug prints): more than computing
 
     @property
     def graphs(self) -> list[GraphStep]:

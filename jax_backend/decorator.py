@@ -212,15 +212,17 @@ class _Outcome:
 
     def _report(self, used: str, reason: str, segments: Sequence[SegmentReport], fields: Mapping[str, Any]
                 ) -> SignatureReport:
-        return SignatureReport(self.signature, used, reason, tuple(segments), optimize_s=time.perf_counter() - self.start,
-                               lowering=self.mode, **{**self.facts, **fields})
+        return SignatureReport(self.signature, used, reason, tuple(segments),
+                               optimize_s=time.perf_counter() - self.start, lowering=self.mode,
+                               **{**self.facts, **fields})
 
     def original(self, reason: str, segments: Sequence[SegmentReport] = (), warn: bool = True, **fields: Any) -> _Entry:
         """The original runs (`warn`: tell the user, once, why)."""
         return _Entry(None, self.out_tree, self._report("original", reason, segments, fields),
                       f"eqsat.optimize: running the original function: {reason}" if warn else "")
 
-    def optimized(self, fn: Callable[..., Any], reason: str, segments: Sequence[SegmentReport], **fields: Any) -> _Entry:
+    def optimized(self, fn: Callable[..., Any], reason: str, segments: Sequence[SegmentReport],
+                  **fields: Any) -> _Entry:
         return _Entry(fn, self.out_tree, self._report("optimized", reason, segments, fields))
 
 

@@ -12,8 +12,8 @@ A cached verdict is never trusted blindly (a cache may be stale, shared or damag
 written atomically (a unique temporary file, then a rename), carry their key and a checksum of key
 and result (a damaged, truncated or moved file reads as a miss), and a cached "proved" is re-checked
 by the cheap randomized test (the prime-field test with fresh random values, a seed the verifier
-did not use, on the shapes the proof names or on freshly sampled ones) before it is used: a "proved" that test refutes reads as a miss, so the rule
-is verified again.
+did not use, on the shapes the proof names or on freshly sampled ones) before it is used: a
+"proved" that test refutes reads as a miss, so the rule is verified again.
 """
 
 from __future__ import annotations
