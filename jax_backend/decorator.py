@@ -381,10 +381,13 @@ def _frozen(value: Any) -> Hashable:
     return (type(value), value)
 
 
+_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, int, float, complex)
+
+
 def _is_array_leaf(x: Any) -> bool:
     """Leaves `jax.jit` traces (arrays, numpy and Python numbers); any other leaf (a string, a
     callable, an enum) is a static value of the call."""
-    return isinstance(x, (jax.Array, np.ndarray, np.generic, int, float, complex)) or hasattr(x, "__jax_array__")
+    return isinstance(x, _ARRAY_TYPES) or hasattr(x, "__jax_array__")
 
 
 @dataclass(frozen=True)
@@ -419,12 +422,18 @@ class _SplitCall:
     static arguments), passed to the inner jit as one static argument compared by `_Split.key`."""
 
     split: _Split
+    key_hash: int = 0
+
+    @staticmethod
+    def of(split: _Split) -> _SplitCall:
+        return _SplitCall(split, hash(split.key))
 
     def __hash__(self) -> int:
-        return hash(self.split.key)
+        return self.key_hash
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _SplitCall) and self.split.key == other.split.key
+        return self is other or (isinstance(other, _SplitCall) and self.key_hash == other.key_hash
+                                 and self.split.key == other.split.key)
 
 
 class OptimizedFunction:
@@ -477,7 +486,7 @@ class OptimizedFunction:
                             "original function runs compiled for each call (not optimized)")
             return jax.jit(lambda *dynamic: self.fun(*split.rebuild(dynamic)[0], **split.rebuild(dynamic)[1]))(
                 *split.leaves)
-        return self._jit_split(_SplitCall(split), *split.leaves)
+        return self._jit_split(_SplitCall.of(split), *split.leaves)
 
     def _warn_once(self, tag: str, message: str) -> None:
         if tag not in self._warned:
@@ -502,10 +511,14 @@ class OptimizedFunction:
     def _split(self, args: list[Any], kwargs: dict[str, Any], with_avals: bool = True) -> _Split:
         """`with_avals`: the key also holds the traced leaves' shapes and dtypes (the signature)."""
         nums, names = self.options.static_argnums, self.options.static_argnames
-        declared: tuple[tuple[int | str, Any], ...] = tuple((i, args[i]) for i in nums if i < len(args))
-        declared += tuple((k, kwargs[k]) for k in names if k in kwargs)
-        dyn_args = tuple(None if i in nums else a for i, a in enumerate(args))
-        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in names}
+        declared: tuple[tuple[int | str, Any], ...] = ()
+        dyn_args: tuple[Any, ...] = tuple(args)
+        dyn_kwargs = kwargs
+        if nums or names:
+            declared = tuple((i, args[i]) for i in nums if i < len(args))
+            declared += tuple((k, kwargs[k]) for k in names if k in kwargs)
+            dyn_args = tuple(None if i in nums else a for i, a in enumerate(args))
+            dyn_kwargs = {k: v for k, v in kwargs.items() if k not in names}
         all_leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
         positions = tuple(i for i, x in enumerate(all_leaves) if not _is_array_leaf(x))
         static_leaves = tuple(all_leaves[i] for i in positions)
@@ -513,7 +526,7 @@ class OptimizedFunction:
         avals = tuple((a.shape, str(a.dtype), a.weak_type) for a in map(jax.typeof, leaves)) if with_avals else ()
         try:
             key: Hashable | None = (tree, avals, positions, _frozen(static_leaves) if static_leaves else (),
-                                    tuple((k, _frozen(v)) for k, v in declared))
+                                    tuple((k, _frozen(v)) for k, v in declared) if declared else ())
         except _Unfreezable:
             key = None
         return _Split(leaves, tree, positions, static_leaves, declared, key)
