@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from eqsat.cost import graph_cost
-from eqsat.egraph import CostModel, TensorEGraph, decode
+from eqsat.cost import CostModel, graph_cost
+from eqsat.egraph import TensorEGraph, decode
 from eqsat.errors import EqsatError, NumericsError
 from eqsat.ir import Graph
 from eqsat.rewrites.parser import load_rules, tensat_rule_files

@@ -119,7 +119,7 @@ def _fold_program(program: Program) -> tuple[Program, dict[int, dict[str, Any]]]
         values = {graph_leaf_name(i): np.asarray(program.consts[i]) for i in step.inputs if i in program.consts}
         graph, extra = step.graph, {}
         if values and any(n.op == "weight" for n in graph.nodes):
-            placeholders = {n.attr["name"]: None for _, n in graph.leaves("input")}  # read at run time
+            placeholders: dict[str, Any] = {n.attr["name"]: None for _, n in graph.leaves("input")}  # read at run time
             graph, folded = fold_weights(graph, {**placeholders, **values}, prefix=f"folded{k}_",
                                          should_fold=_fold_decision)
             extra = {name: np.asarray(v, dtype=np.float32) for name, v in folded.items()
