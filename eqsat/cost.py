@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 Shape = tuple[int, ...]
 
 __all__ = [
-    "DeviceSpec", "DEVICES", "CostModel", "RooflineModel", "COST_MODEL_FACTORIES", "cost_model",
+    "DeviceSpec", "DEVICES", "CostModel", "RooflineModel", "COST_MODEL_FACTORIES", "cost_model", "register_cost_model",
     "graph_cost", "weight_only_nodes", "device_spec", "calibrate_cpu", "UnknownCostModelError",
 ]
 
@@ -188,18 +188,21 @@ def _roofline(device: str, **options: Any) -> CostModel:
     return RooflineModel(device_spec(device), **options)
 
 
-def _measured(device: str, **options: Any) -> CostModel:
-    """Times ops on the current JAX device (jax_backend.measured_cost); imported only when asked for."""
-    from jax_backend.measured_cost import measured_model
+_FACTORIES: dict[str, Callable[..., CostModel]] = {"roofline": _roofline}
 
-    return measured_model(device, **options)
+COST_MODEL_FACTORIES: Mapping[str, Callable[..., CostModel]] = MappingProxyType(_FACTORIES)
+"""Cost model name → factory(device, **options): "roofline" here; backends add theirs with
+`register_cost_model` when imported (`import jax_backend` adds "measured", timed with JAX)."""
 
 
-COST_MODEL_FACTORIES: Mapping[str, Callable[..., CostModel]] = MappingProxyType({
-    "roofline": _roofline,
-    "measured": _measured,
-})
-"""Cost model name → factory(device, **options). Add measured / file-based models here."""
+def register_cost_model(name: str, factory: Callable[..., CostModel]) -> None:
+    """Make `cost_model(name)` build models with `factory`; the core never imports a backend, so a
+    backend registers its cost models itself. Registering one name twice with another factory is
+    an error (two models under one name)."""
+    known = _FACTORIES.get(name)
+    if known is not None and known is not factory:
+        raise EqsatError(f"cost model {name!r} is already registered")
+    _FACTORIES[name] = factory
 
 
 def cost_model(name: str = "roofline", device: str = "cpu", **options: Any) -> CostModel:
@@ -207,8 +210,9 @@ def cost_model(name: str = "roofline", device: str = "cpu", **options: Any) -> C
     try:
         factory = COST_MODEL_FACTORIES[name]
     except KeyError:
+        hint = "; 'measured' needs the JAX backend (import jax_backend)" if name == "measured" else ""
         raise UnknownCostModelError(
-            f"unknown cost model '{name}'; known cost models: {', '.join(sorted(COST_MODEL_FACTORIES))}"
+            f"unknown cost model '{name}'; known cost models: {', '.join(sorted(COST_MODEL_FACTORIES))}{hint}"
         ) from None
     return factory(device, **options)
 

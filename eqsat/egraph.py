@@ -152,7 +152,7 @@ class TensorEGraph:
 
     # --- serialization ----------------------------------------------------------------------------
 
-    def serialize(self, cost_model: CostModel, fold_weights: bool = False) -> dict[str, Any]:
+    def serialize(self, cost_model: CostModel, fold_weights: bool = True) -> dict[str, Any]:
         """E-graph JSON: tensor nodes only, roots filled, per-node cost, class shapes in class_data.
 
         `fold_weights` applies TASO/Tensat's convention that an op whose inputs are all weights
@@ -198,7 +198,7 @@ def constant_classes(nodes: Mapping[str, Mapping[str, Any]]) -> set[str]:
 
 
 def convert_serialized(raw: Mapping[str, Any], cost_model: CostModel, graph: Graph,
-                       fold_weights: bool = False) -> dict[str, Any]:
+                       fold_weights: bool = True) -> dict[str, Any]:
     """egglog's serialize output → our E-graph JSON (see `TensorEGraph.serialize`)."""
     nodes: Mapping[str, Any] = raw["nodes"]
     class_type = {cid: data.get("type") for cid, data in raw.get("class_data", {}).items()}

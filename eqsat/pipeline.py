@@ -8,22 +8,21 @@ input (e.g. a solver that timed out), the input graph is returned and `selection
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from eqsat.cost import CostModel, graph_cost
 from eqsat.egraph import TensorEGraph, decode
-from eqsat.errors import NumericsError
-from eqsat.extract import extract
+from eqsat.errors import EqsatError, NumericsError
 from eqsat.ir import Graph
 from eqsat.rewrites.rule import Rule
-from eqsat.rulesets import tensat_rules  # noqa: F401 - jax_backend.decorator still imports it from here
 from eqsat.saturate import Limits, SaturationReport, saturate
 
-__all__ = ["OptimizationResult", "optimize_graph", "numerics_match"]
+__all__ = ["OptimizationResult", "optimize_graph", "search", "SearchResult", "Extraction", "does_extra_work",
+           "numerics_match"]
 
 
 @dataclass(frozen=True)
@@ -100,40 +99,121 @@ def numerics_match(a: Graph, b: Graph, seed: int = 0, rtol: float = 1e-7, trials
     return ok, worst
 
 
-def _extractor(name: str) -> Callable[..., Any]:
-    """The named extractor, as `selection = f(data, time_limit=...)`."""
-    return lambda data, time_limit: extract(data, extractor=name, time_limit=time_limit)
+@dataclass(frozen=True)
+class Extraction:
+    """One cost model's cheapest graph in a saturated e-graph, checked against the input."""
+
+    graph: Graph
+    status: str  # the extractor's
+    dag_cost: float  # recomputed from its chosen nodes
+    numerics_ok: bool
+    max_abs_diff: float
+    single_output: bool = False  # extracted from the e-graph grown by single-output rules only
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """One saturation of `original`, extracted under each cost model (by name); a model whose
+    extraction failed is absent from `by_model` and its error is in `errors`."""
+
+    original: Graph
+    saturation: SaturationReport
+    by_model: Mapping[str, Extraction]
+    enodes: int
+    eclasses: int
+    saturate_s: float  # saturation and serialization
+    extract_s: float  # loading and extraction, summed over the models
+    errors: tuple[str, ...] = ()
+
+
+def does_extra_work(before: Graph, after: Graph, slack: float = 1.01) -> bool:
+    """True when `after` does more arithmetic than `before`: two-output merges that overlap (one
+    weight in two concatenations) compute some products twice."""
+    return after.live().total_flops() > slack * before.live().total_flops()
+
+
+def search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping[str, CostModel],
+           extractor: str = "ilp", time_limit: float = 60.0, *, fold_weights: bool = True, seed: int = 0,
+           progress: bool = False, avoid_extra_work: bool = False) -> SearchResult:
+    """The one search of eqsat, JAX-free: saturate `graph` once, extract the cheapest equivalent
+    under each of `models` (the time limit shared between them), decode and check each result
+    against `graph` with the numpy interpreter (the result says whether it agreed; callers decide
+    what a disagreement means). `fold_weights` (TASO/Tensat's convention, on by default): ops
+    computed from weights alone are precomputed once, so they cost nothing.
+
+    `avoid_extra_work`: a model whose extraction computes more than `graph` (overlapping merges)
+    is extracted again from an e-graph grown by the single-output rules alone, so the rewrites that
+    pay without merging (a separable pool, a folded batchnorm) are not lost with the merges."""
+    from eqsat.extract.egraph_data import load_egraph
+    from eqsat.extract.registry import extract
+
+    start = time.perf_counter()
+    egraph = TensorEGraph.from_graph(graph)
+    report = saturate(egraph, rules, limits, progress=progress)
+    saturate_s = time.perf_counter() - start
+    single_rules = [r for r in rules if not r.is_multi]
+    single: TensorEGraph | None = None  # grown by the single-output rules, on first need
+    found: dict[str, Extraction] = {}
+    checked: dict[Graph, tuple[bool, float]] = {graph.live(): (True, 0.0)}
+    errors: list[str] = []
+    sizes = (0, 0)
+    spent = {"serialize": 0.0, "extract": 0.0}  # seconds, reported as saturation and extraction time
+
+    def extract_from(eg: TensorEGraph, model: CostModel, seconds: float) -> tuple[Graph, Any, tuple[int, int]]:
+        t0 = time.perf_counter()
+        data_json = eg.serialize(model, fold_weights=fold_weights)
+        t1 = time.perf_counter()
+        data = load_egraph(data_json)
+        selection = extract(data, extractor=extractor, time_limit=seconds)
+        spent["serialize"] += t1 - t0
+        spent["extract"] += time.perf_counter() - t1
+        graph_out = decode(data_json, selection.as_ids(data)).live()
+        return graph_out, selection, (len(data_json["nodes"]), len(data_json["class_data"]))
+
+    per_model = max(time_limit - saturate_s, 0.05) / max(len(models), 1) if avoid_extra_work else time_limit
+    for name, model in models.items():
+        try:
+            extracted, selection, size = extract_from(egraph, model, per_model)
+            sizes = sizes if sizes[0] else size
+            from_single = False
+            if avoid_extra_work and does_extra_work(graph, extracted) and len(single_rules) < len(rules):
+                if single is None:
+                    single = TensorEGraph.from_graph(graph)
+                    left = max(limits.seconds - (time.perf_counter() - start), 0.05)
+                    saturate(single, single_rules, replace(limits, seconds=left))
+                extracted, selection, _ = extract_from(single, model, per_model)
+                from_single = True
+        except EqsatError as exc:
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+            continue
+        if extracted not in checked:  # one check per distinct graph (models often agree)
+            checked[extracted] = numerics_match(graph, extracted, seed)
+        ok, diff = checked[extracted]
+        found[name] = Extraction(extracted, str(selection.status), float(selection.dag_cost), ok, diff, from_single)
+    return SearchResult(graph, report, found, sizes[0], sizes[1], saturate_s + spent["serialize"], spent["extract"],
+                        tuple(errors))
 
 
 def optimize_graph(graph: Graph, rules: Sequence[Rule], limits: Limits, cost_model: CostModel,
                    extractor: str = "ilp", time_limit: float = 60.0, seed: int = 0,
                    progress: bool = False, fold_weights: bool = True) -> OptimizationResult:
-    """Saturate `graph` with `rules`, extract the cheapest equivalent under `cost_model`, check it.
-
-    `fold_weights` (TASO/Tensat's convention, on by default): ops computed from weights alone are
-    precomputed once, so they cost nothing in the e-graph nor in `cost_before` / `cost_after`.
+    """Saturate `graph` with `rules`, extract the cheapest equivalent under `cost_model`, check it
+    (`search` with one model). A graph that disagrees with the input is never returned
+    (NumericsError); if extraction finds nothing cheaper, the input is kept and the status says so.
     """
-    from eqsat.extract.egraph_data import load_egraph
-
-    t0 = time.perf_counter()
-    egraph = TensorEGraph.from_graph(graph)
-    report = saturate(egraph, rules, limits, progress=progress)
-    egraph_json = egraph.serialize(cost_model, fold_weights=fold_weights)
-    saturate_s = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    data = load_egraph(egraph_json)
-    selection = _extractor(extractor)(data, time_limit=time_limit)
-    extract_s = time.perf_counter() - t1
-    optimized = decode(egraph_json, selection.as_ids(data)).live()
+    found = search(graph, rules, limits, {"model": cost_model}, extractor, time_limit, fold_weights=fold_weights,
+                   seed=seed, progress=progress)
+    if "model" not in found.by_model:
+        raise EqsatError(f"extraction failed: {'; '.join(found.errors)}")
+    best = found.by_model["model"]
+    optimized, status, ok, diff = best.graph, best.status, best.numerics_ok, best.max_abs_diff
     cost_before = graph_cost(graph, cost_model, fold_weights)
     cost_after = graph_cost(optimized, cost_model, fold_weights)
-    status = str(selection.status)
     if cost_after > cost_before:
         optimized, cost_after, status = graph, cost_before, f"{status}; kept the input (extraction was not cheaper)"
-    ok, diff = numerics_match(graph, optimized, seed)
+        ok, diff = True, 0.0
     if not ok:
-        raise NumericsError(f"the optimized graph differs from the original on random inputs (max |diff| {diff:.3g}); "
-                            "a rule or the decoder is wrong")
-    return OptimizationResult(graph, optimized, report, len(egraph_json["nodes"]), len(egraph_json["class_data"]),
-                              saturate_s, extract_s, cost_before, cost_after, status, extractor, ok, diff,
-                              float(selection.dag_cost))
+        raise NumericsError(f"the optimized graph differs from the original on random inputs (max |diff| "
+                            f"{diff:.3g}); a rule or the decoder is wrong")
+    return OptimizationResult(graph, optimized, found.saturation, found.enodes, found.eclasses, found.saturate_s,
+                              found.extract_s, cost_before, cost_after, status, extractor, ok, diff, best.dag_cost)

@@ -6,7 +6,11 @@ outputs / gradients / vmap equal (rtol 2e-4), and what was used. A control row t
 code against itself (the method's noise floor). Then: first-call overhead of a 12-layer transformer
 in fresh processes (empty and warm on-disk caches), and whether the cost models rank whole graphs
 as measured (Spearman rank correlation over the captured graphs). GEOMEAN is over the issue's six
-target programs; GEOMEAN_WITH_EXTRAS adds the extra programs (NasRNN at batch 1).
+target programs; GEOMEAN_WITH_EXTRAS adds the extra programs (NasRNN at batch 1);
+GEOMEAN_REAL_MODELS is over the second group, real Flax / Equinox models (`experiments.jax_models`).
+The overhead rows time the wrapper against `jax.jit` where nothing changes (a ~1 ms and a tiny
+program over a 50-leaf pytree, directly and inside an outer jit; string and unhashable static
+arguments): target overhead ≤ max(5%, 20 µs).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from eqsat import ops
 from eqsat.ir import Graph, Node
 from experiments.jax_programs import PROGRAMS, JaxProgram, transformer_stack
 
-__all__ = ["run_bench", "bench_program", "rank_check", "transformer_first_call", "plot_speedups"]
+__all__ = ["run_bench", "bench_program", "rank_check", "transformer_first_call", "plot_speedups", "wrapper_overhead"]
 
 RTOL = 2e-4
 
@@ -56,7 +60,7 @@ def bench_program(prog: JaxProgram, rounds: int, options: dict[str, Any], budget
 
     args = prog.make_args(0)
     opt = optimize(prog.fn, **options)
-    fast = jax.jit(opt)
+    fast = opt  # as the user calls it (it is a jax.jit itself)
     ref = jax.jit(prog.fn)
     start = time.perf_counter()
     out = jax.block_until_ready(fast(*args))
@@ -78,7 +82,9 @@ def bench_program(prog: JaxProgram, rounds: int, options: dict[str, Any], budget
             "outputs_ok": outputs_ok, "grads_ok": grads_ok, "vmap_ok": vmap_ok,
             "decorator_speedup_ci": report.speedup_ci, "graphs_changed": len(changed),
             "ops_before": _op_text(s.before for s in changed), "ops_after": _op_text(s.after for s in changed),
-            "opaque": ",".join(sorted(set(report.opaque))), "reason": report.reason,
+            "captured": _op_text(s.before for s in report.segments),
+            "opaque": ",".join(sorted(set(report.opaque))), "opaque_why": list(report.opaque_why),
+            "reason": report.reason,
             "rules_fired": sorted({r for s in report.segments for r in s.rules_fired})}
 
 
@@ -89,6 +95,65 @@ def _op_text(graphs: Iterable[Any]) -> str:
             if not ops.OPS[op].is_leaf:
                 counts[op] = counts.get(op, 0) + n
     return " ".join(f"{op}:{n}" for op, n in sorted(counts.items()))
+
+
+def _leafy_program(leaves: int, rows: int) -> tuple[Any, tuple[Any, ...]]:
+    """A chain of `leaves` matmul + tanh layers whose weights are one dict argument (a model's
+    state as a many-leaf pytree); `rows` sets the work (256 rows: about 1 ms on two CPU cores)."""
+    rng = np.random.default_rng(7)
+    params = {f"layer{i:02d}": jnp.asarray(rng.standard_normal((64, 64)) / 8, jnp.float32) for i in range(leaves)}
+    x = jnp.asarray(rng.standard_normal((rows, 64)), jnp.float32)
+
+    def chain(params: dict[str, Any], x: Any) -> Any:
+        for name in sorted(params):
+            x = jnp.tanh(x @ params[name])
+        return x
+
+    return chain, (params, x)
+
+
+def wrapper_overhead(rounds: int = 40, budget_s: float = 6.0) -> list[dict[str, Any]]:
+    """Steady-state cost of `@eqsat.optimize` over `jax.jit` on programs it does not change, where
+    only the wrapper differs: a ~1 ms program and a tiny one, both over a 50-leaf pytree, called
+    directly and inside an outer `jax.jit`; also the paths that keep the original (a string
+    argument made static, an unhashable static argument). Target: overhead ≤ max(5%, 20 µs)."""
+    from jax_backend.decorator import optimize
+    from jax_backend.timing import paired_timing
+
+    rows: list[dict[str, Any]] = []
+    for label, row_count in (("1ms_50leaf", 256), ("tiny_50leaf", 1)):
+        fn, args = _leafy_program(50, row_count)
+        opt = optimize(fn, time_limit=2.0)
+        ref = jax.jit(fn)
+        jax.block_until_ready(opt(*args))
+        for how, fast in (("direct", opt), ("inside_jit", jax.jit(opt))):
+            t = paired_timing(ref, fast, args, rounds, budget_s)
+            rows.append(_overhead_row(f"overhead_{label}_{how}", t, opt.report(*args).used))
+
+    def act(x: Any, fn: str = "tanh") -> Any:
+        return getattr(jnp, fn)(x) @ x
+
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((128, 128)), jnp.float32)
+    opt_act = optimize(act, time_limit=1.0)
+    jit_act = jax.jit(act, static_argnames="fn")
+    t = paired_timing(lambda v: jit_act(v, fn="sin"), lambda v: opt_act(v, fn="sin"), [x], rounds, budget_s)
+    rows.append(_overhead_row("overhead_string_argument_static", t, opt_act.report(x, fn="sin").used))
+
+    def scaled(x: Any, factors: list[float]) -> Any:
+        return jnp.tanh(x) @ x * factors[0]
+
+    opt_list = optimize(scaled, static_argnums=1, time_limit=1.0)
+    t = paired_timing(jax.jit(lambda v: scaled(v, [2.0])), lambda v: opt_list(v, [2.0]), [x], rounds, budget_s)
+    rows.append(_overhead_row("overhead_unhashable_static", t, opt_list.report(x, [2.0]).used))
+    return rows
+
+
+def _overhead_row(name: str, timing: Any, used: str) -> dict[str, Any]:
+    overhead_s = timing.other_s - timing.base_s
+    allowed_s = max(0.05 * timing.base_s, 20e-6)
+    return {"program": name, "used": used, **timing.to_json(), "jit_us": timing.base_s * 1e6,
+            "optimized_us": timing.other_s * 1e6, "overhead_us": overhead_s * 1e6, "allowed_us": allowed_s * 1e6,
+            "within_target": overhead_s <= allowed_s}
 
 
 def transformer_first_call(layers: int = 12) -> dict[str, Any]:
@@ -179,6 +244,7 @@ def _geomean_row(label: str, rows: Sequence[dict[str, Any]]) -> dict[str, Any] |
             "speedup_ci_low": _geomean([r["speedup_ci_low"] for r in rows]),
             "speedup_ci_high": _geomean([r["speedup_ci_high"] for r in rows]),
             "note": "CI bounds are the geomean of per-program bounds (conservative)",
+            "speedup_min": min(r["speedup"] for r in rows),
             "first_call_max_s": max(r["first_call_s"] for r in rows),
             "all_outputs_grads_vmap_ok": all(r["outputs_ok"] and r["grads_ok"] and r["vmap_ok"] for r in rows)}
 
@@ -210,11 +276,16 @@ def plot_speedups(rows: Sequence[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+GROUPS = ("targets", "models", "overhead")
+"""The benchmark's groups: the JAX target programs, real Flax / Equinox models, wrapper overhead."""
+
+
 def run_bench(out_dir: Path | None = None, rounds: int = 40, time_limit: float = 10.0,
               programs: Sequence[str] | None = None, with_ranking: bool = True, budget_s: float = 8.0,
-              first_call: bool = True) -> Iterable[dict[str, Any]]:
+              first_call: bool = True, groups: Sequence[str] = GROUPS) -> Iterable[dict[str, Any]]:
     """Every target program, a noise control, the 12-layer first call (fresh processes: cold and
-    warm caches), optionally the cost-model ranking check; JSON and a PNG plot under `out_dir`."""
+    warm caches), the real-model group (its own geomean), the wrapper's overhead over `jax.jit`,
+    optionally the cost-model ranking check; JSON and a PNG plot under `out_dir`."""
     import tempfile
 
     from rich.console import Console
@@ -222,14 +293,24 @@ def run_bench(out_dir: Path | None = None, rounds: int = 40, time_limit: float =
 
     warnings.simplefilter("ignore")
     options = {"time_limit": time_limit}
-    chosen = [p for p in PROGRAMS if programs is None or p.name in programs]
+    chosen = [p for p in PROGRAMS if (programs is None or p.name in programs) and "targets" in groups]
+    models: list[JaxProgram] = []
+    if "models" in groups:
+        from experiments.jax_models import model_programs
+
+        models = [p for p in model_programs() if programs is None or p.name in programs]
+    first_call = first_call and "targets" in groups
     rows: list[dict[str, Any]] = []
     with Progress(transient=True, console=Console(stderr=True)) as bar:
-        task = bar.add_task("bench jax", total=len(chosen) + 1 + 2 * first_call)
-        for prog in chosen:
+        task = bar.add_task("bench jax", total=len(chosen) + len(models) + 2 + 2 * first_call)
+        for prog in chosen + models:
             bar.update(task, description=prog.name)
             rows.append(bench_program(prog, rounds, options, budget_s))
             bar.advance(task)
+        if "overhead" in groups:
+            bar.update(task, description="wrapper overhead")
+            rows += wrapper_overhead(rounds, budget_s / 2)
+        bar.advance(task)
         if chosen:
             bar.update(task, description="noise control")
             rows.append(_control(chosen[0], rounds, budget_s))
@@ -243,9 +324,10 @@ def run_bench(out_dir: Path | None = None, rounds: int = 40, time_limit: float =
             rows.append({"program": "transformer12_first_call_warm_cache", **_first_call_in_subprocess(None)})
             bar.advance(task)
     targets = {p.name for p in chosen if p.target}
-    rows += [summary for label, names in (("GEOMEAN", targets), ("GEOMEAN_WITH_EXTRAS", {p.name for p in chosen}))
+    rows += [summary for label, names in (("GEOMEAN", targets), ("GEOMEAN_WITH_EXTRAS", {p.name for p in chosen}),
+                                          ("GEOMEAN_REAL_MODELS", {p.name for p in models}))
              if (summary := _geomean_row(label, [r for r in rows if r["program"] in names]))]
-    if with_ranking:
+    if with_ranking and chosen:
         rows += rank_check(15)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -263,9 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--programs", nargs="*", default=None)
     parser.add_argument("--no-ranking", action="store_true")
     parser.add_argument("--no-first-call", action="store_true")
+    parser.add_argument("--groups", nargs="*", choices=GROUPS, default=list(GROUPS),
+                        help="targets: the JAX target programs; models: Flax / Equinox models; "
+                             "overhead: the wrapper's cost over jax.jit")
     args = parser.parse_args(argv)
     for row in run_bench(args.out, args.rounds, args.time_limit, args.programs, not args.no_ranking, args.budget,
-                         not args.no_first_call):
+                         not args.no_first_call, args.groups):
         print(json.dumps(row, default=str), flush=True)
     return 0
 

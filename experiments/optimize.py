@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+import jax_backend  # noqa: F401 - registers the "measured" cost model for --cost-model
 from eqsat.cost import COST_MODEL_FACTORIES, cost_model
 from eqsat.ir import Graph
 from eqsat.timer import sample_seconds

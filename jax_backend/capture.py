@@ -53,6 +53,7 @@ class OpaqueStep:
     eqn: Any  # jax.extend.core.JaxprEqn
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
+    why: str = ""  # why it was not captured
 
     @property
     def name(self) -> str:
@@ -71,6 +72,7 @@ class Program:
     steps: tuple[Step, ...]
     outputs: tuple[int, ...]
     avals: Mapping[int, tuple[Shape, Any]] = field(repr=False)  # value id → (shape, dtype)
+    effects: tuple[str, ...] = ()  # the jaxpr's effects (callbacks, debug prints): more than computing
 
     @property
     def graphs(self) -> list[GraphStep]:
@@ -84,7 +86,7 @@ class Program:
         """The same program with each GraphStep's graph replaced (same leaves and outputs, in order)."""
         it = iter(graphs)
         steps = tuple(GraphStep(next(it), s.inputs, s.outputs) if isinstance(s, GraphStep) else s for s in self.steps)
-        return Program(self.n_inputs, self.consts, steps, self.outputs, self.avals)
+        return Program(self.n_inputs, self.consts, steps, self.outputs, self.avals, self.effects)
 
 
 def graph_leaf_name(value_id: int) -> str:
@@ -112,7 +114,7 @@ class _Capturer:
 
     def new(self, shape: Shape, dtype: Any) -> int:
         vid = len(self.avals)
-        self.avals[vid] = (tuple(int(d) for d in shape), np.dtype(dtype))
+        self.avals[vid] = (tuple(int(d) for d in shape), _dtype(dtype))
         return vid
 
     def shape(self, vid: int) -> Shape:
@@ -182,40 +184,63 @@ class _Capturer:
             env[var] = vid
         for eqn in jaxpr.eqns:
             ins = [self.read(env, a) for a in eqn.invars]
-            outs = self.capture_eqn(eqn, ins)
+            outs, why = self.capture_eqn(eqn, ins)
             if outs is None:
                 outs = [self.new(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
-                self.items.append(OpaqueStep(eqn, tuple(ins), tuple(outs)))
+                self.items.append(OpaqueStep(eqn, tuple(ins), tuple(outs), why))
             for var, vid in zip(eqn.outvars, outs):
                 env[var] = vid
         return [self.read(env, a) for a in jaxpr.outvars]
 
-    def capture_eqn(self, eqn: Any, ins: list[int]) -> list[int] | None:
+    def capture_eqn(self, eqn: Any, ins: list[int]) -> tuple[list[int] | None, str]:
+        """The equation's output ids, or None and why it stays opaque."""
         name = str(eqn.primitive)
         if name in _CALLS:
             closed = eqn.params["jaxpr"]
-            return self.walk(closed.jaxpr, closed.consts, ins)
+            return self.walk(closed.jaxpr, closed.consts, ins), ""
         rule = CAPTURE_RULES.get(name)
-        if rule is None or not _all_captureable(eqn):
-            return None
+        if rule is None:
+            return None, _NOT_CAPTURED.get(name, "no IR op for this primitive")
+        why = _uncaptureable(eqn)
+        if why:
+            return None, why
         mark = len(self.items)
         try:
             outs = rule(self, eqn, ins)
-        except EqsatError:  # a shape the IR cannot express: leave the equation as it was
-            outs = None
+            why = "" if outs is not None else "parameters the IR op cannot express"
+        except EqsatError as exc:  # a shape the IR cannot express: leave the equation as it was
+            outs, why = None, str(exc)
         if outs is None:
             del self.items[mark:]
-        return outs
+        return outs, why
 
 
-def _all_captureable(eqn: Any) -> bool:
+def _dtype(dtype: Any) -> Any:
+    """A numpy dtype, or JAX's own dtype object where numpy has none (PRNG key types)."""
+    return dtype if jax.dtypes.issubdtype(dtype, jax.dtypes.extended) else np.dtype(dtype)
+
+
+def _uncaptureable(eqn: Any) -> str:
+    """Why the equation's values cannot be IR values ("" when they can)."""
     for atom in [*eqn.invars, *eqn.outvars]:
         aval = atom.aval
-        if not hasattr(aval, "dtype") or np.dtype(aval.dtype) != CAPTURED_DTYPE:
-            return False
+        if not hasattr(aval, "dtype") or _dtype(aval.dtype) != CAPTURED_DTYPE:
+            return f"{getattr(aval, 'dtype', 'non-array')} values (the IR is float32)"
         if any(not isinstance(d, int) or d < 1 for d in aval.shape):
-            return False
-    return True
+            return "a zero-size or symbolic dimension"
+    return ""
+
+
+_NOT_CAPTURED: Mapping[str, str] = {
+    "stop_gradient": "changes gradients only (no IR op; replaying keeps them right)",
+    "scan": "control flow (its body is replayed as JAX traces it)",
+    "while": "control flow (its body is replayed as JAX traces it)",
+    "cond": "control flow (its body is replayed as JAX traces it)",
+    "custom_vjp_call": "a custom gradient rule (replayed to keep it)",
+    "cumsum": "no IR op for scans along an axis",
+    "sort": "no IR op for sorting",
+}
+"""Why common primitives without a capture rule stay opaque (others: "no IR op for this primitive")."""
 
 
 _CALLS = frozenset({"jit", "pjit", "closed_call", "core_call"})
@@ -255,9 +280,14 @@ def _unary(op: str) -> CaptureRule:
 
 
 def _square(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
-    if eqn.params.get("y", 2) != 2:
+    """x**y for y in 1..4 as products (GELU's tanh form has x**3); other powers stay opaque."""
+    y = int(eqn.params.get("y", 2))
+    if not 1 <= y <= 4:
         return None
-    return [c.emit1("ewmul", [ins[0], ins[0]])]
+    out = ins[0]
+    for _ in range(y - 1):
+        out = c.emit1("ewmul", [out, ins[0]])
+    return [out]
 
 
 def _reduce(op: str) -> CaptureRule:
@@ -355,63 +385,79 @@ def _dot_general(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
 
 
 def _conv(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
-    """NCHW x OIHW 2-D convolutions whose padding is TensorFlow's SAME or VALID."""
+    """2-D convolutions in any layout (NCHW / OIHW, Flax's NHWC / HWIO, ...) and with groups
+    (`feature_group_count`, depthwise included), padded as TensorFlow's SAME or VALID: the IR's
+    NCHW conv2d between transposes (a transpose of a weight folds away at optimization time)."""
     p = eqn.params
     dn = p["dimension_numbers"]
-    if (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)) != ((0, 1, 2, 3),) * 3:
+    lhs, rhs, out = (tuple(int(d) for d in spec) for spec in (dn.lhs_spec, dn.rhs_spec, dn.out_spec))
+    if len(lhs) != 4:
         return None
     if any(d != 1 for d in (*p["lhs_dilation"], *p["rhs_dilation"])) or p["batch_group_count"] != 1:
         return None
     if p.get("preferred_element_type") not in (None, CAPTURED_DTYPE):
         return None
-    x, w = c.shape(ins[0]), c.shape(ins[1])
-    if x[1] != w[1] * p["feature_group_count"]:
+    x, w = _transpose_by(c, ins[0], lhs), _transpose_by(c, ins[1], rhs)
+    xs, ws = c.shape(x), c.shape(w)
+    if xs[1] != ws[1] * p["feature_group_count"]:
         return None
     sh, sw = (int(s) for s in p["window_strides"])
     pads = tuple(tuple(int(v) for v in pr) for pr in p["padding"])
     for code in Padding:
-        want = tuple(ops.window_out_and_pads(x[2 + i], w[2 + i], (sh, sw)[i], code)[1:] for i in range(2))
+        want = tuple(ops.window_out_and_pads(xs[2 + i], ws[2 + i], (sh, sw)[i], code)[1:] for i in range(2))
         if want == pads:
-            return [c.emit1("conv2d", ins, stride_h=sh, stride_w=sw, pad=int(code), act=0)]
+            y = c.emit1("conv2d", [x, w], stride_h=sh, stride_w=sw, pad=int(code), act=0)
+            return [_transpose_by(c, y, tuple(int(i) for i in np.argsort(out)))]
     return None
 
 
-def _pool_attrs(c: _Capturer, eqn: Any, x: int) -> dict[str, int] | None:
-    """A window over the last two axes of a 4-D value, padded as TensorFlow's SAME or VALID, as
-    pool attributes; None for any other window."""
+_POOL_LAYOUTS: tuple[tuple[tuple[int, int], tuple[int, ...]], ...] = (((2, 3), (0, 1, 2, 3)), ((1, 2), (0, 3, 1, 2)))
+"""(spatial axes, permutation to NCHW) of the layouts pooling is captured in: NCHW and NHWC."""
+
+
+def _pool_attrs(c: _Capturer, eqn: Any, x: int) -> tuple[dict[str, int], tuple[int, ...]] | None:
+    """A window over the spatial axes of a 4-D NCHW or NHWC value, padded as TensorFlow's SAME or
+    VALID: the pool attributes and the permutation to NCHW; None for any other window."""
     p = eqn.params
     shape = c.shape(x)
     window, strides = tuple(int(d) for d in p["window_dimensions"]), tuple(int(d) for d in p["window_strides"])
-    if len(shape) != 4 or window[:2] != (1, 1) or strides[:2] != (1, 1):
-        return None
-    if any(d != 1 for d in (*p["base_dilation"], *p["window_dilation"])):
+    if len(shape) != 4 or any(d != 1 for d in (*p["base_dilation"], *p["window_dilation"])):
         return None
     pads = tuple(tuple(int(v) for v in pr) for pr in p["padding"])
-    if pads[:2] != ((0, 0), (0, 0)):
-        return None
-    for code in Padding:
-        want = tuple(ops.window_out_and_pads(shape[2 + i], window[2 + i], strides[2 + i], code)[1:] for i in range(2))
-        if want == pads[2:]:
-            return {"kernel_h": window[2], "kernel_w": window[3], "stride_h": strides[2], "stride_w": strides[3],
-                    "pad": int(code), "act": 0}
+    for spatial, perm in _POOL_LAYOUTS:
+        other = [a for a in range(4) if a not in spatial]
+        if any(window[a] != 1 or strides[a] != 1 or pads[a] != (0, 0) for a in other):
+            continue
+        for code in Padding:
+            want = tuple(ops.window_out_and_pads(shape[a], window[a], strides[a], code)[1:] for a in spatial)
+            if want == tuple(pads[a] for a in spatial):
+                (h, w) = spatial
+                return {"kernel_h": window[h], "kernel_w": window[w], "stride_h": strides[h], "stride_w": strides[w],
+                        "pad": int(code), "act": 0}, perm
     return None
+
+
+def _pooled(c: _Capturer, op: str, x: int, found: tuple[dict[str, int], tuple[int, ...]]) -> int:
+    attrs, perm = found
+    y = c.emit1(op, [_transpose_by(c, x, perm)], **attrs)
+    return _transpose_by(c, y, tuple(int(i) for i in np.argsort(perm)))
 
 
 def _reduce_window_max(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
     """Max pooling (padding never wins a max)."""
-    attrs = _pool_attrs(c, eqn, ins[0])
-    return None if attrs is None else [c.emit1("poolmax", ins, **attrs)]
+    found = _pool_attrs(c, eqn, ins[0])
+    return None if found is None else [_pooled(c, "poolmax", ins[0], found)]
 
 
 def _reduce_window_sum(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
     """Sum pooling as the IR's average pool (zero padding counted) times the window size: JAX's
     average pooling is this sum divided by the window size."""
-    attrs = _pool_attrs(c, eqn, ins[0])
-    if attrs is None:
+    found = _pool_attrs(c, eqn, ins[0])
+    if found is None:
         return None
-    pooled = c.emit1("poolavg", ins, **attrs)
+    pooled = _pooled(c, "poolavg", ins[0], found)
     size = c.new((), CAPTURED_DTYPE)
-    c.consts[size] = np.asarray(attrs["kernel_h"] * attrs["kernel_w"], dtype=CAPTURED_DTYPE)
+    c.consts[size] = np.asarray(found[0]["kernel_h"] * found[0]["kernel_w"], dtype=CAPTURED_DTYPE)
     return [c.emit1("ewmul", [pooled, c.broadcast_to(size, c.shape(pooled))])]
 
 
@@ -503,7 +549,8 @@ def capture_jaxpr(closed: Any) -> Program:
     args = [c.new(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
     outputs = c.walk(closed.jaxpr, closed.consts, args)
     steps = _build_steps(c, len(args), outputs)
-    return Program(len(args), dict(c.consts), steps, tuple(outputs), dict(c.avals))
+    effects = tuple(sorted(str(e) for e in closed.effects))
+    return Program(len(args), dict(c.consts), steps, tuple(outputs), dict(c.avals), effects)
 
 
 def capture(fun: Callable[..., Any], *args: Any) -> tuple[Program, Any]:

@@ -14,19 +14,21 @@ timings there run compiled code the way a user's calls do.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 import warnings
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from eqsat import candidates
+from eqsat.candidates import SegmentReport
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from jax_backend.capture import GraphStep, Program, capture, graph_leaf_name, replay
@@ -40,24 +42,6 @@ _T = TypeVar("_T")
 
 class EqsatFallbackWarning(UserWarning):
     """The optimized version was not used; the original function runs instead."""
-
-
-@dataclass(frozen=True)
-class SegmentReport:
-    """What happened to one IR graph of the program."""
-
-    before: Graph = field(repr=False)
-    after: Graph = field(repr=False)
-    cost_before: float | None = None
-    cost_after: float | None = None
-    enodes: int | None = None
-    eclasses: int | None = None
-    rules_fired: tuple[str, ...] = ()
-    stop_reason: str = ""
-    seconds: float = 0.0
-    kernels: tuple[str, ...] = ()
-    error: str = ""
-    cost_model: str = ""  # the candidate model whose choice `after` is and whose costs are given
 
 
 @dataclass(frozen=True)
@@ -78,6 +62,7 @@ class SignatureReport:
     speedup_ci: tuple[float, float] | None = None  # bootstrap interval of original/optimized time
     distinct_regions: int = 0  # regions optimized; the rest reused a structurally identical result
     reused_regions: int = 0
+    opaque_why: tuple[str, ...] = ()  # "primitive: why it was not captured", one per distinct pair
 
 
 @dataclass(frozen=True)
@@ -109,209 +94,6 @@ class _Entry:
 
 # --- optimizing one signature -----------------------------------------------------------------------
 
-def _rule_source(rules: Any) -> Any:
-    """None, "tensat", or the Rule values `rules` names: rule files are parsed here, at decoration,
-    so a missing or malformed file is an error then rather than a warning on the first call."""
-    from eqsat.rewrites.parser import load_rules
-    from eqsat.rewrites.rule import Rule
-
-    if rules is None or (isinstance(rules, str) and rules == "tensat"):
-        return rules
-    items = [rules] if isinstance(rules, (str, Path, Rule)) else rules
-    if not isinstance(items, Iterable):
-        raise EqsatError(f"optimize: rules must be None, 'tensat', rule file paths or Rule values, got {rules!r}")
-    parsed: list[Rule] = []
-    for item in items:
-        if isinstance(item, Rule):
-            parsed.append(item)
-        elif isinstance(item, (str, Path)):
-            parsed.extend(load_rules(Path(item)))
-        else:
-            raise EqsatError(f"optimize: rules must be None, 'tensat', rule file paths or Rule values; got {item!r}")
-    return tuple(parsed)
-
-
-def _load_rules(rules: Any, ops: frozenset[str]) -> list[Any]:
-    """The rules of `_rule_source(...)` (None: the library groups that pay under XLA; "tensat":
-    Tensat's rule files) that can match a graph of `ops` and that the verifier accepts (guarded
-    ones too outside the library: the egglog applier checks right sides' shapes). Filtering first
-    means rules that could never fire are never verified (a cold cache's main first-call cost)."""
-    from eqsat.pipeline import tensat_rules
-    from eqsat.rewrites.rule import rules_that_can_match
-    from eqsat.rewrites.verify import verified_rules
-
-    from jax_backend.default_rules import proved_library_rules
-
-    if rules is None:
-        return proved_library_rules(ops=ops)
-    rules = tensat_rules() if rules == "tensat" else list(rules)
-    return verified_rules(rules_that_can_match(rules, ops), allow_guarded=True, all_shapes=False)
-
-
-def _check_names(extractor: str, models: Sequence[str]) -> None:
-    """Unknown extractor or cost model names fail at decoration, with the known ones listed."""
-    from eqsat.cost import COST_MODEL_FACTORIES, UnknownCostModelError
-    from eqsat.extract.registry import EXTRACTORS
-
-    from jax_backend.candidates import CANDIDATE_ONLY_MODELS
-
-    if extractor not in EXTRACTORS:
-        raise EqsatError(f"optimize: unknown extractor {extractor!r}; choose from {', '.join(EXTRACTORS)}")
-    known = sorted({*COST_MODEL_FACTORIES, *CANDIDATE_ONLY_MODELS})
-    for name in models:
-        if name not in known:
-            raise UnknownCostModelError(f"optimize: unknown cost model {name!r}; known cost models: {', '.join(known)}")
-
-
-@dataclass
-class _Search:
-    """What one signature's optimization shares across its graphs: rules, the candidate cost
-    models, and the candidates of regions already optimized, keyed by structure (leaf names aside)."""
-
-    rules: list[Any]
-    models: dict[str, Any]
-    candidates: dict[Graph, Any] = field(default_factory=dict)  # canonical region → RegionCandidates
-    failed: dict[Graph, str] = field(default_factory=dict)  # canonical region → error
-    reused: int = 0
-
-
-def _make_search(opts: _Options, graphs: Sequence[Graph]) -> _Search:
-    """The search state for `graphs`: the rules that can match them, and the candidate models."""
-    from jax_backend.candidates import candidate_models
-
-    device = "cpu" if jax.default_backend() == "cpu" else "h100"
-    ops = frozenset(n.op for g in graphs for n in g.nodes)
-    return _Search(_load_rules(opts.rules, ops), candidate_models(opts.candidate_models or (opts.cost_model,), device))
-
-
-def _computed_nodes(graph: Graph) -> int:
-    return sum(1 for n in graph.nodes if n.op not in ("input", "weight"))
-
-
-def _collect_candidates(graph: Graph, opts: _Options, time_limit: float, search: _Search) -> float:
-    """Saturate each region of `graph` not seen yet (by structure) and extract its candidates
-    under `time_limit`; returns the seconds spent. A failing region keeps only the original."""
-    from eqsat.saturate import Limits
-
-    from jax_backend.candidates import region_candidates
-    from jax_backend.regions import egraph_ops, optimize_regions
-    from jax_backend.structure import canonicalize
-
-    start = time.perf_counter()
-    deadline = start + time_limit
-    if _computed_nodes(graph) < 2:
-        return 0.0
-
-    def run_one(region: Graph) -> Graph:
-        if _computed_nodes(region) < 2:
-            return region
-        canon = canonicalize(region).graph
-        if canon in search.candidates or canon in search.failed:
-            search.reused += 1
-            return region
-        left = deadline - time.perf_counter()
-        if left <= 0.05:
-            return region
-        limits = Limits(iterations=opts.iterations, nodes=opts.max_enodes, seconds=left / 2, multi_rounds=2)
-        try:
-            search.candidates[canon] = region_candidates(canon, search.rules, limits, search.models, opts.extractor,
-                                                         time_limit=max(left * 0.9, 0.1))
-        except Exception as exc:  # noqa: BLE001 - keep this region as it was
-            search.failed[canon] = f"{type(exc).__name__}: {exc}"
-        return region
-
-    try:
-        optimize_regions(graph, egraph_ops(), run_one)
-    except Exception:  # noqa: BLE001 - the original graph is always a valid answer
-        pass
-    return time.perf_counter() - start
-
-
-def _apply_label(graph: Graph, label: str, search: _Search) -> tuple[Graph, tuple[Any, ...]]:
-    """`graph` with every region replaced by the candidate `label` chose for its structure; also a
-    key naming the choice made in each region (equal keys: the same program)."""
-    from jax_backend.candidates import structure_key
-    from jax_backend.regions import egraph_ops, optimize_regions
-    from jax_backend.structure import canonicalize
-
-    chosen: list[Any] = []
-
-    def pick(region: Graph) -> Graph:
-        canon = canonicalize(region)
-        found = search.candidates.get(canon.graph)
-        if found is None or label not in found.by_label:
-            return region
-        chosen.append(structure_key(found.by_label[label]))
-        return canon.restore(found.by_label[label])
-
-    if _computed_nodes(graph) < 2:
-        return graph, ()
-    try:
-        after, _ = optimize_regions(graph, egraph_ops(), pick)
-    except Exception:  # noqa: BLE001
-        return graph, ()
-    return (after, tuple(chosen)) if chosen else (graph, ())
-
-
-def _predicted_costs(before: Graph, after: Graph, search: _Search,
-                     label: str | None = None) -> tuple[float | None, float | None]:
-    """Seconds per call of both graphs under the cost model `label` chose with (default: the first
-    candidate model)."""
-    from eqsat.cost import graph_cost
-
-    model = search.models.get(label) if label is not None else next(iter(search.models.values()), None)
-    if model is None:
-        return None, None
-    try:
-        return graph_cost(before, model), graph_cost(after, model)
-    except Exception:  # noqa: BLE001 - a cost the model cannot give is reported as unknown
-        return None, None
-
-
-def _segment_report(before: Graph, after: Graph, search: _Search, seconds: float,
-                    label: str | None = None) -> SegmentReport:
-    """What the e-graph found for the regions of `before` (summed over its distinct regions), with
-    costs predicted by the model of candidate `label` (default: the first model)."""
-    from jax_backend.regions import egraph_ops, optimize_regions
-    from jax_backend.structure import canonicalize
-
-    seen: list[Any] = []
-    errors: list[str] = []
-
-    def look(region: Graph) -> Graph:
-        canon = canonicalize(region).graph
-        if canon in search.candidates:
-            seen.append(search.candidates[canon])
-        elif canon in search.failed:
-            errors.append(search.failed[canon])
-        return region
-
-    try:
-        optimize_regions(before, egraph_ops(), look)
-    except Exception as exc:  # noqa: BLE001
-        errors.append(f"{type(exc).__name__}: {exc}")
-    totals: dict[str, int] = {}
-    for c in seen:
-        for k, v in c.matches.items():
-            totals[k] = totals.get(k, 0) + v
-        errors.extend(c.errors)
-    fired = tuple(f"{k}×{v}" for k, v in sorted(totals.items()) if v)
-    cost_before, cost_after = _predicted_costs(before, after, search, label)
-    return SegmentReport(before, after, cost_before, cost_after, sum(c.enodes for c in seen) if seen else None,
-                         sum(c.eclasses for c in seen) if seen else None, fired,
-                         "; ".join(sorted({c.stop_reason for c in seen})) or "no region optimized", seconds,
-                         error="; ".join(sorted(set(errors))[:3]))
-
-
-def _optimize_graph(graph: Graph, opts: _Options, time_limit: float, search: _Search | None = None,
-                    label: str | None = None) -> SegmentReport:
-    """One graph rewritten by the candidates of one model (`label`, default the first one)."""
-    search = search or _make_search(opts, [graph])
-    seconds = _collect_candidates(graph, opts, time_limit, search)
-    after, _ = _apply_label(graph, label or next(iter(search.models)), search)
-    return _segment_report(graph, after, search, seconds)
-
-
 def _lowering_mode(opts: _Options) -> str:
     if opts.lowering != "auto":
         return opts.lowering
@@ -337,7 +119,7 @@ def _fold_program(program: Program) -> tuple[Program, dict[int, dict[str, Any]]]
         values = {graph_leaf_name(i): np.asarray(program.consts[i]) for i in step.inputs if i in program.consts}
         graph, extra = step.graph, {}
         if values and any(n.op == "weight" for n in graph.nodes):
-            placeholders = {n.attr["name"]: None for _, n in graph.leaves("input")}  # read at run time
+            placeholders: dict[str, Any] = {n.attr["name"]: None for _, n in graph.leaves("input")}  # read at run time
             graph, folded = fold_weights(graph, {**placeholders, **values}, prefix=f"folded{k}_",
                                          should_fold=_fold_decision)
             extra = {name: np.asarray(v, dtype=np.float32) for name, v in folded.items()
@@ -378,6 +160,11 @@ def _random_args(avals: Sequence[jax.ShapeDtypeStruct], seed: int) -> list[Any]:
     rng = np.random.default_rng(seed)
     out = []
     for a in avals:
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            impl = getattr(a.dtype, "_impl", None)
+            key = jax.random.key(seed) if impl is None else jax.random.key(seed, impl=impl)
+            out.append(jax.random.split(key, a.shape) if a.shape else key)
+            continue
         dt = np.dtype(a.dtype)
         if np.issubdtype(dt, np.floating):
             out.append(jnp.asarray(rng.standard_normal(a.shape), dtype=a.dtype))
@@ -385,8 +172,6 @@ def _random_args(avals: Sequence[jax.ShapeDtypeStruct], seed: int) -> list[Any]:
             out.append(jnp.asarray(rng.integers(0, 4, a.shape), dtype=a.dtype))
         elif dt == np.bool_:
             out.append(jnp.asarray(rng.integers(0, 2, a.shape).astype(bool)))
-        elif jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
-            out.append(jax.random.key(seed))
         else:
             out.append(jnp.zeros(a.shape, a.dtype))
     return out
@@ -395,7 +180,8 @@ def _random_args(avals: Sequence[jax.ShapeDtypeStruct], seed: int) -> list[Any]:
 def _compare(ref: Sequence[Any], got: Sequence[Any], rtol: float, atol: float) -> tuple[bool, float]:
     worst = 0.0
     for r, g in zip(ref, got):
-        r, g = np.asarray(r), np.asarray(g)
+        r, g = (np.asarray(jax.random.key_data(v) if jax.dtypes.issubdtype(v.dtype, jax.dtypes.prng_key) else v)
+                for v in (r, g))
         if r.shape != g.shape or r.dtype != g.dtype:
             return False, float("inf")
         if not np.issubdtype(r.dtype, np.inexact):
@@ -411,92 +197,136 @@ def _compare(ref: Sequence[Any], got: Sequence[Any], rtol: float, atol: float) -
     return True, worst
 
 
-def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.ShapeDtypeStruct], signature: str,
-                    opts: _Options) -> _Entry:
-    """Capture, optimize, lower, check and time one signature."""
-    from jax_backend.structure import canonicalize
-    from jax_backend.timing import paired_timing
+@dataclass(frozen=True)
+class _Outcome:
+    """What every report of one signature shares; builds the entry for each way it can end."""
 
-    start = time.perf_counter()
-    mode = _lowering_mode(opts)
-    try:
-        program, out_tree = capture(flat_fun, *avals)
-    except EqsatError as exc:
-        return _Entry(None, None, SignatureReport(signature, "original", f"capture failed: {exc}"))
-    if any(isinstance(v, jax.core.Tracer) for v in program.consts.values()):
-        return _Entry(None, out_tree, SignatureReport(signature, "original",
-                                                      "the function closes over traced values; not optimized"))
-    steps = program.graphs
-    opaque = tuple(s.name for s in program.opaque)
-    try:
-        search = _make_search(opts, [s.graph for s in program.graphs])
-    except Exception as exc:  # noqa: BLE001 - no rules or no cost model: nothing to optimize with
-        return _fallback(signature, out_tree, (), opaque, start, mode, f"setting up failed: {type(exc).__name__}: {exc}")
-    distinct = len({canonicalize(s.graph).graph for s in steps})
-    per_graph = opts.time_limit / max(distinct, 1)  # identical graphs reuse the first one's regions
-    seconds = [_collect_candidates(s.graph, opts, per_graph, search) for s in steps]
-    extra = {"distinct_regions": len(search.candidates) + len(search.failed), "reused_regions": search.reused}
+    signature: str
+    out_tree: Any
+    start: float
+    mode: str
+    facts: Mapping[str, Any] = field(default_factory=dict)  # SignatureReport fields known so far
+
+    def with_facts(self, **facts: Any) -> _Outcome:
+        return dataclasses.replace(self, facts={**self.facts, **facts})
+
+    def _report(self, used: str, reason: str, segments: Sequence[SegmentReport], fields: Mapping[str, Any]
+                ) -> SignatureReport:
+        return SignatureReport(self.signature, used, reason, tuple(segments),
+                               optimize_s=time.perf_counter() - self.start, lowering=self.mode,
+                               **{**self.facts, **fields})
+
+    def original(self, reason: str, segments: Sequence[SegmentReport] = (), warn: bool = True, **fields: Any) -> _Entry:
+        """The original runs (`warn`: tell the user, once, why)."""
+        return _Entry(None, self.out_tree, self._report("original", reason, segments, fields),
+                      f"eqsat.optimize: running the original function: {reason}" if warn else "")
+
+    def optimized(self, fn: Callable[..., Any], reason: str, segments: Sequence[SegmentReport],
+                  **fields: Any) -> _Entry:
+        return _Entry(fn, self.out_tree, self._report("optimized", reason, segments, fields))
+
+
+def _variants(steps: Sequence[GraphStep], search: Any, mode: str) -> list[tuple[str, list[Graph]]]:
+    """The distinct programs the candidate models chose (each label once per distinct choice)."""
     variants: list[tuple[str, list[Graph]]] = []
     seen: set[tuple[Any, ...]] = set()
     for label in search.models:
-        applied = [_apply_label(s.graph, label, search) for s in steps]
+        applied = [candidates.apply_label(s.graph, label, search) for s in steps]
         key = tuple(k for _, k in applied)
         if any(key) and key not in seen:
             seen.add(key)
             variants.append((label, [g for g, _ in applied]))
     if mode == "pallas":  # the original graphs through Pallas kernels are a candidate too
         variants.append(("original", [s.graph for s in steps]))
-    unchanged = [_segment_report(s.graph, s.graph, search, t) for s, t in zip(steps, seconds)]
+    return variants
+
+
+def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.ShapeDtypeStruct], signature: str,
+                    opts: _Options) -> _Entry:
+    """Capture, optimize, lower, check and time one signature."""
+    from eqsat.structure import canonicalize
+
+    start = time.perf_counter()
+    try:
+        program, out_tree = capture(flat_fun, *avals)
+    except EqsatError as exc:
+        return _Outcome(signature, None, start, _lowering_mode(opts)).original(f"capture failed: {exc}")
+    outcome = _Outcome(signature, out_tree, start, _lowering_mode(opts)).with_facts(
+        opaque=tuple(s.name for s in program.opaque),
+        opaque_why=tuple(sorted({f"{s.name}: {s.why}" for s in program.opaque})))
+    if any(isinstance(v, jax.core.Tracer) for v in program.consts.values()):
+        return outcome.original("the function closes over traced values; not optimized", warn=False)
+    if program.effects:  # checks and timings would run the user's callbacks and prints many times
+        return outcome.original(f"the function has side effects ({', '.join(program.effects)}); the original runs "
+                                "(compiled, once per call), nothing is checked or timed")
+    steps = program.graphs
+    try:
+        device = "cpu" if jax.default_backend() == "cpu" else "h100"
+        search = candidates.make_search(opts.rules, opts.candidate_models or (opts.cost_model,),
+                                        [s.graph for s in steps], device, opts.extractor, opts.iterations,
+                                        opts.max_enodes)
+    except Exception as exc:  # noqa: BLE001 - no rules or no cost model: nothing to optimize with
+        return outcome.original(f"setting up failed: {type(exc).__name__}: {exc}")
+    distinct = len({canonicalize(s.graph).graph for s in steps})
+    per_graph = opts.time_limit / max(distinct, 1)  # identical graphs reuse the first one's regions
+    seconds = [candidates.collect_candidates(s.graph, per_graph, search) for s in steps]
+    outcome = outcome.with_facts(distinct_regions=len(search.candidates) + len(search.failed),
+                                 reused_regions=search.reused)
+    variants = _variants(steps, search, outcome.mode)
+    unchanged = [candidates.segment_report(s.graph, s.graph, search, t) for s, t in zip(steps, seconds)]
     if not variants:
-        return _fallback(signature, out_tree, unchanged, opaque, start, mode, "no rewrite changed the program",
-                         warn=False, **extra)
+        return outcome.original("no rewrite changed the program", unchanged, warn=False)
     original_flat = jax.jit(flat_fun)
-    built: list[tuple[str, Callable[..., Any], list[SegmentReport], float]] = []
-    problems: list[str] = []
     try:
         args = _random_args(avals, seed=0)
-        ref = original_flat(*args)
-        for label, graphs in variants:
-            try:
-                optimized, consts = _fold_program(program.with_graphs(graphs))
-                runner, kernels = _graph_runner([s.graph for s in optimized.graphs], mode, consts)
-                fn = jax.jit(functools.partial(_run_program, optimized, runner))
-                ok, err = _compare(ref, fn(*args), opts.rtol, opts.atol)
-            except Exception as exc:  # noqa: BLE001 - this candidate is dropped
-                problems.append(f"{label}: lowering failed: {type(exc).__name__}: {exc}")
-                continue
-            if not ok:
-                problems.append(f"{label}: outputs differ from the original (max rel. error {err:.3g})")
-                continue
-            segs = [SegmentReport(**{**_segment_report(s.graph, g, search, t, label).__dict__, "kernels": k,
-                                     "cost_model": label})
-                    for s, g, t, k in zip(steps, graphs, seconds, kernels)]
-            built.append((label, fn, segs, err))
+        built, problems = _build_candidates(program, variants, original_flat(*args), args, opts, outcome.mode,
+                                            search, seconds)
         if not built:
-            return _fallback(signature, out_tree, unchanged, opaque, start, mode, "; ".join(problems), False,
-                             **extra)
+            return outcome.original("; ".join(problems), unchanged, numerics_ok=False)
         if not opts.check_speed:
             label, fn, segs, err = built[0]
-            report = SignatureReport(signature, "optimized", f"candidate '{label}' checked equal (speed not checked)",
-                                     tuple(segs), opaque, True, err, None, None, time.perf_counter() - start, mode,
-                                     **extra)
-            return _Entry(fn, out_tree, report)
-        best, timing = _select_fastest(original_flat, built, args, opts)
-        label, fn, segs, err = best
-        ci = timing.speedup_ci
-        tried = ", ".join(b[0] for b in built)
-        if not timing.faster_with_confidence:
-            return _fallback(signature, out_tree, segs, opaque, start, mode,
-                             f"no candidate ({tried}) faster with {timing.confidence:.0%} confidence; best "
-                             f"'{label}': speedup {timing.speedup:.3f}, interval [{ci[0]:.3f}, {ci[1]:.3f}]",
-                             True, err, timing.base_s, timing.other_s, warn=False, speedup_ci=ci, **extra)
+            return outcome.optimized(fn, f"candidate '{label}' checked equal (speed not checked)", segs,
+                                     numerics_ok=True, max_rel_err=err)
+        (label, fn, segs, err), timing = _select_fastest(original_flat, built, args, opts)
     except Exception as exc:  # noqa: BLE001 - any failure means: run the original
-        return _fallback(signature, out_tree, unchanged, opaque, start, mode,
-                         f"checking the optimized version failed: {type(exc).__name__}: {exc}", **extra)
-    report = SignatureReport(signature, "optimized", f"candidate '{label}' (of {tried}) checked equal and faster "
-                             "with confidence", tuple(segs), opaque, True, err, timing.base_s, timing.other_s,
-                             time.perf_counter() - start, mode, speedup_ci=ci, **extra)
-    return _Entry(fn, out_tree, report)
+        return outcome.original(f"checking the optimized version failed: {type(exc).__name__}: {exc}", unchanged)
+    ci = timing.speedup_ci
+    tried = ", ".join(b[0] for b in built)
+    measured = {"numerics_ok": True, "max_rel_err": err, "time_original_s": timing.base_s,
+                "time_optimized_s": timing.other_s, "speedup_ci": ci}
+    if not timing.faster_with_confidence:
+        return outcome.original(f"no candidate ({tried}) faster with {timing.confidence:.0%} confidence; best "
+                                f"'{label}': speedup {timing.speedup:.3f}, interval [{ci[0]:.3f}, {ci[1]:.3f}]",
+                                segs, warn=False, **measured)
+    return outcome.optimized(fn, f"candidate '{label}' (of {tried}) checked equal and faster with confidence", segs,
+                             **measured)
+
+
+def _build_candidates(program: Program, variants: Sequence[tuple[str, list[Graph]]], ref: Sequence[Any],
+                      args: Sequence[Any], opts: _Options, mode: str, search: Any, seconds: Sequence[float],
+                      ) -> tuple[list[tuple[str, Callable[..., Any], list[SegmentReport], float]], list[str]]:
+    """Each variant folded, lowered, compiled and compared with the original's outputs `ref` on
+    `args`; returns the ones that agree (label, function, segment reports, error) and why the
+    others were dropped."""
+    built: list[tuple[str, Callable[..., Any], list[SegmentReport], float]] = []
+    problems: list[str] = []
+    for label, graphs in variants:
+        try:
+            optimized, consts = _fold_program(program.with_graphs(graphs))
+            runner, kernels = _graph_runner([s.graph for s in optimized.graphs], mode, consts)
+            fn = jax.jit(functools.partial(_run_program, optimized, runner))
+            ok, err = _compare(ref, fn(*args), opts.rtol, opts.atol)
+        except Exception as exc:  # noqa: BLE001 - this candidate is dropped
+            problems.append(f"{label}: lowering failed: {type(exc).__name__}: {exc}")
+            continue
+        if not ok:
+            problems.append(f"{label}: outputs differ from the original (max rel. error {err:.3g})")
+            continue
+        segs = [dataclasses.replace(candidates.segment_report(s.graph, g, search, t, label), kernels=k,
+                                    cost_model=label)
+                for s, g, t, k in zip(program.graphs, graphs, seconds, kernels)]
+        built.append((label, fn, segs, err))
+    return built, problems
 
 
 def _outside_traces(fn: Callable[..., _T], *args: Any) -> _T:
@@ -526,76 +356,215 @@ def _run_program(program: Program, runner: Callable[..., Any], *flat: Any) -> li
     return replay(program, runner, flat)
 
 
-def _fallback(signature: str, out_tree: Any, segments: Sequence[SegmentReport], opaque: tuple[str, ...], start: float,
-              mode: str, reason: str, numerics_ok: bool | None = None, err: float | None = None,
-              t_orig: float | None = None, t_opt: float | None = None, warn: bool = True, **extra: Any) -> _Entry:
-    report = SignatureReport(signature, "original", reason, tuple(segments), opaque, numerics_ok, err, t_orig, t_opt,
-                             time.perf_counter() - start, mode, **extra)
-    return _Entry(None, out_tree, report, f"eqsat.optimize: running the original function: {reason}" if warn else "")
-
-
 # --- the wrapper ---------------------------------------------------------------------------------------
 
+class _Unfreezable(Exception):
+    """A static value with no content-based key (an unhashable object of a user class)."""
+
+
+def _frozen(value: Any) -> Hashable:
+    """A hashable key equal for equal static values: hashable values as they are (with their type,
+    so 1 and 1.0 differ as they would in a trace), lists / tuples / dicts / sets by content, numpy
+    arrays by shape, dtype and bytes."""
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.shape, str(value.dtype), value.tobytes())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_frozen(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted(((repr(k), _frozen(v)) for k, v in value.items()), key=lambda kv: kv[0])))
+    if isinstance(value, (set, frozenset)):
+        return ("set", tuple(sorted(repr(_frozen(v)) for v in value)))
+    try:
+        hash(value)
+    except TypeError as exc:
+        raise _Unfreezable(type(value).__name__) from exc
+    return (type(value), value)
+
+
+_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, int, float, complex)
+
+
+def _is_array_leaf(x: Any) -> bool:
+    """Leaves `jax.jit` traces (arrays, numpy and Python numbers); any other leaf (a string, a
+    callable, an enum) is a static value of the call."""
+    return isinstance(x, _ARRAY_TYPES) or hasattr(x, "__jax_array__")
+
+
+@dataclass(frozen=True)
+class _Split:
+    """One call taken apart: the traced leaves, and everything static (the declared static
+    arguments, the non-array leaves, the tree) with a key that is equal exactly for equal statics
+    (None when a static value has no such key)."""
+
+    leaves: tuple[Any, ...]
+    tree: Any
+    static_positions: tuple[int, ...]  # leaf positions holding static values
+    static_leaves: tuple[Any, ...]
+    declared: tuple[tuple[int | str, Any], ...]  # static_argnums / static_argnames values
+    key: Hashable | None
+
+    def rebuild(self, dynamic: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
+        """The call's (args, kwargs) with `dynamic` in place of the traced leaves."""
+        it = iter(dynamic)
+        statics = dict(zip(self.static_positions, self.static_leaves))
+        n = len(self.leaves) + len(self.static_positions)
+        leaves = [statics[i] if i in statics else next(it) for i in range(n)]
+        dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(self.tree, leaves)
+        declared = dict(self.declared)
+        args = [declared.get(i, a) for i, a in enumerate(dyn_args)]
+        kwargs = {**dyn_kwargs, **{k: v for k, v in self.declared if isinstance(k, str)}}
+        return args, kwargs
+
+
+@dataclass(frozen=True, eq=False)
+class _SplitCall:
+    """The static part of a call that `jax.jit` cannot take as it is (non-array leaves, unhashable
+    static arguments), passed to the inner jit as one static argument compared by `_Split.key`."""
+
+    split: _Split
+    key_hash: int = 0
+
+    @staticmethod
+    def of(split: _Split) -> _SplitCall:
+        return _SplitCall(split, hash(split.key))
+
+    def __hash__(self) -> int:
+        return self.key_hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, _SplitCall) and self.key_hash == other.key_hash
+                                 and self.split.key == other.split.key)
+
+
 class OptimizedFunction:
-    """A function that runs the eqsat-optimized version of `fun` when it is safe to."""
+    """A function that runs the eqsat-optimized version of `fun` when it is safe to.
+
+    Every call goes through `jax.jit`: the traced body looks up (or builds) the optimized version
+    for the signature and traces either it or the original `fun`, so every path runs compiled and
+    a steady-state call costs what a `jax.jit` call costs (its C++ cache hit)."""
 
     def __init__(self, fun: Callable[..., Any], opts: _Options) -> None:
         self.fun = fun
         self.options = opts
         self._cache: dict[Hashable, _Entry] = {}
+        self._traces = 0  # bodies entered: tells an argument error of jax.jit from the function's own
+        self._split_calls = False  # set once jax.jit refuses this function's arguments as they are
+        self._warned: set[str] = set()
         functools.update_wrapper(self, fun)
 
-    def _split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any, tuple[Any, ...]]:
-        static = tuple((i, args[i]) for i in self.options.static_argnums if i < len(args))
-        static += tuple((k, kwargs[k]) for k in self.options.static_argnames if k in kwargs)
-        dyn_args = tuple(None if i in self.options.static_argnums else a for i, a in enumerate(args))
-        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.options.static_argnames}
-        leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
-        return leaves, tree, static
+        def direct(*args: Any, **kwargs: Any) -> Any:
+            self._traces += 1
+            return self._traced(list(args), kwargs)
 
-    def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Entry, list[Any]]:
-        leaves, tree, static = self._split(args, kwargs)
-        leaves = [x if hasattr(x, "shape") and hasattr(x, "dtype") else jnp.asarray(x) for x in leaves]
-        avals = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in leaves]
+        def split(call: _SplitCall, *dynamic: Any) -> Any:
+            self._traces += 1
+            args, kwargs = call.split.rebuild(dynamic)
+            return self._traced(args, kwargs)
+
+        # `direct` carries fun's signature, so static_argnames/argnums map to each other as for jax.jit(fun)
+        self._jit_direct = jax.jit(functools.wraps(fun)(direct), static_argnums=opts.static_argnums,
+                                   static_argnames=opts.static_argnames)
+        self._jit_split = jax.jit(split, static_argnums=0)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._split_calls:
+            return self._call_split(args, kwargs)
+        traces = self._traces
         try:
-            key: Hashable = (tree, tuple((a.shape, str(a.dtype)) for a in avals), static)
-            hash(key)
-        except TypeError:
+            return self._jit_direct(*args, **kwargs)
+        except (TypeError, ValueError):
+            if self._traces != traces:  # raised while tracing: the function's own error
+                raise
+        self._split_calls = True  # jax.jit refused the arguments themselves (its error is slow to build)
+        return self._call_split(args, kwargs)
+
+    def _call_split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Non-array leaves become static values; unhashable static arguments are keyed by content."""
+        split = self._split(list(args), kwargs, with_avals=False)
+        if split.key is None:
+            self._warn_once("unhashable", "eqsat.optimize: a static argument has no content-based key; the "
+                            "original function runs compiled for each call (not optimized)")
+            return jax.jit(lambda *dynamic: self.fun(*split.rebuild(dynamic)[0], **split.rebuild(dynamic)[1]))(
+                *split.leaves)
+        return self._jit_split(_SplitCall.of(split), *split.leaves)
+
+    def _warn_once(self, tag: str, message: str) -> None:
+        if tag not in self._warned:
+            self._warned.add(tag)
+            warnings.warn(message, EqsatFallbackWarning, stacklevel=4)
+
+    def _traced(self, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Inside the jit trace: the optimized version for this signature, else the original."""
+        entry, split = self._entry(args, kwargs)
+        if entry.fn is not None:
+            try:
+                return jax.tree_util.tree_unflatten(entry.out_tree, entry.fn(*split.leaves))
+            except Exception as exc:  # noqa: BLE001 - the original is always a valid answer
+                entry.fn = None
+                entry.report = dataclasses.replace(entry.report, used="original",
+                                                   reason=f"tracing the optimized version failed: "
+                                                          f"{type(exc).__name__}: {exc}")
+                warnings.warn(f"eqsat.optimize: running the original function: {entry.report.reason}",
+                              EqsatFallbackWarning, stacklevel=2)
+        return self.fun(*args, **kwargs)
+
+    def _split(self, args: list[Any], kwargs: dict[str, Any], with_avals: bool = True) -> _Split:
+        """`with_avals`: the key also holds the traced leaves' shapes and dtypes (the signature)."""
+        nums, names = self.options.static_argnums, self.options.static_argnames
+        declared: tuple[tuple[int | str, Any], ...] = ()
+        dyn_args: tuple[Any, ...] = tuple(args)
+        dyn_kwargs = kwargs
+        if nums or names:
+            declared = tuple((i, args[i]) for i in nums if i < len(args))
+            declared += tuple((k, kwargs[k]) for k in names if k in kwargs)
+            dyn_args = tuple(None if i in nums else a for i, a in enumerate(args))
+            dyn_kwargs = {k: v for k, v in kwargs.items() if k not in names}
+        all_leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
+        positions = tuple(i for i, x in enumerate(all_leaves) if not _is_array_leaf(x))
+        static_leaves = tuple(all_leaves[i] for i in positions)
+        leaves = tuple(x for i, x in enumerate(all_leaves) if i not in positions) if positions else tuple(all_leaves)
+        avals = tuple((a.shape, str(a.dtype), a.weak_type) for a in map(jax.typeof, leaves)) if with_avals else ()
+        try:
+            key: Hashable | None = (tree, avals, positions, _frozen(static_leaves) if static_leaves else (),
+                                    tuple((k, _frozen(v)) for k, v in declared) if declared else ())
+        except _Unfreezable:
             key = None
-        entry = self._cache.get(key) if key is not None else None
+        return _Split(leaves, tree, positions, static_leaves, declared, key)
+
+    def _entry(self, args: list[Any], kwargs: dict[str, Any]) -> tuple[_Entry, _Split]:
+        split = self._split(args, kwargs)
+        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
+                 for a in (jax.typeof(x) for x in split.leaves)]
+        signature = ", ".join(f"{a.dtype}{list(a.shape)}" for a in avals)
+        statics = [*(f"{k}={v!r}" for k, v in split.declared), *(repr(v) for v in split.static_leaves)]
+        signature += f"; static {', '.join(statics)}" if statics else ""
+        if split.key is None:
+            return _Entry(None, None, SignatureReport(signature, "original", "unhashable static arguments")), split
+        entry = self._cache.get(split.key)
         if entry is None:
-            statics = dict(static)
             out_trees: list[Any] = []
 
             def flat_fun(*flat: Any) -> list[Any]:
-                dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(tree, flat)
-                full = [statics.get(i, a) for i, a in enumerate(dyn_args)]
-                out = self.fun(*full, **dyn_kwargs, **{k: statics[k] for k in self.options.static_argnames
-                                                      if k in statics})
-                leaves_out, out_tree = jax.tree_util.tree_flatten(out)
+                full_args, full_kwargs = split.rebuild(flat)
+                leaves_out, out_tree = jax.tree_util.tree_flatten(self.fun(*full_args, **full_kwargs))
                 out_trees.append(out_tree)
                 return leaves_out
 
-            signature = ", ".join(f"{a.dtype}{list(a.shape)}" for a in avals) + (f"; static {static}" if static else "")
-            if key is None:
-                entry = _Entry(None, None, SignatureReport(signature, "original", "unhashable static arguments"))
-            else:
+            try:
                 entry = _outside_traces(build_signature, flat_fun, avals, signature, self.options)
-                entry.out_tree = out_trees[0] if out_trees else None
-                self._cache[key] = entry
-                if entry.warning:
-                    warnings.warn(entry.warning, EqsatFallbackWarning, stacklevel=3)
-        return entry, leaves
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        entry, leaves = self._entry(args, kwargs)
-        if entry.fn is None:
-            return self.fun(*args, **kwargs)
-        return jax.tree_util.tree_unflatten(entry.out_tree, entry.fn(*leaves))
+            except Exception as exc:  # noqa: BLE001 - the optimizer's own failure: run the original
+                reason = f"optimizing failed: {type(exc).__name__}: {exc}"
+                entry = _Entry(None, None, SignatureReport(signature, "original", reason),
+                               f"eqsat.optimize: running the original function: {reason}")
+            entry.out_tree = out_trees[0] if out_trees else None
+            self._cache[split.key] = entry
+            if entry.warning:
+                warnings.warn(entry.warning, EqsatFallbackWarning, stacklevel=4)
+        return entry, split
 
     def report(self, *args: Any, **kwargs: Any) -> SignatureReport:
         """What was done for the signature of these arguments (optimizing now if it was not yet)."""
-        return self._entry(args, kwargs)[0].report
+        return self._entry(list(args), kwargs)[0].report
 
     @property
     def reports(self) -> list[SignatureReport]:
@@ -621,8 +590,8 @@ def optimize(fun: Callable[..., Any] | None = None, *, rules: Any = None, extrac
         ((cost_model,) if isinstance(cost_model, str) else tuple(cost_model))
     if not models:
         raise EqsatError("optimize: cost_model must name at least one cost model")
-    _check_names(extractor, models)
-    opts = _Options(_rule_source(rules), extractor, models[0], float(time_limit), nums, names, rtol,
+    candidates.check_names(extractor, models)
+    opts = _Options(candidates.rule_source(rules), extractor, models[0], float(time_limit), nums, names, rtol,
                     check_speed=check_speed, lowering=lowering, candidate_models=models)
     if fun is None:
         return lambda f: OptimizedFunction(f, opts)

@@ -35,6 +35,7 @@ class Explanation:
             lines.append(f"measured: original {r.time_original_s * 1e3:.3f} ms, optimized {r.time_optimized_s * 1e3:.3f} ms")
         if r.opaque:
             lines.append(f"replayed verbatim: {', '.join(r.opaque)}")
+            lines += [f"  {why}" for why in r.opaque_why]
         for k, s in enumerate(r.segments):
             model = f" ({s.cost_model} model)" if s.cost_model else ""
             lines.append(f"graph {k}: {_size(s.before)} → {_size(s.after)} ops; predicted {_us(s.cost_before)} → "

@@ -27,12 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from eqsat import ops
+from eqsat.cost import register_cost_model
 from eqsat.paths import cache_dir
 from eqsat.timer import sample_seconds
 
 Shape = tuple[int, ...]
 
-__all__ = ["MeasuredModel", "FUSIBLE_OPS", "device_key", "time_callable", "measured_model"]
+__all__ = ["FUSIBLE_OPS", "MeasuredModel", "PerCallModel", "device_key", "measured_model", "merge_model", "time_callable"]
 
 FUSIBLE_OPS: frozenset[str] = frozenset(op for op, spec in ops.OPS.items() if spec.fusible)
 """Ops XLA fuses into their producer's loop (`OpSpec.fusible`): charged their marginal cost inside a
@@ -210,3 +211,40 @@ class MeasuredModel:
 def measured_model(device: str = "current", **options: Any) -> MeasuredModel:
     """Factory for eqsat.cost's registry: `cost_model("measured")`."""
     return MeasuredModel(device=device, **options)
+
+
+
+
+@dataclass(frozen=True)
+class PerCallModel:
+    """The "merge" model: `base` plus `per_call_s` for every op that XLA cannot fuse into its
+    neighbours. On CPU each such call (a matmul, a conv) is its own loop nest, thread-pool dispatch
+    and pass over its input, so fewer, larger calls win even where the roofline sees equal work.
+
+    `base` plus `per_call_s` for every op that XLA cannot fuse into its neighbours."""
+
+    base: Any
+    per_call_s: float
+    name: str = "merge"
+
+    @property
+    def device(self) -> str:
+        return getattr(self.base, "device", "cpu")
+
+    def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]) -> float:
+        cost = self.base.op_cost(op, attrs, input_shapes)
+        spec = ops.op_spec(op)
+        if spec.is_leaf or spec.is_view or op in FUSIBLE_OPS or op in ("concat", "split"):
+            return cost
+        return cost + self.per_call_s
+
+
+def merge_model(device: str = "cpu", per_call_s: float = 1e-3, **options: Any) -> PerCallModel:
+    """The "merge" cost model: the roofline plus `per_call_s` per matmul / conv call."""
+    from eqsat.cost import cost_model
+
+    return PerCallModel(cost_model("roofline", device, **options), per_call_s=per_call_s)
+
+
+register_cost_model("measured", measured_model)
+register_cost_model("merge", merge_model)

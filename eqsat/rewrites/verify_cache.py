@@ -7,6 +7,13 @@ answer depends on (the rewrites package's verifier modules, the axiom file, the 
 edited verifier, axiom or op never serves a stale answer. The rule's name and source are not in the
 key: they are restored from the rule asked about. An unreadable or unwritable cache only costs
 verifying again.
+
+A cached verdict is never trusted blindly (a cache may be stale, shared or damaged): entries are
+written atomically (a unique temporary file, then a rename), carry their key and a checksum of key
+and result (a damaged, truncated or moved file reads as a miss), and a cached "proved" is re-checked
+by the cheap randomized test (the prime-field test with fresh random values, a seed the verifier
+did not use, on the shapes the proof names or on freshly sampled ones) before it is used: a
+"proved" that test refutes reads as a miss, so the rule is verified again.
 """
 
 from __future__ import annotations
@@ -15,13 +22,15 @@ import dataclasses
 import hashlib
 import json
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from eqsat.paths import cache_dir
-from eqsat.rewrites.concrete import VERIFIER_VERSION, VerificationResult
+from eqsat.rewrites.concrete import PROVED, VERIFIER_VERSION, VerificationResult, field_differs
 from eqsat.rewrites.printer import rule_text
 from eqsat.rewrites.rule import Rule
+from eqsat.rewrites.shapes import sample_assignments
 
 _DEPENDENCIES = ("semantics.py", "shapes.py", "concrete.py", "verify.py", "derive.py", "rule.py", "parser.py",
                  "library/axioms.rules", "../ops.py")
@@ -52,28 +61,74 @@ class VerificationCache:
     def default() -> VerificationCache:
         return VerificationCache(cache_dir("verify"), _code_digest())
 
-    def path(self, rule: Rule, options: object, all_shapes: bool) -> Path:
+    def _key(self, rule: Rule, options: object, all_shapes: bool) -> str:
         key = f"{self.code}\n{options!r}\nall_shapes={all_shapes}\n{canonical_text(rule)}"
-        digest = hashlib.sha256(key.encode()).hexdigest()
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    def path(self, rule: Rule, options: object, all_shapes: bool) -> Path:
+        digest = self._key(rule, options, all_shapes)
         return self.root / digest[:2] / f"{digest[2:32]}.json"
 
     def get(self, rule: Rule, options: object, all_shapes: bool) -> VerificationResult | None:
+        """The cached result, or None when there is none, it is damaged, or its "proved" does not
+        survive the randomized re-check."""
+        key = self._key(rule, options, all_shapes)
         try:
-            data = json.loads(self.path(rule, options, all_shapes).read_text())
-            result = VerificationResult.from_json(data)
+            entry = json.loads(self.path(rule, options, all_shapes).read_text())
+            if entry.get("key") != key or entry.get("checksum") != _checksum(key, entry["result"]):
+                return None
+            result = VerificationResult.from_json(entry["result"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        if not _survives_recheck(rule, result, options):
             return None
         return dataclasses.replace(result, name=rule.name, source=rule.source)
 
     def put(self, rule: Rule, options: object, all_shapes: bool, result: VerificationResult) -> None:
         path = self.path(rule, options, all_shapes)
+        key = self._key(rule, options, all_shapes)
+        data = result.to_json()
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(result.to_json()))
-            tmp.replace(path)
+            with open(tmp, "w", encoding="utf-8") as handle:
+                json.dump({"key": key, "checksum": _checksum(key, data), "result": data}, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
         except OSError:
-            pass
+            tmp.unlink(missing_ok=True)
+
+
+def _checksum(key: str, result: object) -> str:
+    """Digest of an entry's key and result (canonical JSON): a changed verdict no longer matches."""
+    text = json.dumps(result, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"{key}\n{text}".encode()).hexdigest()
+
+
+_RECHECK_SAMPLES = 1  # shape assignments the re-check of a cached "proved" tests (one exact random test
+# modulo a prime already tells the sides of a wrong rule apart with high probability)
+_RECHECK_SEED = 7_777  # a seed the verifier's own sampling does not use
+
+
+def _survives_recheck(rule: Rule, result: VerificationResult, options: object) -> bool:
+    """False when the cheap randomized test tells the sides of a cached "proved" rule apart (strictly,
+    or under the applier's guard for a guarded "proved"); other verdicts need no re-check: a wrong
+    "refuted" or "unknown" only keeps a rule out."""
+    checks = [guarded for guarded, status in ((False, getattr(result, "status", "")),
+                                              (True, getattr(result, "guarded_status", ""))) if status == PROVED]
+    seed = getattr(options, "seed", 0) + _RECHECK_SEED
+    proved_on = [dict(env) for env in getattr(result, "shapes", ())][:_RECHECK_SAMPLES]
+    try:
+        for guarded in checks[:1]:  # a strict "proved" implies the guarded one
+            # the shapes the proof names (sampling anew costs ~10 ms a rule), else sampled ones
+            envs = proved_on if proved_on and not guarded else \
+                sample_assignments(rule, _RECHECK_SAMPLES, seed=seed, guarded=guarded)
+            if not envs or any(field_differs(rule, env, seed, trials=1) for env in envs):
+                return False
+    except Exception:  # noqa: BLE001 - a rule the re-check cannot evaluate is verified again
+        return False
+    return True
 
 
 __all__ = ["VerificationCache", "canonical_text"]

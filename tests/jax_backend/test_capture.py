@@ -72,8 +72,8 @@ def test_max_pooling_becomes_poolmax_and_other_windows_stay_opaque() -> None:
         uneven = lax.reduce_window(x, -jnp.inf, lax.max, (1, 1, 2, 3), (1, 1, 2, 1), "SAME")
         return same, strided, uneven
 
-    def over_channels(x):  # a window across channels is no 2-D pool: replayed as it is
-        return lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 1, 1), (1, 1, 1, 1), "VALID")
+    def over_channels(x):  # a window across batch and channels is no 2-D pool in NCHW or NHWC: replayed as it is
+        return lax.reduce_window(x, -jnp.inf, lax.max, (2, 2, 1, 1), (1, 1, 1, 1), "VALID")
 
     args = _args((2, 3, 9, 8))
     program, _ = capture(pools, *args)
@@ -94,3 +94,31 @@ def test_sum_pooling_becomes_an_average_pool_times_its_window() -> None:
     assert not program.opaque
     assert [n.op for n in program.graphs[0].graph.nodes if n.op.startswith("pool")] == ["poolavg"]
     _check(average, args)
+
+
+def test_flax_layouts_groups_pooling_and_gelu_are_captured() -> None:
+    """NHWC / HWIO convolutions (grouped and depthwise too), NHWC average and max pooling and
+    GELU's x**3 become IR (between transposes) and replay equal."""
+    def f(x, w, dw):
+        dn = ("NHWC", "HWIO", "NHWC")
+        y = lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn)
+        y = lax.conv_general_dilated(y, dw, (1, 1), "SAME", dimension_numbers=dn, feature_group_count=8)
+        y = lax.reduce_window(y, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") / 4.0
+        y = lax.reduce_window(y, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 1, 1, 1), "SAME")
+        return jax.nn.gelu(y, approximate=True)
+
+    args = _args((2, 8, 8, 4), (3, 3, 4, 8), (3, 3, 1, 8))
+    program, _ = capture(f, *args)
+    assert not program.opaque
+    ops = {n.op for g in program.graphs for n in g.graph.nodes}
+    assert {"conv2d", "poolavg", "poolmax", "transpose"} <= ops
+    _check(f, args)
+
+
+def test_opaque_equations_say_why() -> None:
+    def f(x):
+        return lax.stop_gradient(jnp.cumsum(x, axis=0)) + x.astype(jnp.int32).astype(jnp.float32)
+
+    program, _ = capture(f, *_args((4, 4)))
+    why = {s.name: s.why for s in program.opaque}
+    assert "gradients" in why["stop_gradient"] and "scan" in why["cumsum"] and "float32" in why["convert_element_type"]

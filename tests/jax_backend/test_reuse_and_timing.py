@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from eqsat.ir import GraphBuilder
+from eqsat.structure import canonicalize
 from jax_backend.decorator import EqsatFallbackWarning, optimize
-from jax_backend.structure import canonicalize
 from jax_backend.timing import bootstrap_median_ci, paired_timing, screen_timings
 
 

@@ -17,7 +17,7 @@ from eqsat import ops
 from eqsat.cost import weight_only_nodes
 from eqsat.ir import Graph, GraphBuilder, Tensor, Value
 
-__all__ = ["optimize_regions", "egraph_ops"]
+__all__ = ["egraph_ops", "optimize_regions"]
 
 
 def egraph_ops() -> frozenset[str]:
