@@ -23,6 +23,11 @@ class Extractor:
     name: str
     run: Callable[[EGraphData, float], Selection]
     why: str
+    # Measured peak bytes per e-node + child edge (`eqsat bench scaling`), for the memory check.
+    bytes_per_item: float = 2_000.0
+
+    def estimated_bytes(self, egraph: EGraphData) -> float:
+        return self.bytes_per_item * (egraph.n_nodes + len(egraph.child_class))
 
     def __call__(self, egraph: EGraphData, time_limit: float = 60.0) -> Selection:
         return self.run(egraph, time_limit)
@@ -30,14 +35,15 @@ class Extractor:
 
 def _registry() -> Mapping[str, Extractor]:
     entries = [
-        Extractor("bottom-up", bottom_up, "optimal for tree cost; the classic egg extractor"),
-        Extractor("greedy-dag", greedy_dag, "counts shared sub-graphs once; fast baseline and ILP start"),
-        Extractor("ilp", ilp, "exact DAG cost with HiGHS, pruning and lazy cycle cuts; neighbourhood search first on big cyclic regions (default)"),
-        Extractor("tensat-ilp", tensat_ilp, "Tensat's topological-order formulation, to compare encodings"),
+        Extractor("bottom-up", bottom_up, "optimal for tree cost; the classic egg extractor", 700.0),
+        Extractor("greedy-dag", greedy_dag, "counts shared sub-graphs once; fast baseline and ILP start", 700.0),
+        Extractor("ilp", ilp, "exact DAG cost with HiGHS, pruning and lazy cycle cuts; neighbourhood search first on big cyclic regions (default)", 1_500.0),
+        Extractor("tensat-ilp", tensat_ilp, "Tensat's topological-order formulation, to compare encodings", 2_000.0),
         Extractor(
             "ilp-reduced",
             reduced_ilp,
             "e-boost-style MIP over the LP support + greedy: fast good answers on hard files, no proof",
+            2_000.0,
         ),
     ]
     return MappingProxyType({e.name: e for e in entries})
@@ -46,10 +52,31 @@ def _registry() -> Mapping[str, Extractor]:
 EXTRACTORS: Mapping[str, Extractor] = _registry()
 
 
-def extract(egraph: EGraphData, extractor: str = "ilp", time_limit: float = 60.0) -> Selection:
-    """Run one named strategy; every result has been validated and its costs recomputed."""
+def extract(
+    egraph: EGraphData, extractor: str = "ilp", time_limit: float = 60.0, memory_limit: int | None = None
+) -> Selection:
+    """Run one named strategy; every result has been validated and its costs recomputed.
+
+    With `memory_limit` (bytes), a strategy whose estimated peak (`Extractor.bytes_per_item`)
+    exceeds it is refused up front, and running out of memory anyway (the CLI also caps the
+    address space) is one ExtractionError, not a crash."""
     try:
         strategy = EXTRACTORS[extractor]
     except KeyError:
         raise ExtractionError(f"unknown extractor {extractor!r}; choose from {', '.join(EXTRACTORS)}") from None
-    return strategy(egraph, time_limit)
+    if not time_limit >= 0:  # also NaN
+        raise ExtractionError(f"time limit must be a non-negative number of seconds, not {time_limit!r}")
+    if memory_limit is not None:
+        need = strategy.estimated_bytes(egraph)
+        if need > memory_limit:
+            raise ExtractionError(
+                f"{egraph.name}: {extractor} would need about {need / 2**30:.1f} GiB for {egraph.n_nodes} nodes, "
+                f"over the memory limit of {memory_limit / 2**30:.1f} GiB; try bottom-up or greedy-dag"
+            )
+    try:
+        return strategy(egraph, time_limit)
+    except MemoryError:
+        raise ExtractionError(
+            f"{egraph.name}: {extractor} ran out of memory"
+            + (f" (limit {memory_limit / 2**30:.1f} GiB)" if memory_limit is not None else "")
+        ) from None
