@@ -89,8 +89,8 @@ def greedy_dag_choice(
     max_walk: int = 200_000,
 ) -> np.ndarray:
     """The greedy choice per class (-1 where none), made acyclic; `cost` overrides node costs.
-    Past `deadline` (a `time.perf_counter()` value) shared classes are no longer deduplicated,
-    so the pass finishes in O(N log N) more."""
+    Past `deadline` (a `time.perf_counter()` value) shared classes are no longer deduplicated
+    nor cycles looked for (the final repair removes them), so the pass finishes in O(N log N)."""
     uc = egraph.unique_children
     node_cost = (egraph.cost if cost is None else cost).tolist()
     node_class = egraph.node_class.tolist()
@@ -112,7 +112,7 @@ def greedy_dag_choice(
         _, n = heapq.heappop(queue)
         queued[n] = False
         pops += 1
-        if deadline is not None and not hurry and pops % 1024 == 0 and time.perf_counter() > deadline:
+        if deadline is not None and not hurry and pops % 64 == 0 and time.perf_counter() > deadline:
             hurry = True
         c = node_class[n]
         kids = uc[n]
@@ -130,7 +130,9 @@ def greedy_dag_choice(
             continue
         roots = tuple(kid_terms)
         cyclic_kids = tuple(t for k, t in zip(kids, roots) if comp[k] == comp[c])
-        if len(roots) <= 1 or hurry:
+        if hurry:  # no walks: a cycle this makes is repaired at the end
+            value = node_cost[n] + sum(total[k] for k in kids)
+        elif len(roots) <= 1:
             if cyclic_kids and _walk(cyclic_kids, c, max_walk, comp).contains:
                 continue
             value = node_cost[n] + sum(total[k] for k in kids)
