@@ -11,6 +11,7 @@ import argparse
 import importlib
 import json
 import math
+import os
 import sys
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
@@ -75,13 +76,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; `argv` None means a real command line, which owns the whole process (a
+    command may then cap its memory: `args.whole_process`)."""
     args = build_parser().parse_args(argv)
+    args.whole_process = argv is None
     try:
         emit(args._module.run(args), args.json)
     except EqsatError as exc:
         print(f"eqsat {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except MemoryError:
+        print(f"eqsat {args.command}: error: out of memory (see --memory-limit where the command has it)",
+              file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing left to say, and nowhere to say it.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
+        print(f"eqsat {args.command}: interrupted", file=sys.stderr)
         return 130
     return 0
 
