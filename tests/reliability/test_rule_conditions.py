@@ -19,7 +19,7 @@ from eqsat.rewrites.parser import load_rules, parse_rule_text, parse_rules
     ("(relu ?x) => ?x if (dim ?x 0)", "bad condition"),
     ("(relu ?x) => ?x if ?x", "bad condition"),
     ("(relu ?x) => ?x if (= ?x 1)", "bad condition"),
-    ("(relu ?x) => ?x if (= (dim (relu ?x) 0) 1)", "takes a ?variable"),
+    ("(relu ?x) => ?x if (= (dim (relu ?x) 0) 1)", "takes a .variable"),
     ("(relu ?x) => ?x if (= (dim ?x 0) 1) (= (rank ?x)", "cut short"),
 ])
 def test_bad_conditions_are_errors(line: str, message: str) -> None:
