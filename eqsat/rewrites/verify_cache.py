@@ -49,6 +49,32 @@ def canonical_text(rule: Rule) -> str:
     return rule_text(dataclasses.replace(rule, name="r"))
 
 
+_STATUSES = ("proved", "refuted", "unknown")
+
+
+def well_formed(data: object) -> bool:
+    """Whether a cache entry has every field a `VerificationResult` needs, of the right type and
+    range; anything else (hand-edited, truncated to `null`, another version's layout) is a miss."""
+    if not isinstance(data, dict):
+        return False
+    texts = ("name", "method", "scope", "source", "guarded_method", "guarded_scope")
+    if data.get("status") not in _STATUSES or data.get("guarded_status", "") not in ("", *_STATUSES):
+        return False
+    if not all(isinstance(data.get(k, ""), str) for k in texts) or not isinstance(data.get("name"), str):
+        return False
+    if not all(data.get(k) is None or isinstance(data.get(k), dict) for k in ("counterexample", "guarded_counterexample")):
+        return False
+    seconds = data.get("seconds", 0.0)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
+        return False
+    shapes = data.get("shapes", [])
+    return isinstance(shapes, list) and all(
+        isinstance(env, dict) and all(
+            isinstance(v, list) and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in v)
+            for v in env.values())
+        for env in shapes)
+
+
 @dataclass(frozen=True)
 class VerificationCache:
     root: Path
@@ -67,9 +93,11 @@ class VerificationCache:
         from eqsat.rewrites.verify import VerificationResult
 
         try:
-            data = json.loads(self.path(rule, options, all_shapes).read_text())
+            data = json.loads(self.path(rule, options, all_shapes).read_text(encoding="utf-8"))
+            if not well_formed(data):
+                return None  # valid JSON with wrong values (zeros, [], null): verify again
             result = VerificationResult.from_json(data)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return None
         return dataclasses.replace(result, name=rule.name, source=rule.source)
 
@@ -84,4 +112,4 @@ class VerificationCache:
             pass
 
 
-__all__ = ["VerificationCache", "cache_root", "canonical_text"]
+__all__ = ["VerificationCache", "cache_root", "canonical_text", "well_formed"]
