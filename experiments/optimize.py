@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from eqsat.cost import COST_MODEL_FACTORIES, cost_model
-from eqsat.errors import NumericsError
+from eqsat.errors import EqsatError, NumericsError
+from eqsat.output_targets import writable_dir
 from eqsat.ir import Graph
 from experiments.models import MODELS, build_model
 
@@ -43,6 +44,15 @@ class OptimizeOptions:
     save_graphs: Path | None = None
     rtol: float = 1e-4
     atol: float = 1e-5
+
+    def __post_init__(self) -> None:
+        """Reject limits no run can honour (NaN, negative, zero repeats) before any work."""
+        checks = [("--time-limit", self.time_limit, 0.0), ("--saturate-seconds", self.saturate_seconds, 0.0),
+                  ("--node-limit", self.node_limit, 1), ("--iterations", self.iterations, 0),
+                  ("--k-multi", self.k_multi, 0), ("--repeats", self.repeats, 1)]
+        for flag, value, least in checks:
+            if not value >= least:  # also NaN
+                raise EqsatError(f"{flag} must be at least {least:g}, not {value}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,6 +169,8 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
     from eqsat.saturate import Limits
 
     console = Console(stderr=True)
+    if options.save_graphs is not None:
+        writable_dir(options.save_graphs, "--save-graphs")
     graph = build_model(model)
     costs = cost_model(options.cost_model, device=options.device)
     limits = Limits(iterations=options.iterations, nodes=options.node_limit, seconds=options.saturate_seconds,
@@ -173,7 +185,6 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
                             time_limit=options.time_limit, seed=options.seed, progress=True)
     optimized = result.optimized
     if options.save_graphs is not None:
-        options.save_graphs.mkdir(parents=True, exist_ok=True)
         stem = model if model in MODELS else Path(model).stem
         graph.save(options.save_graphs / f"{stem}.before.json")
         optimized.save(options.save_graphs / f"{stem}.after.json")
