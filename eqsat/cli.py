@@ -12,12 +12,14 @@ import importlib
 import json
 import math
 import os
+import signal
 import sys
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
 from eqsat.errors import EqsatError
+from eqsat.interrupt import ending_handler
 
 COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "extract": ("eqsat.extract.command", "extract the best term from E-graph JSON files"),
@@ -80,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     command may then cap its memory: `args.whole_process`)."""
     args = build_parser().parse_args(argv)
     args.whole_process = argv is None
+    if args.whole_process:
+        signal.signal(signal.SIGINT, ending_handler(args.command))
     try:
         emit(args._module.run(args), args.json)
     except EqsatError as exc:
@@ -94,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except KeyboardInterrupt:
-        print(f"eqsat {args.command}: interrupted", file=sys.stderr)
+        if not args.whole_process:  # the handler has said it already
+            print(f"eqsat {args.command}: interrupted", file=sys.stderr)
         return 130
     return 0
 

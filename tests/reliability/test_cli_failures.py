@@ -4,8 +4,10 @@ a closed pipe, memory exhaustion and Ctrl-C end quietly."""
 from __future__ import annotations
 
 import math
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +79,29 @@ def test_memory_error_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytes
     monkeypatch.setattr(command, "load_egraph", exhausted)
     code = cli.main(["extract", str(tmp_path / "x.json")])
     _one_error_line(code, capsys.readouterr().err, "extract")
+
+
+def test_ctrl_c_during_a_native_call_ends_the_command_at_once() -> None:
+    # A long egglog call holds the interpreter: the Python handler would only run after it.
+    # Simulated by sleeping in C with SIGINT sent first; the process must die at once.
+    script = """
+import os, signal, time, sys
+from eqsat.interrupt import ending_handler, native_call_interruptible
+signal.signal(signal.SIGINT, ending_handler("optimize"))
+with native_call_interruptible():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
+sys.exit(0)
+"""
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert time.perf_counter() - start < 20
+    assert proc.returncode == -signal.SIGINT
+
+
+def test_library_callers_keep_keyboard_interrupt() -> None:
+    from eqsat.interrupt import native_call_interruptible
+
+    before = signal.getsignal(signal.SIGINT)
+    with native_call_interruptible():
+        assert signal.getsignal(signal.SIGINT) is before
