@@ -95,7 +95,7 @@ def _convert(op: str, spec: AttrSpec, value: Any) -> Any:
 def _exact_int(value: Any) -> int:
     """An integer written as one (2 or 2.0), never a bool, a fraction, a string or a NaN."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError
+        raise TypeError
     if int(value) != value:
         raise ValueError
     return int(value)

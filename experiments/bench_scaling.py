@@ -62,7 +62,7 @@ def _run_child(extractor: str, n_classes: int, time_limit: float, memory_bytes: 
     cmd = [sys.executable, "-m", "experiments.bench_scaling", extractor, str(n_classes), str(time_limit), str(memory_bytes)]
     start = time.perf_counter()
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=wall)
+        done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=wall)
     except subprocess.TimeoutExpired:
         return {"extractor": extractor, "classes": n_classes, "status": "killed-wall-clock", "seconds": wall}
     if done.returncode != 0 or not done.stdout.strip():

@@ -20,11 +20,11 @@ import numpy as np
 
 from eqsat.cost import COST_MODEL_FACTORIES, cost_model
 from eqsat.errors import EqsatError, NumericsError
-from eqsat.output_targets import writable_dir
 from eqsat.ir import Graph
+from eqsat.output_targets import writable_dir
 from experiments.models import MODELS, build_model
 
-__all__ = ["OptimizeOptions", "optimize_model", "time_interleaved", "compare_outputs", "add_arguments", "run"]
+__all__ = ["OptimizeOptions", "add_arguments", "compare_outputs", "optimize_model", "run", "time_interleaved"]
 
 
 @dataclass(frozen=True)
