@@ -65,3 +65,25 @@ def test_bad_time_limit_is_an_error(limit: float) -> None:
     eg = load_egraph(chain_egraph(10))
     with pytest.raises(ExtractionError, match="time limit"):
         extract(eg, "ilp", limit)
+
+
+def _ladder(n: int) -> dict[str, object]:
+    """Each class: f(c-1) at cost 1 or g(c-1, c-2) at cost 0.5: every g's children share all
+    classes below, the worst case for counting shared classes (quadratic work if done fully)."""
+    nodes: dict[str, object] = {"x": {"op": "x", "cost": 1, "eclass": "c0", "children": []},
+                                "y": {"op": "y", "cost": 1, "eclass": "c1", "children": ["x"]}}
+    below = ["x", "y"]
+    for i in range(2, n):
+        nodes[f"f{i}"] = {"op": "f", "cost": 1, "eclass": f"c{i}", "children": [below[-1]]}
+        nodes[f"g{i}"] = {"op": "g", "cost": 0.5, "eclass": f"c{i}", "children": [below[-1], below[-2]]}
+        below.append(f"f{i}")
+    return {"nodes": nodes, "root_eclasses": [f"c{n - 1}"]}
+
+
+def test_greedy_dag_keeps_its_time_limit_on_quadratic_work() -> None:
+    eg = load_egraph(_ladder(8_000))
+    eg.unique_children  # noqa: B018
+    start = time.perf_counter()
+    sel = extract(eg, "greedy-dag", 0.5)
+    assert time.perf_counter() - start < 3.0
+    assert not check_selection(eg, sel)
