@@ -52,7 +52,7 @@ def ilp(egraph: EGraphData, time_limit: float = 60.0, options: IlpOptions = IlpO
         phases["reduced_phase"] = {"cost": sel.dag_cost, "seconds": sel.seconds, "cycles": len(cycles), "lp_bound": lp_bound}
     region = largest_cyclic_region(full)
     if region >= options.lns_above and clock.left() > 0.2 * time_limit:
-        _, warm = start_incumbent(full, start, deadline=clock.deadline(0.4))
+        _, warm = start_incumbent(full, start, deadline=clock.deadline(0.6))
         t = clock.elapsed()
         result = improve(full, warm, Clock(options.lns_share * clock.left()), LnsOptions(seed=options.lns_seed), options)
         start = result.best

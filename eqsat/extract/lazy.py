@@ -102,7 +102,7 @@ def solve_lazy(
     bound: `lower_bound` (from elsewhere) is reported instead. Also returns the cycles cut, which
     are valid cuts for any model of the same e-graph."""
     egraph = problem.egraph
-    greedy, warm = start_incumbent(problem, start, deadline=clock.deadline(0.3))
+    greedy, warm = start_incumbent(problem, start, deadline=clock.deadline(0.6))
     best = min((greedy, warm), key=lambda i: i.cost)
     info: dict[str, Any] = {"prune": dict(problem.pruned.stats), "start_cost": greedy.cost}
     h = new_highs(clock.left(), options.threads, options.gap)
