@@ -37,6 +37,8 @@ def reduced_phase(
     h = new_highs(0.5 * clock.left(), options.threads, options.gap)
     base_model(full, h)
     h.setOptionValue("solve_relaxation", True)
+    if full.n_cols > options.lp_presolve_max_cols:
+        h.setOptionValue("presolve", "off")
     h.run()
     values = np.asarray(h.getSolution().col_value)
     lp_ok = h.getModelStatus() == highspy.HighsModelStatus.kOptimal and len(values) == full.n_cols
