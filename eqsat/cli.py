@@ -11,12 +11,15 @@ import argparse
 import importlib
 import json
 import math
+import os
+import signal
 import sys
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
 from eqsat.errors import EqsatError
+from eqsat.interrupt import ending_handler
 
 COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "extract": ("eqsat.extract.command", "extract the best term from E-graph JSON files"),
@@ -75,13 +78,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; `argv` None means a real command line, which owns the whole process (a
+    command may then cap its memory: `args.whole_process`)."""
     args = build_parser().parse_args(argv)
+    args.whole_process = argv is None
+    if args.whole_process:
+        signal.signal(signal.SIGINT, ending_handler(args.command))
     try:
         emit(args._module.run(args), args.json)
     except EqsatError as exc:
         print(f"eqsat {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except MemoryError:
+        print(f"eqsat {args.command}: error: out of memory (see --memory-limit where the command has it)",
+              file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing left to say, and nowhere to say it.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
+        if not args.whole_process:  # the handler has said it already
+            print(f"eqsat {args.command}: interrupted", file=sys.stderr)
         return 130
     return 0
 

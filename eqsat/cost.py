@@ -114,14 +114,24 @@ def _measure_cpu() -> DeviceSpec:
     )
 
 
+def _plausible(spec: DeviceSpec) -> bool:
+    """Every rate and the launch cost a finite positive number (a cache is only a file)."""
+    numbers = (spec.peak_flops_fp32, spec.peak_flops_bf16, spec.bandwidth, spec.launch_s)
+    return isinstance(spec.name, str) and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf") for x in numbers)
+
+
 def calibrate_cpu(force: bool = False) -> DeviceSpec:
     """The CPU's spec from the on-disk cache, measuring (< 2 s) and caching it if absent or `force`."""
     path = cache_dir() / f"cpu-{_machine_key()}.json"
     if not force and path.exists():
         try:
-            return DeviceSpec(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            pass  # a corrupt cache is re-measured
+            cached = DeviceSpec(**json.loads(path.read_text(encoding="utf-8")))
+            if _plausible(cached):
+                return cached
+        except (OSError, ValueError, TypeError, RecursionError):
+            pass
+        # a corrupt cache (unreadable, or valid JSON with zeros, [] or null) is re-measured
     spec = _measure_cpu()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

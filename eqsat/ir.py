@@ -167,16 +167,20 @@ class Graph:
             raise
         except ShapeError as exc:
             raise GraphFormatError(f"{source}: {exc}") from None
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise GraphFormatError(f"{source}: malformed graph JSON ({type(exc).__name__}: {exc})") from None
         return builder.build(outputs)
 
     @staticmethod
     def load(path: str | Path) -> Graph:
         try:
-            data = json.loads(Path(path).read_text())
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:
             raise GraphFormatError(f"{path}: cannot read graph JSON: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise GraphFormatError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason})") from None
+        except RecursionError:
+            raise GraphFormatError(f"{path}: JSON nested too deeply") from None
         return Graph.from_json(data, str(path))
 
 

@@ -93,16 +93,25 @@ class OpSpec:
 def _convert(op: str, spec: AttrSpec, value: Any) -> Any:
     try:
         if spec.kind == "int":
-            if isinstance(value, bool) or int(value) != value:
-                raise ValueError
-            return int(value)
+            return _exact_int(value)
         if spec.kind == "ints":
-            return tuple(int(v) for v in value)
+            if isinstance(value, (str, bytes)):
+                raise ValueError
+            return tuple(_exact_int(v) for v in value)
         if spec.kind == "float":
             return float(value)
         return str(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ShapeError(f"{op}: attribute '{spec.name}' must be {spec.kind}, got {value!r}") from None
+
+
+def _exact_int(value: Any) -> int:
+    """An integer written as one (2 or 2.0), never a bool, a fraction, a string or a NaN."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError
+    if int(value) != value:
+        raise ValueError
+    return int(value)
 
 
 # --- helpers ------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ input (e.g. a solver that timed out), the input graph is returned and `selection
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -22,7 +23,7 @@ from eqsat.rewrites.rule import Rule
 from eqsat.saturate import Limits, SaturationReport, saturate
 
 __all__ = ["OptimizationResult", "optimize_graph", "search", "SearchResult", "Extraction", "does_extra_work",
-           "numerics_match"]
+           "numerics_match", "Agreement", "outputs_agree"]
 
 
 @dataclass(frozen=True)
@@ -76,27 +77,70 @@ def checkable_inputs(graph: Graph, seed: int) -> tuple[dict[str, np.ndarray], li
     return inputs, outputs
 
 
+@dataclass(frozen=True)
+class Agreement:
+    """The verdict of `outputs_agree`, with the figures a report needs."""
+
+    ok: bool
+    max_abs_diff: float  # largest |got - reference| over all finite elements
+    max_rel_err: float  # largest |got - reference| / magnitude of that output (see outputs_agree)
+    reason: str = ""  # why not ok, in words
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def outputs_agree(reference: Sequence[np.ndarray], got: Sequence[np.ndarray], rtol: float,
+                  atol: float = 0.0, allowed_abs: Sequence[float] = ()) -> Agreement:
+    """THE output comparison: whether `got` computes `reference` (best computed in float64).
+
+    Scale-aware: the error of each output is measured against that output's magnitude (its
+    largest finite |value|), not element by element, so outputs around 200 computed in float32
+    pass, while a wrong graph (an O(1) relative change, even in one element) does not. An output
+    agrees when every finite element is within max(rtol * magnitude, atol, allowed_abs[i]) (the
+    last e.g. a few times the original's own float32 error, where it is ill-conditioned) and its
+    non-finite elements are exactly the reference's (a NaN never matches a number).
+    """
+    if len(reference) != len(got):
+        return Agreement(False, math.inf, math.inf, f"{len(got)} outputs, expected {len(reference)}")
+    worst_abs, worst_rel = 0.0, 0.0
+    for i, (r, g) in enumerate(zip(reference, got)):
+        r64, g64 = np.asarray(r, dtype=np.float64), np.asarray(g, dtype=np.float64)
+        if r64.shape != g64.shape:
+            return Agreement(False, math.inf, math.inf, f"output {i} has shape {g64.shape}, expected {r64.shape}")
+        finite = np.isfinite(r64)
+        if not np.array_equal(finite, np.isfinite(g64)) or not np.array_equal(r64[~finite], g64[~finite], equal_nan=True):
+            return Agreement(False, math.inf, math.inf, f"output {i} is not finite where the reference is (or vice versa)")
+        if not finite.any():
+            continue
+        magnitude = float(np.max(np.abs(r64[finite])))
+        diff = float(np.max(np.abs(r64[finite] - g64[finite])))
+        allowed = max(rtol * magnitude, atol, allowed_abs[i] if i < len(allowed_abs) else 0.0)
+        worst_abs = max(worst_abs, diff)
+        worst_rel = max(worst_rel, diff / magnitude if magnitude > 0 else (0.0 if diff == 0 else math.inf))
+        if not diff <= allowed:
+            return Agreement(False, worst_abs, worst_rel,
+                             f"output {i} differs by {diff:.3g} (magnitude {magnitude:.3g}; allowed {allowed:.3g})")
+    return Agreement(True, worst_abs, worst_rel)
+
+
 def numerics_match(a: Graph, b: Graph, seed: int = 0, rtol: float = 1e-7, trials: int = 2) -> tuple[bool, float]:
     """Run both graphs in float64 on the same random inputs (`trials` draws); returns (close, max
-    |difference|). Where the original is not finite even on positive inputs, `b` must be non-finite
-    at the same places."""
+    |difference|) by `outputs_agree` (error relative to each output's magnitude, at least 1).
+    Where the original is not finite even on positive inputs, `b` must be non-finite at the same
+    places."""
     if a.leaf_shapes() != b.leaf_shapes():
         return False, float("inf")
-    worst, ok = 0.0, True
+    worst = 0.0
     for trial in range(trials):
         inputs, outs_a = checkable_inputs(a, seed + trial)
         with np.errstate(all="ignore"):
             outs_b = b.evaluate(inputs)
-        if len(outs_a) != len(outs_b) or any(x.shape != y.shape for x, y in zip(outs_a, outs_b)):
-            return False, float("inf")
-        for x, y in zip(outs_a, outs_b):
-            same_domain = bool(np.array_equal(np.isfinite(x), np.isfinite(y)))
-            finite = np.isfinite(x)
-            diff = float(np.max(np.abs(x[finite] - y[finite]))) if finite.any() else 0.0
-            scale = max(1.0, float(np.max(np.abs(x[finite]))) if finite.any() else 0.0)
-            worst = max(worst, diff)
-            ok = ok and same_domain and diff <= rtol * scale
-    return ok, worst
+        verdict = outputs_agree(outs_a, outs_b, rtol, atol=rtol)
+        worst = max(worst, verdict.max_abs_diff)
+        if not verdict:
+            return False, worst
+    return True, worst
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from egglog import bindings
 from eqsat.egglog_schema import SHAPE_RULESET
 from eqsat.egraph import TensorEGraph
 from eqsat.errors import LimitError, RuleError
+from eqsat.interrupt import native_call_interruptible
 from eqsat.rewrites.rule import Rule
 from eqsat.egglog_schema import PAIR_FUNCTION, TERM_SORT
 from eqsat.rewrites.to_egglog import CANDIDATE_RULESET, EgglogRule, supported, translate_all
@@ -213,7 +214,8 @@ class _Stepper:
 
     def _run(self, text: str, group: str) -> list[Any]:
         try:
-            return self.egraph.run(text, record=True)
+            with native_call_interruptible():
+                return self.egraph.run(text, record=True)
         except bindings.EggSmolError as exc:
             raise _explain_failure(self.egraph, self.installed, group, str(exc)) from None
 

@@ -255,9 +255,11 @@ def load_taso_model(path: str | Path) -> Graph:
     """The graph of a TASO `.model` file; outputs are the ops nothing else reads, in file order."""
     source = str(path)
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise GraphFormatError(f"{source}: cannot read TASO model: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise GraphFormatError(f"{source}: not a UTF-8 text file (byte {exc.start}: {exc.reason})") from None
     blocks = parse_blocks(text, source)
     if not blocks:
         raise GraphFormatError(f"{source}: the file holds no ops")

@@ -41,6 +41,12 @@ def _jax(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     return list(module.run_bench(out_dir=args.out, time_limit=min(args.time_limit, 10.0)))
 
 
+def _scaling(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    sizes = tuple(module.SIZES if args.max_classes is None else (n for n in module.SIZES if n <= args.max_classes))
+    return module.run_bench(out_dir=args.out, time_limit=args.time_limit, extractors=args.extractors,
+                            memory_gib=args.memory_gib, sizes=sizes)
+
+
 def _ceiling(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     return list(module.run_bench(out_dir=args.out))
 
@@ -52,6 +58,8 @@ BENCHMARKS: Mapping[str, Benchmark] = MappingProxyType({
                          "hand-written rewrites of the JAX targets against jax.jit: what any rewrite could gain here"),
     "extraction": Benchmark("experiments.bench_extraction", _extraction,
                             "every extractor on the E-graph JSON benchmark set: cost, bound, seconds"),
+    "scaling": Benchmark("experiments.bench_scaling", _scaling,
+                         "every extractor on chain e-graphs of growing size: peak memory, seconds, largest handled"),
 })
 
 
@@ -61,9 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=float, default=60.0, help="time limit per solver run, seconds")
     parser.add_argument("--files", nargs="*", default=None, help="input files (default: the experiment's own set)")
     parser.add_argument("--extractors", nargs="*", default=None, help="extractors to compare (default: all)")
+    parser.add_argument("--memory-gib", type=float, default=8.0, help="memory limit per run (scaling), GiB")
+    parser.add_argument("--max-classes", type=int, default=None, help="largest chain to try (scaling)")
 
 
 def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
+    if not args.time_limit > 0 or not args.memory_gib > 0:
+        raise EqsatError("bench: --time-limit and --memory-gib must be positive numbers")
     bench = BENCHMARKS.get(args.name)
     if bench is None:
         raise UnknownBenchmarkError(f"unknown benchmark '{args.name}'; known benchmarks: {', '.join(BENCHMARKS)}")

@@ -11,7 +11,7 @@ import argparse
 import statistics
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,13 @@ import numpy as np
 
 import jax_backend  # noqa: F401 - registers the "measured" cost model for --cost-model
 from eqsat.cost import COST_MODEL_FACTORIES, cost_model
+from eqsat.errors import EqsatError, NumericsError
 from eqsat.ir import Graph
 from eqsat.timer import sample_seconds
+from eqsat.output_targets import writable_dir
 from experiments.models import MODELS, build_model
 
-__all__ = ["OptimizeOptions", "optimize_model", "time_interleaved", "compare_outputs", "add_arguments", "run"]
+__all__ = ["OptimizeOptions", "add_arguments", "compare_outputs", "optimize_model", "run", "time_interleaved"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,15 @@ class OptimizeOptions:
     save_graphs: Path | None = None
     rtol: float = 1e-4
     atol: float = 1e-5
+
+    def __post_init__(self) -> None:
+        """Reject limits no run can honour (NaN, negative, zero repeats) before any work."""
+        checks = [("--time-limit", self.time_limit, 0.0), ("--saturate-seconds", self.saturate_seconds, 0.0),
+                  ("--node-limit", self.node_limit, 1), ("--iterations", self.iterations, 0),
+                  ("--k-multi", self.k_multi, 0), ("--repeats", self.repeats, 1)]
+        for flag, value, least in checks:
+            if not value >= least:  # also NaN
+                raise EqsatError(f"{flag} must be at least {least:g}, not {value}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,11 +101,11 @@ def time_interleaved(fns: Sequence[Callable[[], Any]], repeats: int, warmup: int
 
 
 def compare_outputs(expected: Sequence[np.ndarray], got: Sequence[np.ndarray], rtol: float, atol: float) -> bool:
-    """Same number of outputs, same shapes, allclose everywhere (NaNs never pass)."""
-    if len(expected) != len(got):
-        return False
-    return all(np.shape(e) == np.shape(g) and bool(np.allclose(np.asarray(e), np.asarray(g), rtol=rtol, atol=atol))
-               for e, g in zip(expected, got))
+    """Same number of outputs, same shapes, within tolerance relative to each output's magnitude
+    (NaNs never pass): `eqsat.pipeline.outputs_agree`."""
+    from eqsat.pipeline import outputs_agree
+
+    return outputs_agree(expected, got, rtol, atol).ok
 
 
 @dataclass(frozen=True)
@@ -105,18 +116,24 @@ class Measurement:
     max_abs_diff: float
     before_s: float
     after_s: float
+    reason: str = ""  # why the numerics are not ok
+    original_abs_err: float = 0.0  # the original's own error in JAX against the float64 reference
 
 
 def measure_pair(original: Graph, optimized: Graph, inputs: Mapping[str, np.ndarray], repeats: int,
                  rtol: float, atol: float) -> Measurement:
-    """Lower both graphs, check them against the numpy reference, and time both.
+    """Lower both graphs, check them against the float64 numpy reference, and time both.
 
+    The check is `outputs_agree`: the optimized graph's error against the float64 reference,
+    relative to each output's magnitude, must be within rtol, or within 4x the original's own
+    error where that is larger (an ill-conditioned graph in float32).
     Values computed from weights alone (the concatenated weights of merged matmuls) are computed
     once before timing, as a model does when it loads its weights; the cost model prices them
     the same way (`eqsat.cost.weight_only_nodes`).
     """
     import jax
 
+    from eqsat.pipeline import outputs_agree
     from jax_backend.lower import fold_weights, to_jax
 
     runs = []
@@ -124,16 +141,20 @@ def measure_pair(original: Graph, optimized: Graph, inputs: Mapping[str, np.ndar
         folded, values = fold_weights(graph, inputs)
         runs.append((jax.jit(to_jax(folded)), {k: jax.device_put(v) for k, v in values.items()}))
     (before, args_before), (after, args_after) = runs
-    reference = original.evaluate(inputs)
+    with np.errstate(all="ignore"):
+        reference = original.evaluate({k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()})
     out_before = [np.asarray(x) for x in jax.block_until_ready(before(args_before))]
     out_after = [np.asarray(x) for x in jax.block_until_ready(after(args_after))]
-    ok = compare_outputs(reference, out_before, rtol, atol) and compare_outputs(reference, out_after, rtol, atol)
-    diff = max((float(np.max(np.abs(r - a))) for r, a in zip(reference, out_after) if np.shape(r) == np.shape(a)),
-               default=float("nan"))
+    own = outputs_agree(reference, out_before, rtol, atol)
+    own_err = [float(np.max(np.abs(np.asarray(r, np.float64) - np.asarray(b, np.float64)), initial=0.0))
+               if np.shape(r) == np.shape(b) else 0.0 for r, b in zip(reference, out_before)]
+    verdict = outputs_agree(reference, out_after, rtol, atol, allowed_abs=[4 * e for e in own_err])
+    if own.max_rel_err > 1e-2:  # the original's own error is no excuse once it is this large
+        verdict = replace(verdict, ok=False, reason=f"the original itself is off its float64 reference ({own.reason})")
     before_s, after_s = time_interleaved(
         [lambda: jax.block_until_ready(before(args_before)), lambda: jax.block_until_ready(after(args_after))],
         repeats)
-    return Measurement(ok, diff, before_s, after_s)
+    return Measurement(verdict.ok, verdict.max_abs_diff, before_s, after_s, verdict.reason, own.max_abs_diff)
 
 
 # --- the path -----------------------------------------------------------------------------------
@@ -147,6 +168,8 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
     from eqsat.saturate import Limits
 
     console = Console(stderr=True)
+    if options.save_graphs is not None:
+        writable_dir(options.save_graphs, "--save-graphs")
     graph = build_model(model)
     costs = cost_model(options.cost_model, device=options.device)
     limits = Limits(iterations=options.iterations, nodes=options.node_limit, seconds=options.saturate_seconds,
@@ -159,13 +182,15 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
                             time_limit=options.time_limit, seed=options.seed, progress=True)
     optimized = result.optimized
     if options.save_graphs is not None:
-        options.save_graphs.mkdir(parents=True, exist_ok=True)
         stem = model if model in MODELS else Path(model).stem
         graph.save(options.save_graphs / f"{stem}.before.json")
         optimized.save(options.save_graphs / f"{stem}.after.json")
     with console.status(f"[bold]{model}[/]: lowering, checking and timing both graphs through JAX"):
         measured = measure_pair(graph, optimized, graph.random_inputs(options.seed), options.repeats,
                                 options.rtol, options.atol)
+    if not (result.numerics_ok and measured.numerics_ok):
+        raise NumericsError(f"{model}: the optimized graph disagrees with the original through JAX: "
+                            f"{measured.reason or 'float64 check failed'}; no result is reported")
     return {
         "model": model,
         "enodes": result.enodes,
@@ -187,6 +212,7 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
         "nodes_after": len(optimized.live().nodes),
         "op_counts_after": optimized.live().op_counts(),
         "max_abs_diff_jax": measured.max_abs_diff,
+        "original_abs_err_jax": measured.original_abs_err,
     }
 
 

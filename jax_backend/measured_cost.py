@@ -51,6 +51,19 @@ def device_key() -> str:
     return f"{dev.platform}-{kind}-jax{jax.__version__}"
 
 
+def _cached_timings(path: Path) -> dict[str, float]:
+    """The usable entries of a timing cache file: a finite positive number of seconds per key.
+    Anything else (unreadable, not an object, zeros, null, lists) is dropped and re-measured."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: float(v) for k, v in data.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")}
+
+
 def _default_cache_dir() -> Path:
     return cache_dir("measured")
 
@@ -130,10 +143,7 @@ class MeasuredModel:
         if self._loaded:
             return
         self._loaded = True
-        try:
-            self._table.update({k: float(v) for k, v in json.loads(self.cache_file.read_text()).items()})
-        except (OSError, ValueError):
-            pass
+        self._table.update(_cached_timings(self.cache_file))
 
     def save(self) -> None:
         """Write the table to disk (merged with what other processes wrote meanwhile)."""
@@ -141,11 +151,7 @@ class MeasuredModel:
             return
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
-            merged: dict[str, float] = {}
-            try:
-                merged.update(json.loads(self.cache_file.read_text()))
-            except (OSError, ValueError):
-                pass
+            merged = _cached_timings(self.cache_file)
             merged.update(self._table)
             tmp = self.cache_file.with_suffix(f".tmp{os.getpid()}")
             tmp.write_text(json.dumps(merged, indent=0, sort_keys=True))

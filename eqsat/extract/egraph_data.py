@@ -84,9 +84,11 @@ def load_egraph(source: str | Path | Mapping[str, Any]) -> EGraphData:
         return _from_dict(_parse(source, "<string>"), "<string>")
     path = Path(source)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise EGraphFormatError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise EGraphFormatError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason})") from None
     return _from_dict(_parse(text, str(path)), str(path))
 
 
@@ -95,6 +97,8 @@ def _parse(text: str, name: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise EGraphFormatError(f"{name}: not JSON: {exc}") from exc
+    except RecursionError:
+        raise EGraphFormatError(f"{name}: JSON nested too deeply") from None
 
 
 def _from_dict(data: Any, name: str) -> EGraphData:
@@ -120,6 +124,10 @@ def _from_dict(data: Any, name: str) -> EGraphData:
         c = node.get("cost", 1.0)
         if isinstance(c, bool) or not isinstance(c, (int, float)):
             raise EGraphFormatError(f"{name}: node {nid!r} has a non-numeric cost {c!r}")
+        try:
+            c = float(c)
+        except OverflowError:
+            raise EGraphFormatError(f"{name}: node {nid!r} has a cost too large for a float ({len(str(c))} digits)") from None
         if not math.isfinite(c) or c < 0:
             raise EGraphFormatError(
                 f"{name}: node {nid!r} has cost {c!r}; costs must be finite and non-negative"

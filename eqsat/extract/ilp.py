@@ -42,7 +42,7 @@ def largest_cyclic_region(problem: Problem) -> int:
 def ilp(egraph: EGraphData, time_limit: float = 60.0, options: IlpOptions = IlpOptions()) -> Selection:
     """Best DAG-cost extraction HiGHS can prove (or find) within the time limit."""
     clock = Clock(time_limit)
-    full = make_problem(egraph)
+    full = make_problem(egraph, deadline=clock.deadline(0.3))
     start = None
     cycles: list[list[int]] = []
     phases: dict[str, Any] = {}
@@ -51,8 +51,8 @@ def ilp(egraph: EGraphData, time_limit: float = 60.0, options: IlpOptions = IlpO
         start = Incumbent(sel.choice, sel.dag_cost, "reduced")
         phases["reduced_phase"] = {"cost": sel.dag_cost, "seconds": sel.seconds, "cycles": len(cycles), "lp_bound": lp_bound}
     region = largest_cyclic_region(full)
-    if region >= options.lns_above:
-        _, warm = start_incumbent(full, start)
+    if region >= options.lns_above and clock.left() > 0.2 * time_limit:
+        _, warm = start_incumbent(full, start, deadline=clock.deadline(0.6))
         t = clock.elapsed()
         result = improve(full, warm, Clock(options.lns_share * clock.left()), LnsOptions(seed=options.lns_seed), options)
         start = result.best

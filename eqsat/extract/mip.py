@@ -55,8 +55,8 @@ class Problem:
         )
 
 
-def make_problem(egraph: EGraphData, pruned: Pruned | None = None) -> Problem:
-    pruned = pruned if pruned is not None else prune(egraph)
+def make_problem(egraph: EGraphData, pruned: Pruned | None = None, deadline: float | None = None) -> Problem:
+    pruned = pruned if pruned is not None else prune(egraph, deadline=deadline)
     return Problem.over(egraph, pruned, parents_of_classes(egraph),
                         bottom_up_tree_costs(egraph, pruned.node_mask)[0][egraph.node_class])
 
@@ -247,11 +247,14 @@ class Incumbent:
     source: str
 
 
-def start_incumbent(problem: Problem, start: Incumbent | None = None) -> tuple[Incumbent, Incumbent]:
-    """(the start answer, greedy by default; a valid warm start that uses only kept nodes)."""
+def start_incumbent(
+    problem: Problem, start: Incumbent | None = None, deadline: float | None = None
+) -> tuple[Incumbent, Incumbent]:
+    """(the start answer, greedy by default (hurried past `deadline`); a valid warm start that
+    uses only kept nodes)."""
     eg = problem.egraph
     if start is None:
-        greedy = reachable_choice(eg, greedy_dag_choice(eg))
+        greedy = reachable_choice(eg, greedy_dag_choice(eg, deadline=deadline))
         start = Incumbent(greedy, dag_cost(eg, greedy), "greedy")
     if all(problem.pruned.node_mask[n] for n in start.choice[start.choice >= 0].tolist()):
         return start, start
@@ -282,6 +285,10 @@ class Clock:
 
     def left(self) -> float:
         return self.limit - self.elapsed()
+
+    def deadline(self, share: float = 1.0) -> float:
+        """The `time.perf_counter()` value at which `share` of the limit is used."""
+        return self.start + share * max(self.limit, 0.0)
 
 
 def class_edges(problem: Problem) -> dict[tuple[int, int], list[int]]:
@@ -341,7 +348,9 @@ def order_model(
     return len(rows)
 
 
-def short_cycles(problem: Problem, max_len: int = 3, cap: int = 20_000) -> list[list[int]]:
+def short_cycles(
+    problem: Problem, max_len: int = 3, cap: int = 20_000, deadline: float | None = None
+) -> list[list[int]]:
     """Every class cycle of length 2..max_len (at most `cap`), inside strongly connected
     components of the kept class graph: added as cuts before the first solve, since the LP would
     otherwise exploit them first (Tensat's split/concat rewrites make many 3-cycles)."""
@@ -352,6 +361,8 @@ def short_cycles(problem: Problem, max_len: int = 3, cap: int = 20_000) -> list[
             adj.setdefault(c, []).append(k)
     out: list[list[int]] = []
     for a in sorted(adj):
+        if deadline is not None and time.perf_counter() > deadline:
+            break  # fewer up-front cuts: the lazy loop adds what is needed
         # Cycles are listed once, from their smallest class.
         stack: list[list[int]] = [[a]]
         while stack:

@@ -25,7 +25,7 @@ from eqsat.extract.selection import Selection
 def reduced_ilp(egraph: EGraphData, time_limit: float = 60.0, options: IlpOptions = IlpOptions()) -> Selection:
     """The restricted MIP alone, with the whole time limit."""
     clock = Clock(time_limit)
-    sel, _, _ = reduced_phase(make_problem(egraph), clock, options)
+    sel, _, _ = reduced_phase(make_problem(egraph, deadline=clock.deadline(0.3)), clock, options)
     return sel
 
 
@@ -37,6 +37,8 @@ def reduced_phase(
     h = new_highs(0.5 * clock.left(), options.threads, options.gap)
     base_model(full, h)
     h.setOptionValue("solve_relaxation", True)
+    if full.n_cols > options.lp_presolve_max_cols:
+        h.setOptionValue("presolve", "off")
     h.run()
     values = np.asarray(h.getSolution().col_value)
     lp_ok = h.getModelStatus() == highspy.HighsModelStatus.kOptimal and len(values) == full.n_cols
@@ -44,9 +46,10 @@ def reduced_phase(
     candidates = np.zeros(egraph.n_nodes, dtype=bool)
     if lp_ok:
         candidates[full.nodes[values[: len(full.nodes)] > 1e-6]] = True
-    for choice in (greedy_dag_choice(egraph), bottom_up_tree_costs(egraph, full.pruned.node_mask)[1]):
+    for choice in (greedy_dag_choice(egraph, deadline=clock.deadline(0.6)), bottom_up_tree_costs(egraph, full.pruned.node_mask)[1]):
         candidates[choice[choice >= 0]] = True
-    problem = make_problem(egraph, prune(egraph, initial_mask=candidates & full.pruned.node_mask))
+    problem = make_problem(egraph, prune(egraph, initial_mask=candidates & full.pruned.node_mask,
+                                         deadline=clock.deadline(0.7)))
     sel, cycles = solve_lazy(problem, clock, options, "ilp-reduced", exact=False, lower_bound=lp_bound)
     sel.info["candidates"] = int(candidates.sum())  # type: ignore[index]
     return sel, cycles, lp_bound

@@ -39,8 +39,8 @@ from eqsat.extract.selection import (
 
 def tensat_ilp(egraph: EGraphData, time_limit: float = 60.0, options: IlpOptions = IlpOptions()) -> Selection:
     clock = Clock(time_limit)
-    problem = make_problem(egraph)
-    greedy, warm = start_incumbent(problem)
+    problem = make_problem(egraph, deadline=clock.deadline(0.3))
+    greedy, warm = start_incumbent(problem, deadline=clock.deadline(0.6))
     best_choice, best_cost = (greedy.choice, greedy.cost) if greedy.cost <= warm.cost else (warm.choice, warm.cost)
     h = new_highs(clock.left(), options.threads, options.gap)
     base_model(problem, h)

@@ -45,8 +45,11 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
     if args.rules_command == "synth":
         from eqsat.rewrites.synth import SynthOptions, synthesize
 
-        if args.max_ops < 1 or args.time_limit <= 0:
+        from eqsat.output_targets import writable_file
+
+        if args.max_ops < 1 or not args.time_limit > 0:
             raise EqsatError("rules synth: --max-ops must be at least 1 and --time-limit positive")
+        writable_file(args.out, "--out")
         report = synthesize(SynthOptions(max_ops=args.max_ops, time_limit=args.time_limit, seed=args.seed),
                             out=args.out, progress=True)
         return [report]

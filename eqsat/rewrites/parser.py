@@ -80,8 +80,17 @@ def _read(tokens: list[str], pos: int, where: str) -> tuple[Sexp, int]:
     return tok, pos + 1
 
 
+MAX_DEPTH = 100  # nesting deeper than any real rule; every later stage recurses over terms
+
+
 def parse_sexp(text: str, where: str = "<rule>") -> Sexp:
     tokens = _tokenize(text, where)
+    depth = deepest = 0
+    for tok in tokens:
+        depth += tok in "([" and 1 or (tok in ")]" and -1 or 0)
+        deepest = max(deepest, depth)
+    if deepest > MAX_DEPTH:
+        raise RuleParseError(f"{where}: terms nested {deepest} deep; at most {MAX_DEPTH} are accepted")
     sexp, pos = _read(tokens, 0, where)
     if pos != len(tokens):
         raise RuleParseError(f"{where}: unexpected text after the term: {' '.join(tokens[pos:])}")
@@ -193,29 +202,46 @@ def parse_rule_text(line: str, where: str = "<rule>", name: str | None = None, c
 
 
 def _split_top(text: str, where: str) -> list[str]:
-    """Split `(a) (b)` into its top-level s-expressions."""
+    """Split `(a) (b)` into its top-level s-expressions. Every token must end up in one: a
+    condition cut short (a missing `)`) is an error, never silently dropped, since a dropped
+    guard would make an unsound rule look proved."""
     tokens, out, depth, start = _tokenize(text, where), [], 0, 0
     for i, tok in enumerate(tokens):
         depth += tok in "([" and 1 or (tok in ")]" and -1 or 0)
+        if depth < 0:
+            raise RuleParseError(f"{where}: unexpected '{tok}' in the condition {text.strip()!r}")
         if depth == 0:
             out.append(" ".join(tokens[start:i + 1]).replace("( ", "(").replace(" )", ")"))
             start = i + 1
+    if start < len(tokens):
+        raise RuleParseError(f"{where}: the condition {' '.join(tokens[start:])!r} is cut short (missing ')')")
+    if not out:
+        raise RuleParseError(f"{where}: 'if' must be followed by a condition such as (= (dim ?x 0) 1)")
     return out
 
 
-_CONDITION_OPS = {"=": 2, "!=": 2, "<": 2, "<=": 2, "dim": 2, "rank": 1, "+": 2, "*": 2, "-": 2, "%": 2}
+_COMPARISONS = {"=": 2, "!=": 2, "<": 2, "<=": 2}
+_CONDITION_OPS = {**_COMPARISONS, "dim": 2, "rank": 1, "+": 2, "*": 2, "-": 2, "%": 2}
+_CONDITION_HELP = "use (= a b), (!= a b), (< a b), (<= a b) over (dim ?x I), (rank ?x), integers, + - * %"
 
 
-def _condition(s: Sexp, where: str) -> Term:
-    """Side conditions: integer expressions over `(dim ?x i)` and `(rank ?x)`."""
+def _condition(s: Sexp, where: str, top: bool = True) -> Term:
+    """Side conditions: a comparison of integer expressions over `(dim ?x i)` and `(rank ?x)`;
+    a ?variable may appear only as the tensor of dim / rank."""
     if isinstance(s, str):
-        if s.startswith("?"):
-            return Var(s[1:])  # type: ignore[return-value]
+        if top or s.startswith("?"):
+            raise RuleParseError(f"{where}: bad condition {_show(s)}; {_CONDITION_HELP}")
         return Term("const", (("value", _int(s, "a condition constant", where)),))
-    if not s or s[0] not in _CONDITION_OPS or len(s) - 1 != _CONDITION_OPS[s[0]]:
-        raise RuleParseError(f"{where}: bad condition {_show(s)}; use (= a b), (!= a b), (< a b), (<= a b) "
-                             "over (dim ?x I), (rank ?x), integers, + - * %")
-    return Term(s[0], (), tuple(_condition(a, where) for a in s[1:]))
+    ops_here = _COMPARISONS if top else _CONDITION_OPS
+    if not s or not isinstance(s[0], str) or s[0] not in ops_here or len(s) - 1 != ops_here[s[0]]:
+        raise RuleParseError(f"{where}: bad condition {_show(s)}; {_CONDITION_HELP}")
+    if s[0] in ("dim", "rank"):
+        tensor = s[1]
+        if not (isinstance(tensor, str) and tensor.startswith("?") and len(tensor) > 1):
+            raise RuleParseError(f"{where}: ({s[0]} ...) takes a ?variable of the rule, found {_show(tensor)}")
+        rest = tuple(_condition(a, where, top=False) for a in s[2:])
+        return Term(s[0], (), (Var(tensor[1:]), *rest))
+    return Term(s[0], (), tuple(_condition(a, where, top=False) for a in s[1:]))
 
 
 def _check_vars(rule: Rule, where: str) -> None:
@@ -227,6 +253,11 @@ def _check_vars(rule: Rule, where: str) -> None:
     free = used - bound
     if free:
         raise RuleParseError(f"{where}: right side uses ?{', ?'.join(sorted(free))}, not bound on the left")
+    in_conditions = {v for c in rule.conditions for v in variables(c)}
+    unknown = in_conditions - bound
+    if unknown:
+        raise RuleParseError(f"{where}: condition names ?{', ?'.join(sorted(unknown))}, which the left side "
+                             "does not bind")
     derived = [r for p in rule.lhs for t in subterms(p) for r in term_attr_refs(t) if not isinstance(r, AttrVar)]
     if derived:
         raise RuleParseError(f"{where}: {derived[0]} may only appear on a right side (a left side matches "
@@ -246,7 +277,8 @@ def parse_rules(lines: Iterable[str], source: str, multi: bool = False) -> list[
     for (n1, a), (n2, b) in zip(numbered[::2], numbered[1::2]):
         first = parse_rule_text(a, f"{source}:{n1}", check=False)[0]
         second = parse_rule_text(b, f"{source}:{n2}", check=False)[0]
-        rule = Rule(f"{source}:{n1}-{n2}", first.lhs + second.lhs, first.rhs + second.rhs, f"{source}:{n1}")
+        rule = Rule(f"{source}:{n1}-{n2}", first.lhs + second.lhs, first.rhs + second.rhs, f"{source}:{n1}",
+                    first.conditions + second.conditions)
         _check_vars(rule, rule.source)
         rules.append(rule)
     return rules
@@ -256,9 +288,11 @@ def load_rules(path: str | Path, multi: bool | None = None) -> list[Rule]:
     """Load a rule file; `multi=None` treats files named `*multi*` as Tensat two-output files."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise RuleParseError(f"{path}: cannot read rule file: {exc.strerror}") from None
+        raise RuleParseError(f"{path}: cannot read rule file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise RuleParseError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason})") from None
     if multi is None:
         multi = "multi" in path.name
     return parse_rules(text.splitlines(), path.name, multi)

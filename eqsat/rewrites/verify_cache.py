@@ -52,6 +52,32 @@ def canonical_text(rule: Rule) -> str:
     return rule_text(dataclasses.replace(rule, name="r"))
 
 
+_STATUSES = ("proved", "refuted", "unknown")
+
+
+def well_formed(data: object) -> bool:
+    """Whether a cache entry has every field a `VerificationResult` needs, of the right type and
+    range; anything else (hand-edited, truncated to `null`, another version's layout) is a miss."""
+    if not isinstance(data, dict):
+        return False
+    texts = ("name", "method", "scope", "source", "guarded_method", "guarded_scope")
+    if data.get("status") not in _STATUSES or data.get("guarded_status", "") not in ("", *_STATUSES):
+        return False
+    if not all(isinstance(data.get(k, ""), str) for k in texts) or not isinstance(data.get("name"), str):
+        return False
+    if not all(data.get(k) is None or isinstance(data.get(k), dict) for k in ("counterexample", "guarded_counterexample")):
+        return False
+    seconds = data.get("seconds", 0.0)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
+        return False
+    shapes = data.get("shapes", [])
+    return isinstance(shapes, list) and all(
+        isinstance(env, dict) and all(
+            isinstance(v, list) and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in v)
+            for v in env.values())
+        for env in shapes)
+
+
 @dataclass(frozen=True)
 class VerificationCache:
     root: Path
@@ -74,11 +100,13 @@ class VerificationCache:
         survive the randomized re-check."""
         key = self._key(rule, options, all_shapes)
         try:
-            entry = json.loads(self.path(rule, options, all_shapes).read_text())
+            entry = json.loads(self.path(rule, options, all_shapes).read_text(encoding="utf-8"))
             if entry.get("key") != key or entry.get("checksum") != _checksum(key, entry["result"]):
                 return None
+            if not well_formed(entry["result"]):
+                return None  # valid JSON with wrong values (zeros, [], null): verify again
             result = VerificationResult.from_json(entry["result"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return None
         if not _survives_recheck(rule, result, options):
             return None
@@ -131,4 +159,4 @@ def _survives_recheck(rule: Rule, result: VerificationResult, options: object) -
     return True
 
 
-__all__ = ["VerificationCache", "canonical_text"]
+__all__ = ["VerificationCache", "canonical_text", "well_formed"]
