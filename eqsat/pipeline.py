@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ class OptimizationResult:
     numerics_ok: bool
     max_abs_diff: float
     extracted_cost: float  # the extractor's DAG cost, recomputed from its chosen nodes
+    egraph_json: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)  # the saturated e-graph
 
     @property
     def stop_reason(self) -> str:
@@ -200,4 +201,4 @@ def optimize_graph(graph: Graph, rules: Sequence[Rule], limits: Limits, cost_mod
                             "a rule or the decoder is wrong")
     return OptimizationResult(graph, optimized, report, len(egraph_json["nodes"]), len(egraph_json["class_data"]),
                               saturate_s, extract_s, cost_before, cost_after, status, extractor, ok, diff,
-                              float(selection.dag_cost))
+                              float(selection.dag_cost), egraph_json)
