@@ -25,11 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from eqsat.cost import CostModel, cost_model, graph_cost
 from eqsat.ir import Graph
 from eqsat.rewrites.rule import Rule
 
-__all__ = ["PAPER", "TENSAT_MODELS", "BenchOptions", "run_bench", "bench_rules", "options_from_args", "render_table", "write_plots"]
+__all__ = ["PAPER", "TENSAT_MODELS", "BenchOptions", "bench_rules", "options_from_args", "render_table", "run_bench", "write_plots"]
 
 TENSAT_MODELS: tuple[str, ...] = ("bert", "resnext50", "nasneta", "nasrnn", "inceptionv3", "squeezenet", "vgg")
 
@@ -95,8 +97,8 @@ def _speedup(before: float, after: float) -> float:
 
 
 def _model_rows(name: str, options: BenchOptions, out_dir: Path, progress: Any) -> Iterable[dict[str, Any]]:
-    from eqsat.extract import extract, load_egraph
     from eqsat.egraph import decode
+    from eqsat.extract import extract, load_egraph
     from eqsat.pipeline import numerics_match, optimize_graph
     from eqsat.saturate import Limits
     from experiments.models import build_model
@@ -108,6 +110,9 @@ def _model_rows(name: str, options: BenchOptions, out_dir: Path, progress: Any) 
     steps = len(options.cost_models) * (1 + len(options.k_multi)) + 1
     task = progress.add_task(f"{name}: rules", total=steps)
     inputs = graph.random_inputs(options.seed)
+    # float32 through JAX against the numpy reference: outputs of BERT (no softmax) reach ~10^2, so
+    # the absolute tolerance scales with the largest output (reassociated products differ by ~1e-6 of it)
+    scale = max(1.0, max(float(np.max(np.abs(o))) for o in graph.evaluate(inputs)))
     for cm_name, device in options.cost_models:
         costs: CostModel = cost_model(cm_name, device=device)
         label = f"{cm_name}/{device}"
@@ -135,13 +140,15 @@ def _model_rows(name: str, options: BenchOptions, out_dir: Path, progress: Any) 
             greedy_s = time.perf_counter() - t0
             greedy_cost = min(graph_cost(decode(egraph_json, greedy.as_ids(data)).live(), costs), result.cost_before)
             progress.update(task, description=f"{name} [{label}]: JAX numerics and timing, k_multi {k}")
-            measured = measure_pair(graph, result.optimized, inputs, options.repeats, rtol=1e-4, atol=1e-4)
+            measured = measure_pair(graph, result.optimized, inputs, options.repeats, rtol=1e-4, atol=1e-5 * scale)
             row = {
                 "model": name, "k_multi": k, "enodes": result.enodes, "eclasses": result.eclasses,
                 "saturate_s": result.saturate_s, "extract_s": result.extract_s, "taso_s": taso.seconds,
                 "cost_original": result.cost_before, "cost_taso": taso.cost_best, "cost_eqsat": result.cost_after,
                 "cost_model": label, "measured_original_s": measured.before_s, "measured_eqsat_s": measured.after_s,
                 "numerics_ok": bool(result.numerics_ok and measured.numerics_ok and taso_ok),
+                "numerics_numpy_ok": result.numerics_ok, "numerics_jax_ok": measured.numerics_ok,
+                "numerics_taso_ok": taso_ok,
                 "device": _device_name(), "rules_fired": dict(result.saturation.total_matches),
                 "speedup_eqsat": _speedup(result.cost_before, result.cost_after),
                 "speedup_taso": _speedup(taso.cost_original, taso.cost_best),
@@ -216,15 +223,15 @@ def render_table(rows: Sequence[Mapping[str, Any]], seconds: float) -> str:
     """Markdown: per cost model, Tensat's Table 2 with the paper's numbers beside ours."""
     k = _main_k(rows)
     lines = [f"# Tensat's experiment here (k_multi {k}; whole run {seconds:.0f} s)", "",
-             "Speedup = cost_original / cost_optimized - 1 under the cost model (the paper: V100 runtime). "
-             "Optimizer time: TASO-style search (its whole run, capped; in brackets the time it found its best), "
-             "ours = saturate + extract.", ""]
+             ("Speedup = cost_original / cost_optimized - 1 under the cost model (the paper: V100 runtime). "
+              "Optimizer time: TASO-style search (its whole run, capped; in brackets the time it found its best), "
+              "ours = saturate + extract."), ""]
     for label in dict.fromkeys(r["cost_model"] for r in rows):
         sel = [r for r in rows if r["cost_model"] == label and r["k_multi"] == k]
         lines += [f"## cost model {label}", "",
-                  "| model | TASO s (paper) | Tensat s (paper) | TASO-style s (ours) | eqsat s (ours) | "
-                  "TASO % (paper) | Tensat % (paper) | TASO-style % (ours) | longer TASO-style % | eqsat % (ours) | "
-                  "reduction | e-nodes | measured JAX orig → ours (ms) | numerics |",
+                  ("| model | TASO s (paper) | Tensat s (paper) | TASO-style s (ours) | eqsat s (ours) | "
+                   "TASO % (paper) | Tensat % (paper) | TASO-style % (ours) | longer TASO-style % | eqsat % (ours) | "
+                   "reduction | e-nodes | measured JAX orig → ours (ms) | numerics |"),
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in sel:
             p = PAPER.get(r["model"])
@@ -237,9 +244,15 @@ def render_table(rows: Sequence[Mapping[str, Any]], seconds: float) -> str:
                 f"{longer} | {100 * r['speedup_eqsat']:.1f} | {100 * r['reduction_eqsat']:.1f}% | {r['enodes']} | "
                 f"{1e3 * r['measured_original_s']:.2f} → {1e3 * r['measured_eqsat_s']:.2f} | {r['numerics_ok']} |")
         ratio = _geomean([r["taso_s"] / (r["saturate_s"] + r["extract_s"]) for r in sel])
-        lines += ["", f"Optimizer time, TASO-style ÷ ours, geomean: {ratio:.1f}x (paper: 48x). "
-                  f"Ours ≤ TASO-style on {sum(r['cost_eqsat'] <= r['cost_taso'] * (1 + 1e-9) for r in sel)}/{len(sel)} "
-                  f"models, strictly lower on {sum(r['cost_eqsat'] < r['cost_taso'] * (1 - 1e-9) for r in sel)}.", ""]
+        to_best = _geomean([max(r["taso_seconds_to_best"], 1e-3) / (r["saturate_s"] + r["extract_s"]) for r in sel])
+        le = sum(r["cost_eqsat"] <= r["cost_taso"] * (1 + 1e-9) for r in sel)
+        lt = sum(r["cost_eqsat"] < r["cost_taso"] * (1 - 1e-9) for r in sel)
+        longer_le = sum(r["cost_eqsat"] <= r["cost_taso_long"] * (1 + 1e-9) for r in sel if r["cost_taso_long"] is not None)
+        longer_n = sum(r["cost_taso_long"] is not None for r in sel)
+        lines += ["", (f"Optimizer time, TASO-style ÷ ours, geomean: {ratio:.1f}x (paper: 48x); TASO-style's time to "
+                       f"its best ÷ ours: {to_best:.1f}x. Ours ≤ TASO-style on {le}/{len(sel)} models, strictly lower "
+                       f"on {lt}" + (f"; ≤ the longer TASO-style search on {longer_le}/{longer_n}." if longer_n else ".")),
+                  ""]
     return "\n".join(lines) + "\n"
 
 
