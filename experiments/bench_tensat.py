@@ -83,13 +83,13 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
 
 
 def bench_rules(graph: Graph) -> list[Rule]:
-    """Tensat's rules and the `conv_merges` group, those that can match `graph`, as the verifier accepts them."""
-    from eqsat.pipeline import default_rules, tensat_rules
-    from eqsat.rewrites import library_rules
+    """The rules `eqsat optimize` uses (Tensat's and `conv_merges`) that can match `graph`, as the
+    verifier accepts them."""
+    from eqsat.pipeline import default_rules
     from eqsat.rewrites.rule import rules_that_can_match
+    from experiments.optimize import candidate_rules
 
-    candidates = rules_that_can_match(tensat_rules() + library_rules(["conv_merges"]), {n.op for n in graph.nodes})
-    return default_rules(candidates=candidates)
+    return default_rules(candidates=rules_that_can_match(candidate_rules(), {n.op for n in graph.nodes}))
 
 
 def _speedup(before: float, after: float) -> float:

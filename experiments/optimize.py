@@ -20,9 +20,10 @@ import numpy as np
 
 from eqsat.cost import COST_MODEL_FACTORIES, cost_model
 from eqsat.ir import Graph
+from eqsat.rewrites.rule import Rule
 from experiments.models import MODELS, build_model
 
-__all__ = ["OptimizeOptions", "optimize_model", "time_interleaved", "compare_outputs", "add_arguments", "run"]
+__all__ = ["OptimizeOptions", "add_arguments", "candidate_rules", "compare_outputs", "optimize_model", "run", "time_interleaved"]
 
 
 @dataclass(frozen=True)
@@ -139,11 +140,21 @@ def measure_pair(original: Graph, optimized: Graph, inputs: Mapping[str, np.ndar
 
 # --- the path -----------------------------------------------------------------------------------
 
+def candidate_rules() -> list[Rule]:
+    """Tensat's rules (unverified, as written) plus the library's `conv_merges` group: Tensat's conv
+    merges are refuted for grouped convs, and without their guarded versions (and the `enlarge`
+    merges) Inception's parallel convs could never merge."""
+    from eqsat.pipeline import tensat_rules
+    from eqsat.rewrites import library_rules
+
+    return tensat_rules() + library_rules(["conv_merges"])
+
+
 def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> dict[str, Any]:
     """Run the whole path on `model` and return the report row (the CLI's JSON fields and a few more)."""
     from rich.console import Console
 
-    from eqsat.pipeline import default_rules, optimize_graph, tensat_rules
+    from eqsat.pipeline import default_rules, optimize_graph
     from eqsat.rewrites.rule import rules_that_can_match
     from eqsat.saturate import Limits
 
@@ -154,9 +165,9 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
                     multi_rounds=options.k_multi)
     console.print(f"[bold]{model}[/]: {len(graph.nodes)} nodes; saturating (limits: {limits.iterations} iterations, "
                   f"{limits.nodes} e-nodes, {limits.seconds:g} s) and extracting with {options.extractor}")
-    given = tensat_rules()
+    given = candidate_rules()
     can_match = rules_that_can_match(given, {n.op for n in graph.nodes})
-    with console.status("verifying Tensat's rules that can match the graph (cached after the first run)"):
+    with console.status("verifying the rules that can match the graph (cached after the first run)"):
         rules = default_rules(candidates=can_match)
     result = optimize_graph(graph, rules, limits, costs, extractor=options.extractor,
                             time_limit=options.time_limit, seed=options.seed, progress=True)
