@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from eqsat.errors import ShapeError
 from eqsat.ir import Activation, Graph, GraphBuilder, Padding, Tensor
 
-__all__ = ["bert", "resnext50", "nasneta"]
+__all__ = ["bert", "nasneta", "resnext50"]
 
 
 @dataclass

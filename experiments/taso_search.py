@@ -32,7 +32,7 @@ from eqsat.rewrites.rule import AttrVar, Pattern, Rule, Term, Var
 from eqsat.rewrites.semantics import bind_attrs
 from eqsat.rewrites.shapes import condition_holds
 
-__all__ = ["TasoOptions", "TasoResult", "taso_search", "find_matches", "apply_match", "binary_concats", "Match"]
+__all__ = ["Match", "TasoOptions", "TasoResult", "apply_match", "binary_concats", "find_matches", "taso_search"]
 
 TASO_DEFAULT_BUDGET = 1000  # TASO's `optimize(graph, alpha=1.05, budget=1000)` default
 
