@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,7 @@ class OptimizationResult:
     numerics_ok: bool
     max_abs_diff: float
     extracted_cost: float  # the extractor's DAG cost, recomputed from its chosen nodes
+    egraph_json: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)  # the saturated e-graph
 
     @property
     def stop_reason(self) -> str:
@@ -168,6 +169,7 @@ class SearchResult:
     saturate_s: float  # saturation and serialization
     extract_s: float  # loading and extraction, summed over the models
     errors: tuple[str, ...] = ()
+    egraph_json: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)  # the saturated e-graph
 
 
 def does_extra_work(before: Graph, after: Graph, slack: float = 1.01) -> bool:
@@ -201,6 +203,7 @@ def search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping[
     checked: dict[Graph, tuple[bool, float]] = {graph.live(): (True, 0.0)}
     errors: list[str] = []
     sizes = (0, 0)
+    serialized: list[dict[str, Any]] = []  # the full e-graph under the first model, for callers that save it
     spent = {"serialize": 0.0, "extract": 0.0}  # seconds, reported as saturation and extraction time
 
     def extract_from(eg: TensorEGraph, model: CostModel, seconds: float) -> tuple[Graph, Any, tuple[int, int]]:
@@ -212,6 +215,8 @@ def search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping[
         spent["serialize"] += t1 - t0
         spent["extract"] += time.perf_counter() - t1
         graph_out = decode(data_json, selection.as_ids(data)).live()
+        if eg is egraph and not serialized:
+            serialized.append(data_json)
         return graph_out, selection, (len(data_json["nodes"]), len(data_json["class_data"]))
 
     per_model = max(time_limit - saturate_s, 0.05) / max(len(models), 1) if avoid_extra_work else time_limit
@@ -235,7 +240,7 @@ def search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping[
         ok, diff = checked[extracted]
         found[name] = Extraction(extracted, str(selection.status), float(selection.dag_cost), ok, diff, from_single)
     return SearchResult(graph, report, found, sizes[0], sizes[1], saturate_s + spent["serialize"], spent["extract"],
-                        tuple(errors))
+                        tuple(errors), serialized[0] if serialized else None)
 
 
 def optimize_graph(graph: Graph, rules: Sequence[Rule], limits: Limits, cost_model: CostModel,
@@ -260,4 +265,5 @@ def optimize_graph(graph: Graph, rules: Sequence[Rule], limits: Limits, cost_mod
         raise NumericsError(f"the optimized graph differs from the original on random inputs (max |diff| "
                             f"{diff:.3g}); a rule or the decoder is wrong")
     return OptimizationResult(graph, optimized, found.saturation, found.enodes, found.eclasses, found.saturate_s,
-                              found.extract_s, cost_before, cost_after, status, extractor, ok, diff, best.dag_cost)
+                              found.extract_s, cost_before, cost_after, status, extractor, ok, diff, best.dag_cost,
+                              found.egraph_json)

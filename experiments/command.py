@@ -51,6 +51,10 @@ def _ceiling(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     return list(module.run_bench(out_dir=args.out))
 
 
+def _tensat(module: Any, args: argparse.Namespace) -> Iterable[dict[str, Any]]:
+    return module.run_bench(out_dir=args.out, options=module.options_from_args(args))
+
+
 BENCHMARKS: Mapping[str, Benchmark] = MappingProxyType({
     "jax": Benchmark("experiments.bench_jax", _jax,
                      "@eqsat.optimize on JAX programs: speedup over jax.jit, first call, numerics"),
@@ -60,6 +64,8 @@ BENCHMARKS: Mapping[str, Benchmark] = MappingProxyType({
                             "every extractor on the E-graph JSON benchmark set: cost, bound, seconds"),
     "scaling": Benchmark("experiments.bench_scaling", _scaling,
                          "every extractor on chain e-graphs of growing size: peak memory, seconds, largest handled"),
+    "tensat": Benchmark("experiments.bench_tensat", _tensat,
+                        "Tensat's seven models: equality saturation against a TASO-style search, paper's numbers beside"),
 })
 
 
@@ -71,6 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extractors", nargs="*", default=None, help="extractors to compare (default: all)")
     parser.add_argument("--memory-gib", type=float, default=8.0, help="memory limit per run (scaling), GiB")
     parser.add_argument("--max-classes", type=int, default=None, help="largest chain to try (scaling)")
+    tensat = parser.add_argument_group("tensat")
+    tensat.add_argument("--models", nargs="*", default=None, help="tensat: models (default: Tensat's seven)")
+    tensat.add_argument("--k-multi", nargs="*", type=int, default=None, help="tensat: rounds of two-output rules (default: 1)")
+    tensat.add_argument("--taso-seconds", type=float, default=20.0,
+                        help="tensat: cap on the TASO-style search at TASO's default budget (1000 graphs)")
+    tensat.add_argument("--taso-long-seconds", type=float, default=60.0,
+                        help="tensat: cap on the longer TASO-style search (10000 graphs, roofline column; 0 skips it)")
 
 
 def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:

@@ -1,6 +1,7 @@
 """Benchmark models by name: `build_model("nasrnn")` → `Graph`.
 
-NasRNN is built here with the `GraphBuilder`, following the cell Tensat benchmarks (5 steps,
+NasRNN is built here with the `GraphBuilder` (BERT, ResNeXt-50 and NasNet-A in
+`experiments/models_tensat.py`), following the cell Tensat benchmarks (5 steps,
 hidden size 512; each step makes eight `x·W + h·U` pairs and mixes them through sigmoid, tanh and
 relu gates). The five TASO models (Inception-v3, VGG-19, SqueezeNet, MobileNet-v2, BTS) are read
 from Tensat's `.model` files in the shared data directory.
@@ -18,6 +19,7 @@ from eqsat.errors import EqsatError, GraphFormatError
 from eqsat.ir import Graph, GraphBuilder, Tensor
 from eqsat.paths import tensat_models_dir
 from eqsat.taso import load_taso_model
+from experiments.models_tensat import bert, nasneta, resnext50
 
 __all__ = ["MODELS", "ModelEntry", "build_model", "nasrnn", "UnknownModelError"]
 
@@ -76,6 +78,14 @@ MODELS: Mapping[str, ModelEntry] = MappingProxyType({
     "vgg": ModelEntry(partial(_taso, "vgg.model"), "VGG-19 (TASO .model)"),
     "squeezenet": ModelEntry(partial(_taso, "squeezenet.model"), "SqueezeNet (TASO .model)"),
     "mobilenetv2": ModelEntry(partial(_taso, "mobilenetv2.model"), "MobileNet-v2 (TASO .model)"),
+    "bert": ModelEntry(bert, "BERT, 8 attention layers, sequence 64, hidden 1024, 16 heads (Tensat's)"),
+    "resnext50": ModelEntry(resnext50, "ResNeXt-50, 32 groups, 224x224 (Tensat's)"),
+    "nasneta": ModelEntry(nasneta, "NasNet-A, 3 x (5 normal + 1 reduction) cells, 224x224 (Tensat's)"),
+    "bert-small": ModelEntry(partial(bert, seq=8, hidden=64, layers=2, heads=8), "BERT, 2 layers, hidden 64 (for tests)"),
+    "resnext-small": ModelEntry(partial(resnext50, image=32, groups=4, stages=((1, 16), (1, 32))),
+                                "ResNeXt, 2 blocks, 32x32, 4 groups (for tests)"),
+    "nasneta-small": ModelEntry(partial(nasneta, image=32, stacks=1, normal_cells=2, channels=8),
+                                "NasNet-A, 2 normal + 1 reduction cell, 32x32 (for tests)"),
     "bts": ModelEntry(partial(_taso, "bts.model"), "BERT-like transformer block stack (TASO .model)"),
 })
 

@@ -21,11 +21,12 @@ import jax_backend  # noqa: F401 - registers the "measured" cost model for --cos
 from eqsat.cost import COST_MODEL_FACTORIES, cost_model
 from eqsat.errors import EqsatError, NumericsError
 from eqsat.ir import Graph
-from eqsat.timer import sample_seconds
 from eqsat.output_targets import writable_dir
+from eqsat.rewrites.rule import Rule
+from eqsat.timer import sample_seconds
 from experiments.models import MODELS, build_model
 
-__all__ = ["OptimizeOptions", "add_arguments", "compare_outputs", "optimize_model", "run", "time_interleaved"]
+__all__ = ["OptimizeOptions", "add_arguments", "candidate_rules", "compare_outputs", "optimize_model", "run", "time_interleaved"]
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,16 @@ def measure_pair(original: Graph, optimized: Graph, inputs: Mapping[str, np.ndar
 
 
 # --- the path -----------------------------------------------------------------------------------
+
+def candidate_rules() -> list[Rule]:
+    """Tensat's rules (unverified, as written) plus the library's `conv_merges` group: Tensat's conv
+    merges are refuted for grouped convs, and without their guarded versions (and the `enlarge`
+    merges) Inception's parallel convs could never merge."""
+    from eqsat.rewrites import library_rules
+    from eqsat.rulesets import tensat_rules
+
+    return tensat_rules() + library_rules(["conv_merges"])
+
 
 def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> dict[str, Any]:
     """Run the whole path on `model` and return the report row (the CLI's JSON fields and a few more)."""

@@ -68,3 +68,24 @@ def test_fold_weights_precomputes_weight_only_values() -> None:
     m = cost_model(device="h100")
     assert graph_cost(g, m) == pytest.approx(graph_cost(folded, m))
     assert graph_cost(g, m, fold_weights=False) > graph_cost(g, m)
+
+
+@pytest.mark.parametrize("name", ["bert-small", "resnext-small", "nasneta-small"])
+def test_tensat_models_run_alike_in_numpy_and_jax(name: str) -> None:
+    g = build_model(name)
+    inputs = g.random_inputs(1)
+    want = g.evaluate(inputs)
+    got = jax.jit(to_jax(g))(inputs)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), b, rtol=1e-4, atol=1e-4 * float(np.max(np.abs(b))))
+
+
+def test_tensat_models_have_tensats_structure() -> None:
+    bert = build_model("bert").op_counts()
+    assert bert["matmul"] == 8 * 6 and bert["weight"] == 8 * 4  # q, k, v, two batched products, the linear map
+    resnext = build_model("resnext50")
+    grouped = [n for n in resnext.nodes if n.op == "conv2d" and resnext.shape(n.inputs[0])[1] // resnext.shape(n.inputs[1])[1] == 32]
+    assert len(grouped) == 16 and resnext.shape(resnext.outputs[0]) == (1, 2048, 7, 7)
+    nas = build_model("nasneta")
+    assert nas.op_counts()["concat"] == 3 * 6 and nas.shape(nas.outputs[0]) == (1, 5 * 1024, 7, 7)

@@ -10,7 +10,7 @@ from eqsat.rewrites.parser import load_rules, parse_rule_text
 from eqsat.rewrites.rule import Rule, Term, Var
 
 LIBRARY_DIR = Path(__file__).parent / "library"
-LIBRARY_GROUPS: tuple[str, ...] = ("properties", "fusion", "merges", "folding", "decompositions")
+LIBRARY_GROUPS: tuple[str, ...] = ("properties", "fusion", "merges", "folding", "decompositions", "conv_merges")
 
 
 def library_rules(groups: Iterable[str] | None = None) -> list[Rule]:
@@ -18,7 +18,8 @@ def library_rules(groups: Iterable[str] | None = None) -> list[Rule]:
     (activation fusion, elementwise chains), merges (two-output concat/split merges), folding
     (batchnorm / per-channel scales folded into conv and matmul weights, matmul + bias merges; these
     use attribute references, see `parser.py`), decompositions (one op as cheaper ones: separable
-    max and average pools)."""
+    max and average pools), conv_merges (Tensat's convolution merges guarded to ungrouped convs, and
+    its `enlarge` merges of a small kernel with a larger one)."""
     chosen = list(LIBRARY_GROUPS if groups is None else groups)
     unknown = [g for g in chosen if g not in LIBRARY_GROUPS]
     if unknown:
