@@ -210,9 +210,17 @@ def _measured(device: str, **options: Any) -> CostModel:
     return measured_model(device, **options)
 
 
+def _parallel(device: str, **options: Any) -> CostModel:
+    """A training step on a device mesh (eqsat.parallel.cost): per-device compute + collectives."""
+    from eqsat.parallel.cost import parallel_model
+
+    return parallel_model(device, **options)
+
+
 COST_MODEL_FACTORIES: Mapping[str, Callable[..., CostModel]] = MappingProxyType({
     "roofline": _roofline,
     "measured": _measured,
+    "parallel": _parallel,
 })
 """Cost model name → factory(device, **options). Add measured / file-based models here."""
 

@@ -77,10 +77,10 @@ class Mesh:
         return ax.latency + COLLECTIVE_FACTORS[kind] * (n - 1) / n * bytes_per_device / ax.bandwidth
 
     def reshaped(self, shape: Sequence[int]) -> Mesh:
-        """The same devices and links on another shape (axes named a0, a1, ...; the link of a
-        multi-axis shape is this mesh's slowest, a conservative choice)."""
-        if math.prod(shape) != self.n_devices or any(s < 1 for s in shape):
-            raise MeshError(f"mesh shape {'x'.join(map(str, shape))} does not have {self.n_devices} devices")
+        """The same kind of devices and links on another shape, using the first prod(shape) of them
+        (axes named a0, a1, ...; the link of a multi-axis shape is this mesh's slowest)."""
+        if math.prod(shape) > self.n_devices or any(s < 1 for s in shape):
+            raise MeshError(f"mesh shape {'x'.join(map(str, shape))} needs more than the {self.n_devices} devices of {self.name}")
         bw = min(a.bandwidth for a in self.axes)
         lat = max(a.latency for a in self.axes)
         axes = tuple(MeshAxis(f"a{i}", s, bw, lat) for i, s in enumerate(shape))
