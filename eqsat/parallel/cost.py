@@ -31,6 +31,7 @@ from typing import Any
 from eqsat import cost as cost_models
 from eqsat import ops
 from eqsat.parallel.mesh import Mesh, parse_mesh
+from eqsat.parallel.ops import local_attrs
 
 Shape = tuple[int, ...]
 BACKWARD_FACTOR = 2.0
@@ -112,7 +113,7 @@ class ParallelCostModel:
             return self._distribution(op, attrs, input_shapes[0], input_depths[0], out_shape, depth,
                                       leaf_children[0])
         local = [tuple(s[d:]) for s, d in zip(input_shapes, input_depths)]
-        forward = self.compute.op_cost(op, attrs, local)
+        forward = self.compute.op_cost(op, local_attrs(op, attrs, depth), local)
         return NodeCost(forward * (1 + BACKWARD_FACTOR), forward, (), per_device_bytes(out_shape, depth) + leaf_mem)
 
     def _distribution(self, op: str, attrs: Mapping[str, Any], in_shape: Shape, in_depth: int, out_shape: Shape,

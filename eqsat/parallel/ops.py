@@ -181,3 +181,25 @@ SPECS: Mapping[str, tuple[tuple[tuple[str, str], ...], Callable[..., tuple[Shape
     "all_to_all": ((("split_dim", "int"), ("concat_dim", "int"), ("axis", "int")), all_to_all_infer, _no_flops,
                    "re-partition: concatenate along concat_dim, split along split_dim (partition . combine)"),
 }
+
+
+# --- the op one device runs on its piece ---------------------------------------------------------
+
+def _shift(values: Sequence[int], k: int) -> tuple[int, ...]:
+    return tuple(int(v) - k for v in values[k:])
+
+
+LOCAL_ATTRS: Mapping[str, Callable[[Attrs, int], dict[str, Any]]] = {
+    "transpose": lambda a, k: {**a, "perm": _shift(a["perm"], k)},
+    "broadcast": lambda a, k: {**a, "shape": tuple(a["shape"][k:]), "dims": _shift(a["dims"], k)},
+    "reduce_sum": lambda a, k: {**a, "axes": tuple(int(x) - k for x in a["axes"])},
+}
+"""Ops whose attributes count stacked dims from the front: their attributes for the piece of a value
+with k leading device axes (the planner only admits such nodes when the device axes stay in front)."""
+
+
+def local_attrs(op: str, attrs: Attrs, device_axes: int) -> dict[str, Any]:
+    """Attributes of the op each device runs on its piece (most ops: unchanged)."""
+    if device_axes and op in LOCAL_ATTRS:
+        return LOCAL_ATTRS[op](attrs, device_axes)
+    return dict(attrs)

@@ -13,7 +13,7 @@ SPMD program, so they are left out before extraction.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,8 +35,20 @@ Axes = tuple[int, ...]
 ENTER = frozenset({"partition", "replicate"})
 LEAVE = frozenset({"combine", "reduce"})
 KEEP = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all"})
-# Ops that may run on distributed values: their dims are the trailing ones (the rules make no others).
-DISTRIBUTABLE = frozenset({"matmul", "relu", "tanh", "sigmoid", "exp", "ewadd", "ewmul", "ewsub"})
+def _leading(key: str) -> Callable[[Mapping[str, Any], int], bool]:
+    """The op's index list keeps the k device axes in front, in place."""
+    return lambda attrs, k: tuple(attrs[key])[:k] == tuple(range(k))
+
+
+# Ops that may run on values with k device axes, and when: each device runs the op on its piece.
+# Elementwise ops and matmul act on trailing dims; ops with front-counted index attributes must
+# leave the device axes alone.
+DISTRIBUTABLE: Mapping[str, Callable[[Mapping[str, Any], int], bool]] = {
+    **{op: (lambda attrs, k: True) for op in ("matmul", "relu", "tanh", "sigmoid", "exp", "ewadd", "ewmul", "ewsub")},
+    "transpose": _leading("perm"),
+    "broadcast": _leading("dims"),
+    "reduce_sum": lambda attrs, k: min(attrs["axes"], default=k) >= k,
+}
 COST_SCALE = 1e6  # e-node costs in microseconds: keeps the MIP's absolute gaps meaningful
 
 
@@ -60,7 +72,7 @@ def node_axes(op: str, attrs: Mapping[str, Any], child_axes: Sequence[Axes]) -> 
     first = child_axes[0] if child_axes else ()
     if any(c != first for c in child_axes):
         return None
-    if first and op not in DISTRIBUTABLE:
+    if first and not (op in DISTRIBUTABLE and DISTRIBUTABLE[op](attrs, len(first))):
         return None
     return first
 
@@ -72,7 +84,8 @@ STRATEGY_RULES: Mapping[str, tuple[str, ...] | None] = {
     "data-parallel": ("dp-matmul",),
     "megatron": ("col-matmul", "row-matmul", "batch-matmul"),
 }
-SHARED_RULES = ("relu-combine", "tanh-combine", "sigmoid-combine", "exp-combine", "ewadd-combine", "ewmul-combine",
+SHARED_RULES = ("unfuse-sigmoid", "unfuse-relu", "unfuse-tanh", "bcast-partition", "transpose-partition", "head-sum",
+                "relu-combine", "tanh-combine", "sigmoid-combine", "exp-combine", "ewadd-combine", "ewmul-combine",
                 "ewadd-reduce", "relu-replicate", "combine-partition", "partition-combine", "all-reduce", "all-gather",
                 "reduce-scatter", "all-to-all")
 
