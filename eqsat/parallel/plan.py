@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from eqsat import ops
 from eqsat.egraph import TensorEGraph, decode
 from eqsat.errors import EqsatError
@@ -49,6 +51,7 @@ DISTRIBUTABLE: Mapping[str, Callable[[Mapping[str, Any], int], bool]] = {
     "broadcast": _leading("dims"),
     "reduce_sum": lambda attrs, k: min(attrs["axes"], default=k) >= k,
 }
+DEFAULT_LIMITS = Limits(iterations=12, nodes=30_000, seconds=20.0)
 COST_SCALE = 1e6  # e-node costs in microseconds: keeps the MIP's absolute gaps meaningful
 
 
@@ -244,11 +247,26 @@ class PlanResult:
                 "plan_ops": self.plan.live().op_counts(), **self.info}
 
 
-def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = Limits(iterations=12, nodes=30_000, seconds=20.0),
-               time_limit: float = 20.0, mem_budget: float | None = None, model: ParallelCostModel | None = None,
-               rules: Sequence[Rule] | None = None) -> PlanResult:
-    """Saturate `graph` with the strategy's parallel rules on `mesh`, extract the cheapest training
-    step (within `mem_budget` bytes per device if given) and check it against `graph`."""
+@dataclass(frozen=True)
+class PricedEGraph:
+    """A saturated e-graph with SPMD-valid nodes only, priced as training steps on a mesh."""
+
+    graph: Graph
+    model: ParallelCostModel
+    raw: Mapping[str, Any]
+    priced: Mapping[str, Any]
+    mem: Mapping[str, float]
+    data: Any  # EGraphData
+    stop_reason: str
+    rules: int
+    seconds: float
+
+    def decode(self, choice_ids: Mapping[str, str]) -> Graph:
+        return decode(self.priced, choice_ids).live()
+
+
+def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
+                       model: ParallelCostModel | None = None, rules: Sequence[Rule] | None = None) -> PricedEGraph:
     from eqsat.cost import cost_model
 
     model = model or ParallelCostModel(mesh, cost_model("roofline", mesh.device))
@@ -258,23 +276,48 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
     sat = saturate(egraph, rule_list, limits)
     raw = egraph.serialize(model.compute, fold_weights=False)
     priced, mem = price_egraph(raw, model)
-    saturate_s = time.perf_counter() - t0
+    return PricedEGraph(graph, model, raw, priced, mem, load_egraph(priced), sat.stop_reason, len(rule_list),
+                        time.perf_counter() - t0)
+
+
+def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
+               time_limit: float = 20.0, mem_budget: float | None = None, model: ParallelCostModel | None = None,
+               rules: Sequence[Rule] | None = None) -> PlanResult:
+    """Saturate `graph` with the strategy's parallel rules on `mesh`, extract the cheapest training
+    step (within `mem_budget` bytes per device if given) and check it against `graph`."""
+    t0 = time.perf_counter()
+    pe = saturate_and_price(graph, mesh, strategy, limits, model, rules)
     t1 = time.perf_counter()
-    data = load_egraph(priced)
+    data = pe.data
     budget = None
     if mem_budget is not None:
-        budget = NodeBudget(tuple(mem.get(nid, 0.0) for nid in data.node_ids), float(mem_budget))
+        budget = NodeBudget(tuple(pe.mem.get(nid, 0.0) for nid in data.node_ids), float(mem_budget))
     selection = ilp(data, time_limit, IlpOptions(budget=budget))
     extract_s = time.perf_counter() - t1
-    plan = decode(priced, selection.as_ids(data)).live()
-    report = plan_report(plan, model)
+    plan = pe.decode(selection.as_ids(data))
+    report = plan_report(plan, pe.model)
     if mem_budget is not None and report.mem_bytes > mem_budget * (1 + 1e-9):
         raise PlanError(f"no plan within {mem_budget:.4g} bytes per device was found "
                         f"(best: {report.mem_bytes:.4g}, status {selection.status})")
     ok, diff = numerics_match(graph, plan)
-    return PlanResult(strategy, mesh, plan, report, ok, diff, time.perf_counter() - t0, saturate_s, extract_s,
-                      len(raw["nodes"]), len(raw["class_data"]), str(selection.status), selection.gap,
-                      len(rule_list), sat.stop_reason)
+    return PlanResult(strategy, mesh, plan, report, ok, diff, time.perf_counter() - t0, pe.seconds, extract_s,
+                      len(pe.raw["nodes"]), len(pe.raw["class_data"]), str(selection.status), selection.gap,
+                      pe.rules, pe.stop_reason)
+
+
+def random_plans(pe: PricedEGraph, count: int, seed: int = 0) -> list[Graph]:
+    """`count` plans from the e-graph, each the greedy DAG extraction under random node costs: valid
+    SPMD plans of every shape the rules allow, for differential testing."""
+    from dataclasses import replace
+
+    from eqsat.extract.greedy_dag import greedy_dag
+
+    rng = np.random.default_rng(seed)
+    plans = []
+    for _ in range(count):
+        data = replace(pe.data, cost=rng.uniform(0.0, 1.0, size=pe.data.n_nodes))
+        plans.append(pe.decode(greedy_dag(data, 10.0).as_ids(data)))
+    return plans
 
 
 def replicated_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
@@ -283,4 +326,5 @@ def replicated_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
 
 
 __all__ = ["PlanError", "PlanReport", "PlanResult", "node_axes", "plan_graph", "plan_report", "price_egraph",
-           "strategy_rules", "verified_parallel_rules", "replicated_report", "graph_axes"]
+           "strategy_rules", "verified_parallel_rules", "replicated_report", "graph_axes", "PricedEGraph",
+           "saturate_and_price", "random_plans", "DEFAULT_LIMITS"]
