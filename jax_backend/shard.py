@@ -7,14 +7,18 @@ lowering table with per-device attributes) and the distribution ops as explicit 
 
 | plan op | per device |
 |---|---|
-| partition | the device's block (dynamic slice at `axis_index`); for a leaf only ever partitioned the same way, the argument is passed sharded instead |
-| replicate | nothing |
-| combine, all_gather | `lax.all_gather(tiled=True)` |
-| reduce, all_reduce | `lax.psum` |
+| partition | the device's block (dynamic slice at `axis_index`; its transpose is an all-reduce of the zero-padded gradient); for a leaf only ever partitioned the same way, the argument is passed sharded instead |
+| replicate | `lax.pcast(to="varying")` (no data moves; its transpose is the gradient's all-reduce) |
+| combine | JAX's invariant all-gather (its transpose is a local slice) |
+| all_gather | `lax.all_gather(tiled=True)` (its transpose is a reduce-scatter) |
+| reduce / all_reduce | `lax.psum` / and `pcast(to="varying")` |
 | reduce_scatter | `lax.psum_scatter(tiled=True)` |
 | all_to_all | `lax.all_to_all(tiled=True)` |
 
-So the program states the plan exactly and XLA adds no resharding of its own; `compiled_report`
+Values are typed by JAX's varying-manual-axes check (`check_vma`), so the transposes JAX derives
+for the training step are the ones `eqsat.parallel.cost` prices. The invariant all-gather is
+JAX's own (`jax._src.lax.parallel._all_gather_invariant`, not yet public in this JAX). So the
+program states the plan exactly and XLA adds no resharding of its own; `compiled_report`
 reads back what the compiled program communicates (kind, replica groups, bytes per device, from
 `compile().as_text()`) and its memory (`memory_analysis()`).
 """
@@ -30,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src.lax.parallel import _all_gather_invariant
 from jax.sharding import Mesh as JaxMesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -78,12 +83,16 @@ def _collective(op: str, x: Array, a: Mapping[str, Any], name: str, parts: int) 
     if op == "partition":
         size = x.shape[nd + a["dim"]] // parts
         return lax.dynamic_slice_in_dim(x, lax.axis_index(name) * size, size, axis=nd + a["dim"])
-    if op == "replicate":
-        return x
-    if op in ("combine", "all_gather"):
+    if op == "replicate":  # each device's copy may now diverge: the transpose sums the copies
+        return lax.pcast(x, (name,), to="varying")
+    if op == "combine":  # the result is one value again: the gather's transpose is a local slice
+        return _all_gather_invariant(x, name, axis=nd + a["dim"], tiled=True)
+    if op == "all_gather":
         return lax.all_gather(x, name, axis=nd + a["dim"], tiled=True)
-    if op in ("reduce", "all_reduce"):
+    if op == "reduce":
         return lax.psum(x, name)
+    if op == "all_reduce":
+        return lax.pcast(lax.psum(x, name), (name,), to="varying")
     if op == "reduce_scatter":
         return lax.psum_scatter(x, name, scatter_dimension=nd + a["dim"], tiled=True)
     if op == "all_to_all":
@@ -152,10 +161,9 @@ def shard_plan(plan: Graph, mesh: Mesh, devices: Sequence[Any] | None = None) ->
 
 _DTYPE_BYTES = {"f32": 4, "f64": 8, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1}
 _COLLECTIVE_LINE = re.compile(
-    r"=\s*(?P<result>\(?[a-z0-9]+\[[^\]]*\][^ ]*(?:,\s*[a-z0-9]+\[[^\]]*\][^ ]*)*\)?)\s+"
-    r"(?P<kind>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
+    r"=\s*(?P<result>.*?)\s+(?P<kind>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
 _SHAPE = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
-_GROUPS = re.compile(r"replica_groups=(\{[^=]*?\}\}|\[[^\]]*\]<=\[[^\]]*\][^,]*)")
+_GROUPS = re.compile(r"replica_groups=(mesh\[[^\]]*\] \{[^}]*\}|\{[^=]*?\}\}|\[[^\]]*\]<=\[[^\]]*\][^,]*)")
 
 
 @dataclass(frozen=True)
@@ -177,6 +185,13 @@ def _shape_bytes(text: str) -> float:
 
 
 def _group_size(groups: str) -> int:
+    if groups.startswith("mesh["):  # mesh['a0'=2,'a1'=4] {'a0'}: the listed axes' sizes
+        sizes = dict((k, int(v)) for k, v in re.findall(r"'([^']+)'=(\d+)", groups))
+        listed = re.findall(r"'([^']+)'", groups.split("]", 1)[1])
+        n = 1
+        for name in listed:
+            n *= sizes.get(name, 1)
+        return n
     first = re.search(r"\{([0-9,]+)\}", groups)
     if first:
         return len(first.group(1).split(","))
@@ -185,17 +200,21 @@ def _group_size(groups: str) -> int:
 
 
 def compiled_collectives(hlo_text: str) -> list[CompiledCollective]:
+    """Every collective of a compiled HLO module; one XLA combined into a tuple counts once per
+    element (XLA's combiner merges independent all-reduces; each element is one of the plan's)."""
     found = []
     for line in hlo_text.splitlines():
         m = _COLLECTIVE_LINE.search(line)
         if not m or "-done" in line:
             continue
-        kind, size = m.group("kind"), _shape_bytes(m.group("result"))
+        kind = m.group("kind")
         g = _GROUPS.search(line)
         groups = g.group(1) if g else ""
-        if kind == "reduce-scatter":
-            size *= _group_size(groups)
-        found.append(CompiledCollective(kind, size, groups))
+        for element in _SHAPE.finditer(m.group("result")):
+            size = _shape_bytes(element.group(0))
+            if kind == "reduce-scatter":
+                size *= _group_size(groups)
+            found.append(CompiledCollective(kind, size, groups))
     return found
 
 

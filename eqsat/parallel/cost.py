@@ -8,9 +8,9 @@ value with no device axes is replicated on every device (SPMD: every device comp
 
 | op | forward | backward (the transpose) |
 |---|---|---|
-| partition | slice, nothing | all-gather of the gradient (none for a leaf: data needs none, a weight keeps its shard) |
+| partition | slice, nothing | all-reduce of the zero-padded gradient, as JAX transposes a slice of a replicated value (none for a leaf: data needs none, a weight keeps its shard) |
 | replicate | nothing | all-reduce of the gradient; of a weight leaf this is the gradient sync |
-| combine, all_gather | all-gather | slice / reduce-scatter |
+| combine / all_gather | all-gather | slice / reduce-scatter |
 | reduce, all_reduce | all-reduce | nothing / all-reduce |
 | reduce_scatter | reduce-scatter | all-gather |
 | all_to_all | all-to-all | all-to-all |
@@ -39,7 +39,7 @@ ITEMSIZE = 4
 
 # op → (forward collective, backward collective, which shape S is measured on: "in" or "out")
 COLLECTIVES: Mapping[str, tuple[str | None, str | None, str]] = {
-    "partition": (None, "all-gather", "in"),
+    "partition": (None, "all-reduce", "in"),
     "replicate": (None, "all-reduce", "in"),
     "combine": ("all-gather", None, "out"),
     "all_gather": ("all-gather", "reduce-scatter", "out"),
