@@ -30,12 +30,12 @@ def mlp(layers: int, batch: int, hidden: int) -> Graph:
     return b.build([h])
 
 
-def unity_mlp() -> Graph:
-    """Unity's 2-layer MLP example (OSDI'22 fig. 2): y = relu(x W1) W2, here batch 64, d 1024."""
+def unity_mlp(batch: int = 64, d: int = 1024) -> Graph:
+    """Unity's 2-layer MLP example (OSDI'22 fig. 2): y = relu(x W1) W2, W1 d x 4d, W2 4d x d."""
     b = GraphBuilder()
-    x = b.input("x", (64, 1024))
-    h = b.matmul(x, b.weight("w1", (1024, 4096)), act=2)
-    return b.build([b.matmul(h, b.weight("w2", (4096, 1024)))])
+    x = b.input("x", (batch, d))
+    h = b.matmul(x, b.weight("w1", (d, 4 * d)), act=2)
+    return b.build([b.matmul(h, b.weight("w2", (4 * d, d)))])
 
 
 def gpt_block(b: GraphBuilder, x: Tensor, i: int, d: int, heads: int, seq: int) -> Tensor:

@@ -1,7 +1,7 @@
 """The parallelization rules (`rules/parallel.rules`), instantiated per mesh axis.
 
 The file is written for one generic axis with placeholders: `A` (the mesh axis index), `N` (its
-size), `ACT` (an activation code), `D` and `E` (dims counted from the end). The rule parser has no
+size), `ACT` (an activation code), `D` and `E` (dims -1..-3, counted from the end). The rule parser has no
 integer attribute variables, so each line is expanded over the placeholders' values; every
 instance is named `rule[D=-1]@axis`. Rules are verified by the project's verifier
 (`eqsat.rewrites.verify`) at N = 2 and N = 4 (its shape grid reaches 4, so a larger N cannot be
@@ -24,7 +24,7 @@ from eqsat.rewrites.rule import Rule
 
 RULE_FILE = Path(__file__).with_name("rules") / "parallel.rules"
 _PLACEHOLDER = re.compile(r"(?<![\w?-])(A|N|ACT|D|E)(?![\w-])")
-DIMS: tuple[int, ...] = (-1, -2, -3, -4)
+DIMS: tuple[int, ...] = (-1, -2, -3)  # -4 would need stacked ranks beyond the verifier's grid
 EXPANSIONS: Mapping[str, tuple[int, ...]] = MappingProxyType({
     "ACT": tuple(int(a) for a in Activation), "D": DIMS, "E": DIMS,
 })
