@@ -45,6 +45,10 @@ def _ceiling(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     return list(module.run_bench(out_dir=args.out))
 
 
+def _parallel(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    return list(module.run_bench(out_dir=args.out, time_limit=min(args.time_limit, 20.0)))
+
+
 BENCHMARKS: Mapping[str, Benchmark] = MappingProxyType({
     "jax": Benchmark("experiments.bench_jax", _jax,
                      "@eqsat.optimize on JAX programs: speedup over jax.jit, first call, numerics"),
@@ -52,6 +56,8 @@ BENCHMARKS: Mapping[str, Benchmark] = MappingProxyType({
                          "hand-written rewrites of the JAX targets against jax.jit: what any rewrite could gain here"),
     "extraction": Benchmark("experiments.bench_extraction", _extraction,
                             "every extractor on the E-graph JSON benchmark set: cost, bound, seconds"),
+    "parallel": Benchmark("experiments.bench_parallel", _parallel,
+                          "eqsat parallel over the cases and meshes: predicted step, compiled bytes, memory"),
 })
 
 

@@ -1,8 +1,9 @@
 """`eqsat parallel MODEL --mesh 8 | 2x4`: plan a model on a device mesh and check the plan on JAX.
 
 The plan (algebra and sharding from one ILP over the saturated e-graph, `eqsat.parallel.plan`) is
-compared with the best pure data-parallel and pure Megatron-style plans (the same search with only
-those rules), run as a `shard_map` program on the emulated devices (outputs and gradients against
+compared with the best pure data-parallel plan, the best Megatron-style plan (column / row / head
+splits: what one would write by hand, found by the same search restricted to those rules) and
+algebra-first (the program's algebra as given, fused activations kept, then sharded), run as a `shard_map` program on the emulated devices (outputs and gradients against
 the single-device program), and its predicted communication and memory are compared with what
 the compiled programs do (`compile().as_text()`, `memory_analysis()`). Communication bytes are per
 device: `*_comm_bytes` of the forward program, `*_step_comm_bytes` of a training step.
@@ -23,7 +24,9 @@ from eqsat.parallel.mesh import PRESETS, Mesh, parse_mesh
 from eqsat.parallel.plan import PlanResult, plan_graph, plan_report, random_plans, saturate_and_price
 from experiments.parallel_models import PARALLEL_MODELS, build_parallel_model
 
-__all__ = ["add_arguments", "run", "run_case", "check_on_devices"]
+__all__ = ["add_arguments", "run", "run_case", "check_on_devices", "BASELINES"]
+
+BASELINES = ("data-parallel", "megatron", "algebra-first")
 
 
 def _close(a: np.ndarray, b: np.ndarray, rtol: float = 2e-4) -> bool:
@@ -89,7 +92,7 @@ def run_case(model: str, mesh_spec: str, time_limit: float = 20.0, budget_fracti
     if budget_fraction is not None:
         budget = budget_fraction * plan_report(graph, _replicated_model(mesh)).mem_bytes
     joint = plan_graph(graph, mesh, "joint", time_limit=time_limit, mem_budget=budget)
-    baselines = {s: plan_graph(graph, mesh, s, time_limit=time_limit) for s in ("data-parallel", "megatron")}
+    baselines = {s: plan_graph(graph, mesh, s, time_limit=time_limit) for s in BASELINES}
     row: dict[str, Any] = {"model": model, **joint.to_json()}
     row.update(_baseline_fields(joint, baselines))
     if budget is not None:

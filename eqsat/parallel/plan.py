@@ -51,7 +51,7 @@ DISTRIBUTABLE: Mapping[str, Callable[[Mapping[str, Any], int], bool]] = {
     "broadcast": _leading("dims"),
     "reduce_sum": lambda attrs, k: min(attrs["axes"], default=k) >= k,
 }
-DEFAULT_LIMITS = Limits(iterations=12, nodes=30_000, seconds=20.0)
+DEFAULT_LIMITS = Limits(iterations=12, nodes=30_000, seconds=60.0)
 COST_SCALE = 1e6  # e-node costs in microseconds: keeps the MIP's absolute gaps meaningful
 
 
@@ -82,10 +82,13 @@ def node_axes(op: str, attrs: Mapping[str, Any], child_axes: Sequence[Axes]) -> 
 
 # --- rules ---------------------------------------------------------------------------------------
 
+ALGEBRA_RULES = ("unfuse-sigmoid", "unfuse-relu", "unfuse-tanh")
 STRATEGY_RULES: Mapping[str, tuple[str, ...] | None] = {
-    "joint": None,  # every rule
+    "joint": None,  # every rule: algebra and sharding saturated together
     "data-parallel": ("dp-matmul",),
     "megatron": ("col-matmul", "row-matmul", "batch-matmul"),
+    # the algebra as given (activations stay fused, as a single-device optimizer leaves them), then sharding
+    "algebra-first": ("dp-matmul", "col-matmul", "row-matmul", "batch-matmul"),
 }
 SHARED_RULES = ("unfuse-sigmoid", "unfuse-relu", "unfuse-tanh", "bcast-partition", "transpose-partition", "head-sum",
                 "relu-combine", "tanh-combine", "sigmoid-combine", "exp-combine", "ewadd-combine", "ewmul-combine",
@@ -112,7 +115,10 @@ def strategy_rules(mesh: Mesh, strategy: str) -> list[Rule]:
     if strategy not in STRATEGY_RULES:
         raise PlanError(f"unknown strategy '{strategy}'; choose from {', '.join(STRATEGY_RULES)}")
     names = STRATEGY_RULES[strategy]
-    return verified_parallel_rules(mesh, None if names is None else (*names, *SHARED_RULES))
+    if names is None:
+        return verified_parallel_rules(mesh)
+    shared = tuple(r for r in SHARED_RULES if strategy != "algebra-first" or r not in ALGEBRA_RULES)
+    return verified_parallel_rules(mesh, (*names, *shared))
 
 
 # --- pricing -------------------------------------------------------------------------------------
