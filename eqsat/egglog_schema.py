@@ -380,7 +380,6 @@ def _reduce_scatter(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[Shap
 
 
 def _all_to_all(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
-    (y,) = xs
     gathered = _all_gather({"dim": attrs["concat_dim"]}, xs)[0]
     split = _reduce_scatter({"dim": attrs["split_dim"]}, (gathered.result,))[0]
     return (ShapeCase((*gathered.facts, *split.facts), split.result),)

@@ -21,10 +21,16 @@ import numpy as np
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from eqsat.parallel.mesh import PRESETS, Mesh, parse_mesh
-from eqsat.parallel.plan import PlanResult, plan_graph, plan_report, random_plans, saturate_and_price
+from eqsat.parallel.plan import (
+    PlanResult,
+    plan_graph,
+    plan_report,
+    random_plans,
+    saturate_and_price,
+)
 from experiments.parallel_models import PARALLEL_MODELS, build_parallel_model
 
-__all__ = ["add_arguments", "run", "run_case", "check_on_devices", "BASELINES"]
+__all__ = ["BASELINES", "add_arguments", "check_on_devices", "run", "run_case"]
 
 BASELINES = ("data-parallel", "megatron", "algebra-first")
 

@@ -26,7 +26,7 @@ reads back what the compiled program communicates (kind, replica groups, bytes p
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,7 +108,7 @@ DISTRIBUTION_OPS = frozenset({"partition", "replicate", "combine", "all_gather",
 class ShardedProgram:
     """`fn(*arrays)` in `names` order: the plan on `mesh`; `in_shardings` place the arguments."""
 
-    fn: Callable[..., list[Array]]
+    fn: Any  # the jitted function: fn(*arrays) -> list of outputs; also fn.lower(...)
     names: tuple[str, ...]
     mesh: JaxMesh
     in_shardings: tuple[NamedSharding, ...]
@@ -186,7 +186,7 @@ def _shape_bytes(text: str) -> float:
 
 def _group_size(groups: str) -> int:
     if groups.startswith("mesh["):  # mesh['a0'=2,'a1'=4] {'a0'}: the listed axes' sizes
-        sizes = dict((k, int(v)) for k, v in re.findall(r"'([^']+)'=(\d+)", groups))
+        sizes = {k: int(v) for k, v in re.findall(r"'([^']+)'=(\d+)", groups)}
         listed = re.findall(r"'([^']+)'", groups.split("]", 1)[1])
         n = 1
         for name in listed:
@@ -242,7 +242,7 @@ def compiled_report(program: ShardedProgram, args: Sequence[Array]) -> CompiledR
     return CompiledReport(tuple(compiled_collectives(text)), total, fields)
 
 
-def step_program(program: ShardedProgram, weights: Sequence[str]) -> Callable[..., Any]:
+def step_program(program: ShardedProgram, weights: Sequence[str]) -> Any:
     """A jitted training step of the plan: gradients of sum(out**2)/2 with respect to the weights."""
     def loss(*arrays: Array) -> Array:
         return sum(jnp.sum(o.astype(jnp.float32) ** 2) / 2 for o in program.fn(*arrays))

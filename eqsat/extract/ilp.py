@@ -26,7 +26,14 @@ from typing import Any
 from eqsat.extract.egraph_data import EGraphData
 from eqsat.extract.lazy import IlpOptions, solve_lazy
 from eqsat.extract.lns import LnsOptions, improve
-from eqsat.extract.mip import Clock, Incumbent, Problem, class_sccs, make_problem, start_incumbent
+from eqsat.extract.mip import (
+    Clock,
+    Incumbent,
+    Problem,
+    class_sccs,
+    make_problem,
+    start_incumbent,
+)
 from eqsat.extract.prune import prune
 from eqsat.extract.reduced_ilp import reduced_phase
 from eqsat.extract.selection import Selection

@@ -198,9 +198,9 @@ def price_egraph(egraph_json: Mapping[str, Any], model: ParallelCostModel) -> tu
     keep: dict[str, dict[str, Any]] = {}
     for nid, n in nodes.items():
         kids = [nodes[c]["eclass"] for c in n["children"]]
-        if n["eclass"] in class_axes and all(k in class_axes for k in kids):
-            if node_axes(n["op"], n["attrs"], [class_axes[k] for k in kids]) == class_axes[n["eclass"]]:
-                keep[nid] = n
+        if (n["eclass"] in class_axes and all(k in class_axes for k in kids)
+                and node_axes(n["op"], n["attrs"], [class_axes[k] for k in kids]) == class_axes[n["eclass"]]):
+            keep[nid] = n
     while True:  # drop nodes whose child class lost all its nodes
         alive = {n["eclass"] for n in keep.values()}
         dead = [nid for nid, n in keep.items() if any(nodes[c]["eclass"] not in alive for c in n["children"])]
@@ -331,6 +331,20 @@ def replicated_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
     return plan_report(graph, model)
 
 
-__all__ = ["PlanError", "PlanReport", "PlanResult", "node_axes", "plan_graph", "plan_report", "price_egraph",
-           "strategy_rules", "verified_parallel_rules", "replicated_report", "graph_axes", "PricedEGraph",
-           "saturate_and_price", "random_plans", "DEFAULT_LIMITS"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "PlanError",
+    "PlanReport",
+    "PlanResult",
+    "PricedEGraph",
+    "graph_axes",
+    "node_axes",
+    "plan_graph",
+    "plan_report",
+    "price_egraph",
+    "random_plans",
+    "replicated_report",
+    "saturate_and_price",
+    "strategy_rules",
+    "verified_parallel_rules",
+]

@@ -34,6 +34,13 @@ def rule_lines(path: Path = RULE_FILE) -> list[str]:
     return [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
 
 
+def _fill(line: str, env: Mapping[str, int]) -> str:
+    def value(m: re.Match[str]) -> str:
+        return str(env[m.group(1)])
+
+    return _PLACEHOLDER.sub(value, line)
+
+
 def _expand(line: str, axis: int, parts: int) -> list[tuple[str, str]]:
     """(suffix, text) per assignment of the line's expanded placeholders."""
     names = sorted({m.group(1) for m in _PLACEHOLDER.finditer(line)} & set(EXPANSIONS))
@@ -43,7 +50,7 @@ def _expand(line: str, axis: int, parts: int) -> list[tuple[str, str]]:
         if "D" in env and "E" in env and env["D"] == env["E"]:
             continue  # an all-to-all that moves nothing
         suffix = "[" + ",".join(f"{n}={v}" for n, v in zip(names, values)) + "]" if names else ""
-        out.append((suffix, _PLACEHOLDER.sub(lambda m: str(env[m.group(1)]), line)))
+        out.append((suffix, _fill(line, env)))
     return out
 
 

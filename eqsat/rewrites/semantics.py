@@ -21,7 +21,18 @@ from eqsat import ops
 from eqsat.errors import RuleError, ShapeError
 from eqsat.ops import Shape
 from eqsat.parallel import ops as parallel_ops
-from eqsat.rewrites.rule import AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var, has_attr_refs, term_attr_refs, variables
+from eqsat.rewrites.rule import (
+    AttrVar,
+    DimOf,
+    Pattern,
+    Rule,
+    ShapeOf,
+    Term,
+    Var,
+    has_attr_refs,
+    term_attr_refs,
+    variables,
+)
 
 Coeff = int | Fraction
 Monomial = tuple[int, ...]  # sorted atom ids, with repeats

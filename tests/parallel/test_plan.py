@@ -8,7 +8,13 @@ import pytest
 from eqsat.cost import cost_model
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import PRESETS, parse_mesh
-from eqsat.parallel.plan import PlanError, plan_graph, plan_report, random_plans, saturate_and_price
+from eqsat.parallel.plan import (
+    PlanError,
+    plan_graph,
+    plan_report,
+    random_plans,
+    saturate_and_price,
+)
 from eqsat.pipeline import numerics_match
 from experiments.parallel_models import dlrm, gpt, unity_mlp
 

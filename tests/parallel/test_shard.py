@@ -12,12 +12,22 @@ jax = pytest.importorskip("jax")
 if jax.device_count() < 8:
     pytest.skip("needs 8 JAX devices: set XLA_FLAGS=--xla_force_host_platform_device_count=8", allow_module_level=True)
 
-from eqsat.ir import GraphBuilder  # noqa: E402
-from eqsat.parallel.mesh import parse_mesh  # noqa: E402
-from eqsat.parallel.plan import plan_graph, plan_report, random_plans, saturate_and_price  # noqa: E402
-from experiments.parallel import check_on_devices  # noqa: E402
-from experiments.parallel_models import PARALLEL_MODELS, build_parallel_model, gpt, unity_mlp  # noqa: E402
-from jax_backend.shard import compiled_collectives, shard_plan  # noqa: E402
+from eqsat.ir import GraphBuilder
+from eqsat.parallel.mesh import parse_mesh
+from eqsat.parallel.plan import (
+    plan_graph,
+    plan_report,
+    random_plans,
+    saturate_and_price,
+)
+from experiments.parallel import check_on_devices
+from experiments.parallel_models import (
+    PARALLEL_MODELS,
+    build_parallel_model,
+    gpt,
+    unity_mlp,
+)
+from jax_backend.shard import compiled_collectives, shard_plan
 
 
 def _op_programs() -> list[tuple[str, object]]:
