@@ -16,6 +16,9 @@ value with no device axes is replicated on every device (SPMD: every device comp
 | all_to_all | all-to-all | all-to-all |
 
 Backward compute is taken as twice the forward (two products per matmul; the usual estimate).
+Memory per device: each leaf as it is passed (its shard when only ever partitioned), twice for a
+weight (its gradient), the outputs of matmuls, concats and collectives, and the zero-padded
+gradient a partition of a computed value needs in the backward pass.
 S, the bytes of a collective, is the per-device buffer: the gathered result of an all-gather, the
 input of a reduce-scatter / all-to-all, the value of an all-reduce (what `compile().as_text()`
 shows as the collective's operand or result shape).
@@ -48,6 +51,12 @@ COLLECTIVES: Mapping[str, tuple[str | None, str | None, str]] = {
     "reduce_scatter": ("reduce-scatter", "all-gather", "in"),
     "all_to_all": ("all-to-all", "all-to-all", "in"),
 }
+
+
+# Compute ops whose output XLA keeps as a buffer of its own through a training step; elementwise
+# ops, broadcasts, transposes and reductions fuse into their producers or consumers (measured on
+# the compiled steps of `eqsat parallel`, see the module docstring).
+KEPT_OUTPUTS = frozenset({"matmul", "conv2d", "concat"})
 
 
 @dataclass(frozen=True)
@@ -114,7 +123,8 @@ class ParallelCostModel:
                                       leaf_children[0])
         local = [tuple(s[d:]) for s, d in zip(input_shapes, input_depths)]
         forward = self.compute.op_cost(op, local_attrs(op, attrs, depth), local)
-        return NodeCost(forward * (1 + BACKWARD_FACTOR), forward, (), per_device_bytes(out_shape, depth) + leaf_mem)
+        kept = per_device_bytes(out_shape, depth) if op in KEPT_OUTPUTS else 0.0
+        return NodeCost(forward * (1 + BACKWARD_FACTOR), forward, (), kept + leaf_mem)
 
     def _distribution(self, op: str, attrs: Mapping[str, Any], in_shape: Shape, in_depth: int, out_shape: Shape,
                       depth: int, leaf: str | None) -> NodeCost:
@@ -135,8 +145,12 @@ class ParallelCostModel:
                 found.append(self._collective(bwd, axis, size, "backward", op, f"transpose of {op} over axis {axis}"))
         if leaf is not None:  # the leaf's per-device copy (and a weight's gradient) lives here
             mem = per_device_bytes(out_shape, depth) * (2 if leaf == "weight" else 1)
-        else:  # a replicate of a computed value aliases it; anything else is a new buffer
-            mem = 0.0 if op == "replicate" else per_device_bytes(out_shape, depth)
+        elif op == "replicate":  # a replicate of a computed value aliases it
+            mem = 0.0
+        elif op == "partition":  # its slice fuses; the backward's zero-padded gradient is a buffer
+            mem = per_device_bytes(in_shape, in_depth)
+        else:
+            mem = per_device_bytes(out_shape, depth)
         return NodeCost(0.0, 0.0, tuple(found), mem)  # a collective's sums are priced in its alpha-beta time
 
     def _collective(self, kind: str, axis: int, size: float, phase: str, op: str, why: str) -> Collective:
