@@ -48,7 +48,10 @@ def child(plan_path: Path, model: str, mesh_spec: str, port: int, pid: int, out:
     plan = Graph.load(plan_path)
     program = shard_plan(plan, parse_mesh(mesh_spec))
     values = graph.random_inputs(0)
-    args = [jax.make_array_from_callback(values[n].shape, s, lambda idx, v=values[n]: v[idx])
+    def piece(value: np.ndarray) -> Any:
+        return lambda index: value[index]
+
+    args = [jax.make_array_from_callback(values[n].shape, s, piece(values[n]))
             for n, s in zip(program.names, program.in_shardings)]
     outs = program.fn(*args)
     if pid == 0:
