@@ -189,7 +189,7 @@ def _matmul_infer(shapes: Sequence[Shape], attrs: Attrs) -> tuple[Shape, ...]:
         if a[-1] != b[-2]:
             raise _fail("matmul", shapes, f"inner dimensions differ ({a[-1]} vs {b[-2]})")
         return ((*a[:-1], b[-1]),)
-    raise _fail("matmul", shapes, f"needs two inputs of one rank, 2 to {MATMUL_MAX_RANK}")
+    raise _fail("matmul", shapes, f"needs two 2-D or two 3-D inputs (or two batched of one rank up to {MATMUL_MAX_RANK})")
 
 
 def _matmul_flops(ins: Sequence[Shape], outs: Sequence[Shape], attrs: Attrs) -> float:
