@@ -24,7 +24,7 @@ COLUMNS = ("model", "mesh", "predicted_s", "data_parallel_s", "megatron_s", "alg
 
 
 def _time_limit(model: str, time_limit: float) -> float:
-    return max(time_limit, 100.0) if model == "gpt12" else time_limit
+    return max(time_limit, 60.0) if model == "gpt12" else time_limit
 
 
 def run_bench(out_dir: Path, time_limit: float = 20.0, models: Sequence[str] | None = None,
