@@ -19,15 +19,15 @@ jax = pytest.importorskip("jax")
 if jax.device_count() < 2:
     pytest.skip("needs 2 JAX devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)", allow_module_level=True)
 
-from eqsat.errors import EqsatError  # noqa: E402
-from eqsat.ir import Graph, GraphBuilder, Tensor  # noqa: E402
-from eqsat.parallel.mesh import parse_mesh  # noqa: E402
-from eqsat.parallel.plan import graph_axes  # noqa: E402
-from eqsat.parallel.rules import instantiate  # noqa: E402
-from eqsat.rewrites.rule import Pattern, Rule, Var, variables  # noqa: E402
-from eqsat.rewrites.semantics import bind_attrs  # noqa: E402
-from eqsat.rewrites.shapes import sample_assignments  # noqa: E402
-from jax_backend.shard import shard_plan  # noqa: E402
+from eqsat.errors import EqsatError
+from eqsat.ir import Graph, GraphBuilder, Tensor
+from eqsat.parallel.mesh import parse_mesh
+from eqsat.parallel.plan import graph_axes
+from eqsat.parallel.rules import instantiate
+from eqsat.rewrites.rule import Pattern, Rule, Var, variables
+from eqsat.rewrites.semantics import bind_attrs
+from eqsat.rewrites.shapes import sample_assignments
+from jax_backend.shard import shard_plan
 
 PARTS = 2
 
