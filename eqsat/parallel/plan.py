@@ -326,11 +326,6 @@ def random_plans(pe: PricedEGraph, count: int, seed: int = 0) -> list[Graph]:
     return plans
 
 
-def replicated_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
-    """The unparallelized program (every device runs all of it): the footprint budgets refer to."""
-    return plan_report(graph, model)
-
-
 __all__ = [
     "DEFAULT_LIMITS",
     "PlanError",
