@@ -338,7 +338,6 @@ __all__ = [
     "plan_report",
     "price_egraph",
     "random_plans",
-    "replicated_report",
     "saturate_and_price",
     "strategy_rules",
     "verified_parallel_rules",
