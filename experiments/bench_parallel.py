@@ -90,8 +90,10 @@ def _plots(rows: Sequence[dict[str, Any]], out_dir: Path) -> None:
         pts = [(r[pred], r[meas]) for r in rows if r.get(meas) is not None]
         if pts:
             ax.scatter([p for p, _ in pts], [m for _, m in pts], label=name)
-    lim = max([1.0] + [float(r.get(k) or 0) for r in rows for k in ("measured_step_comm_bytes", "predicted_step_comm_bytes")])
-    ax.plot([1, lim], [1, lim], color="gray", lw=0.8)
+    seen = [float(r[k]) for r in rows for k in ("predicted_comm_bytes", "measured_comm_bytes",
+                                                 "predicted_step_comm_bytes", "measured_step_comm_bytes") if r.get(k)]
+    low, high = (min(seen) / 2, max(seen) * 2) if seen else (1.0, 10.0)
+    ax.plot([low, high], [low, high], color="gray", lw=0.8)
     ax.set_xscale("symlog")
     ax.set_yscale("symlog")
     ax.set_xlabel("predicted bytes per device")
