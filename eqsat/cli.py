@@ -26,6 +26,7 @@ COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "rules": ("eqsat.rewrites.command", "verify or synthesize rewrite rules"),
     "optimize": ("experiments.optimize", "optimize a model end to end"),
     "bench": ("experiments.command", "run a named experiment (eqsat bench --help lists them)"),
+    "parallel": ("experiments.parallel", "plan a model on a device mesh: algebra and sharding from one ILP"),
 })
 
 

@@ -198,11 +198,18 @@ def _roofline(device: str, **options: Any) -> CostModel:
     return RooflineModel(device_spec(device), **options)
 
 
-_FACTORIES: dict[str, Callable[..., CostModel]] = {"roofline": _roofline}
+def _parallel(device: str, **options: Any) -> CostModel:
+    """A training step on a device mesh (eqsat.parallel.cost): per-device compute + collectives."""
+    from eqsat.parallel.cost import parallel_model
+
+    return parallel_model(device, **options)
+
+
+_FACTORIES: dict[str, Callable[..., CostModel]] = {"roofline": _roofline, "parallel": _parallel}
 
 COST_MODEL_FACTORIES: Mapping[str, Callable[..., CostModel]] = MappingProxyType(_FACTORIES)
-"""Cost model name → factory(device, **options): "roofline" here; backends add theirs with
-`register_cost_model` when imported (`import jax_backend` adds "measured", timed with JAX)."""
+"""Cost model name → factory(device, **options): "roofline" and "parallel" (eqsat.parallel) here;
+backends add theirs with `register_cost_model` when imported (`import jax_backend` adds "measured", timed with JAX)."""
 
 
 def register_cost_model(name: str, factory: Callable[..., CostModel]) -> None:

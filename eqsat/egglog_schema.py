@@ -185,7 +185,7 @@ def _matmul(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, .
     a, b = xs
     n = _length(a)
     facts = (
-        f"(= {n} {_length(b)})", f"(>= {n} 2)", f"(<= {n} 3)",
+        f"(= {n} {_length(b)})", f"(>= {n} 2)", f"(<= {n} {ops.MATMUL_MAX_RANK})",
         f"(= {_get(a, f'(- {n} 1)')} {_get(b, f'(- {n} 2)')})",
         f"(= (vec-pop (vec-pop {a})) (vec-pop (vec-pop {b})))",  # equal batch prefix
         *_act_ok(attrs["act"]),
@@ -310,6 +310,71 @@ def _broadcast(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase
     return tuple(cases)
 
 
+# --- distribution ops (eqsat.parallel.ops): dims counted from the end, a leading device axis ------
+
+def _from_end(s: Expr, dim: Expr) -> Expr:
+    """Index from the front of the dim `dim` (< 0) of shape `s`."""
+    n, d = literal_int(_length(s)), literal_int(dim)
+    return str(n + d) if n is not None and d is not None else f"(+ {_length(s)} {dim})"
+
+
+def _dim_facts(s: Expr, dim: Expr) -> tuple[Expr, ...]:
+    return (f"(< {dim} 0)", f"(>= {_from_end(s, dim)} 0)")
+
+
+def _scaled(s: Expr, i: Expr, op: str, by: Expr) -> Expr:
+    return f"(vec-set {s} {i} ({op} {_get(s, i)} {by}))"
+
+
+def _prepend(n: Expr, s: Expr) -> Expr:
+    return f"(vec-append (vec-of {n}) {s})"
+
+
+def _partition(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    (x,), n = xs, attrs["parts"]
+    i = _from_end(x, attrs["dim"])
+    facts = (*_dim_facts(x, attrs["dim"]), f"(>= {n} 1)", f"(= (% {_get(x, i)} {n}) 0)")
+    return (ShapeCase(facts, _prepend(n, _scaled(x, i, "/", n))),)
+
+
+def _combine(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    (y,) = xs
+    piece = f"(vec-remove {y} 0)"
+    i = _from_end(piece, attrs["dim"])
+    return (ShapeCase((f"(>= {_length(y)} 2)", *_dim_facts(piece, attrs["dim"])), _scaled(piece, i, "*", _get(y, 0))),)
+
+
+def _replicate(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    return (ShapeCase((f"(>= {attrs['parts']} 1)",), _prepend(attrs["parts"], xs[0])),)
+
+
+def _reduce_devices(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    return (ShapeCase((f"(>= {_length(xs[0])} 2)",), f"(vec-remove {xs[0]} 0)"),)
+
+
+def _all_reduce(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    return (ShapeCase((f"(>= {_length(xs[0])} 2)",), xs[0]),)
+
+
+def _all_gather(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    (y,) = xs
+    i = _from_end(y, attrs["dim"])
+    return (ShapeCase((f"(>= {_length(y)} 2)", f"(< {attrs['dim']} 0)", f"(>= {i} 1)"), _scaled(y, i, "*", _get(y, 0))),)
+
+
+def _reduce_scatter(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    (y,) = xs
+    i = _from_end(y, attrs["dim"])
+    facts = (f"(>= {_length(y)} 2)", f"(< {attrs['dim']} 0)", f"(>= {i} 1)", f"(= (% {_get(y, i)} {_get(y, 0)}) 0)")
+    return (ShapeCase(facts, _scaled(y, i, "/", _get(y, 0))),)
+
+
+def _all_to_all(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    gathered = _all_gather({"dim": attrs["concat_dim"]}, xs)[0]
+    split = _reduce_scatter({"dim": attrs["split_dim"]}, (gathered.result,))[0]
+    return (ShapeCase((*gathered.facts, *split.facts), split.result),)
+
+
 def vec_of(items: Sequence[Expr] | Any) -> Expr:
     items = list(items)
     return "(vec-of" + "".join(f" {i}" for i in items) + ")"
@@ -325,6 +390,8 @@ SHAPE_RULES: Mapping[str, ShapeFn] = {
     "smul": _smul, "matmul": _matmul, "conv2d": _conv2d, "poolmax": _pool, "poolavg": _pool,
     "concat": _concat, "slice": _slice, "enlarge": _enlarge, "transpose": _transpose, "reshape": _reshape,
     "batchnorm": _batchnorm, "reduce_sum": _reduce, "reduce_max": _reduce, "broadcast": _broadcast,
+    "partition": _partition, "combine": _combine, "replicate": _replicate, "reduce": _reduce_devices,
+    "all_reduce": _all_reduce, "all_gather": _all_gather, "reduce_scatter": _reduce_scatter, "all_to_all": _all_to_all,
 }
 ENCODED_AS: Mapping[str, str] = {"split": "slice"}  # ops the encoder writes with other constructors
 BINARY_ONLY = frozenset({"concat"})  # variadic in the IR, binary (nested) in the e-graph

@@ -199,6 +199,8 @@ def _smul_infer(shapes: Sequence[Shape], attrs: Attrs) -> tuple[Shape, ...]:
 
 # --- matmul ---------------------------------------------------------------------------------------
 
+MATMUL_MAX_RANK = 5  # 3-D batched matmuls on a 2-D device mesh (eqsat.parallel.ops) stack to 5-D
+
 def _matmul_infer(shapes: Sequence[Shape], attrs: Attrs) -> tuple[Shape, ...]:
     a, b = shapes
     _check_act("matmul", shapes, attrs["act"])
@@ -206,13 +208,13 @@ def _matmul_infer(shapes: Sequence[Shape], attrs: Attrs) -> tuple[Shape, ...]:
         if a[1] != b[0]:
             raise _fail("matmul", shapes, f"inner dimensions differ ({a[1]} vs {b[0]})")
         return ((a[0], b[1]),)
-    if len(a) == 3 and len(b) == 3:
-        if a[0] != b[0]:
-            raise _fail("matmul", shapes, f"batch dimensions differ ({a[0]} vs {b[0]})")
-        if a[2] != b[1]:
-            raise _fail("matmul", shapes, f"inner dimensions differ ({a[2]} vs {b[1]})")
-        return ((a[0], a[1], b[2]),)
-    raise _fail("matmul", shapes, "needs two 2-D or two 3-D inputs")
+    if len(a) == len(b) and 3 <= len(a) <= MATMUL_MAX_RANK:  # batched; stacks of devices add batch axes
+        if a[:-2] != b[:-2]:
+            raise _fail("matmul", shapes, f"batch dimensions differ ({a[:-2]} vs {b[:-2]})")
+        if a[-1] != b[-2]:
+            raise _fail("matmul", shapes, f"inner dimensions differ ({a[-1]} vs {b[-2]})")
+        return ((*a[:-1], b[-1]),)
+    raise _fail("matmul", shapes, f"needs two 2-D or two 3-D inputs (or two batched of one rank up to {MATMUL_MAX_RANK})")
 
 
 def _matmul_flops(ins: Sequence[Shape], outs: Sequence[Shape], attrs: Attrs) -> float:
@@ -446,6 +448,21 @@ def _broadcast_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ..
 
 _LEAF_ATTRS = (AttrSpec("name", "str"), AttrSpec("shape", "ints"))
 
+
+def _parallel_specs() -> tuple[OpSpec, ...]:
+    """The distribution ops of `eqsat.parallel.ops` (partition, combine, collectives, ...)."""
+    from eqsat.parallel import ops as parallel
+
+    def one_output(fn: Callable[..., np.ndarray]) -> Callable[[Sequence[np.ndarray], Attrs], tuple[np.ndarray, ...]]:
+        return lambda xs, a: (fn(xs, a),)
+
+    return tuple(
+        OpSpec(name, tuple(AttrSpec(a, kind) for a, kind in attrs), 1, infer, one_output(parallel.NUMPY[name]), flops,
+               doc=doc)
+        for name, (attrs, infer, flops, doc) in parallel.SPECS.items()
+    )
+
+
 OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("input", _LEAF_ATTRS, 0, _leaf_infer, _no_numpy, _zero_flops, is_leaf=True, doc="a graph input"),
     OpSpec("weight", _LEAF_ATTRS, 0, _leaf_infer, _no_numpy, _zero_flops, is_leaf=True, doc="a parameter"),
@@ -496,6 +513,7 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("broadcast", (AttrSpec("shape", "ints"), AttrSpec("dims", "ints")), 1, _broadcast_infer,
            _broadcast_numpy, _zero_flops, doc="lax.broadcast_in_dim: input axis i goes to output axis dims[i]",
            fusible=True),
+    *_parallel_specs(),
 )}
 
 

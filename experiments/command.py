@@ -55,6 +55,10 @@ def _tensat(module: Any, args: argparse.Namespace) -> Iterable[dict[str, Any]]:
     return module.run_bench(out_dir=args.out, options=module.options_from_args(args))
 
 
+def _parallel(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    return list(module.run_bench(out_dir=args.out, time_limit=min(args.time_limit, 20.0)))
+
+
 BENCHMARKS: Mapping[str, Benchmark] = MappingProxyType({
     "jax": Benchmark("experiments.bench_jax", _jax,
                      "@eqsat.optimize on JAX programs: speedup over jax.jit, first call, numerics"),
@@ -66,6 +70,10 @@ BENCHMARKS: Mapping[str, Benchmark] = MappingProxyType({
                          "every extractor on chain e-graphs of growing size: peak memory, seconds, largest handled"),
     "tensat": Benchmark("experiments.bench_tensat", _tensat,
                         "Tensat's seven models: equality saturation against a TASO-style search, paper's numbers beside"),
+
+
+    "parallel": Benchmark("experiments.bench_parallel", _parallel,
+                          "eqsat parallel over the cases and meshes: predicted step, compiled bytes, memory"),
 })
 
 

@@ -134,6 +134,19 @@ LOWERINGS: Mapping[str, Lowering] = MappingProxyType({
     "reduce_sum": lambda xs, a, p: (jnp.sum(xs[0], axis=tuple(a["axes"])),),
     "reduce_max": lambda xs, a, p: (jnp.max(xs[0], axis=tuple(a["axes"])),),
     "broadcast": lambda xs, a, p: (lax.broadcast_in_dim(xs[0], tuple(a["shape"]), tuple(a["dims"])),),
+    # distribution ops (eqsat.parallel.ops) on one device: their stacked meaning; on a mesh they
+    # run as collectives (jax_backend/shard.py)
+    "partition": lambda xs, a, p: (jnp.stack(jnp.split(xs[0], a["parts"], axis=xs[0].ndim + a["dim"])),),
+    "combine": lambda xs, a, p: (jnp.concatenate(list(xs[0]), axis=xs[0].ndim - 1 + a["dim"]),),
+    "replicate": lambda xs, a, p: (jnp.stack([xs[0]] * a["parts"]),),
+    "reduce": lambda xs, a, p: (jnp.sum(xs[0], axis=0),),
+    "all_reduce": lambda xs, a, p: (jnp.stack([jnp.sum(xs[0], axis=0)] * xs[0].shape[0]),),
+    "all_gather": lambda xs, a, p: (jnp.stack([jnp.concatenate(list(xs[0]), axis=xs[0].ndim - 1 + a["dim"])]
+                                              * xs[0].shape[0]),),
+    "reduce_scatter": lambda xs, a, p: (jnp.stack(jnp.split(jnp.sum(xs[0], axis=0), xs[0].shape[0],
+                                                            axis=xs[0].ndim - 1 + a["dim"])),),
+    "all_to_all": lambda xs, a, p: (jnp.stack(jnp.split(jnp.concatenate(list(xs[0]), axis=xs[0].ndim - 1 + a["concat_dim"]),
+                                                        xs[0].shape[0], axis=xs[0].ndim - 1 + a["split_dim"])),),
 })
 """Op name → lowering(inputs, normalized attrs, matmul/conv precision) → outputs."""
 

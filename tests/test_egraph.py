@@ -121,6 +121,13 @@ def _op_examples() -> dict[str, Callable[[GraphBuilder], list[Tensor]]]:
         var = b.apply("exp", [b.weight("v", (3,))])[0]
         return [b.batchnorm(img, scale, bias, mean, var, eps=1.5e-3)]
 
+    def distributed(b: GraphBuilder, op: str, attrs: dict[str, int]) -> Tensor:
+        """`op` on x (4, 6) split in 2 along its last dim (a partition or replicate itself)."""
+        if op == "replicate":
+            return b.apply("replicate", [x(b, (4, 6))], {"axis": 0, "parts": 2})[0]
+        split = b.apply("partition", [x(b, (4, 6))], {"dim": -1, "axis": 0, "parts": 2})[0]
+        return split if op == "partition" else b.apply(op, [split], attrs)[0]
+
     examples: dict[str, Callable[[GraphBuilder], list[Tensor]]] = {
         **{op: binary(op) for op in ("ewadd", "ewmul", "ewsub", "ewmax")},
         **{op: unary(op) for op in ("relu", "tanh", "sigmoid", "exp", "neg")},
@@ -148,6 +155,10 @@ def _op_examples() -> dict[str, Callable[[GraphBuilder], list[Tensor]]]:
                                  b.apply("reduce_sum", [x(b, name="z")], {"axes": (0, 1)})[0]],  # to a scalar
         "reduce_max": lambda b: [b.apply("reduce_max", [x(b, (2, 3, 4))], {"axes": (1,)})[0]],
         "broadcast": lambda b: [b.apply("broadcast", [x(b, (3, 1))], {"shape": (2, 3, 4), "dims": (1, 2)})[0]],
+        **{op: (lambda op, attrs: lambda b: [distributed(b, op, attrs)])(op, attrs) for op, attrs in (  # noqa: B023 - bound by the outer lambda
+            ("partition", {}), ("combine", {"dim": -2, "axis": 0}), ("replicate", {}), ("reduce", {"axis": 0}),
+            ("all_reduce", {"axis": 0}), ("all_gather", {"dim": -1, "axis": 0}),
+            ("reduce_scatter", {"dim": -2, "axis": 0}), ("all_to_all", {"split_dim": -2, "concat_dim": -1, "axis": 0}))},
     }
     return examples
 

@@ -26,7 +26,15 @@ from typing import Any
 from eqsat.extract.egraph_data import EGraphData
 from eqsat.extract.lazy import IlpOptions, solve_lazy
 from eqsat.extract.lns import LnsOptions, improve
-from eqsat.extract.mip import Clock, Incumbent, Problem, class_sccs, make_problem, start_incumbent
+from eqsat.extract.mip import (
+    Clock,
+    Incumbent,
+    Problem,
+    class_sccs,
+    make_problem,
+    start_incumbent,
+)
+from eqsat.extract.prune import prune
 from eqsat.extract.reduced_ilp import reduced_phase
 from eqsat.extract.selection import Selection
 
@@ -42,16 +50,17 @@ def largest_cyclic_region(problem: Problem) -> int:
 def ilp(egraph: EGraphData, time_limit: float = 60.0, options: IlpOptions = IlpOptions()) -> Selection:
     """Best DAG-cost extraction HiGHS can prove (or find) within the time limit."""
     clock = Clock(time_limit)
-    full = make_problem(egraph, deadline=clock.deadline(0.3))
+    budgeted = options.budget is not None  # dominance and the warm-start phases ignore the budget row
+    full = make_problem(egraph, prune(egraph, dominance=not budgeted, deadline=clock.deadline(0.3)))
     start = None
     cycles: list[list[int]] = []
     phases: dict[str, Any] = {}
-    if len(full.nodes) >= options.reduce_above:
+    if len(full.nodes) >= options.reduce_above and not budgeted:
         sel, cycles, lp_bound = reduced_phase(full, Clock(options.reduce_share * clock.left()), options)
         start = Incumbent(sel.choice, sel.dag_cost, "reduced")
         phases["reduced_phase"] = {"cost": sel.dag_cost, "seconds": sel.seconds, "cycles": len(cycles), "lp_bound": lp_bound}
     region = largest_cyclic_region(full)
-    if region >= options.lns_above and clock.left() > 0.2 * time_limit:
+    if region >= options.lns_above and not budgeted and clock.left() > 0.2 * time_limit:
         _, warm = start_incumbent(full, start, deadline=clock.deadline(0.6))
         t = clock.elapsed()
         result = improve(full, warm, Clock(options.lns_share * clock.left()), LnsOptions(seed=options.lns_seed), options)

@@ -33,6 +33,19 @@ from eqsat.extract.selection import Selection, Status, dag_cost, make_selection,
 
 
 @dataclass(frozen=True)
+class NodeBudget:
+    """One knapsack row: the chosen nodes' weights add up to at most `limit` (e.g. per-device
+    memory of a parallel plan). `weight` is per e-graph node, in the loader's numbering."""
+
+    weight: tuple[float, ...]
+    limit: float
+
+    def allows(self, choice: np.ndarray) -> bool:
+        picked = choice[choice >= 0]
+        return float(np.sum(np.asarray(self.weight)[picked])) <= self.limit * (1 + 1e-9)
+
+
+@dataclass(frozen=True)
 class IlpOptions:
     gap: float = 1e-6  # relative MIP gap at which HiGHS may stop
     threads: int = 1
@@ -54,6 +67,7 @@ class IlpOptions:
     # HiGHS's LP presolve does not check the time limit: on a 200 000-class chain the reduced
     # phase's LP took 103 s of a 28 s limit. Above this many columns it is solved without.
     lp_presolve_max_cols: int = 100_000
+    budget: NodeBudget | None = None  # a knapsack row; answers over it are never returned
 
 
 class _Watch:
@@ -90,6 +104,19 @@ class _Watch:
         event.interrupt(bool(self.cycles))  # HiGHS keeps the flag between runs: always set it
 
 
+def _fits(options: IlpOptions, incumbent: Incumbent) -> bool:
+    return options.budget is None or options.budget.allows(incumbent.choice)
+
+
+def _budget_row(problem: Problem, h: highspy.Highs, budget: NodeBudget, best: Incumbent) -> Incumbent:
+    """Add the knapsack row; a start over the budget stays only as a warm start, priced infinite."""
+    rows = Rows()
+    cols = list(range(len(problem.nodes)))
+    rows.add(cols, [float(budget.weight[n]) for n in problem.nodes.tolist()], -np.inf, float(budget.limit))
+    rows.pass_to(h)
+    return best if budget.allows(best.choice) else Incumbent(best.choice, float("inf"), best.source + "-over-budget")
+
+
 def solve_lazy(
     problem: Problem,
     clock: Clock,
@@ -110,6 +137,8 @@ def solve_lazy(
     info: dict[str, Any] = {"prune": dict(problem.pruned.stats), "start_cost": greedy.cost}
     h = new_highs(clock.left(), options.threads, options.gap)
     base_model(problem, h)
+    if options.budget is not None:
+        best = _budget_row(problem, h, options.budget, best)
     all_cycles: list[list[int]] = []
     known = list(known_cycles or [])
     if options.short_cycles >= 2:
@@ -158,7 +187,7 @@ def solve_lazy(
             "nodes": int(hinfo.mip_node_count),
         }
         rounds.append(round_info)
-        if watch.found is not None and watch.found.cost < best.cost:
+        if watch.found is not None and watch.found.cost < best.cost and _fits(options, watch.found):
             best = watch.found
         if watch.cycles:  # stopped early at a cyclic incumbent: cut it off and go again
             round_info["cycles"] = len(watch.cycles)
@@ -171,7 +200,7 @@ def solve_lazy(
             n_cuts += len(rows)
             assert watch.cyclic_choice is not None
             fixed = repair_incumbent(problem, watch.cyclic_choice)
-            if fixed.cost < best.cost:
+            if fixed.cost < best.cost and _fits(options, fixed):
                 best = fixed
             warm_start = best if best.source != "greedy" or best is warm else warm
             status = Status.TIMED_OUT
@@ -185,7 +214,7 @@ def solve_lazy(
         if not cycles:
             reach = reachable_choice(egraph, choice)
             cand = Incumbent(reach, dag_cost(egraph, reach), "ilp")
-            if cand.cost < best.cost:
+            if cand.cost < best.cost and _fits(options, cand):
                 best = cand
             status = Status.OPTIMAL if model_status == highspy.HighsModelStatus.kOptimal else Status.TIMED_OUT
             break
@@ -196,7 +225,7 @@ def solve_lazy(
         rows.pass_to(h)
         n_cuts += len(rows)
         fixed = repair_incumbent(problem, choice)
-        if fixed.cost < best.cost:
+        if fixed.cost < best.cost and _fits(options, fixed):
             best = fixed
         warm_start = best if best.source != "greedy" or best is warm else warm
         status = Status.TIMED_OUT

@@ -20,7 +20,19 @@ import numpy as np
 from eqsat import ops
 from eqsat.errors import RuleError, ShapeError
 from eqsat.ops import Shape
-from eqsat.rewrites.rule import AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var, has_attr_refs, term_attr_refs, variables
+from eqsat.parallel import ops as parallel_ops
+from eqsat.rewrites.rule import (
+    AttrVar,
+    DimOf,
+    Pattern,
+    Rule,
+    ShapeOf,
+    Term,
+    Var,
+    has_attr_refs,
+    term_attr_refs,
+    variables,
+)
 
 Coeff = int | Fraction
 Monomial = tuple[int, ...]  # sorted atom ids, with repeats
@@ -222,12 +234,13 @@ def _act(alg: Algebra, x: np.ndarray, code: int) -> np.ndarray:
 
 
 def _matmul(alg: Algebra, xs: Sequence[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
-    x, y = xs
+    return _act(alg, _batched_matmul(alg, xs[0], xs[1]), a["act"])
+
+
+def _batched_matmul(alg: Algebra, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     if x.ndim == 2:
-        out = alg.tensordot(x, y, ([1], [0]))
-    else:
-        out = np.stack([alg.tensordot(x[b], y[b], ([1], [0])) for b in range(x.shape[0])])
-    return _act(alg, out, a["act"])
+        return alg.tensordot(x, y, ([1], [0]))
+    return np.stack([_batched_matmul(alg, x[b], y[b]) for b in range(x.shape[0])])
 
 
 def _pad_hw(alg: Algebra, x: np.ndarray, pads: tuple[int, int, int, int]) -> np.ndarray:
@@ -359,6 +372,11 @@ def _opaque(name: str) -> Impl:
     return lambda alg, xs, a: alg.activation(name, xs[0])
 
 
+def _distributed(op: str) -> Impl:
+    """A distribution op (eqsat.parallel.ops): data movement plus sums taken in the algebra."""
+    return lambda alg, xs, a: parallel_ops.semantics(alg.add)[op](xs, a)
+
+
 OP_IMPLS: Mapping[str, Impl] = {
     "ewadd": lambda alg, xs, a: alg.add(xs[0], xs[1]),
     "ewmul": lambda alg, xs, a: alg.mul(xs[0], xs[1]),
@@ -387,6 +405,7 @@ OP_IMPLS: Mapping[str, Impl] = {
     "broadcast": _broadcast,
     "reduce_sum": _reduce("sum"),
     "reduce_max": _reduce("max"),
+    **{op: _distributed(op) for op in parallel_ops.SPECS},
 }
 
 

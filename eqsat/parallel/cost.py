@@ -1,0 +1,163 @@
+"""What one e-node of a parallel plan costs in a training step: per-device compute (from the
+project's cost models, on the per-device shapes), the collectives it causes forward and backward
+(alpha-beta on the mesh axis they run over) and the per-device bytes it keeps alive.
+
+Device state of a value (the leading device axes of its stacked shape, `eqsat.parallel.ops`): a
+value with no device axes is replicated on every device (SPMD: every device computes it), so
+`partition` is a local slice and `replicate` moves nothing. Collectives, forward / backward:
+
+| op | forward | backward (the transpose) |
+|---|---|---|
+| partition | slice, nothing | all-reduce of the zero-padded gradient, as JAX transposes a slice of a replicated value (none for a leaf: data needs none, a weight keeps its shard) |
+| replicate | nothing | all-reduce of the gradient; of a weight leaf this is the gradient sync |
+| combine / all_gather | all-gather | slice / reduce-scatter |
+| reduce, all_reduce | all-reduce | nothing / all-reduce |
+| reduce_scatter | reduce-scatter | all-gather |
+| all_to_all | all-to-all | all-to-all |
+
+Backward compute is taken as twice the forward (two products per matmul; the usual estimate).
+Memory per device: each leaf as it is passed (its shard when only ever partitioned), twice for a
+weight (its gradient), the outputs of matmuls, concats and collectives, and the zero-padded
+gradient a partition of a computed value needs in the backward pass.
+S, the bytes of a collective, is the per-device buffer: the gathered result of an all-gather, the
+input of a reduce-scatter / all-to-all, the value of an all-reduce (what `compile().as_text()`
+shows as the collective's operand or result shape).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eqsat import cost as cost_models
+from eqsat import ops
+from eqsat.parallel.mesh import Mesh, parse_mesh
+from eqsat.parallel.ops import local_attrs
+
+Shape = tuple[int, ...]
+BACKWARD_FACTOR = 2.0
+ITEMSIZE = 4
+
+# op → (forward collective, backward collective, which shape S is measured on: "in" or "out")
+COLLECTIVES: Mapping[str, tuple[str | None, str | None, str]] = {
+    "partition": (None, "all-reduce", "in"),
+    "replicate": (None, "all-reduce", "in"),
+    "combine": ("all-gather", None, "out"),
+    "all_gather": ("all-gather", "reduce-scatter", "out"),
+    "reduce": ("all-reduce", None, "out"),
+    "all_reduce": ("all-reduce", "all-reduce", "out"),
+    "reduce_scatter": ("reduce-scatter", "all-gather", "in"),
+    "all_to_all": ("all-to-all", "all-to-all", "in"),
+}
+
+
+# Compute ops whose output XLA keeps as a buffer of its own through a training step; elementwise
+# ops, broadcasts, transposes and reductions fuse into their producers or consumers (measured on
+# the compiled steps of `eqsat parallel`, see the module docstring).
+KEPT_OUTPUTS = frozenset({"matmul", "conv2d", "concat"})
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective a plan runs: where it comes from and what it moves (bytes per device)."""
+
+    kind: str
+    axis: int
+    bytes: float
+    seconds: float
+    phase: str  # forward | backward | grad-sync
+    op: str
+    why: str
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    compute_s: float  # forward + backward per device
+    forward_s: float
+    collectives: tuple[Collective, ...]
+    mem_bytes: float  # per device, kept for the step (activations; parameters and gradients)
+
+    @property
+    def comm_s(self) -> float:
+        return sum(c.seconds for c in self.collectives)
+
+    @property
+    def seconds(self) -> float:
+        return self.compute_s + self.comm_s
+
+
+def per_device_bytes(shape: Shape, depth: int) -> float:
+    return float(ITEMSIZE * math.prod(shape[depth:]))
+
+
+@dataclass(frozen=True)
+class ParallelCostModel:
+    """Training-step cost of an op on a mesh; `compute` prices the per-device op."""
+
+    mesh: Mesh
+    compute: cost_models.CostModel
+    name: str = "parallel"
+
+    @property
+    def device(self) -> str:
+        return self.compute.device
+
+    def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]) -> float:
+        """The `CostModel` protocol: an op on values with no device axes (replicated)."""
+        return self.node_cost(op, attrs, input_shapes, [0] * len(input_shapes), 0, [None] * len(input_shapes)).seconds
+
+    def node_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape], input_depths: Sequence[int],
+                  depth: int, leaf_children: Sequence[str | None]) -> NodeCost:
+        """`input_depths` / `depth`: device axes of the inputs / output; `leaf_children[i]` the
+        leaf op (`input` / `weight`) input i is, else None."""
+        spec = ops.op_spec(op)
+        if spec.is_leaf:
+            return NodeCost(0.0, 0.0, (), 0.0)
+        out_shape = ops.infer_shapes(op, input_shapes, attrs)[0]
+        leaf_mem = sum(per_device_bytes(s, d) * (2 if leaf == "weight" else 1)
+                       for s, d, leaf in zip(input_shapes, input_depths, leaf_children) if leaf is not None)
+        if op in COLLECTIVES:
+            return self._distribution(op, attrs, input_shapes[0], input_depths[0], out_shape, depth,
+                                      leaf_children[0])
+        local = [tuple(s[d:]) for s, d in zip(input_shapes, input_depths)]
+        forward = self.compute.op_cost(op, local_attrs(op, attrs, depth), local)
+        kept = per_device_bytes(out_shape, depth) if op in KEPT_OUTPUTS else 0.0
+        return NodeCost(forward * (1 + BACKWARD_FACTOR), forward, (), kept + leaf_mem)
+
+    def _distribution(self, op: str, attrs: Mapping[str, Any], in_shape: Shape, in_depth: int, out_shape: Shape,
+                      depth: int, leaf: str | None) -> NodeCost:
+        fwd, bwd, measured_on = COLLECTIVES[op]
+        axis = int(attrs["axis"])
+        size = per_device_bytes(in_shape, in_depth) if measured_on == "in" else per_device_bytes(out_shape, depth)
+        found: list[Collective] = []
+        if fwd is not None:
+            found.append(self._collective(fwd, axis, size, "forward", op, f"{op} over axis {axis}"))
+        if bwd is not None:
+            if op in ("partition", "replicate") and leaf == "input":
+                pass  # no gradient flows into data
+            elif op == "partition" and leaf == "weight":
+                pass  # a sharded weight keeps a sharded gradient
+            elif op == "replicate" and leaf == "weight":
+                found.append(self._collective(bwd, axis, size, "grad-sync", op, f"gradient of a weight replicated over axis {axis}"))
+            else:
+                found.append(self._collective(bwd, axis, size, "backward", op, f"transpose of {op} over axis {axis}"))
+        if leaf is not None:  # the leaf's per-device copy (and a weight's gradient) lives here
+            mem = per_device_bytes(out_shape, depth) * (2 if leaf == "weight" else 1)
+        elif op == "replicate":  # a replicate of a computed value aliases it
+            mem = 0.0
+        elif op == "partition":  # its slice fuses; the backward's zero-padded gradient is a buffer
+            mem = per_device_bytes(in_shape, in_depth)
+        else:
+            mem = per_device_bytes(out_shape, depth)
+        return NodeCost(0.0, 0.0, tuple(found), mem)  # a collective's sums are priced in its alpha-beta time
+
+    def _collective(self, kind: str, axis: int, size: float, phase: str, op: str, why: str) -> Collective:
+        return Collective(kind, axis, size, self.mesh.collective_seconds(kind, axis, size), phase, op, why)
+
+
+def parallel_model(device: str, mesh: str | Mesh = "cpu8", compute: str = "roofline", **options: Any) -> ParallelCostModel:
+    """Factory registered as `parallel` in `eqsat.cost.COST_MODEL_FACTORIES`."""
+    m = mesh if isinstance(mesh, Mesh) else parse_mesh(mesh)
+    return ParallelCostModel(m, cost_models.cost_model(compute, device, **options))

@@ -1,0 +1,114 @@
+"""Device meshes: named axes, each with a size and an alpha-beta link model.
+
+A collective over one axis of size n moving S bytes per device costs alpha + factor(n) * S / beta
+(factor 2(n-1)/n for an all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all: the
+bandwidth-optimal ring / pairwise algorithms). Presets and where their numbers come from:
+
+- `h100x8`: one DGX H100 node, NVLink 4 through NVSwitch: 450 GB/s per direction per GPU
+  (NVIDIA H100 SXM datasheet: 900 GB/s bidirectional); latency 5 us assumed (NCCL small-message).
+- `h100x32`: 4 such nodes over InfiniBand NDR, 8 x 400 Gb/s NICs per node = 50 GB/s per GPU;
+  latency 10 us assumed. Axis `node` (4) over IB, axis `gpu` (8) over NVLink.
+- `cpu8`: the 8 emulated XLA CPU devices of this machine (one process, memcpy collectives);
+  numbers are nominal (10 GB/s, 20 us), good for ranking plans, not for wall time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from eqsat.errors import EqsatError
+
+
+class MeshError(EqsatError):
+    """A mesh spec that does not name a preset or a valid shape."""
+
+
+@dataclass(frozen=True)
+class MeshAxis:
+    """One named mesh axis: its size and the link its collectives run over."""
+
+    name: str
+    size: int
+    bandwidth: float  # bytes/s per device per direction
+    latency: float  # seconds per collective step (alpha)
+
+
+# Collective kind -> factor of S (bytes per device) each device sends, on an axis of size n.
+COLLECTIVE_FACTORS: Mapping[str, float] = MappingProxyType({
+    "all-reduce": 2.0, "all-gather": 1.0, "reduce-scatter": 1.0, "all-to-all": 1.0,
+})
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """Devices arranged on named axes (row-major, as `jax.sharding.Mesh`)."""
+
+    name: str
+    axes: tuple[MeshAxis, ...]
+    device: str = "cpu-nominal"  # the compute cost model's device (eqsat.cost.DEVICES or cpu)
+    memory_bytes: float = math.inf  # per-device memory
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(a.size for a in self.axes)
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.axes)
+
+    @property
+    def n_devices(self) -> int:
+        return math.prod(self.shape)
+
+    def axis(self, index: int) -> MeshAxis:
+        if not 0 <= index < len(self.axes):
+            raise MeshError(f"mesh {self.name} has no axis {index} (axes: {', '.join(self.axis_names)})")
+        return self.axes[index]
+
+    def collective_seconds(self, kind: str, axis: int, bytes_per_device: float) -> float:
+        """alpha-beta time of one collective over `axis`, S = bytes per device (see module doc)."""
+        ax = self.axis(axis)
+        n = ax.size
+        if n == 1 or bytes_per_device == 0:
+            return 0.0
+        return ax.latency + COLLECTIVE_FACTORS[kind] * (n - 1) / n * bytes_per_device / ax.bandwidth
+
+    def reshaped(self, shape: Sequence[int]) -> Mesh:
+        """The same kind of devices and links on another shape, using the first prod(shape) of them
+        (axes named a0, a1, ...; the link of a multi-axis shape is this mesh's slowest)."""
+        if math.prod(shape) > self.n_devices or any(s < 1 for s in shape):
+            raise MeshError(f"mesh shape {'x'.join(map(str, shape))} needs more than the {self.n_devices} devices of {self.name}")
+        bw = min(a.bandwidth for a in self.axes)
+        lat = max(a.latency for a in self.axes)
+        axes = tuple(MeshAxis(f"a{i}", s, bw, lat) for i, s in enumerate(shape))
+        return Mesh(f"{self.name}[{'x'.join(map(str, shape))}]", axes, self.device, self.memory_bytes)
+
+
+NVLINK = (450e9, 5e-6)
+INFINIBAND = (50e9, 10e-6)
+CPU_LINK = (10e9, 20e-6)
+
+PRESETS: Mapping[str, Mesh] = MappingProxyType({
+    "h100x8": Mesh("h100x8", (MeshAxis("gpu", 8, *NVLINK),), "h100", 80e9),
+    "h100x32": Mesh("h100x32", (MeshAxis("node", 4, *INFINIBAND), MeshAxis("gpu", 8, *NVLINK)), "h100", 80e9),
+    "cpu8": Mesh("cpu8", (MeshAxis("a0", 8, *CPU_LINK),), "cpu-nominal"),
+})
+
+
+def parse_mesh(spec: str, base: str = "cpu8") -> Mesh:
+    """`8`, `2x4`, `4x2` (the `base` preset's devices on that shape) or a preset name."""
+    if spec in PRESETS:
+        return PRESETS[spec]
+    try:
+        shape = tuple(int(s) for s in spec.lower().split("x"))
+    except ValueError:
+        raise MeshError(f"mesh '{spec}' is neither a preset ({', '.join(PRESETS)}) nor a shape like 8 or 2x4") from None
+    if base not in PRESETS:
+        raise MeshError(f"unknown mesh preset '{base}'; known: {', '.join(PRESETS)}")
+    mesh = PRESETS[base]
+    if mesh.shape == shape:
+        return mesh
+    return mesh.reshaped(shape)

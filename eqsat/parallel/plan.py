@@ -1,0 +1,345 @@
+"""Plan a program on a mesh: saturate it with the verified parallelization rules, price every
+e-node as a training step on the mesh, extract algebra and plan with one ILP (optionally under a
+per-device memory budget), check the plan against the single-device program, and report it.
+
+Device axes: a value's leading device axes (`eqsat.parallel.ops`) follow from the ops that made
+it (`node_axes`): `partition` / `replicate` over mesh axis a put a in front, `combine` / `reduce`
+over a take it off (it must be the leading one), collectives keep them, and any other op needs
+all its inputs on the same axes. E-nodes that break this (a mesh axis split twice, a combine over
+an axis the value is not on, a product of values on different axes) are numerically right but no
+SPMD program, so they are left out before extraction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from eqsat import ops
+from eqsat.egraph import TensorEGraph, decode
+from eqsat.errors import EqsatError
+from eqsat.extract.egraph_data import load_egraph
+from eqsat.extract.ilp import ilp
+from eqsat.extract.lazy import IlpOptions, NodeBudget
+from eqsat.ir import Graph
+from eqsat.parallel.cost import Collective, NodeCost, ParallelCostModel
+from eqsat.parallel.mesh import Mesh
+from eqsat.parallel.rules import instantiate, mesh_rules
+from eqsat.pipeline import numerics_match
+from eqsat.rewrites.rule import Rule
+from eqsat.saturate import Limits, saturate
+
+Axes = tuple[int, ...]
+ENTER = frozenset({"partition", "replicate"})
+LEAVE = frozenset({"combine", "reduce"})
+KEEP = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all"})
+def _leading(key: str) -> Callable[[Mapping[str, Any], int], bool]:
+    """The op's index list keeps the k device axes in front, in place."""
+    return lambda attrs, k: tuple(attrs[key])[:k] == tuple(range(k))
+
+
+# Ops that may run on values with k device axes, and when: each device runs the op on its piece.
+# Elementwise ops and matmul act on trailing dims; ops with front-counted index attributes must
+# leave the device axes alone.
+DISTRIBUTABLE: Mapping[str, Callable[[Mapping[str, Any], int], bool]] = {
+    **{op: (lambda attrs, k: True) for op in ("matmul", "relu", "tanh", "sigmoid", "exp", "ewadd", "ewmul", "ewsub")},
+    "transpose": _leading("perm"),
+    "broadcast": _leading("dims"),
+    "reduce_sum": lambda attrs, k: min(attrs["axes"], default=k) >= k,
+}
+DEFAULT_LIMITS = Limits(iterations=12, nodes=30_000, seconds=60.0)
+COST_SCALE = 1e6  # e-node costs in microseconds: keeps the MIP's absolute gaps meaningful
+
+
+class PlanError(EqsatError):
+    """No valid plan (e.g. the memory budget cannot be met)."""
+
+
+def node_axes(op: str, attrs: Mapping[str, Any], child_axes: Sequence[Axes]) -> Axes | None:
+    """Device axes of an op's output from its inputs'; None when the node is no SPMD program."""
+    spec = ops.op_spec(op)
+    if spec.is_leaf:
+        return ()
+    if op in ENTER:
+        a = int(attrs["axis"])
+        return None if a in child_axes[0] else (a, *child_axes[0])
+    if op in LEAVE or op in KEEP:
+        c = child_axes[0]
+        if not c or c[0] != int(attrs["axis"]):
+            return None
+        return c[1:] if op in LEAVE else c
+    first = child_axes[0] if child_axes else ()
+    if any(c != first for c in child_axes):
+        return None
+    if first and not (op in DISTRIBUTABLE and DISTRIBUTABLE[op](attrs, len(first))):
+        return None
+    return first
+
+
+# --- rules ---------------------------------------------------------------------------------------
+
+ALGEBRA_RULES = ("unfuse-sigmoid", "unfuse-relu", "unfuse-tanh")
+STRATEGY_RULES: Mapping[str, tuple[str, ...] | None] = {
+    "joint": None,  # every rule: algebra and sharding saturated together
+    "data-parallel": ("dp-matmul",),
+    "megatron": ("col-matmul", "row-matmul", "batch-matmul"),
+    # the algebra as given (activations stay fused, as a single-device optimizer leaves them), then sharding
+    "algebra-first": ("dp-matmul", "col-matmul", "row-matmul", "batch-matmul"),
+}
+SHARED_RULES = ("unfuse-sigmoid", "unfuse-relu", "unfuse-tanh", "bcast-partition", "transpose-partition", "head-sum",
+                "relu-combine", "tanh-combine", "sigmoid-combine", "exp-combine", "ewadd-combine", "ewmul-combine",
+                "ewadd-reduce", "relu-replicate", "combine-partition", "partition-combine", "all-reduce", "all-gather",
+                "reduce-scatter", "all-to-all")
+
+
+def _base(rule_name: str) -> str:
+    return rule_name.split("@")[0]
+
+
+def verified_parallel_rules(mesh: Mesh, names: Sequence[str] | None = None) -> list[Rule]:
+    """The mesh's rule instances whose generic form the verifier accepts at N = 2 and N = 4."""
+    from eqsat.rewrites.verify import verified_rules
+
+    family = [r for n in (2, 4) for r in instantiate(0, n, names=names)]
+    accepted = {_base(r.name) for r in verified_rules(family, allow_guarded=True, all_shapes=False)}
+    per_n = {n: {_base(r.name) for r in instantiate(0, n, names=names)} for n in (2, 4)}
+    ok = {b for b in per_n[2] | per_n[4] if (b not in per_n[2] or b in accepted) and (b not in per_n[4] or b in accepted)}
+    return [r for r in mesh_rules(mesh, names) if _base(r.name) in ok]
+
+
+def strategy_rules(mesh: Mesh, strategy: str) -> list[Rule]:
+    if strategy not in STRATEGY_RULES:
+        raise PlanError(f"unknown strategy '{strategy}'; choose from {', '.join(STRATEGY_RULES)}")
+    names = STRATEGY_RULES[strategy]
+    if names is None:
+        return verified_parallel_rules(mesh)
+    shared = tuple(r for r in SHARED_RULES if strategy != "algebra-first" or r not in ALGEBRA_RULES)
+    return verified_parallel_rules(mesh, (*names, *shared))
+
+
+# --- pricing -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PlanReport:
+    """What a plan costs, recomputed from the plan graph (never taken from the solver)."""
+
+    step_s: float
+    compute_s: float
+    comm_s: float
+    mem_bytes: float
+    collectives: tuple[tuple[int, Collective], ...]  # (plan node index, collective)
+
+    def comm_bytes(self, phase: str | None = "forward") -> float:
+        return float(sum(c.bytes for _, c in self.collectives if phase is None or c.phase == phase))
+
+    def to_json(self, graph: Graph) -> dict[str, Any]:
+        return {
+            "predicted_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
+            "predicted_comm_bytes": self.comm_bytes("forward"), "predicted_step_comm_bytes": self.comm_bytes(None),
+            "predicted_mem_bytes": self.mem_bytes,
+            "collectives": [{"node": i, "enode_op": graph.nodes[i].op, "kind": c.kind, "axis": c.axis,
+                             "bytes": c.bytes, "seconds": c.seconds, "phase": c.phase, "why": c.why}
+                            for i, c in self.collectives],
+        }
+
+
+def graph_axes(graph: Graph) -> list[Axes]:
+    out: list[Axes] = []
+    for i, n in enumerate(graph.nodes):
+        axes = node_axes(n.op, n.attr, [out[v.node] for v in n.inputs])
+        if axes is None:
+            raise PlanError(f"plan node {i} ({n.op}) is not an SPMD program (device axes disagree)")
+        out.append(axes)
+    return out
+
+
+def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
+    g = graph.live()
+    axes = graph_axes(g)
+    compute = comm = mem = 0.0
+    found: list[tuple[int, Collective]] = []
+    for i, n in enumerate(g.nodes):
+        c = _price(model, n.op, n.attr, [g.shape(v) for v in n.inputs], [len(axes[v.node]) for v in n.inputs],
+                   len(axes[i]), [g.nodes[v.node].op if ops.OPS[g.nodes[v.node].op].is_leaf else None for v in n.inputs])
+        compute += c.compute_s
+        comm += c.comm_s
+        mem += c.mem_bytes
+        found.extend((i, col) for col in c.collectives)
+    return PlanReport(compute + comm, compute, comm, mem, tuple(found))
+
+
+def _price(model: ParallelCostModel, op: str, attrs: Mapping[str, Any], shapes: Sequence[tuple[int, ...]],
+           depths: Sequence[int], depth: int, leaves: Sequence[str | None]) -> NodeCost:
+    return model.node_cost(op, attrs, shapes, depths, depth, leaves)
+
+
+def price_egraph(egraph_json: Mapping[str, Any], model: ParallelCostModel) -> tuple[dict[str, Any], dict[str, float]]:
+    """The e-graph with SPMD-invalid nodes left out and step costs (µs) per node; memory per node."""
+    nodes: dict[str, dict[str, Any]] = {k: dict(v) for k, v in egraph_json["nodes"].items()}
+    shape = {c: tuple(d["shape"]) for c, d in egraph_json["class_data"].items()}
+    leaf_of: dict[str, str] = {n["eclass"]: n["op"] for n in nodes.values() if ops.OPS[n["op"]].is_leaf}
+    class_axes: dict[str, Axes] = {}
+    changed = True
+    while changed:  # fixpoint: a class's axes from any node whose children are known
+        changed = False
+        for n in nodes.values():
+            if n["eclass"] in class_axes:
+                continue
+            kids = [nodes[c]["eclass"] for c in n["children"]]
+            if all(k in class_axes for k in kids):
+                axes = node_axes(n["op"], n["attrs"], [class_axes[k] for k in kids])
+                if axes is not None:
+                    class_axes[n["eclass"]] = axes
+                    changed = True
+    keep: dict[str, dict[str, Any]] = {}
+    for nid, n in nodes.items():
+        kids = [nodes[c]["eclass"] for c in n["children"]]
+        if (n["eclass"] in class_axes and all(k in class_axes for k in kids)
+                and node_axes(n["op"], n["attrs"], [class_axes[k] for k in kids]) == class_axes[n["eclass"]]):
+            keep[nid] = n
+    while True:  # drop nodes whose child class lost all its nodes
+        alive = {n["eclass"] for n in keep.values()}
+        dead = [nid for nid, n in keep.items() if any(nodes[c]["eclass"] not in alive for c in n["children"])]
+        if not dead:
+            break
+        for nid in dead:
+            del keep[nid]
+    mem: dict[str, float] = {}
+    for nid, n in keep.items():
+        kids = [nodes[c]["eclass"] for c in n["children"]]
+        c = _price(model, n["op"], n["attrs"], [shape[k] for k in kids], [len(class_axes[k]) for k in kids],
+                   len(class_axes[n["eclass"]]), [leaf_of.get(k) for k in kids])
+        n["cost"] = c.seconds * COST_SCALE
+        mem[nid] = c.mem_bytes
+    member = {n["eclass"]: nid for nid, n in keep.items()}
+    for n in keep.values():  # children name nodes; point them at a kept node of the same class
+        n["children"] = [c if c in keep else member[nodes[c]["eclass"]] for c in n["children"]]
+    used = {n["eclass"] for n in keep.values()}
+    priced = {**egraph_json, "nodes": keep, "class_data": {c: d for c, d in egraph_json["class_data"].items() if c in used}}
+    return priced, mem
+
+
+# --- the planner ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PlanResult:
+    strategy: str
+    mesh: Mesh
+    plan: Graph
+    report: PlanReport
+    numerics_ok: bool
+    max_abs_diff: float
+    search_s: float  # saturation (rules verified, e-graph built and priced) + ILP
+    saturate_s: float
+    extract_s: float
+    enodes: int
+    eclasses: int
+    ilp_status: str
+    ilp_gap: float | None
+    rules: int
+    stop_reason: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "mesh": "x".join(map(str, self.mesh.shape)), "mesh_name": self.mesh.name,
+                **self.report.to_json(self.plan), "numerics_ok": self.numerics_ok, "max_abs_diff": self.max_abs_diff,
+                "search_s": self.search_s, "saturate_s": self.saturate_s, "extract_s": self.extract_s,
+                "enodes": self.enodes, "eclasses": self.eclasses, "ilp_status": self.ilp_status,
+                "ilp_gap": self.ilp_gap, "rules": self.rules, "stop_reason": self.stop_reason,
+                "plan_ops": self.plan.live().op_counts(), **self.info}
+
+
+@dataclass(frozen=True)
+class PricedEGraph:
+    """A saturated e-graph with SPMD-valid nodes only, priced as training steps on a mesh."""
+
+    graph: Graph
+    model: ParallelCostModel
+    raw: Mapping[str, Any]
+    priced: Mapping[str, Any]
+    mem: Mapping[str, float]
+    data: Any  # EGraphData
+    stop_reason: str
+    rules: int
+    seconds: float
+
+    def decode(self, choice_ids: Mapping[str, str]) -> Graph:
+        return decode(self.priced, choice_ids).live()
+
+
+def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
+                       model: ParallelCostModel | None = None, rules: Sequence[Rule] | None = None) -> PricedEGraph:
+    from eqsat.cost import cost_model
+
+    model = model or ParallelCostModel(mesh, cost_model("roofline", mesh.device))
+    rule_list = list(rules) if rules is not None else strategy_rules(mesh, strategy)
+    t0 = time.perf_counter()
+    egraph = TensorEGraph.from_graph(graph)
+    sat = saturate(egraph, rule_list, limits)
+    raw = egraph.serialize(model.compute, fold_weights=False)
+    priced, mem = price_egraph(raw, model)
+    return PricedEGraph(graph, model, raw, priced, mem, load_egraph(priced), sat.stop_reason, len(rule_list),
+                        time.perf_counter() - t0)
+
+
+def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
+               time_limit: float = 20.0, mem_budget: float | None = None, model: ParallelCostModel | None = None,
+               rules: Sequence[Rule] | None = None) -> PlanResult:
+    """Saturate `graph` with the strategy's parallel rules on `mesh`, extract the cheapest training
+    step (within `mem_budget` bytes per device if given) and check it against `graph`."""
+    t0 = time.perf_counter()
+    pe = saturate_and_price(graph, mesh, strategy, limits, model, rules)
+    t1 = time.perf_counter()
+    data = pe.data
+    budget = None
+    if mem_budget is not None:
+        budget = NodeBudget(tuple(pe.mem.get(nid, 0.0) for nid in data.node_ids), float(mem_budget))
+    selection = ilp(data, time_limit, IlpOptions(budget=budget))
+    extract_s = time.perf_counter() - t1
+    plan = pe.decode(selection.as_ids(data))
+    report = plan_report(plan, pe.model)
+    if mem_budget is not None and report.mem_bytes > mem_budget * (1 + 1e-9):
+        raise PlanError(f"no plan within {mem_budget:.4g} bytes per device was found "
+                        f"(best: {report.mem_bytes:.4g}, status {selection.status})")
+    t2 = time.perf_counter()
+    ok, diff = numerics_match(graph, plan)
+    return PlanResult(strategy, mesh, plan, report, ok, diff, pe.seconds + extract_s, pe.seconds, extract_s,
+                      len(pe.raw["nodes"]), len(pe.raw["class_data"]), str(selection.status), selection.gap,
+                      pe.rules, pe.stop_reason, {"check_s": time.perf_counter() - t2, "total_s": time.perf_counter() - t0})
+
+
+def random_plans(pe: PricedEGraph, count: int, seed: int = 0) -> list[Graph]:
+    """`count` plans from the e-graph, each the greedy DAG extraction under random node costs: valid
+    SPMD plans of every shape the rules allow, for differential testing."""
+    from dataclasses import replace
+
+    from eqsat.extract.greedy_dag import greedy_dag
+
+    rng = np.random.default_rng(seed)
+    plans = []
+    for _ in range(count):
+        data = replace(pe.data, cost=rng.uniform(0.0, 1.0, size=pe.data.n_nodes))
+        plans.append(pe.decode(greedy_dag(data, 10.0).as_ids(data)))
+    return plans
+
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "PlanError",
+    "PlanReport",
+    "PlanResult",
+    "PricedEGraph",
+    "graph_axes",
+    "node_axes",
+    "plan_graph",
+    "plan_report",
+    "price_egraph",
+    "random_plans",
+    "saturate_and_price",
+    "strategy_rules",
+    "verified_parallel_rules",
+]

@@ -1,0 +1,70 @@
+"""The parallelization rules (`rules/parallel.rules`), instantiated per mesh axis.
+
+The file is written for one generic axis with placeholders: `A` (the mesh axis index), `N` (its
+size), `ACT` (an activation code), `D` and `E` (dims -1..-3, counted from the end). The rule parser has no
+integer attribute variables, so each line is expanded over the placeholders' values; every
+instance is named `rule[D=-1]@axis`. Rules are verified by the project's verifier
+(`eqsat.rewrites.verify`) at N = 2 and N = 4 (its shape grid reaches 4, so a larger N cannot be
+sampled); the rules are uniform in N.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType
+
+from eqsat.ops import Activation
+from eqsat.parallel.mesh import Mesh
+from eqsat.rewrites.parser import parse_rule_text
+from eqsat.rewrites.rule import Rule
+
+RULE_FILE = Path(__file__).with_name("rules") / "parallel.rules"
+_PLACEHOLDER = re.compile(r"(?<![\w?-])(A|N|ACT|D|E)(?![\w-])")
+DIMS: tuple[int, ...] = (-1, -2, -3)  # -4 would need stacked ranks beyond the verifier's grid
+EXPANSIONS: Mapping[str, tuple[int, ...]] = MappingProxyType({
+    "ACT": tuple(int(a) for a in Activation), "D": DIMS, "E": DIMS,
+})
+
+
+def rule_lines(path: Path = RULE_FILE) -> list[str]:
+    return [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def _fill(line: str, env: Mapping[str, int]) -> str:
+    def value(m: re.Match[str]) -> str:
+        return str(env[m.group(1)])
+
+    return _PLACEHOLDER.sub(value, line)
+
+
+def _expand(line: str, axis: int, parts: int) -> list[tuple[str, str]]:
+    """(suffix, text) per assignment of the line's expanded placeholders."""
+    names = sorted({m.group(1) for m in _PLACEHOLDER.finditer(line)} & set(EXPANSIONS))
+    out = []
+    for values in itertools.product(*(EXPANSIONS[n] for n in names)):
+        env = {"A": axis, "N": parts, **dict(zip(names, values))}
+        if "D" in env and "E" in env and env["D"] == env["E"]:
+            continue  # an all-to-all that moves nothing
+        suffix = "[" + ",".join(f"{n}={v}" for n, v in zip(names, values)) + "]" if names else ""
+        out.append((suffix, _fill(line, env)))
+    return out
+
+
+def instantiate(axis: int, parts: int, names: Sequence[str] | None = None, path: Path = RULE_FILE) -> list[Rule]:
+    """The rules for one mesh axis of size `parts` (optionally only the base names in `names`)."""
+    rules: list[Rule] = []
+    for line in rule_lines(path):
+        for suffix, text in _expand(line, axis, parts):
+            for rule in parse_rule_text(text, str(path)):
+                if names is None or rule.name in names:
+                    rules.append(replace(rule, name=f"{rule.name}{suffix}@{axis}"))
+    return rules
+
+
+def mesh_rules(mesh: Mesh, names: Sequence[str] | None = None) -> list[Rule]:
+    """Every axis's instance of the rules."""
+    return [r for i, ax in enumerate(mesh.axes) for r in instantiate(i, ax.size, names=names)]

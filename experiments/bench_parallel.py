@@ -1,0 +1,104 @@
+"""`eqsat bench parallel --out DIR`: `eqsat parallel` over the cases and meshes.
+
+Writes `parallel.jsonl` (one row per case and mesh, the fields of `eqsat parallel`), `parallel.md`
+(the table), `parallel_step.png` (predicted training-step time of the joint plan and of the
+baselines) and `parallel_comm.png` (predicted against compiled bytes per device, forward and
+training step). Step times are predicted (the 8 emulated devices share this machine's cores, so
+wall-clock speedups mean nothing here); bytes are the compiled programs'.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from experiments.parallel import BASELINES, run_case
+
+CASES: tuple[str, ...] = ("unity-mlp", "mlp16", "gpt-block", "gpt12", "dlrm")
+MESHES: tuple[str, ...] = ("8", "2x4", "4x2")
+COLUMNS = ("model", "mesh", "predicted_s", "data_parallel_s", "megatron_s", "algebra_first_s", "joint_vs_best_baseline",
+           "predicted_comm_bytes", "measured_comm_bytes", "predicted_step_comm_bytes", "measured_step_comm_bytes",
+           "predicted_mem_bytes", "measured_mem_bytes", "numerics_ok", "same_collectives", "search_s", "ilp_status", "ilp_gap")
+
+
+def _time_limit(model: str, time_limit: float) -> float:
+    return max(time_limit, 60.0) if model == "gpt12" else time_limit
+
+
+def run_bench(out_dir: Path, time_limit: float = 20.0, models: Sequence[str] | None = None,
+              meshes: Sequence[str] | None = None, random_plans: int = 0) -> list[dict[str, Any]]:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cases = [(m, mesh) for m in (models or CASES) for mesh in (meshes or MESHES)]
+    rows: list[dict[str, Any]] = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=Console(stderr=True)) as progress:
+        task = progress.add_task("parallel", total=len(cases))
+        with open(out_dir / "parallel.jsonl", "w") as log:
+            for model, mesh in cases:
+                progress.update(task, description=f"{model} on {mesh}")
+                row = run_case(model, mesh, _time_limit(model, time_limit), random=random_plans)
+                rows.append(row)
+                log.write(json.dumps(row) + "\n")
+                log.flush()
+                progress.advance(task)
+    _table(rows, out_dir / "parallel.md")
+    _plots(rows, out_dir)
+    return [{k: r.get(k) for k in COLUMNS} for r in rows]
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _table(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_fmt(r.get(k)) for k in COLUMNS) + " |" for r in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _plots(rows: Sequence[dict[str, Any]], out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    labels = [f"{r['model']}\n{r['mesh']}" for r in rows]
+    series = [("joint", "predicted_s")] + [(b, b.replace("-", "_") + "_s") for b in BASELINES]
+    x = np.arange(len(rows))
+    width = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.9), 4.5))
+    for i, (name, key) in enumerate(series):
+        ax.bar(x + i * width, [1e3 * float(r.get(key) or 0) for r in rows], width, label=name)
+    ax.set_xticks(x + 0.4 - width / 2, labels, fontsize=7)
+    ax.set_ylabel("predicted training step (ms)")
+    ax.set_title("joint algebra + sharding plan against baselines")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "parallel_step.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for pred, meas, name in (("predicted_comm_bytes", "measured_comm_bytes", "forward"),
+                             ("predicted_step_comm_bytes", "measured_step_comm_bytes", "training step")):
+        pts = [(r[pred], r[meas]) for r in rows if r.get(meas) is not None]
+        if pts:
+            ax.scatter([p for p, _ in pts], [m for _, m in pts], label=name)
+    seen = [float(r[k]) for r in rows for k in ("predicted_comm_bytes", "measured_comm_bytes",
+                                                 "predicted_step_comm_bytes", "measured_step_comm_bytes") if r.get(k)]
+    low, high = (min(seen) / 2, max(seen) * 2) if seen else (1.0, 10.0)
+    ax.plot([low, high], [low, high], color="gray", lw=0.8)
+    ax.set_xscale("symlog")
+    ax.set_yscale("symlog")
+    ax.set_xlabel("predicted bytes per device")
+    ax.set_ylabel("compiled program's bytes per device")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "parallel_comm.png", dpi=120)
+    plt.close(fig)

@@ -1,0 +1,87 @@
+"""The programs `eqsat parallel` plans: Unity's 2-layer MLP, a 16-layer MLP, a GPT-style block
+and a 12-block stack, and a DLRM-like model, built with `GraphBuilder` (float32, batch-major).
+
+The GPT block is the part of a transformer block the op set and rules cover: per-head Q/K/V
+projections as head-batched matmuls (weights (H, d, d/H)), sigmoid-normalised attention scores
+(softmax's reductions have front-counted axes that the rules do not move partitions through), the
+per-head output projection summed over heads with one batched matmul plus a head reduction written
+as a matmul with a ones vector, and a 4x MLP with relu. It is a stand-in for a GPT block, named so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from eqsat.errors import EqsatError
+from eqsat.ir import Graph, GraphBuilder, Tensor
+
+
+class UnknownParallelModelError(EqsatError):
+    """A model name `eqsat parallel` does not know."""
+
+
+def mlp(layers: int, batch: int, hidden: int) -> Graph:
+    """`layers` square matmuls with relu between them."""
+    b = GraphBuilder()
+    h = b.input("x", (batch, hidden))
+    for i in range(layers):
+        h = b.matmul(h, b.weight(f"w{i}", (hidden, hidden)), act=2 if i < layers - 1 else 0)
+    return b.build([h])
+
+
+def unity_mlp(batch: int = 64, d: int = 1024) -> Graph:
+    """Unity's 2-layer MLP example (OSDI'22 fig. 2): y = relu(x W1) W2, W1 d x 4d, W2 4d x d."""
+    b = GraphBuilder()
+    x = b.input("x", (batch, d))
+    h = b.matmul(x, b.weight("w1", (d, 4 * d)), act=2)
+    return b.build([b.matmul(h, b.weight("w2", (4 * d, d)))])
+
+
+def gpt_block(b: GraphBuilder, x: Tensor, i: int, d: int, heads: int, seq: int) -> Tensor:
+    dh = d // heads
+    xb = b.apply("broadcast", [x], {"shape": (heads, seq, d), "dims": (1, 2)})[0]
+    q = b.matmul(xb, b.weight(f"b{i}.wq", (heads, d, dh)))
+    k = b.matmul(xb, b.weight(f"b{i}.wk", (heads, d, dh)))
+    v = b.matmul(xb, b.weight(f"b{i}.wv", (heads, d, dh)))
+    scores = b.matmul(q, b.transpose(k, (0, 2, 1)), act=1)  # sigmoid attention
+    ctx = b.matmul(scores, v)  # (H, T, dh)
+    proj = b.matmul(ctx, b.weight(f"b{i}.wo", (heads, dh, d)))  # (H, T, d)
+    attn = b.apply("reduce_sum", [proj], {"axes": (0,)})[0]
+    h = b.ewadd(x, attn)
+    up = b.matmul(h, b.weight(f"b{i}.w1", (d, 4 * d)), act=2)
+    return b.ewadd(h, b.matmul(up, b.weight(f"b{i}.w2", (4 * d, d))))
+
+
+def gpt(blocks: int, d: int = 256, heads: int = 8, seq: int = 128) -> Graph:
+    b = GraphBuilder()
+    h = b.input("x", (seq, d))
+    for i in range(blocks):
+        h = gpt_block(b, h, i, d, heads, seq)
+    return b.build([h])
+
+
+def dlrm(tables: int = 8, batch: int = 128, rows: int = 1000, dim: int = 64) -> Graph:
+    """8 embedding lookups as one-hot x table products, concatenated, then a 3-layer MLP."""
+    b = GraphBuilder()
+    feats = [b.matmul(b.input(f"onehot{i}", (batch, rows)), b.weight(f"emb{i}", (rows, dim))) for i in range(tables)]
+    h = b.concat(1, *feats)
+    h = b.matmul(h, b.weight("top0", (tables * dim, 512)), act=2)
+    h = b.matmul(h, b.weight("top1", (512, 256)), act=2)
+    return b.build([b.matmul(h, b.weight("top2", (256, 64)))])
+
+
+PARALLEL_MODELS: Mapping[str, Callable[[], Graph]] = MappingProxyType({
+    "unity-mlp": unity_mlp,
+    "mlp16": lambda: mlp(16, 256, 1024),
+    "gpt-block": lambda: gpt(1),
+    "gpt12": lambda: gpt(12),
+    "dlrm": dlrm,
+})
+
+
+def build_parallel_model(name: str) -> Graph:
+    try:
+        return PARALLEL_MODELS[name]()
+    except KeyError:
+        raise UnknownParallelModelError(f"unknown model '{name}'; known: {', '.join(PARALLEL_MODELS)}") from None

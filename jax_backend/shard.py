@@ -1,0 +1,251 @@
+"""Run a parallel plan (a Graph with eqsat.parallel's distribution ops) on a JAX device mesh.
+
+The plan becomes one `shard_map` over a `jax.sharding.Mesh` whose axes are the plan mesh's axes:
+each device holds, for every value, its own piece (a value's leading device axes are dropped,
+`eqsat.parallel.plan.graph_axes`), runs each compute op on its piece (lowered by the ordinary
+lowering table with per-device attributes) and the distribution ops as explicit collectives:
+
+| plan op | per device |
+|---|---|
+| partition | the device's block (dynamic slice at `axis_index`; its transpose is an all-reduce of the zero-padded gradient); for a leaf only ever partitioned the same way, the argument is passed sharded instead |
+| replicate | `lax.pcast(to="varying")` (no data moves; its transpose is the gradient's all-reduce) |
+| combine | JAX's invariant all-gather (its transpose is a local slice) |
+| all_gather | `lax.all_gather(tiled=True)` (its transpose is a reduce-scatter) |
+| reduce / all_reduce | `lax.psum` / and `pcast(to="varying")` |
+| reduce_scatter | `lax.psum_scatter(tiled=True)` |
+| all_to_all | `lax.all_to_all(tiled=True)` |
+
+Values are typed by JAX's varying-manual-axes check (`check_vma`), so the transposes JAX derives
+for the training step are the ones `eqsat.parallel.cost` prices. The invariant all-gather is
+JAX's own (`jax._src.lax.parallel._all_gather_invariant`, not yet public in this JAX). So the
+program states the plan exactly and XLA adds no resharding of its own; `compiled_report`
+reads back what the compiled program communicates (kind, replica groups, bytes per device, from
+`compile().as_text()`) and its memory (`memory_analysis()`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax._src.lax.parallel import _all_gather_invariant
+from jax.sharding import Mesh as JaxMesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from eqsat import ops
+from eqsat.errors import EqsatError
+from eqsat.ir import Graph
+from eqsat.parallel.mesh import Mesh
+from eqsat.parallel.ops import local_attrs
+from eqsat.parallel.plan import graph_axes
+from jax_backend.lower import lower_node
+
+Array = Any
+
+
+class ShardError(EqsatError):
+    """A plan that cannot run on the available devices."""
+
+
+def jax_mesh(mesh: Mesh, devices: Sequence[Any] | None = None) -> JaxMesh:
+    devs = list(devices if devices is not None else jax.devices())
+    if len(devs) < mesh.n_devices:
+        raise ShardError(f"mesh {mesh.name} needs {mesh.n_devices} devices, JAX has {len(devs)} "
+                         "(on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    return JaxMesh(np.asarray(devs[: mesh.n_devices]).reshape(mesh.shape), mesh.axis_names)
+
+
+def sharded_leaves(graph: Graph) -> dict[int, tuple[int, int]]:
+    """Leaf node → (dim from the front, mesh axis) for leaves whose every use is the same partition."""
+    uses: dict[int, set[tuple[str, tuple[tuple[str, Any], ...]]]] = {}
+    for n in graph.nodes:
+        for v in n.inputs:
+            uses.setdefault(v.node, set()).add((n.op, n.attrs))
+    out: dict[int, tuple[int, int]] = {}
+    for i, n in enumerate(graph.nodes):
+        if ops.OPS[n.op].is_leaf and len(uses.get(i, ())) == 1:
+            ((op, attrs),) = uses[i]
+            if op == "partition":
+                a = dict(attrs)
+                out[i] = (len(n.shapes[0]) + a["dim"], a["axis"])
+    return out
+
+
+def _collective(op: str, x: Array, a: Mapping[str, Any], name: str, parts: int) -> Array:
+    nd = x.ndim
+    if op == "partition":
+        size = x.shape[nd + a["dim"]] // parts
+        return lax.dynamic_slice_in_dim(x, lax.axis_index(name) * size, size, axis=nd + a["dim"])
+    if op == "replicate":  # each device's copy may now diverge: the transpose sums the copies
+        return lax.pcast(x, (name,), to="varying")
+    if op == "combine":  # the result is one value again: the gather's transpose is a local slice
+        return _all_gather_invariant(x, name, axis=nd + a["dim"], tiled=True)
+    if op == "all_gather":
+        return lax.all_gather(x, name, axis=nd + a["dim"], tiled=True)
+    if op == "reduce":
+        return lax.psum(x, name)
+    if op == "all_reduce":
+        return lax.pcast(lax.psum(x, name), (name,), to="varying")
+    if op == "reduce_scatter":
+        return lax.psum_scatter(x, name, scatter_dimension=nd + a["dim"], tiled=True)
+    if op == "all_to_all":
+        return lax.all_to_all(x, name, nd + a["split_dim"], nd + a["concat_dim"], tiled=True)
+    raise ShardError(f"no collective for {op}")
+
+
+DISTRIBUTION_OPS = frozenset({"partition", "replicate", "combine", "all_gather", "reduce", "all_reduce",
+                              "reduce_scatter", "all_to_all"})
+
+
+@dataclass(frozen=True)
+class ShardedProgram:
+    """`fn(*arrays)` in `names` order: the plan on `mesh`; `in_shardings` place the arguments."""
+
+    fn: Any  # the jitted function: fn(*arrays) -> list of outputs; also fn.lower(...)
+    names: tuple[str, ...]
+    mesh: JaxMesh
+    in_shardings: tuple[NamedSharding, ...]
+
+    def place(self, values: Mapping[str, np.ndarray]) -> list[Array]:
+        return [jax.device_put(jnp.asarray(values[n]), s) for n, s in zip(self.names, self.in_shardings)]
+
+
+def shard_plan(plan: Graph, mesh: Mesh, devices: Sequence[Any] | None = None) -> ShardedProgram:
+    """The plan as one jitted shard_map over `mesh` (see the module docstring)."""
+    g = plan.live()
+    axes = graph_axes(g)
+    jm = jax_mesh(mesh, devices)
+    names_of_axes = mesh.axis_names
+    sharded = sharded_leaves(g)
+    leaves = [(i, n) for i, n in enumerate(g.nodes) if ops.OPS[n.op].is_leaf]
+    specs = []
+    for i, n in leaves:
+        spec: list[str | None] = [None] * len(n.shapes[0])
+        if i in sharded:
+            dim, ax = sharded[i]
+            spec[dim] = names_of_axes[ax]
+        specs.append(P(*spec))
+
+    def body(*arrays: Array) -> list[Array]:
+        vals: dict[int, Array] = {}
+        for (i, _), arr in zip(leaves, arrays):
+            vals[i] = arr
+        for i, n in enumerate(g.nodes):
+            if i in vals:
+                continue
+            xs = [vals[v.node] for v in n.inputs]
+            a = n.attr
+            if n.op in DISTRIBUTION_OPS:
+                ax = int(a["axis"])
+                if n.op == "partition" and n.inputs[0].node in sharded:
+                    vals[i] = xs[0]  # passed in sharded
+                else:
+                    vals[i] = _collective(n.op, xs[0], a, names_of_axes[ax], mesh.axes[ax].size)
+            else:
+                vals[i] = lower_node(n.op, xs, local_attrs(n.op, a, len(axes[i])))[0]
+        return [vals[v.node] for v in g.outputs]
+
+    fn = jax.shard_map(body, mesh=jm, in_specs=tuple(specs), out_specs=[P()] * len(g.outputs), check_vma=True)
+    return ShardedProgram(jax.jit(fn), tuple(n.attr["name"] for _, n in leaves), jm,
+                          tuple(NamedSharding(jm, s) for s in specs))
+
+
+# --- what the compiled program does ----------------------------------------------------------------
+
+_DTYPE_BYTES = {"f32": 4, "f64": 8, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1}
+_COLLECTIVE_LINE = re.compile(
+    r"=\s*(?P<result>.*?)\s+(?P<kind>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
+_SHAPE = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
+_GROUPS = re.compile(r"replica_groups=(mesh\[[^\]]*\] \{[^}]*\}|\{[^=]*?\}\}|\[[^\]]*\]<=\[[^\]]*\][^,]*)")
+
+
+@dataclass(frozen=True)
+class CompiledCollective:
+    kind: str
+    bytes: float  # per device, measured as in eqsat.parallel.cost (reduce-scatter: its input)
+    groups: str
+
+
+def _shape_bytes(text: str) -> float:
+    total = 0.0
+    for dtype, dims in _SHAPE.findall(text):
+        n = 1
+        for d in dims.split(","):
+            if d:
+                n *= int(d)
+        total += n * _DTYPE_BYTES.get(dtype, 4)
+    return total
+
+
+def _group_size(groups: str) -> int:
+    if groups.startswith("mesh["):  # mesh['a0'=2,'a1'=4] {'a0'}: the listed axes' sizes
+        sizes = {k: int(v) for k, v in re.findall(r"'([^']+)'=(\d+)", groups)}
+        listed = re.findall(r"'([^']+)'", groups.split("]", 1)[1])
+        n = 1
+        for name in listed:
+            n *= sizes.get(name, 1)
+        return n
+    first = re.search(r"\{([0-9,]+)\}", groups)
+    if first:
+        return len(first.group(1).split(","))
+    iota = re.search(r"\[(\d+),(\d+)\]<=", groups)
+    return int(iota.group(2)) if iota else 1
+
+
+def compiled_collectives(hlo_text: str) -> list[CompiledCollective]:
+    """Every collective of a compiled HLO module; one XLA combined into a tuple counts once per
+    element (XLA's combiner merges independent all-reduces; each element is one of the plan's)."""
+    found = []
+    for line in hlo_text.splitlines():
+        m = _COLLECTIVE_LINE.search(line)
+        if not m or "-done" in line:
+            continue
+        kind = m.group("kind")
+        g = _GROUPS.search(line)
+        groups = g.group(1) if g else ""
+        for element in _SHAPE.finditer(m.group("result")):
+            size = _shape_bytes(element.group(0))
+            if kind == "reduce-scatter":
+                size *= _group_size(groups)
+            found.append(CompiledCollective(kind, size, groups))
+    return found
+
+
+@dataclass(frozen=True)
+class CompiledReport:
+    collectives: tuple[CompiledCollective, ...]
+    mem_bytes: float  # arguments + outputs + temporaries, per device
+    memory: dict[str, float]
+
+    @property
+    def comm_bytes(self) -> float:
+        return float(sum(c.bytes for c in self.collectives))
+
+    def kinds(self) -> list[str]:
+        return sorted(c.kind for c in self.collectives)
+
+
+def compiled_report(program: ShardedProgram, args: Sequence[Array]) -> CompiledReport:
+    compiled = program.fn.lower(*args).compile()
+    text = compiled.as_text()
+    mem = compiled.memory_analysis()
+    fields = {k: float(getattr(mem, k, 0) or 0) for k in
+              ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes", "alias_size_in_bytes")}
+    total = fields["argument_size_in_bytes"] + fields["output_size_in_bytes"] + fields["temp_size_in_bytes"] - fields["alias_size_in_bytes"]
+    return CompiledReport(tuple(compiled_collectives(text)), total, fields)
+
+
+def step_program(program: ShardedProgram, weights: Sequence[str]) -> Any:
+    """A jitted training step of the plan: gradients of sum(out**2)/2 with respect to the weights."""
+    def loss(*arrays: Array) -> Array:
+        return sum(jnp.sum(o.astype(jnp.float32) ** 2) / 2 for o in program.fn(*arrays))
+
+    argnums = tuple(i for i, n in enumerate(program.names) if n in weights)
+    return jax.jit(jax.grad(loss, argnums=argnums))

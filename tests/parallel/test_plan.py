@@ -1,0 +1,93 @@
+"""The planner without JAX: plans equal the program (numpy, float64), the joint search finds the
+known plans, never loses to its own baselines, and respects a memory budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from eqsat.cost import cost_model
+from eqsat.parallel.cost import ParallelCostModel
+from eqsat.parallel.mesh import PRESETS, parse_mesh
+from eqsat.parallel.plan import (
+    PlanError,
+    plan_graph,
+    plan_report,
+    random_plans,
+    saturate_and_price,
+)
+from eqsat.pipeline import numerics_match
+from experiments.parallel_models import dlrm, gpt, unity_mlp
+
+
+def _forward_kinds(result: object) -> list[str]:
+    return sorted(c.kind for _, c in result.report.collectives if c.phase == "forward")  # type: ignore[attr-defined]
+
+
+def test_unity_mlp_on_two_devices_is_megatron_with_one_all_reduce() -> None:
+    graph = unity_mlp()  # at small sizes the latency term makes no parallelism the best plan
+    mesh = parse_mesh("2")
+    joint = plan_graph(graph, mesh)
+    dp = plan_graph(graph, mesh, "data-parallel")
+    assert joint.numerics_ok and dp.numerics_ok
+    assert _forward_kinds(joint) == ["all-reduce"]
+    assert joint.report.comm_bytes(None) * 100 < dp.report.comm_bytes(None)  # gradient sync of 2 weights avoided
+    assert joint.report.step_s <= dp.report.step_s
+
+
+def test_gpt_block_on_eight_devices_finds_megatron() -> None:
+    """Two all-reduces per block forward (attention and MLP), heads and MLP columns split."""
+    graph = gpt(1)  # d 256, 8 heads, 128 tokens
+    joint = plan_graph(graph, parse_mesh("8"))
+    assert joint.numerics_ok
+    assert _forward_kinds(joint) == ["all-reduce", "all-reduce"]
+    ops = joint.plan.op_counts()
+    assert ops.get("partition", 0) >= 6 and ops.get("reduce", 0) == 2
+
+
+@pytest.mark.parametrize("model", ["unity-mlp", "dlrm"])
+def test_joint_never_worse_than_baselines(model: str) -> None:
+    graph = unity_mlp(32, 128) if model == "unity-mlp" else dlrm(tables=4, batch=32, rows=64, dim=16)
+    mesh = parse_mesh("8")
+    joint = plan_graph(graph, mesh)
+    for strategy in ("data-parallel", "megatron"):
+        base = plan_graph(graph, mesh, strategy)
+        assert joint.report.step_s <= base.report.step_s * (1 + 1e-9)
+
+
+def test_memory_budget_is_an_ilp_constraint() -> None:
+    graph = unity_mlp(32, 128)
+    mesh = parse_mesh("8")
+    model = ParallelCostModel(mesh, cost_model("roofline", mesh.device))
+    replicated = plan_report(graph, model).mem_bytes
+    free = plan_graph(graph, mesh, "data-parallel")
+    budget = 0.4 * replicated
+    assert free.report.mem_bytes > budget  # data parallelism keeps every weight (and gradient) whole
+    with pytest.raises(PlanError, match="no plan within"):
+        plan_graph(graph, mesh, "data-parallel", mem_budget=budget)
+    joint = plan_graph(graph, mesh, mem_budget=budget)
+    assert joint.report.mem_bytes <= budget and joint.numerics_ok
+
+
+def test_random_plans_equal_the_program() -> None:
+    graph = gpt(1, d=32, heads=4, seq=8)
+    pe = saturate_and_price(graph, parse_mesh("2x4"))
+    plans = random_plans(pe, 6, seed=3)
+    assert len({p.op_counts().get("partition", 0) for p in plans} | {0}) > 1  # not all the same plan
+    for plan in plans:
+        ok, diff = numerics_match(graph, plan)
+        assert ok, diff
+
+
+def test_presets_and_mesh_errors() -> None:
+    assert PRESETS["h100x32"].shape == (4, 8)
+    assert parse_mesh("4x2").shape == (4, 2)
+    from eqsat.parallel.mesh import MeshError
+
+    with pytest.raises(MeshError):
+        parse_mesh("3x4")
+    with pytest.raises(MeshError):
+        parse_mesh("eight")
+    nv = PRESETS["h100x8"]
+    s = 1e9
+    assert nv.collective_seconds("all-reduce", 0, s) == pytest.approx(5e-6 + 2 * 7 / 8 * s / 450e9)
+    assert nv.collective_seconds("all-gather", 0, s) == pytest.approx(5e-6 + 7 / 8 * s / 450e9)
