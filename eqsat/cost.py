@@ -198,18 +198,12 @@ def _roofline(device: str, **options: Any) -> CostModel:
     return RooflineModel(device_spec(device), **options)
 
 
-def _parallel(device: str, **options: Any) -> CostModel:
-    """A training step on a device mesh (eqsat.parallel.cost): per-device compute + collectives."""
-    from eqsat.parallel.cost import parallel_model
-
-    return parallel_model(device, **options)
-
-
-_FACTORIES: dict[str, Callable[..., CostModel]] = {"roofline": _roofline, "parallel": _parallel}
+_FACTORIES: dict[str, Callable[..., CostModel]] = {"roofline": _roofline}
 
 COST_MODEL_FACTORIES: Mapping[str, Callable[..., CostModel]] = MappingProxyType(_FACTORIES)
-"""Cost model name → factory(device, **options): "roofline" and "parallel" (eqsat.parallel) here;
-backends add theirs with `register_cost_model` when imported (`import jax_backend` adds "measured", timed with JAX)."""
+"""Cost model name → factory(device, **options): "roofline" here; other modules add theirs with
+`register_cost_model`: importing `eqsat.parallel.cost` adds "parallel" (a training step on a
+mesh), `import jax_backend` adds "measured" (timed with JAX)."""
 
 
 def register_cost_model(name: str, factory: Callable[..., CostModel]) -> None:
@@ -227,7 +221,9 @@ def cost_model(name: str = "roofline", device: str = "cpu", **options: Any) -> C
     try:
         factory = COST_MODEL_FACTORIES[name]
     except KeyError:
-        hint = "; 'measured' needs the JAX backend (import jax_backend)" if name == "measured" else ""
+        hints = {"measured": "; 'measured' needs the JAX backend (import jax_backend)",
+                 "parallel": "; 'parallel' needs eqsat.parallel.cost (import it)"}
+        hint = hints.get(name, "")
         raise UnknownCostModelError(
             f"unknown cost model '{name}'; known cost models: {', '.join(sorted(COST_MODEL_FACTORIES))}{hint}"
         ) from None

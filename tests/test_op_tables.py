@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from eqsat import ops
+from eqsat.parallel import ops as parallel_ops
 from eqsat.egglog_schema import ELEMENTWISE, ENCODED_AS, SHAPE_RULES
 from eqsat.rewrites.semantics import OP_IMPLS
 from jax_backend import capture
@@ -20,13 +21,15 @@ from jax_backend.lower import LOWERINGS
 from jax_backend.measured_cost import FUSIBLE_OPS
 from jax_backend.pallas import UNARY_CHAIN_OPS
 
+_DISTRIBUTION = {op: "a distribution op (eqsat.parallel): made by parallelization rules, lowered by jax_backend.shard"
+                 for op in parallel_ops.SPECS}
 _LEAVES = {op: "a leaf: an argument of every stage, not an operation" for op, s in ops.OPS.items() if s.is_leaf}
 
 
 def _captured_ops() -> set[str]:
     """Registry ops that a capture rule emits (read from the capture rules' source)."""
     text = Path(capture.__file__).read_text()
-    return set(re.findall(r'(?:emit1?|_unary|_binary|_reduce)\("(\w+)"', text)) & set(ops.OPS)
+    return set(re.findall(r'(?:(?:emit1?|_unary|_binary|_reduce)\(|_pooled\(c, )"(\w+)"', text)) & set(ops.OPS)
 
 
 STAGES: Mapping[str, tuple[Callable[[], set[str]], Mapping[str, str]]] = {
@@ -35,7 +38,7 @@ STAGES: Mapping[str, tuple[Callable[[], set[str]], Mapping[str, str]]] = {
         **_LEAVES, "split": "rules write a split's pieces as split_0 / split_1, evaluated from the rule's sizes"}),
     "LOWERINGS (JAX lowering)": (lambda: set(LOWERINGS), _LEAVES),
     "CAPTURE_RULES (JAX capture)": (_captured_ops, {
-        **_LEAVES,
+        **_LEAVES, **_DISTRIBUTION,
         "smul": "JAX scales by a one-element tensor with mul: captured as ewmul",
         "batchnorm": "JAX programs write a batchnorm as its elementwise parts; rules fold them",
         "enlarge": "Tensat's kernel padding for conv merges: made by rules, never written in JAX"}),

@@ -161,3 +161,6 @@ def parallel_model(device: str, mesh: str | Mesh = "cpu8", compute: str = "roofl
     """Factory registered as `parallel` in `eqsat.cost.COST_MODEL_FACTORIES`."""
     m = mesh if isinstance(mesh, Mesh) else parse_mesh(mesh)
     return ParallelCostModel(m, cost_models.cost_model(compute, device, **options))
+
+
+cost_models.register_cost_model("parallel", parallel_model)
