@@ -187,8 +187,8 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
                     multi_rounds=options.k_multi)
     console.print(f"[bold]{model}[/]: {len(graph.nodes)} nodes; saturating (limits: {limits.iterations} iterations, "
                   f"{limits.nodes} e-nodes, {limits.seconds:g} s) and extracting with {options.extractor}")
-    with console.status("verifying Tensat's rules that can match the graph (cached after the first run)"):
-        rule_set = select_rules("tensat", {n.op for n in graph.nodes})
+    with console.status("verifying the rules (Tensat's and conv_merges) that can match the graph (cached after the first run)"):
+        rule_set = select_rules(candidate_rules(), {n.op for n in graph.nodes})
     result = optimize_graph(graph, rule_set.trusted, limits, costs, extractor=options.extractor,
                             time_limit=options.time_limit, seed=options.seed, progress=True)
     optimized = result.optimized
