@@ -13,9 +13,8 @@ Cost models come from `eqsat.cost`'s registry (the JAX backend registers "measur
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from eqsat.errors import EqsatError
@@ -108,41 +107,23 @@ class SegmentReport:
 
 
 def rule_source(rules: Any) -> Any:
-    """None, "tensat", or the Rule values `rules` names: rule files are parsed here, at decoration,
-    so a missing or malformed file is an error then rather than a warning on the first call."""
-    from eqsat.rewrites.parser import load_rules
-    from eqsat.rewrites.rule import Rule
+    """None, "tensat", or the Rule values `rules` names (`eqsat.rulesets.given_rules`): rule files are
+    parsed here, at decoration, so a missing or malformed file is an error then rather than a
+    warning on the first call."""
+    from eqsat.rulesets import TENSAT, given_rules
 
-    if rules is None or (isinstance(rules, str) and rules == "tensat"):
+    if rules is None or (isinstance(rules, str) and rules == TENSAT):
         return rules
-    items = [rules] if isinstance(rules, (str, Path, Rule)) else rules
-    if not isinstance(items, Iterable):
-        raise EqsatError(f"optimize: rules must be None, 'tensat', rule file paths or Rule values, got {rules!r}")
-    parsed: list[Rule] = []
-    for item in items:
-        if isinstance(item, Rule):
-            parsed.append(item)
-        elif isinstance(item, (str, Path)):
-            parsed.extend(load_rules(Path(item)))
-        else:
-            raise EqsatError(f"optimize: rules must be None, 'tensat', rule file paths or Rule values; got {item!r}")
-    return tuple(parsed)
+    return tuple(given_rules(rules))
 
 
 def load_search_rules(rules: Any, ops: frozenset[str]) -> list[Any]:
-    """The rules of `rule_source(...)` (None: the library groups that pay under XLA; "tensat":
-    Tensat's rule files) that can match a graph of `ops` and that the verifier accepts (guarded
-    ones too outside the library: the egglog applier checks right sides' shapes). Filtering first
-    means rules that could never fire are never verified (a cold cache's main first-call cost)."""
-    from eqsat.rulesets import tensat_rules
-    from eqsat.rewrites.default_rules import proved_library_rules
-    from eqsat.rewrites.rule import rules_that_can_match
-    from eqsat.rewrites.verify import verified_rules
+    """The rules of `rule_source(...)` that can match a graph of `ops` and that the one trust policy
+    admits (`eqsat.rulesets.select_rules`). Filtering first means rules that could never fire are
+    never verified (a cold cache's main first-call cost)."""
+    from eqsat.rulesets import select_rules
 
-    if rules is None:
-        return proved_library_rules(ops=ops)
-    rules = tensat_rules() if rules == "tensat" else list(rules)
-    return verified_rules(rules_that_can_match(rules, ops), allow_guarded=True, all_shapes=False)
+    return list(select_rules(rules, ops).trusted)
 
 
 def check_names(extractor: str, models: Sequence[str]) -> None:
