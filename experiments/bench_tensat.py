@@ -265,6 +265,23 @@ def render_table(rows: Sequence[Mapping[str, Any]], seconds: float) -> str:
 
 # --- plots ---------------------------------------------------------------------------------------
 
+def _grouped_bars(plt: Any, path: Path, names: Sequence[str], series: Sequence[tuple[str, Sequence[float]]],
+                  ylabel: str, title: str, log: bool = False) -> None:
+    """One bar group per model, one bar per series (up to four), saved to `path`."""
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for i, (name, ys) in enumerate(series):
+        ax.bar([j + 0.2 * i - 0.3 for j in range(len(names))], ys, width=0.2, label=name)
+    if log:
+        ax.set_yscale("log")
+    ax.set_xticks(list(range(len(names))), names)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(series), fontsize="small")  # below: never over a bar
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def write_plots(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> None:
     import matplotlib
 
@@ -280,36 +297,18 @@ def write_plots(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> None:
         tag = label.replace("/", "-")
         names = [r["model"] for r in sel]
         x = range(len(sel))
-        fig, ax = plt.subplots(figsize=(9, 4))
-        series = [("eqsat (ours)", [100 * r["speedup_eqsat"] for r in sel]),
-                  ("TASO-style (ours)", [100 * r["speedup_taso"] for r in sel]),
-                  ("Tensat (paper)", [PAPER[n].tensat_speedup if n in PAPER else 0 for n in names]),
-                  ("TASO (paper)", [PAPER[n].taso_speedup if n in PAPER else 0 for n in names])]
-        for i, (name, ys) in enumerate(series):
-            ax.bar([j + 0.2 * i - 0.3 for j in x], ys, width=0.2, label=name)
-        ax.set_xticks(list(x), names)
-        ax.set_ylabel("speedup %")
-        ax.set_title(f"Speedup per model ({label}; paper: V100 runtime)")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out_dir / f"speedup.{tag}.png", dpi=120)
-        plt.close(fig)
-
-        fig, ax = plt.subplots(figsize=(9, 4))
+        speedups = [("eqsat (ours)", [100 * r["speedup_eqsat"] for r in sel]),
+                    ("TASO-style (ours)", [100 * r["speedup_taso"] for r in sel]),
+                    ("Tensat (paper)", [PAPER[n].tensat_speedup if n in PAPER else 0 for n in names]),
+                    ("TASO (paper)", [PAPER[n].taso_speedup if n in PAPER else 0 for n in names])]
+        _grouped_bars(plt, out_dir / f"speedup.{tag}.png", names, speedups, "speedup %",
+                      f"Speedup per model ({label}; paper: V100 runtime)")
         times = [("eqsat (ours)", [r["saturate_s"] + r["extract_s"] for r in sel]),
                  ("TASO-style (ours)", [r["taso_s"] for r in sel]),
                  ("Tensat (paper)", [PAPER[n].tensat_s if n in PAPER else 0 for n in names]),
                  ("TASO (paper)", [PAPER[n].taso_s if n in PAPER else 0 for n in names])]
-        for i, (name, ys) in enumerate(times):
-            ax.bar([j + 0.2 * i - 0.3 for j in x], ys, width=0.2, label=name)
-        ax.set_yscale("log")
-        ax.set_xticks(list(x), names)
-        ax.set_ylabel("optimizer time, s (log)")
-        ax.set_title(f"Optimizer time ({label})")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out_dir / f"time.{tag}.png", dpi=120)
-        plt.close(fig)
+        _grouped_bars(plt, out_dir / f"time.{tag}.png", names, times, "optimizer time, s (log)",
+                      f"Optimizer time ({label})", log=True)
 
         fig, ax = plt.subplots(figsize=(9, 4))
         ax.bar([j - 0.2 for j in x], [100 * r["reduction_eqsat"] for r in sel], width=0.4, label="ILP")
