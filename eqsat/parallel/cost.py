@@ -16,9 +16,13 @@ value with no device axes is replicated on every device (SPMD: every device comp
 | all_to_all | all-to-all | all-to-all |
 
 Backward compute is taken as twice the forward (two products per matmul; the usual estimate).
-Memory per device: each leaf as it is passed (its shard when only ever partitioned), twice for a
-weight (its gradient), the outputs of matmuls, concats and collectives, and the zero-padded
-gradient a partition of a computed value needs in the backward pass.
+Memory per device, what `memory_analysis()` counts: arguments (each leaf as it is passed, its
+shard when only ever partitioned), outputs (a weight's gradient, shaped as its argument) and
+temporaries: the outputs of matmuls and of collectives that move data, and the backward gradient
+buffer (unreduced for a replicate, zero-padded for a partition) of a weight moved by distribution
+ops, which XLA's combined gradient all-reduce keeps alive to the end of the step. The same buffers
+of activations are transient (freed right after their collective) and concats fuse, so neither is
+counted.
 S, the bytes of a collective, is the per-device buffer: the gathered result of an all-gather, the
 input of a reduce-scatter / all-to-all, the value of an all-reduce (what `compile().as_text()`
 shows as the collective's operand or result shape).
@@ -56,7 +60,7 @@ COLLECTIVES: Mapping[str, tuple[str | None, str | None, str]] = {
 # Compute ops whose output XLA keeps as a buffer of its own through a training step; elementwise
 # ops, broadcasts, transposes and reductions fuse into their producers or consumers (measured on
 # the compiled steps of `eqsat parallel`, see the module docstring).
-KEPT_OUTPUTS = frozenset({"matmul", "conv2d", "concat"})
+KEPT_OUTPUTS = frozenset({"matmul", "conv2d"})
 
 
 @dataclass(frozen=True)
@@ -109,9 +113,11 @@ class ParallelCostModel:
         return self.node_cost(op, attrs, input_shapes, [0] * len(input_shapes), 0, [None] * len(input_shapes)).seconds
 
     def node_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape], input_depths: Sequence[int],
-                  depth: int, leaf_children: Sequence[str | None]) -> NodeCost:
+                  depth: int, leaf_children: Sequence[str | None],
+                  weight_derived: Sequence[bool] | None = None) -> NodeCost:
         """`input_depths` / `depth`: device axes of the inputs / output; `leaf_children[i]` the
-        leaf op (`input` / `weight`) input i is, else None."""
+        leaf op (`input` / `weight`) input i is, else None; `weight_derived[i]` whether input i is
+        a weight moved by distribution ops only (its backward buffer lives until the gradient sync)."""
         spec = ops.op_spec(op)
         if spec.is_leaf:
             return NodeCost(0.0, 0.0, (), 0.0)
@@ -120,14 +126,14 @@ class ParallelCostModel:
                        for s, d, leaf in zip(input_shapes, input_depths, leaf_children) if leaf is not None)
         if op in COLLECTIVES:
             return self._distribution(op, attrs, input_shapes[0], input_depths[0], out_shape, depth,
-                                      leaf_children[0])
+                                      leaf_children[0], bool(weight_derived and weight_derived[0]))
         local = [tuple(s[d:]) for s, d in zip(input_shapes, input_depths)]
         forward = self.compute.op_cost(op, local_attrs(op, attrs, depth), local)
         kept = per_device_bytes(out_shape, depth) if op in KEPT_OUTPUTS else 0.0
         return NodeCost(forward * (1 + BACKWARD_FACTOR), forward, (), kept + leaf_mem)
 
     def _distribution(self, op: str, attrs: Mapping[str, Any], in_shape: Shape, in_depth: int, out_shape: Shape,
-                      depth: int, leaf: str | None) -> NodeCost:
+                      depth: int, leaf: str | None, weight_derived: bool = False) -> NodeCost:
         fwd, bwd, measured_on = COLLECTIVES[op]
         axis = int(attrs["axis"])
         size = per_device_bytes(in_shape, in_depth) if measured_on == "in" else per_device_bytes(out_shape, depth)
@@ -145,10 +151,8 @@ class ParallelCostModel:
                 found.append(self._collective(bwd, axis, size, "backward", op, f"transpose of {op} over axis {axis}"))
         if leaf is not None:  # the leaf's per-device copy (and a weight's gradient) lives here
             mem = per_device_bytes(out_shape, depth) * (2 if leaf == "weight" else 1)
-        elif op == "replicate":  # a replicate of a computed value aliases it
-            mem = 0.0
-        elif op == "partition":  # its slice fuses; the backward's zero-padded gradient is a buffer
-            mem = per_device_bytes(in_shape, in_depth)
+        elif op in ("replicate", "partition"):  # the forward aliases or fuses; the backward's gradient
+            mem = per_device_bytes(in_shape, in_depth) if weight_derived else 0.0  # of a weight waits for the sync
         else:
             mem = per_device_bytes(out_shape, depth)
         return NodeCost(0.0, 0.0, tuple(found), mem)  # a collective's sums are priced in its alpha-beta time

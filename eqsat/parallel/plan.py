@@ -26,7 +26,7 @@ from eqsat.extract.egraph_data import load_egraph
 from eqsat.extract.ilp import ilp
 from eqsat.extract.lazy import IlpOptions, NodeBudget
 from eqsat.ir import Graph
-from eqsat.parallel.cost import Collective, NodeCost, ParallelCostModel
+from eqsat.parallel.cost import COLLECTIVES, Collective, NodeCost, ParallelCostModel
 from eqsat.parallel.mesh import Mesh
 from eqsat.parallel.rules import instantiate, mesh_rules
 from eqsat.pipeline import numerics_match
@@ -162,9 +162,12 @@ def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
     axes = graph_axes(g)
     compute = comm = mem = 0.0
     found: list[tuple[int, Collective]] = []
+    derived: list[bool] = []
     for i, n in enumerate(g.nodes):
+        derived.append(_weight_derived(n.op, [derived[v.node] for v in n.inputs]))
         c = _price(model, n.op, n.attr, [g.shape(v) for v in n.inputs], [len(axes[v.node]) for v in n.inputs],
-                   len(axes[i]), [g.nodes[v.node].op if ops.OPS[g.nodes[v.node].op].is_leaf else None for v in n.inputs])
+                   len(axes[i]), [g.nodes[v.node].op if ops.OPS[g.nodes[v.node].op].is_leaf else None for v in n.inputs],
+                   [derived[v.node] for v in n.inputs])
         compute += c.compute_s
         comm += c.comm_s
         mem += c.mem_bytes
@@ -172,9 +175,14 @@ def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
     return PlanReport(compute + comm, compute, comm, mem, tuple(found))
 
 
+def _weight_derived(op: str, inputs: Sequence[bool]) -> bool:
+    """A weight, or a weight moved by distribution ops only: its gradient is a weight's gradient."""
+    return op == "weight" or (op in COLLECTIVES and bool(inputs) and all(inputs))
+
+
 def _price(model: ParallelCostModel, op: str, attrs: Mapping[str, Any], shapes: Sequence[tuple[int, ...]],
-           depths: Sequence[int], depth: int, leaves: Sequence[str | None]) -> NodeCost:
-    return model.node_cost(op, attrs, shapes, depths, depth, leaves)
+           depths: Sequence[int], depth: int, leaves: Sequence[str | None], derived: Sequence[bool]) -> NodeCost:
+    return model.node_cost(op, attrs, shapes, depths, depth, leaves, derived)
 
 
 def price_egraph(egraph_json: Mapping[str, Any], model: ParallelCostModel) -> tuple[dict[str, Any], dict[str, float]]:
@@ -208,11 +216,20 @@ def price_egraph(egraph_json: Mapping[str, Any], model: ParallelCostModel) -> tu
             break
         for nid in dead:
             del keep[nid]
+    derived: set[str] = set()
+    changed = True
+    while changed:  # fixpoint: a class is weight-derived when one of its nodes is
+        changed = False
+        for n in keep.values():
+            if n["eclass"] not in derived and _weight_derived(
+                    n["op"], [nodes[c]["eclass"] in derived for c in n["children"]]):
+                derived.add(n["eclass"])
+                changed = True
     mem: dict[str, float] = {}
     for nid, n in keep.items():
         kids = [nodes[c]["eclass"] for c in n["children"]]
         c = _price(model, n["op"], n["attrs"], [shape[k] for k in kids], [len(class_axes[k]) for k in kids],
-                   len(class_axes[n["eclass"]]), [leaf_of.get(k) for k in kids])
+                   len(class_axes[n["eclass"]]), [leaf_of.get(k) for k in kids], [k in derived for k in kids])
         n["cost"] = c.seconds * COST_SCALE
         mem[nid] = c.mem_bytes
     member = {n["eclass"]: nid for nid, n in keep.items()}

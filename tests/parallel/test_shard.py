@@ -105,3 +105,15 @@ def test_twenty_random_plans_per_case_and_mesh(model: str, mesh: str) -> None:
     pe = saturate_and_price(graph, m)
     for plan in random_plans(pe, 20, seed=0):
         assert check_on_devices(graph, plan, m)["numerics_ok"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,mesh_spec", [("unity-mlp", "8"), ("unity-mlp", "2x4"), ("dlrm", "8"), ("dlrm", "2x4")])
+def test_predicted_step_memory_within_15pct(model: str, mesh_spec: str) -> None:
+    """The plan's per-device memory is what XLA allocates for its training step (arguments,
+    gradients, temporaries), so the ILP's memory budget means something on the devices."""
+    graph = build_parallel_model(model)
+    mesh = parse_mesh(mesh_spec)
+    res = plan_graph(graph, mesh, time_limit=3.0)
+    measured = check_on_devices(graph, res.plan, mesh)["measured_mem_bytes"]
+    assert abs(res.report.mem_bytes - measured) <= 0.15 * measured
