@@ -42,6 +42,7 @@ from jax.sharding import PartitionSpec as P
 from eqsat import ops
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
+from eqsat.parallel.memory import sharded_leaves
 from eqsat.parallel.mesh import Mesh
 from eqsat.parallel.ops import local_attrs
 from eqsat.parallel.plan import graph_axes
@@ -60,22 +61,6 @@ def jax_mesh(mesh: Mesh, devices: Sequence[Any] | None = None) -> JaxMesh:
         raise ShardError(f"mesh {mesh.name} needs {mesh.n_devices} devices, JAX has {len(devs)} "
                          "(on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=8)")
     return JaxMesh(np.asarray(devs[: mesh.n_devices]).reshape(mesh.shape), mesh.axis_names)
-
-
-def sharded_leaves(graph: Graph) -> dict[int, tuple[int, int]]:
-    """Leaf node → (dim from the front, mesh axis) for leaves whose every use is the same partition."""
-    uses: dict[int, set[tuple[str, tuple[tuple[str, Any], ...]]]] = {}
-    for n in graph.nodes:
-        for v in n.inputs:
-            uses.setdefault(v.node, set()).add((n.op, n.attrs))
-    out: dict[int, tuple[int, int]] = {}
-    for i, n in enumerate(graph.nodes):
-        if ops.OPS[n.op].is_leaf and len(uses.get(i, ())) == 1:
-            ((op, attrs),) = uses[i]
-            if op == "partition":
-                a = dict(attrs)
-                out[i] = (len(n.shapes[0]) + a["dim"], a["axis"])
-    return out
 
 
 def _collective(op: str, x: Array, a: Mapping[str, Any], name: str, parts: int) -> Array:

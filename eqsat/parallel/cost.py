@@ -16,13 +16,10 @@ value with no device axes is replicated on every device (SPMD: every device comp
 | all_to_all | all-to-all | all-to-all |
 
 Backward compute is taken as twice the forward (two products per matmul; the usual estimate).
-Memory per device, what `memory_analysis()` counts: arguments (each leaf as it is passed, its
-shard when only ever partitioned), outputs (a weight's gradient, shaped as its argument) and
-temporaries: the outputs of matmuls and of collectives that move data, and the backward gradient
-buffer (unreduced for a replicate, zero-padded for a partition) of a weight moved by distribution
-ops, which XLA's combined gradient all-reduce keeps alive to the end of the step. The same buffers
-of activations are transient (freed right after their collective) and concats fuse, so neither is
-counted.
+Memory per device: `mem_bytes` is the node's term of the ILP's memory row
+(`eqsat.parallel.memory.node_bound`, summed over a plan an upper bound of its simulated step
+memory); the prediction itself is the liveness simulation of the whole plan's training step
+(`eqsat.parallel.memory.step_memory`), which no per-node sum can express.
 S, the bytes of a collective, is the per-device buffer: the gathered result of an all-gather, the
 input of a reduce-scatter / all-to-all, the value of an all-reduce (what `compile().as_text()`
 shows as the collective's operand or result shape).
@@ -30,19 +27,18 @@ shows as the collective's operand or result shape).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from eqsat import cost as cost_models
 from eqsat import ops
+from eqsat.parallel.memory import node_bound, per_device_bytes
 from eqsat.parallel.mesh import Mesh, parse_mesh
 from eqsat.parallel.ops import local_attrs
 
 Shape = tuple[int, ...]
 BACKWARD_FACTOR = 2.0
-ITEMSIZE = 4
 
 # op → (forward collective, backward collective, which shape S is measured on: "in" or "out")
 COLLECTIVES: Mapping[str, tuple[str | None, str | None, str]] = {
@@ -55,12 +51,6 @@ COLLECTIVES: Mapping[str, tuple[str | None, str | None, str]] = {
     "reduce_scatter": ("reduce-scatter", "all-gather", "in"),
     "all_to_all": ("all-to-all", "all-to-all", "in"),
 }
-
-
-# Compute ops whose output XLA keeps as a buffer of its own through a training step; elementwise
-# ops, broadcasts, transposes and reductions fuse into their producers or consumers (measured on
-# the compiled steps of `eqsat parallel`, see the module docstring).
-KEPT_OUTPUTS = frozenset({"matmul", "conv2d"})
 
 
 @dataclass(frozen=True)
@@ -81,7 +71,7 @@ class NodeCost:
     compute_s: float  # forward + backward per device
     forward_s: float
     collectives: tuple[Collective, ...]
-    mem_bytes: float  # per device, kept for the step (activations; parameters and gradients)
+    mem_bytes: float  # per device: this node's term of the ILP memory row (`memory.node_bound`)
 
     @property
     def comm_s(self) -> float:
@@ -90,10 +80,6 @@ class NodeCost:
     @property
     def seconds(self) -> float:
         return self.compute_s + self.comm_s
-
-
-def per_device_bytes(shape: Shape, depth: int) -> float:
-    return float(ITEMSIZE * math.prod(shape[depth:]))
 
 
 @dataclass(frozen=True)
@@ -114,26 +100,28 @@ class ParallelCostModel:
 
     def node_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape], input_depths: Sequence[int],
                   depth: int, leaf_children: Sequence[str | None],
-                  weight_derived: Sequence[bool] | None = None) -> NodeCost:
+                  weight_derived: Sequence[bool] | None = None, needs_grad: Sequence[bool] | None = None) -> NodeCost:
         """`input_depths` / `depth`: device axes of the inputs / output; `leaf_children[i]` the
         leaf op (`input` / `weight`) input i is, else None; `weight_derived[i]` whether input i is
-        a weight moved by distribution ops only (its backward buffer lives until the gradient sync)."""
+        a weight moved by distribution ops only (its backward buffer lives until the gradient sync);
+        `needs_grad[i]` whether input i depends on a weight (default: all do, an upper bound)."""
         spec = ops.op_spec(op)
         if spec.is_leaf:
             return NodeCost(0.0, 0.0, (), 0.0)
         out_shape = ops.infer_shapes(op, input_shapes, attrs)[0]
-        leaf_mem = sum(per_device_bytes(s, d) * (2 if leaf == "weight" else 1)
-                       for s, d, leaf in zip(input_shapes, input_depths, leaf_children) if leaf is not None)
+        mem = node_bound(op, [per_device_bytes(s, d) for s, d in zip(input_shapes, input_depths)],
+                         per_device_bytes(out_shape, depth), leaf_children,
+                         list(weight_derived) if weight_derived is not None else [False] * len(input_shapes),
+                         list(needs_grad) if needs_grad is not None else [True] * len(input_shapes))
         if op in COLLECTIVES:
-            return self._distribution(op, attrs, input_shapes[0], input_depths[0], out_shape, depth,
-                                      leaf_children[0], bool(weight_derived and weight_derived[0]))
+            found = self._distribution(op, attrs, input_shapes[0], input_depths[0], out_shape, depth, leaf_children[0])
+            return NodeCost(0.0, 0.0, found, mem)  # a collective's sums are priced in its alpha-beta time
         local = [tuple(s[d:]) for s, d in zip(input_shapes, input_depths)]
         forward = self.compute.op_cost(op, local_attrs(op, attrs, depth), local)
-        kept = per_device_bytes(out_shape, depth) if op in KEPT_OUTPUTS else 0.0
-        return NodeCost(forward * (1 + BACKWARD_FACTOR), forward, (), kept + leaf_mem)
+        return NodeCost(forward * (1 + BACKWARD_FACTOR), forward, (), mem)
 
     def _distribution(self, op: str, attrs: Mapping[str, Any], in_shape: Shape, in_depth: int, out_shape: Shape,
-                      depth: int, leaf: str | None, weight_derived: bool = False) -> NodeCost:
+                      depth: int, leaf: str | None) -> tuple[Collective, ...]:
         fwd, bwd, measured_on = COLLECTIVES[op]
         axis = int(attrs["axis"])
         size = per_device_bytes(in_shape, in_depth) if measured_on == "in" else per_device_bytes(out_shape, depth)
@@ -149,13 +137,7 @@ class ParallelCostModel:
                 found.append(self._collective(bwd, axis, size, "grad-sync", op, f"gradient of a weight replicated over axis {axis}"))
             else:
                 found.append(self._collective(bwd, axis, size, "backward", op, f"transpose of {op} over axis {axis}"))
-        if leaf is not None:  # the leaf's per-device copy (and a weight's gradient) lives here
-            mem = per_device_bytes(out_shape, depth) * (2 if leaf == "weight" else 1)
-        elif op in ("replicate", "partition"):  # the forward aliases or fuses; the backward's gradient
-            mem = per_device_bytes(in_shape, in_depth) if weight_derived else 0.0  # of a weight waits for the sync
-        else:
-            mem = per_device_bytes(out_shape, depth)
-        return NodeCost(0.0, 0.0, tuple(found), mem)  # a collective's sums are priced in its alpha-beta time
+        return tuple(found)
 
     def _collective(self, kind: str, axis: int, size: float, phase: str, op: str, why: str) -> Collective:
         return Collective(kind, axis, size, self.mesh.collective_seconds(kind, axis, size), phase, op, why)

@@ -27,6 +27,7 @@ from eqsat.extract.ilp import ilp
 from eqsat.extract.lazy import IlpOptions, NodeBudget
 from eqsat.ir import Graph
 from eqsat.parallel.cost import COLLECTIVES, Collective, NodeCost, ParallelCostModel
+from eqsat.parallel.memory import StepMemory, per_device_bytes, step_memory
 from eqsat.parallel.mesh import Mesh
 from eqsat.parallel.rules import instantiate, mesh_rules
 from eqsat.pipeline import numerics_match
@@ -130,8 +131,10 @@ class PlanReport:
     step_s: float
     compute_s: float
     comm_s: float
-    mem_bytes: float
+    mem_bytes: float  # predicted: the simulated training step's peak (`memory.step_memory`)
     collectives: tuple[tuple[int, Collective], ...]  # (plan node index, collective)
+    memory: StepMemory | None = None
+    mem_bound_bytes: float = 0.0  # the ILP memory row's value for this plan (>= mem_bytes)
 
     def comm_bytes(self, phase: str | None = "forward") -> float:
         return float(sum(c.bytes for _, c in self.collectives if phase is None or c.phase == phase))
@@ -140,7 +143,9 @@ class PlanReport:
         return {
             "predicted_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
             "predicted_comm_bytes": self.comm_bytes("forward"), "predicted_step_comm_bytes": self.comm_bytes(None),
-            "predicted_mem_bytes": self.mem_bytes,
+            "predicted_mem_bytes": self.mem_bytes, "predicted_mem_bound_bytes": self.mem_bound_bytes,
+            **({"predicted_mem": {"arguments": self.memory.arguments, "outputs": self.memory.outputs,
+                                  "temp": self.memory.temp}} if self.memory is not None else {}),
             "collectives": [{"node": i, "enode_op": graph.nodes[i].op, "kind": c.kind, "axis": c.axis,
                              "bytes": c.bytes, "seconds": c.seconds, "phase": c.phase, "why": c.why}
                             for i, c in self.collectives],
@@ -160,19 +165,28 @@ def graph_axes(graph: Graph) -> list[Axes]:
 def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
     g = graph.live()
     axes = graph_axes(g)
-    compute = comm = mem = 0.0
+    compute = comm = bound = 0.0
     found: list[tuple[int, Collective]] = []
     derived: list[bool] = []
+    grad: list[bool] = []
     for i, n in enumerate(g.nodes):
         derived.append(_weight_derived(n.op, [derived[v.node] for v in n.inputs]))
+        grad.append(n.op == "weight" or any(grad[v.node] for v in n.inputs))
         c = _price(model, n.op, n.attr, [g.shape(v) for v in n.inputs], [len(axes[v.node]) for v in n.inputs],
                    len(axes[i]), [g.nodes[v.node].op if ops.OPS[g.nodes[v.node].op].is_leaf else None for v in n.inputs],
-                   [derived[v.node] for v in n.inputs])
+                   [derived[v.node] for v in n.inputs], [grad[v.node] for v in n.inputs])
         compute += c.compute_s
         comm += c.comm_s
-        mem += c.mem_bytes
+        bound += c.mem_bytes
         found.extend((i, col) for col in c.collectives)
-    return PlanReport(compute + comm, compute, comm, mem, tuple(found))
+    bound += sum(output_cotangent_bytes(g.shape(v), len(axes[v.node])) for v in set(g.outputs))
+    memory = step_memory(g, axes)
+    return PlanReport(compute + comm, compute, comm, memory.peak, tuple(found), memory, bound)
+
+
+def output_cotangent_bytes(shape: tuple[int, ...], depth: int) -> float:
+    """The loss's cotangent of an output: a buffer the ILP's memory row charges to the root class."""
+    return per_device_bytes(shape, depth)
 
 
 def _weight_derived(op: str, inputs: Sequence[bool]) -> bool:
@@ -181,8 +195,9 @@ def _weight_derived(op: str, inputs: Sequence[bool]) -> bool:
 
 
 def _price(model: ParallelCostModel, op: str, attrs: Mapping[str, Any], shapes: Sequence[tuple[int, ...]],
-           depths: Sequence[int], depth: int, leaves: Sequence[str | None], derived: Sequence[bool]) -> NodeCost:
-    return model.node_cost(op, attrs, shapes, depths, depth, leaves, derived)
+           depths: Sequence[int], depth: int, leaves: Sequence[str | None], derived: Sequence[bool],
+           grad: Sequence[bool]) -> NodeCost:
+    return model.node_cost(op, attrs, shapes, depths, depth, leaves, derived, grad)
 
 
 def price_egraph(egraph_json: Mapping[str, Any], model: ParallelCostModel) -> tuple[dict[str, Any], dict[str, float]]:
@@ -225,13 +240,24 @@ def price_egraph(egraph_json: Mapping[str, Any], model: ParallelCostModel) -> tu
                     n["op"], [nodes[c]["eclass"] in derived for c in n["children"]]):
                 derived.add(n["eclass"])
                 changed = True
+    grad: set[str] = set()
+    changed = True
+    while changed:  # fixpoint: a class needs a gradient when one of its nodes depends on a weight
+        changed = False
+        for n in keep.values():
+            if n["eclass"] not in grad and (n["op"] == "weight" or any(nodes[c]["eclass"] in grad for c in n["children"])):
+                grad.add(n["eclass"])
+                changed = True
     mem: dict[str, float] = {}
+    roots = set(egraph_json["root_eclasses"])
     for nid, n in keep.items():
         kids = [nodes[c]["eclass"] for c in n["children"]]
         c = _price(model, n["op"], n["attrs"], [shape[k] for k in kids], [len(class_axes[k]) for k in kids],
-                   len(class_axes[n["eclass"]]), [leaf_of.get(k) for k in kids], [k in derived for k in kids])
+                   len(class_axes[n["eclass"]]), [leaf_of.get(k) for k in kids], [k in derived for k in kids],
+                   [k in grad for k in kids])
         n["cost"] = c.seconds * COST_SCALE
-        mem[nid] = c.mem_bytes
+        mem[nid] = c.mem_bytes + (output_cotangent_bytes(shape[n["eclass"]], len(class_axes[n["eclass"]]))
+                                  if n["eclass"] in roots else 0.0)
     member = {n["eclass"]: nid for nid, n in keep.items()}
     for n in keep.values():  # children name nodes; point them at a kept node of the same class
         n["children"] = [c if c in keep else member[nodes[c]["eclass"]] for c in n["children"]]
@@ -319,9 +345,9 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
     extract_s = time.perf_counter() - t1
     plan = pe.decode(selection.as_ids(data))
     report = plan_report(plan, pe.model)
-    if mem_budget is not None and report.mem_bytes > mem_budget * (1 + 1e-9):
+    if mem_budget is not None and report.mem_bound_bytes > mem_budget * (1 + 1e-9):
         raise PlanError(f"no plan within {mem_budget:.4g} bytes per device was found "
-                        f"(best: {report.mem_bytes:.4g}, status {selection.status})")
+                        f"(best: {report.mem_bound_bytes:.4g}, status {selection.status})")
     t2 = time.perf_counter()
     ok, diff = numerics_match(graph, plan)
     return PlanResult(strategy, mesh, plan, report, ok, diff, pe.seconds + extract_s, pe.seconds, extract_s,

@@ -1,0 +1,304 @@
+"""Per-device memory of a plan's training step, predicted by a liveness simulation.
+
+What `memory_analysis()` of the compiled step (`jax.grad` of the plan's `shard_map`) counts is
+arguments + outputs + temporaries. Arguments and outputs follow from the plan: every leaf as it
+is passed (its shard when every use is the same partition, `sharded_leaves`), and every weight's
+gradient shaped as its argument. The temporaries are a peak, not a sum: XLA's buffer assignment
+reuses memory (the output buffers too) for values whose lifetimes do not overlap. So the step is
+simulated in the order JAX emits it and its peak of live bytes taken:
+
+- forward, in plan order: each node's output is a buffer (`replicate` and `reduce` alias their
+  input, so do `partition`s of a leaf passed sharded and the `is_view` ops); it is freed after its
+  last forward use unless the backward needs it (`RESIDUALS`: a matmul keeps the operand the other
+  one's gradient needs, activations keep their output), then it lives until that node's backward;
+- backward, in reverse plan order: each node turns its output's cotangent into its inputs'
+  (one buffer per input that needs a gradient; `reduce` aliases; a `partition` pads with zeros),
+  contributions of several uses are summed in place, and the cotangent is freed after its node;
+- the gradient sync: the all-reduces that sum a weight's gradient over the devices that share it
+  (transposes of `replicate` / `partition` of a weight moved by distribution ops only) are
+  independent of the rest of the backward, and XLA combines them into one all-reduce at the end
+  of the step, so their unreduced inputs live until then, next to their results.
+
+`StepMemory.peak` is the prediction (`predicted_mem_bytes`). `StepMemory.allocated` is the sum
+of every buffer the simulation creates: an upper bound of the peak that is a sum over plan nodes
+(`node_allocations`), which is what the ILP's memory budget row adds up (`eqsat.parallel.cost`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from eqsat import ops
+from eqsat.ir import Graph
+
+Axes = tuple[int, ...]
+ITEMSIZE = 4
+ELEMENTWISE_SAVE_OUTPUT = frozenset({"relu", "tanh", "sigmoid", "exp"})
+GRADIENT_SYNC = frozenset({"replicate", "partition"})  # their transpose is an all-reduce over the axis
+MOVERS = frozenset({"partition", "replicate", "combine", "reduce", "all_reduce", "all_gather", "reduce_scatter",
+                    "all_to_all"})
+
+
+def _matmul_residuals(attrs: Mapping[str, object], needs_grad: Sequence[bool]) -> tuple[int | str, ...]:
+    """y = act(a @ b): da needs b, db needs a, the activation's derivative needs y."""
+    kept: list[int | str] = []
+    if needs_grad[0]:
+        kept.append(1)
+    if needs_grad[1]:
+        kept.append(0)
+    if int(attrs.get("act", 0) or 0):  # type: ignore[call-overload]
+        kept.append("out")
+    return tuple(kept)
+
+
+# op → (attrs, which inputs need a gradient) → what its backward reads: input indices, "out".
+RESIDUALS: Mapping[str, Callable[[Mapping[str, object], Sequence[bool]], tuple[int | str, ...]]] = MappingProxyType({
+    "matmul": _matmul_residuals,
+    "conv2d": _matmul_residuals,
+    "ewmul": lambda attrs, g: tuple(i for i, need in ((1, g[0]), (0, g[1])) if need),
+    **{op: (lambda attrs, g: ("out",)) for op in ELEMENTWISE_SAVE_OUTPUT},
+})
+
+
+def per_device_bytes(shape: Sequence[int], depth: int) -> float:
+    return float(ITEMSIZE * math.prod(shape[depth:]))
+
+
+def sharded_leaves(graph: Graph) -> dict[int, tuple[int, int]]:
+    """Leaf node → (dim from the front, mesh axis) for leaves whose every use is the same partition:
+    such a leaf is passed to the program already sharded."""
+    uses: dict[int, set[tuple[str, tuple[tuple[str, object], ...]]]] = {}
+    for n in graph.nodes:
+        for v in n.inputs:
+            uses.setdefault(v.node, set()).add((n.op, n.attrs))
+    out: dict[int, tuple[int, int]] = {}
+    for i, n in enumerate(graph.nodes):
+        if ops.OPS[n.op].is_leaf and len(uses.get(i, ())) == 1:
+            ((op, attrs),) = uses[i]
+            if op == "partition":
+                a = dict(attrs)
+                out[i] = (len(n.shapes[0]) + int(a["dim"]), int(a["axis"]))  # type: ignore[call-overload]
+    return out
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """Bytes per device of one training step."""
+
+    arguments: float
+    outputs: float  # the weights' gradients
+    peak: float  # arguments + the most bytes live at once (outputs included)
+    allocated: float  # arguments + every buffer the simulation creates (an upper bound of peak)
+    node_bytes: tuple[float, ...]  # per plan node: the buffers allocated for it (sums to allocated - arguments)
+
+    @property
+    def temp(self) -> float:
+        return self.peak - self.arguments - self.outputs
+
+
+class _Heap:
+    """Live buffers and the peak of the temporaries they need. A buffer is freed when its last
+    holder lets go. Output buffers (the weights' gradients) are allocations of their own from the
+    start, and XLA places earlier values in them while they are free: one value at a time, one no
+    larger than the output. So the temporaries at a moment are the live values that do not fit
+    into the free output buffers (placed largest first, each into the smallest that holds it)."""
+
+    def __init__(self, output_slots: Sequence[float]) -> None:
+        self.size: dict[int, float] = {}
+        self.refs: dict[int, int] = {}
+        self.outputs: set[int] = set()
+        self.free_slots = sorted(output_slots)
+        self.allocated = 0.0
+        self.peak_temp = 0.0
+        self._next = 0
+
+    def new(self, size: float) -> int:
+        b = self._next
+        self._next += 1
+        self.size[b], self.refs[b] = size, 1
+        self.allocated += size
+        self.peak_temp = max(self.peak_temp, self.temp())
+        return b
+
+    def hold(self, b: int) -> int:
+        self.refs[b] += 1
+        return b
+
+    def drop(self, b: int) -> None:
+        self.refs[b] -= 1
+        if self.refs[b] == 0:
+            del self.size[b]
+            self.outputs.discard(b)
+
+    def mark_output(self, b: int, slot: float) -> None:
+        """Buffer b is a weight's gradient: it lives in that weight's output buffer from now on."""
+        if b not in self.outputs and slot in self.free_slots:
+            self.outputs.add(b)
+            self.free_slots.remove(slot)
+
+    def temp(self) -> float:
+        slots = list(self.free_slots)
+        unplaced = 0.0
+        for size in sorted((s for b, s in self.size.items() if b not in self.outputs), reverse=True):
+            k = bisect.bisect_left(slots, size)
+            if k < len(slots):
+                del slots[k]
+            else:
+                unplaced += size
+        return unplaced
+
+
+def _weight_derived(graph: Graph) -> list[bool]:
+    out: list[bool] = []
+    for n in graph.nodes:
+        ins = [out[v.node] for v in n.inputs]
+        out.append(n.op == "weight" or (n.op in MOVERS and bool(ins) and all(ins)))
+    return out
+
+
+def step_memory(graph: Graph, axes: Sequence[Axes]) -> StepMemory:
+    """Simulate the training step of `graph` (device axes per node, `plan.graph_axes`); see the
+    module docstring for what is live when."""
+    g = graph
+    n_nodes = len(g.nodes)
+    size = [per_device_bytes(n.shapes[0], len(axes[i])) for i, n in enumerate(g.nodes)]
+    leaf = [ops.OPS[n.op].is_leaf for n in g.nodes]
+    sharded = sharded_leaves(g)
+    for j, n in enumerate(g.nodes):  # a leaf passed sharded is as big as its partition
+        if n.op == "partition" and n.inputs[0].node in sharded:
+            size[n.inputs[0].node] = size[j]
+    arguments = sum(size[i] for i in range(n_nodes) if leaf[i])
+    needs_grad: list[bool] = []
+    for n in g.nodes:
+        needs_grad.append(n.op == "weight" or any(needs_grad[v.node] for v in n.inputs))
+    derived = _weight_derived(g)
+    alias_of_input = [n.op in ("replicate", "reduce") or ops.OPS[n.op].is_view
+                      or (n.op == "partition" and n.inputs[0].node in sharded) for n in g.nodes]
+    node_bytes = [0.0] * n_nodes
+    heap = _Heap([size[i] for i in range(n_nodes) if g.nodes[i].op == "weight"])
+
+    # forward: last forward use and residual holders
+    last_use = [-1] * n_nodes
+    for i, n in enumerate(g.nodes):
+        for v in n.inputs:
+            last_use[v.node] = i
+    for v in g.outputs:
+        last_use[v.node] = n_nodes  # the loss reads the outputs
+    buf: dict[int, int] = {}  # forward value → buffer (absent for arguments)
+    residual_of: dict[int, list[int]] = {}  # node → buffers its backward reads
+    step_long: list[int] = []
+    for i, n in enumerate(g.nodes):
+        if leaf[i]:
+            continue
+        if alias_of_input[i]:
+            src = n.inputs[0].node
+            if src in buf:
+                buf[i] = heap.hold(buf[src])
+        else:
+            buf[i] = heap.new(size[i])
+            node_bytes[i] += size[i]
+            if derived[i]:  # a moved weight: XLA keeps it to the end of the step
+                step_long.append(heap.hold(buf[i]))
+        if n.op in RESIDUALS and needs_grad[i]:
+            kept = RESIDUALS[n.op](n.attr, [needs_grad[v.node] for v in n.inputs])
+            holders = [i if k == "out" else n.inputs[int(k)].node for k in kept]
+            residual_of[i] = [heap.hold(buf[h]) for h in holders if h in buf]
+        for v in {v.node for v in n.inputs}:
+            if last_use[v] == i and v in buf:
+                heap.drop(buf[v])
+    for i in {v.node for v in g.outputs}:
+        if i in buf:
+            heap.drop(buf[i])
+
+    # backward: cotangents in reverse plan order; the gradient sync waits for the end
+    cot: dict[int, int] = {}
+    for v in g.outputs:  # d(sum(out**2)/2) = out: one buffer per output
+        if needs_grad[v.node] and v.node not in cot:
+            cot[v.node] = heap.new(size[v.node])
+            node_bytes[v.node] += size[v.node]
+    deferred: list[int] = []  # nodes whose all-reduce of a weight's gradient waits for the end
+
+    def new(i: int, nbytes: float) -> int:
+        node_bytes[i] += nbytes
+        return heap.new(nbytes)
+
+    def contribute(target: int, b: int) -> None:
+        if target in cot:  # summed in place into the first contribution
+            heap.drop(b)
+        else:
+            cot[target] = b
+            if g.nodes[target].op == "weight":
+                heap.mark_output(b, size[target])
+
+    def backward(i: int, sync_now: bool) -> None:
+        n = g.nodes[i]
+        c = cot.pop(i)
+        for v in n.inputs:
+            src = v.node
+            if not needs_grad[src]:
+                continue
+            if n.op in GRADIENT_SYNC and derived[src] and not sync_now and not (n.op == "partition" and src in sharded):
+                cot[i] = heap.hold(c) if n.op == "replicate" else new(i, size[src])  # a partition pads
+                deferred.append(i)
+            elif alias_of_input[i] and not (n.op == "replicate" and derived[src]):
+                contribute(src, heap.hold(c))
+            else:
+                contribute(src, new(i, size[src]))
+        heap.drop(c)
+
+    for i in range(n_nodes - 1, -1, -1):
+        if not leaf[i] and i in cot and needs_grad[i]:
+            backward(i, sync_now=False)
+        for b in residual_of.pop(i, []):
+            heap.drop(b)
+    # the combined gradient all-reduce: every unreduced buffer and every result live at once,
+    # then what the results feed (a weight's partition under a replicate) in reverse order
+    held = [heap.hold(cot[i]) for i in deferred]
+    for i in deferred:
+        backward(i, sync_now=True)
+    for b in held + step_long:
+        heap.drop(b)
+    for i in range(n_nodes - 1, -1, -1):
+        if not leaf[i] and i in cot and needs_grad[i]:
+            backward(i, sync_now=True)
+    outputs = sum(size[i] for i in range(n_nodes) if g.nodes[i].op == "weight")
+    return StepMemory(arguments, outputs, arguments + outputs + heap.peak_temp, arguments + heap.allocated,
+                      tuple(node_bytes))
+
+
+
+ALIASES = frozenset({"replicate", "reduce"})  # forward: no buffer of their own
+
+
+def node_bound(op: str, in_bytes: Sequence[float], out_bytes: float, leaf_children: Sequence[str | None],
+               derived_children: Sequence[bool], grad_children: Sequence[bool]) -> float:
+    """Bytes per device that one plan node adds to `StepMemory.allocated` at most: the linear term
+    of the ILP's memory row. A leaf argument is counted where it is used: its shard under a
+    `partition`, else whole. Then the node's forward buffer and the cotangent it makes for each
+    input that needs a gradient (`grad_children`; a weight's is its gradient output): none where
+    the transpose aliases (`replicate`, `reduce`, the partition of a leaf passed sharded), the
+    all-reduced result where a `replicate` syncs a weight's gradient, the zero-padded buffer and
+    the result where a `partition` does. Sound when each leaf is passed as its plan uses it: a leaf
+    both partitioned and used otherwise is passed whole and sliced, which this undercounts by the
+    slice and its padded gradient."""
+    total = 0.0
+    partition_of_leaf = op == "partition" and leaf_children[0] is not None
+    for size, leaf in zip(in_bytes, leaf_children):
+        if leaf is not None:
+            total += out_bytes if op == "partition" else size
+    if op not in ALIASES and not ops.OPS[op].is_view and not partition_of_leaf:
+        total += out_bytes
+    for size, derived, grad in zip(in_bytes, derived_children, grad_children):
+        if not grad or op == "reduce" or partition_of_leaf:
+            continue
+        if op == "replicate":
+            total += size if derived else 0.0
+        elif op == "partition" and derived:
+            total += 2 * size
+        else:
+            total += size
+    return total
