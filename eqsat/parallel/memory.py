@@ -207,9 +207,9 @@ def step_memory(graph: Graph, axes: Sequence[Axes]) -> StepMemory:
             kept = RESIDUALS[n.op](n.attr, [needs_grad[v.node] for v in n.inputs])
             holders = [i if k == "out" else n.inputs[int(k)].node for k in kept]
             residual_of[i] = [heap.hold(buf[h]) for h in holders if h in buf]
-        for v in {v.node for v in n.inputs}:
-            if last_use[v] == i and v in buf:
-                heap.drop(buf[v])
+        for j in {v.node for v in n.inputs}:
+            if last_use[j] == i and j in buf:
+                heap.drop(buf[j])
     for i in {v.node for v in g.outputs}:
         if i in buf:
             heap.drop(buf[i])
