@@ -1,6 +1,9 @@
 """`eqsat bench parallel --out DIR`: `eqsat parallel` over the cases and meshes.
 
-Writes `parallel.jsonl` (one row per case and mesh, the fields of `eqsat parallel`), `parallel.md`
+Every case and mesh also runs `RANDOM_PLANS` random plans of its e-graph on the devices (outputs and
+gradients against the single-device program; their failures and how many have their predicted memory
+within 15% of `memory_analysis()` are columns). Writes `parallel.jsonl` (one row per case and mesh,
+the fields of `eqsat parallel --random-plans`), `parallel.md`
 (the table), `parallel_step.png` (predicted training-step time of the joint plan and of the
 baselines) and `parallel_comm.png` (predicted against compiled bytes per device, forward and
 training step). Step times are predicted (the 8 emulated devices share this machine's cores, so
@@ -20,7 +23,9 @@ CASES: tuple[str, ...] = ("unity-mlp", "mlp16", "gpt-block", "gpt12", "dlrm")
 MESHES: tuple[str, ...] = ("8", "2x4", "4x2")
 COLUMNS = ("model", "mesh", "predicted_s", "data_parallel_s", "megatron_s", "algebra_first_s", "joint_vs_best_baseline",
            "predicted_comm_bytes", "measured_comm_bytes", "predicted_step_comm_bytes", "measured_step_comm_bytes",
-           "predicted_mem_bytes", "measured_mem_bytes", "numerics_ok", "same_collectives", "search_s", "ilp_status", "ilp_gap")
+           "predicted_mem_bytes", "measured_mem_bytes", "numerics_ok", "same_collectives", "search_s", "ilp_status", "ilp_gap",
+           "random_plans", "random_numerics_failures", "random_mem_within_15pct")
+RANDOM_PLANS = 20  # per case and mesh, each run on the devices against the single-device program
 
 
 def _time_limit(model: str, time_limit: float) -> float:
@@ -28,7 +33,7 @@ def _time_limit(model: str, time_limit: float) -> float:
 
 
 def run_bench(out_dir: Path, time_limit: float = 20.0, models: Sequence[str] | None = None,
-              meshes: Sequence[str] | None = None, random_plans: int = 0) -> list[dict[str, Any]]:
+              meshes: Sequence[str] | None = None, random_plans: int = RANDOM_PLANS) -> list[dict[str, Any]]:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -30,7 +30,7 @@ from eqsat.parallel.plan import (
 )
 from experiments.parallel_models import PARALLEL_MODELS, build_parallel_model
 
-__all__ = ["BASELINES", "add_arguments", "check_on_devices", "run", "run_case"]
+__all__ = ["BASELINES", "add_arguments", "check_on_devices", "reference_gradients", "run", "run_case"]
 
 BASELINES = ("data-parallel", "megatron", "algebra-first")
 
@@ -40,13 +40,31 @@ def _close(a: np.ndarray, b: np.ndarray, rtol: float = 2e-4) -> bool:
     return bool(np.max(np.abs(np.asarray(a, np.float64) - b)) <= rtol * scale) if b.size else True
 
 
-def check_on_devices(graph: Graph, plan: Graph, mesh: Mesh, seed: int = 0, gradients: bool = True) -> dict[str, Any]:
-    """Run `plan` on JAX devices: outputs (and gradients of sum(out**2)/2) against the single-device
-    program, and what the compiled forward and step programs communicate and allocate."""
+def reference_gradients(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    """The single-device program's gradients of sum(out**2)/2 per weight name (computed once per
+    case when many plans are checked against it)."""
     import jax
     import jax.numpy as jnp
 
     from jax_backend.lower import to_jax_positional
+
+    values = _scaled_inputs(graph, seed)
+    weights = [n.attr["name"] for _, n in graph.leaves("weight")]
+    names, ref_fn = to_jax_positional(graph)
+
+    def ref_loss(*arrays: Any) -> Any:
+        return sum(jnp.sum(o ** 2) / 2 for o in ref_fn(*arrays))
+
+    ref_step = jax.jit(jax.grad(ref_loss, argnums=tuple(i for i, n in enumerate(names) if n in weights)))
+    ref_grads = ref_step(*[jnp.asarray(values[n]) for n in names])
+    return {n: np.asarray(g, np.float64) for n, g in zip([n for n in names if n in weights], ref_grads)}
+
+
+def check_on_devices(graph: Graph, plan: Graph, mesh: Mesh, seed: int = 0, gradients: bool = True,
+                     reference: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """Run `plan` on JAX devices: outputs (and gradients of sum(out**2)/2) against the single-device
+    program (`reference`: its gradients, if already known), and what the compiled forward and step
+    programs communicate and allocate."""
     from jax_backend.shard import compiled_report, shard_plan, step_program
 
     program = shard_plan(plan, mesh)
@@ -62,15 +80,8 @@ def check_on_devices(graph: Graph, plan: Graph, mesh: Mesh, seed: int = 0, gradi
         weights = [n.attr["name"] for _, n in graph.leaves("weight")]
         step = step_program(program, weights)
         grads = step(*args)
-        names, ref_fn = to_jax_positional(graph)
-
-        def ref_loss(*arrays: Any) -> Any:
-            return sum(jnp.sum(o ** 2) / 2 for o in ref_fn(*arrays))
-
-        ref_step = jax.jit(jax.grad(ref_loss, argnums=tuple(i for i, n in enumerate(names) if n in weights)))
-        ref_grads = ref_step(*[jnp.asarray(values[n]) for n in names])
-        by_name = dict(zip([n for n in names if n in weights], ref_grads))
-        grads_ok = all(_close(np.asarray(g), np.asarray(by_name[n], np.float64), 1e-3)
+        by_name = reference if reference is not None else reference_gradients(graph, seed)
+        grads_ok = all(_close(np.asarray(g), by_name[n], 1e-3)
                        for n, g in zip([n for n in program.names if n in weights], grads))
         compiled = step.lower(*args).compile()
         from jax_backend.shard import compiled_collectives
@@ -144,17 +155,22 @@ def _baseline_fields(joint: PlanResult, baselines: Mapping[str, PlanResult]) -> 
 
 
 def _random_checks(graph: Graph, mesh: Mesh, count: int) -> dict[str, Any]:
-    """`count` random plans from the joint e-graph, each run on the devices against the program."""
+    """`count` random plans from the joint e-graph, each run on the devices against the program
+    (outputs and gradients), with their predicted communication and memory against the compiled."""
     pe = saturate_and_price(graph, mesh, "joint")
-    failures, comm_ok, kinds_ok = 0, 0, 0
+    reference = reference_gradients(graph)
+    failures, comm_ok, kinds_ok, mem_ok, mem_ratios = 0, 0, 0, 0, []
     for plan in random_plans(pe, count, seed=1):
         report = plan_report(plan, pe.model)
-        res = check_on_devices(graph, plan, mesh, gradients=True)
+        res = check_on_devices(graph, plan, mesh, gradients=True, reference=reference)
         failures += 0 if res["numerics_ok"] else 1
         comm_ok += _within(report.comm_bytes("forward"), res["measured_comm_bytes"], 0.05)
         kinds_ok += sorted(c.kind for _, c in report.collectives if c.phase == "forward") == res["measured_collectives"]
+        mem_ok += _within(report.mem_bytes, res["measured_mem_bytes"], 0.15)
+        mem_ratios.append(report.mem_bytes / max(res["measured_mem_bytes"], 1.0))
     return {"random_plans": count, "random_numerics_failures": failures, "random_comm_within_5pct": comm_ok,
-            "random_same_collectives": kinds_ok}
+            "random_same_collectives": kinds_ok, "random_mem_within_15pct": mem_ok,
+            "random_mem_ratio_range": [min(mem_ratios, default=1.0), max(mem_ratios, default=1.0)]}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
