@@ -101,27 +101,28 @@ class StepMemory:
 
 
 class _Heap:
-    """Live buffers and the peak of the temporaries they need. A buffer is freed when its last
-    holder lets go. Output buffers (the weights' gradients) are allocations of their own from the
-    start, and XLA places earlier values in them while they are free: one value at a time, one no
-    larger than the output. So the temporaries at a moment are the live values that do not fit
-    into the free output buffers (placed largest first, each into the smallest that holds it)."""
+    """Buffers with their lifetimes (a buffer is freed when its last holder lets go), and the peak
+    of the temporaries they need. Output buffers (the weights' gradients) are allocations of their
+    own for the whole step, and XLA places earlier values in them: one at a time, no larger than
+    the output, and only a value that dies before the output is written. So the temporaries at a
+    moment are the live values that do not fit into output buffers that way (placed largest
+    first, each into the smallest that holds it)."""
 
     def __init__(self, output_slots: Sequence[float]) -> None:
         self.size: dict[int, float] = {}
         self.refs: dict[int, int] = {}
-        self.outputs: set[int] = set()
-        self.free_slots = sorted(output_slots)
+        self.birth: dict[int, int] = {}
+        self.death: dict[int, int] = {}
+        self.output_slot: dict[int, float] = {}  # buffer → the output buffer it is
+        self.slots = list(output_slots)
         self.allocated = 0.0
-        self.peak_temp = 0.0
-        self._next = 0
+        self.clock = 0
 
     def new(self, size: float) -> int:
-        b = self._next
-        self._next += 1
-        self.size[b], self.refs[b] = size, 1
+        b = len(self.size)
+        self.size[b], self.refs[b], self.birth[b] = size, 1, self.clock
+        self.clock += 1
         self.allocated += size
-        self.peak_temp = max(self.peak_temp, self.temp())
         return b
 
     def hold(self, b: int) -> int:
@@ -131,25 +132,41 @@ class _Heap:
     def drop(self, b: int) -> None:
         self.refs[b] -= 1
         if self.refs[b] == 0:
-            del self.size[b]
-            self.outputs.discard(b)
+            self.death[b] = self.clock
+            self.clock += 1
 
     def mark_output(self, b: int, slot: float) -> None:
-        """Buffer b is a weight's gradient: it lives in that weight's output buffer from now on."""
-        if b not in self.outputs and slot in self.free_slots:
-            self.outputs.add(b)
-            self.free_slots.remove(slot)
+        """Buffer b is a weight's gradient: it lives in that weight's output buffer."""
+        if b not in self.output_slot:
+            self.output_slot[b] = slot
 
-    def temp(self) -> float:
-        slots = list(self.free_slots)
-        unplaced = 0.0
-        for size in sorted((s for b, s in self.size.items() if b not in self.outputs), reverse=True):
-            k = bisect.bisect_left(slots, size)
-            if k < len(slots):
-                del slots[k]
-            else:
-                unplaced += size
-        return unplaced
+    def peak_temp(self) -> float:
+        end = self.clock + 1
+        death = {b: self.death.get(b, end) for b in self.size}
+        written: list[tuple[float, int]] = []  # (slot size, when its output is written)
+        free = list(self.slots)
+        for b, slot in self.output_slot.items():
+            if slot in free:
+                free.remove(slot)
+                written.append((slot, self.birth[b]))
+        written += [(slot, end) for slot in free]
+        written.sort()
+        temps = [b for b in self.size if b not in self.output_slot]
+        peak = 0.0
+        for t in sorted({self.birth[b] for b in temps}):
+            live = sorted((b for b in temps if self.birth[b] <= t < death[b]), key=lambda b: -self.size[b])
+            open_slots = [(size, when) for size, when in written if when > t]
+            unplaced = 0.0
+            for b in live:
+                k = bisect.bisect_left(open_slots, (self.size[b], -1))
+                while k < len(open_slots) and open_slots[k][1] < death[b]:
+                    k += 1
+                if k < len(open_slots):
+                    del open_slots[k]
+                else:
+                    unplaced += self.size[b]
+            peak = max(peak, unplaced)
+        return peak
 
 
 def _weight_derived(graph: Graph) -> list[bool]:
@@ -266,7 +283,7 @@ def step_memory(graph: Graph, axes: Sequence[Axes]) -> StepMemory:
         if not leaf[i] and i in cot and needs_grad[i]:
             backward(i, sync_now=True)
     outputs = sum(size[i] for i in range(n_nodes) if g.nodes[i].op == "weight")
-    return StepMemory(arguments, outputs, arguments + outputs + heap.peak_temp, arguments + heap.allocated,
+    return StepMemory(arguments, outputs, arguments + outputs + heap.peak_temp(), arguments + heap.allocated,
                       tuple(node_bytes))
 
 
