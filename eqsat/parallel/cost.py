@@ -17,8 +17,9 @@ value with no device axes is replicated on every device (SPMD: every device comp
 
 Backward compute is taken as twice the forward (two products per matmul; the usual estimate).
 Memory per device: `mem_bytes` is the node's term of the ILP's memory row
-(`eqsat.parallel.memory.node_bound`, summed over a plan an upper bound of its simulated step
-memory); the prediction itself is the liveness simulation of the whole plan's training step
+(`eqsat.parallel.memory.node_kept`, what it keeps through the step) and `mem_bound_bytes` every
+buffer it allocates (`node_bound`, summed over a plan an upper bound of the simulated peak); the
+prediction itself is the liveness simulation of the whole plan's training step
 (`eqsat.parallel.memory.step_memory`), which no per-node sum can express.
 S, the bytes of a collective, is the per-device buffer: the gathered result of an all-gather, the
 input of a reduce-scatter / all-to-all, the value of an all-reduce (what `compile().as_text()`
@@ -33,7 +34,7 @@ from typing import Any
 
 from eqsat import cost as cost_models
 from eqsat import ops
-from eqsat.parallel.memory import node_bound, per_device_bytes
+from eqsat.parallel.memory import node_bound, node_kept, per_device_bytes
 from eqsat.parallel.mesh import Mesh, parse_mesh
 from eqsat.parallel.ops import local_attrs
 
@@ -71,7 +72,8 @@ class NodeCost:
     compute_s: float  # forward + backward per device
     forward_s: float
     collectives: tuple[Collective, ...]
-    mem_bytes: float  # per device: this node's term of the ILP memory row (`memory.node_bound`)
+    mem_bytes: float  # per device: this node's term of the ILP memory row (`memory.node_kept`)
+    mem_bound_bytes: float = 0.0  # every buffer it allocates in the step (`memory.node_bound`)
 
     @property
     def comm_s(self) -> float:
@@ -109,16 +111,18 @@ class ParallelCostModel:
         if spec.is_leaf:
             return NodeCost(0.0, 0.0, (), 0.0)
         out_shape = ops.infer_shapes(op, input_shapes, attrs)[0]
-        mem = node_bound(op, [per_device_bytes(s, d) for s, d in zip(input_shapes, input_depths)],
-                         per_device_bytes(out_shape, depth), leaf_children,
-                         list(weight_derived) if weight_derived is not None else [False] * len(input_shapes),
-                         list(needs_grad) if needs_grad is not None else [True] * len(input_shapes))
+        in_bytes = [per_device_bytes(s, d) for s, d in zip(input_shapes, input_depths)]
+        out_bytes = per_device_bytes(out_shape, depth)
+        derived = list(weight_derived) if weight_derived is not None else [False] * len(input_shapes)
+        kept = node_kept(op, in_bytes, out_bytes, leaf_children, derived)
+        bound = node_bound(op, in_bytes, out_bytes, leaf_children, derived,
+                           list(needs_grad) if needs_grad is not None else [True] * len(input_shapes))
         if op in COLLECTIVES:
             found = self._distribution(op, attrs, input_shapes[0], input_depths[0], out_shape, depth, leaf_children[0])
-            return NodeCost(0.0, 0.0, found, mem)  # a collective's sums are priced in its alpha-beta time
+            return NodeCost(0.0, 0.0, found, kept, bound)  # a collective's sums are priced in its alpha-beta time
         local = [tuple(s[d:]) for s, d in zip(input_shapes, input_depths)]
         forward = self.compute.op_cost(op, local_attrs(op, attrs, depth), local)
-        return NodeCost(forward * (1 + BACKWARD_FACTOR), forward, (), mem)
+        return NodeCost(forward * (1 + BACKWARD_FACTOR), forward, (), kept, bound)
 
     def _distribution(self, op: str, attrs: Mapping[str, Any], in_shape: Shape, in_depth: int, out_shape: Shape,
                       depth: int, leaf: str | None) -> tuple[Collective, ...]:

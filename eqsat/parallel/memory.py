@@ -19,9 +19,13 @@ simulated in the order JAX emits it and its peak of live bytes taken:
   independent of the rest of the backward, and XLA combines them into one all-reduce at the end
   of the step, so their unreduced inputs live until then, next to their results.
 
-`StepMemory.peak` is the prediction (`predicted_mem_bytes`). `StepMemory.allocated` is the sum
-of every buffer the simulation creates: an upper bound of the peak that is a sum over plan nodes
-(`node_allocations`), which is what the ILP's memory budget row adds up (`eqsat.parallel.cost`).
+`StepMemory.peak` is the prediction (`predicted_mem_bytes`). A peak is no sum over nodes, so the
+ILP sees two linear stand-ins per e-node: `node_bound`, every buffer the simulation allocates for
+the node (summed over a plan, `StepMemory.allocated`: an upper bound of the peak, about 2x it), and
+`node_kept`, what stays live through the step (arguments, gradients, the outputs of matmuls and of
+data-moving collectives, a weight's unreduced gradient): close to the peak, and the ILP's memory
+row. The planner checks the extracted plan's simulated peak against the budget and solves again
+with a tighter row when it is over (`eqsat.parallel.plan.plan_graph`).
 """
 
 from __future__ import annotations
@@ -318,4 +322,24 @@ def node_bound(op: str, in_bytes: Sequence[float], out_bytes: float, leaf_childr
             total += 2 * size
         else:
             total += size
+    return total
+
+
+KEPT_OUTPUTS = frozenset({"matmul", "conv2d", "combine", "all_gather", "all_reduce", "reduce_scatter", "all_to_all"})
+
+
+def node_kept(op: str, in_bytes: Sequence[float], out_bytes: float, leaf_children: Sequence[str | None],
+              derived_children: Sequence[bool]) -> float:
+    """Bytes per device one plan node keeps through the step, the ILP's memory row: the leaf
+    arguments it uses (a shard under a `partition`) and a weight's gradient, its output if it is a
+    matmul's or a data-moving collective's (what the backward reads), and a weight's unreduced
+    gradient under a `replicate` / `partition` (it waits for the combined all-reduce)."""
+    total = 0.0
+    for size, leaf in zip(in_bytes, leaf_children):
+        if leaf is not None:
+            total += (out_bytes if op == "partition" else size) * (2 if leaf == "weight" else 1)
+    if op in KEPT_OUTPUTS:
+        total += out_bytes
+    if op in GRADIENT_SYNC and leaf_children[0] is None and derived_children[0]:
+        total += in_bytes[0]
     return total

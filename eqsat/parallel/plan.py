@@ -54,6 +54,7 @@ DISTRIBUTABLE: Mapping[str, Callable[[Mapping[str, Any], int], bool]] = {
 }
 DEFAULT_LIMITS = Limits(iterations=12, nodes=30_000, seconds=60.0)
 COST_SCALE = 1e6  # e-node costs in microseconds: keeps the MIP's absolute gaps meaningful
+BUDGET_ATTEMPTS = 3  # ILP solves under a memory budget, each with a tighter row if the plan's peak is over
 
 
 class PlanError(EqsatError):
@@ -134,7 +135,8 @@ class PlanReport:
     mem_bytes: float  # predicted: the simulated training step's peak (`memory.step_memory`)
     collectives: tuple[tuple[int, Collective], ...]  # (plan node index, collective)
     memory: StepMemory | None = None
-    mem_bound_bytes: float = 0.0  # the ILP memory row's value for this plan (>= mem_bytes)
+    mem_row_bytes: float = 0.0  # the ILP memory row's value for this plan (`memory.node_kept`)
+    mem_bound_bytes: float = 0.0  # every buffer the step allocates (`memory.node_bound`; >= mem_bytes)
 
     def comm_bytes(self, phase: str | None = "forward") -> float:
         return float(sum(c.bytes for _, c in self.collectives if phase is None or c.phase == phase))
@@ -143,7 +145,8 @@ class PlanReport:
         return {
             "predicted_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
             "predicted_comm_bytes": self.comm_bytes("forward"), "predicted_step_comm_bytes": self.comm_bytes(None),
-            "predicted_mem_bytes": self.mem_bytes, "predicted_mem_bound_bytes": self.mem_bound_bytes,
+            "predicted_mem_bytes": self.mem_bytes, "predicted_mem_row_bytes": self.mem_row_bytes,
+            "predicted_mem_bound_bytes": self.mem_bound_bytes,
             **({"predicted_mem": {"arguments": self.memory.arguments, "outputs": self.memory.outputs,
                                   "temp": self.memory.temp}} if self.memory is not None else {}),
             "collectives": [{"node": i, "enode_op": graph.nodes[i].op, "kind": c.kind, "axis": c.axis,
@@ -165,7 +168,7 @@ def graph_axes(graph: Graph) -> list[Axes]:
 def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
     g = graph.live()
     axes = graph_axes(g)
-    compute = comm = bound = 0.0
+    compute = comm = row = bound = 0.0
     found: list[tuple[int, Collective]] = []
     derived: list[bool] = []
     grad: list[bool] = []
@@ -177,15 +180,16 @@ def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
                    [derived[v.node] for v in n.inputs], [grad[v.node] for v in n.inputs])
         compute += c.compute_s
         comm += c.comm_s
-        bound += c.mem_bytes
+        row += c.mem_bytes
+        bound += c.mem_bound_bytes
         found.extend((i, col) for col in c.collectives)
     bound += sum(output_cotangent_bytes(g.shape(v), len(axes[v.node])) for v in set(g.outputs))
     memory = step_memory(g, axes)
-    return PlanReport(compute + comm, compute, comm, memory.peak, tuple(found), memory, bound)
+    return PlanReport(compute + comm, compute, comm, memory.peak, tuple(found), memory, row, bound)
 
 
 def output_cotangent_bytes(shape: tuple[int, ...], depth: int) -> float:
-    """The loss's cotangent of an output: a buffer the ILP's memory row charges to the root class."""
+    """The loss's cotangent of an output: a buffer `node_bound` charges to the root class."""
     return per_device_bytes(shape, depth)
 
 
@@ -249,15 +253,13 @@ def price_egraph(egraph_json: Mapping[str, Any], model: ParallelCostModel) -> tu
                 grad.add(n["eclass"])
                 changed = True
     mem: dict[str, float] = {}
-    roots = set(egraph_json["root_eclasses"])
     for nid, n in keep.items():
         kids = [nodes[c]["eclass"] for c in n["children"]]
         c = _price(model, n["op"], n["attrs"], [shape[k] for k in kids], [len(class_axes[k]) for k in kids],
                    len(class_axes[n["eclass"]]), [leaf_of.get(k) for k in kids], [k in derived for k in kids],
                    [k in grad for k in kids])
         n["cost"] = c.seconds * COST_SCALE
-        mem[nid] = c.mem_bytes + (output_cotangent_bytes(shape[n["eclass"]], len(class_axes[n["eclass"]]))
-                                  if n["eclass"] in roots else 0.0)
+        mem[nid] = c.mem_bytes
     member = {n["eclass"]: nid for nid, n in keep.items()}
     for n in keep.values():  # children name nodes; point them at a kept node of the same class
         n["children"] = [c if c in keep else member[nodes[c]["eclass"]] for c in n["children"]]
@@ -338,16 +340,20 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
     pe = saturate_and_price(graph, mesh, strategy, limits, model, rules)
     t1 = time.perf_counter()
     data = pe.data
-    budget = None
-    if mem_budget is not None:
-        budget = NodeBudget(tuple(pe.mem.get(nid, 0.0) for nid in data.node_ids), float(mem_budget))
-    selection = ilp(data, time_limit, IlpOptions(budget=budget))
+    row_limit = mem_budget
+    for attempt in range(BUDGET_ATTEMPTS):
+        budget = None if row_limit is None else NodeBudget(tuple(pe.mem.get(nid, 0.0) for nid in data.node_ids), row_limit)
+        selection = ilp(data, time_limit if attempt == 0 else time_limit / 2, IlpOptions(budget=budget))
+        plan = pe.decode(selection.as_ids(data))
+        report = plan_report(plan, pe.model)
+        if mem_budget is None or row_limit is None or report.mem_bytes <= mem_budget * (1 + 1e-9):
+            break
+        # the row is a linear stand-in for the simulated peak: tighten it by how far the plan is over
+        row_limit = min(row_limit, report.mem_row_bytes) * 0.95 * mem_budget / report.mem_bytes
     extract_s = time.perf_counter() - t1
-    plan = pe.decode(selection.as_ids(data))
-    report = plan_report(plan, pe.model)
-    if mem_budget is not None and report.mem_bound_bytes > mem_budget * (1 + 1e-9):
+    if mem_budget is not None and report.mem_bytes > mem_budget * (1 + 1e-9):
         raise PlanError(f"no plan within {mem_budget:.4g} bytes per device was found "
-                        f"(best: {report.mem_bound_bytes:.4g}, status {selection.status})")
+                        f"(best: {report.mem_bytes:.4g} predicted, status {selection.status})")
     t2 = time.perf_counter()
     ok, diff = numerics_match(graph, plan)
     return PlanResult(strategy, mesh, plan, report, ok, diff, pe.seconds + extract_s, pe.seconds, extract_s,
