@@ -348,6 +348,9 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
         report = plan_report(plan, pe.model)
         if mem_budget is None or row_limit is None or report.mem_bytes <= mem_budget * (1 + 1e-9):
             break
+        if selection.status != "optimal" and report.mem_row_bytes > row_limit:
+            selection, plan, report = _priced_memory(pe, report, float(mem_budget), time_limit / 4)
+            break
         # the row is a linear stand-in for the simulated peak: tighten it by how far the plan is over
         row_limit = min(row_limit, report.mem_row_bytes) * 0.95 * mem_budget / report.mem_bytes
     extract_s = time.perf_counter() - t1
@@ -359,6 +362,33 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
     return PlanResult(strategy, mesh, plan, report, ok, diff, pe.seconds + extract_s, pe.seconds, extract_s,
                       len(pe.raw["nodes"]), len(pe.raw["class_data"]), str(selection.status), selection.gap,
                       pe.rules, pe.stop_reason, {"check_s": time.perf_counter() - t2, "total_s": time.perf_counter() - t0})
+
+
+LAGRANGE_STEPS = (0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
+
+
+def _priced_memory(pe: PricedEGraph, over: PlanReport, budget: float, time_limit: float) -> tuple[Any, Graph, PlanReport]:
+    """When the MIP finds no plan under the budget row in time (its start, the cheapest plan, is
+    over; HiGHS rarely finds another on these cyclic e-graphs), price memory instead: node cost +
+    lambda x its row bytes, lambda rising until the extracted plan's simulated peak fits. Returns
+    the fastest fitting plan, or the last one tried."""
+    from dataclasses import replace
+
+    weights = np.array([pe.mem.get(nid, 0.0) for nid in pe.data.node_ids])
+    scale = over.step_s * COST_SCALE / max(over.mem_row_bytes, 1.0)  # µs per byte at which both weigh the same
+    best: tuple[Any, Graph, PlanReport] | None = None
+    last: tuple[Any, Graph, PlanReport] | None = None
+    for lam in LAGRANGE_STEPS:
+        data = replace(pe.data, cost=pe.data.cost + lam * scale * weights)
+        selection = ilp(data, time_limit / len(LAGRANGE_STEPS))
+        plan = pe.decode(selection.as_ids(data))
+        last = (selection, plan, plan_report(plan, pe.model))
+        if last[2].mem_bytes <= budget * (1 + 1e-9):
+            if best is None or last[2].step_s < best[2].step_s:
+                best = last
+            break
+    assert last is not None
+    return best or last
 
 
 def random_plans(pe: PricedEGraph, count: int, seed: int = 0) -> list[Graph]:
