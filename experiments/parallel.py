@@ -23,6 +23,7 @@ from eqsat.ir import Graph
 from eqsat.parallel.mesh import PRESETS, Mesh, parse_mesh
 from eqsat.parallel.plan import (
     PlanResult,
+    PricedEGraph,
     plan_graph,
     plan_report,
     random_plans,
@@ -116,7 +117,8 @@ def run_case(model: str, mesh_spec: str, time_limit: float = 20.0, budget_fracti
     budget = None
     if budget_fraction is not None:
         budget = budget_fraction * plan_report(graph, _replicated_model(mesh)).mem_bytes
-    joint = plan_graph(graph, mesh, "joint", time_limit=time_limit, mem_budget=budget)
+    priced = saturate_and_price(graph, mesh, "joint")  # the joint plan's e-graph, also the random plans'
+    joint = plan_graph(graph, mesh, "joint", time_limit=time_limit, mem_budget=budget, priced=priced)
     baselines = {s: plan_graph(graph, mesh, s, time_limit=time_limit) for s in BASELINES}
     row: dict[str, Any] = {"model": model, **joint.to_json()}
     row.update(_baseline_fields(joint, baselines))
@@ -130,7 +132,7 @@ def run_case(model: str, mesh_spec: str, time_limit: float = 20.0, budget_fracti
                    step_comm_within_5pct=_within(row["predicted_step_comm_bytes"], row.get("measured_step_comm_bytes", 0.0), 0.05),
                    mem_within_15pct=_within(row["predicted_mem_bytes"], row.get("measured_mem_bytes", 0.0), 0.15))
         if random:
-            row.update(_random_checks(graph, mesh, random))
+            row.update(_random_checks(graph, mesh, random, priced))
     return row
 
 
@@ -154,10 +156,10 @@ def _baseline_fields(joint: PlanResult, baselines: Mapping[str, PlanResult]) -> 
     return out
 
 
-def _random_checks(graph: Graph, mesh: Mesh, count: int) -> dict[str, Any]:
+def _random_checks(graph: Graph, mesh: Mesh, count: int, pe: PricedEGraph | None = None) -> dict[str, Any]:
     """`count` random plans from the joint e-graph, each run on the devices against the program
     (outputs and gradients), with their predicted communication and memory against the compiled."""
-    pe = saturate_and_price(graph, mesh, "joint")
+    pe = pe if pe is not None else saturate_and_price(graph, mesh, "joint")
     reference = reference_gradients(graph)
     failures, comm_ok, kinds_ok, mem_ok, mem_ratios = 0, 0, 0, 0, []
     for plan in random_plans(pe, count, seed=1):

@@ -316,6 +316,21 @@ class PricedEGraph:
         return decode(self.priced, choice_ids).live()
 
 
+@dataclass(frozen=True)
+class _Unpriced:
+    """A cost model that prices nothing: the serializer's costs are replaced by `price_egraph`
+    (pricing every e-node with the compute model there cost a fifth of saturate-and-price)."""
+
+    name: str = "unpriced"
+    device: str = "none"
+
+    def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]) -> float:
+        return 0.0
+
+
+_UNPRICED = _Unpriced()
+
+
 def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
                        model: ParallelCostModel | None = None, rules: Sequence[Rule] | None = None) -> PricedEGraph:
     from eqsat.cost import cost_model
@@ -325,7 +340,7 @@ def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits
     t0 = time.perf_counter()
     egraph = TensorEGraph.from_graph(graph)
     sat = saturate(egraph, rule_list, limits)
-    raw = egraph.serialize(model.compute, fold_weights=False)
+    raw = egraph.serialize(_UNPRICED, fold_weights=False)  # price_egraph sets every cost
     priced, mem = price_egraph(raw, model)
     return PricedEGraph(graph, model, raw, priced, mem, load_egraph(priced), sat.stop_reason, len(rule_list),
                         time.perf_counter() - t0)
@@ -333,11 +348,12 @@ def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits
 
 def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
                time_limit: float = 20.0, mem_budget: float | None = None, model: ParallelCostModel | None = None,
-               rules: Sequence[Rule] | None = None) -> PlanResult:
-    """Saturate `graph` with the strategy's parallel rules on `mesh`, extract the cheapest training
-    step (within `mem_budget` bytes per device if given) and check it against `graph`."""
+               rules: Sequence[Rule] | None = None, priced: PricedEGraph | None = None) -> PlanResult:
+    """Saturate `graph` with the strategy's parallel rules on `mesh` (or take `priced`, the same
+    saturated e-graph built before, e.g. to draw random plans from it too), extract the cheapest
+    training step (within `mem_budget` bytes per device if given) and check it against `graph`."""
     t0 = time.perf_counter()
-    pe = saturate_and_price(graph, mesh, strategy, limits, model, rules)
+    pe = priced if priced is not None else saturate_and_price(graph, mesh, strategy, limits, model, rules)
     t1 = time.perf_counter()
     data = pe.data
     row_limit = mem_budget
