@@ -13,6 +13,7 @@ SPMD program, so they are left out before extraction.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -204,24 +205,37 @@ def _price(model: ParallelCostModel, op: str, attrs: Mapping[str, Any], shapes: 
     return model.node_cost(op, attrs, shapes, depths, depth, leaves, derived, grad)
 
 
+def _propagate(members: Mapping[str, dict[str, Any]], nodes: Mapping[str, dict[str, Any]],
+               value: Callable[[dict[str, Any], list[str], Mapping[str, Any]], Any]) -> dict[str, Any]:
+    """Least fixpoint over e-classes: a class takes the first non-None `value(node, child classes,
+    known)` of one of its nodes in `members`; a node is looked at again when a child class gets
+    its value (a worklist: each node is revisited at most once per child)."""
+    parents: dict[str, list[dict[str, Any]]] = {}
+    for n in members.values():
+        for c in set(n["children"]):
+            parents.setdefault(nodes[c]["eclass"], []).append(n)
+    known: dict[str, Any] = {}
+    queue = deque(members.values())
+    while queue:
+        n = queue.popleft()
+        if n["eclass"] in known:
+            continue
+        v = value(n, [nodes[c]["eclass"] for c in n["children"]], known)
+        if v is not None:
+            known[n["eclass"]] = v
+            queue.extend(parents.get(n["eclass"], ()))
+    return known
+
+
 def price_egraph(egraph_json: Mapping[str, Any], model: ParallelCostModel) -> tuple[dict[str, Any], dict[str, float]]:
     """The e-graph with SPMD-invalid nodes left out and step costs (µs) per node; memory per node."""
     nodes: dict[str, dict[str, Any]] = {k: dict(v) for k, v in egraph_json["nodes"].items()}
     shape = {c: tuple(d["shape"]) for c, d in egraph_json["class_data"].items()}
     leaf_of: dict[str, str] = {n["eclass"]: n["op"] for n in nodes.values() if ops.OPS[n["op"]].is_leaf}
-    class_axes: dict[str, Axes] = {}
-    changed = True
-    while changed:  # fixpoint: a class's axes from any node whose children are known
-        changed = False
-        for n in nodes.values():
-            if n["eclass"] in class_axes:
-                continue
-            kids = [nodes[c]["eclass"] for c in n["children"]]
-            if all(k in class_axes for k in kids):
-                axes = node_axes(n["op"], n["attrs"], [class_axes[k] for k in kids])
-                if axes is not None:
-                    class_axes[n["eclass"]] = axes
-                    changed = True
+    def axes_of(n: dict[str, Any], kids: list[str], known: Mapping[str, Axes]) -> Axes | None:
+        return node_axes(n["op"], n["attrs"], [known[k] for k in kids]) if all(k in known for k in kids) else None
+
+    class_axes = _propagate(nodes, nodes, axes_of)  # a class's axes from any node whose children are known
     keep: dict[str, dict[str, Any]] = {}
     for nid, n in nodes.items():
         kids = [nodes[c]["eclass"] for c in n["children"]]
@@ -235,23 +249,9 @@ def price_egraph(egraph_json: Mapping[str, Any], model: ParallelCostModel) -> tu
             break
         for nid in dead:
             del keep[nid]
-    derived: set[str] = set()
-    changed = True
-    while changed:  # fixpoint: a class is weight-derived when one of its nodes is
-        changed = False
-        for n in keep.values():
-            if n["eclass"] not in derived and _weight_derived(
-                    n["op"], [nodes[c]["eclass"] in derived for c in n["children"]]):
-                derived.add(n["eclass"])
-                changed = True
-    grad: set[str] = set()
-    changed = True
-    while changed:  # fixpoint: a class needs a gradient when one of its nodes depends on a weight
-        changed = False
-        for n in keep.values():
-            if n["eclass"] not in grad and (n["op"] == "weight" or any(nodes[c]["eclass"] in grad for c in n["children"])):
-                grad.add(n["eclass"])
-                changed = True
+    # a class is weight-derived / needs a gradient when one of its nodes is / depends on a weight
+    derived = _propagate(keep, nodes, lambda n, kids, known: _weight_derived(n["op"], [k in known for k in kids]) or None)
+    grad = _propagate(keep, nodes, lambda n, kids, known: (n["op"] == "weight" or any(k in known for k in kids)) or None)
     mem: dict[str, float] = {}
     for nid, n in keep.items():
         kids = [nodes[c]["eclass"] for c in n["children"]]
