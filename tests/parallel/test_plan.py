@@ -115,3 +115,15 @@ def test_memory_row_bounds_the_simulated_peak() -> None:
     for plan in random_plans(pe, 8, seed=2):
         report = plan_report(plan, pe.model)
         assert report.mem_bytes <= report.mem_bound_bytes * (1 + 1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", ["8", "2x4"])
+def test_forty_percent_budget_fits_dlrm(mesh: str) -> None:
+    """On 2x4 the MIP finds no plan under the memory row in time; pricing memory into the costs
+    does, and the plan's simulated peak is within the budget."""
+    graph = dlrm()
+    m = parse_mesh(mesh)
+    budget = 0.4 * plan_report(graph, ParallelCostModel(m, cost_model("roofline", m.device))).mem_bytes
+    res = plan_graph(graph, m, mem_budget=budget)
+    assert res.report.mem_bytes <= budget and res.numerics_ok
