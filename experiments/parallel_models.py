@@ -30,12 +30,15 @@ def mlp(layers: int, batch: int, hidden: int) -> Graph:
     return b.build([h])
 
 
-def unity_mlp(batch: int = 64, d: int = 1024) -> Graph:
-    """Unity's 2-layer MLP example (OSDI'22 fig. 2): y = relu(x W1) W2, W1 d x 4d, W2 4d x d."""
+def unity_mlp(batch: int = 128, d_in: int = 784, hidden: int = 1024, d_out: int = 10) -> Graph:
+    """Unity's 2-layer MLP (OSDI'22): y = relu(x W1) W2 at the sizes its communication figures
+    imply: 813,056 = (784 + 10) * 1024 weights (what data parallelism's gradient all-reduce moves)
+    and 131,072 = 128 * 1024 (one batch of hidden activations), so x is 128 x 784, W1 784 x 1024,
+    W2 1024 x 10 (an MNIST-sized MLP, batch 128)."""
     b = GraphBuilder()
-    x = b.input("x", (batch, d))
-    h = b.matmul(x, b.weight("w1", (d, 4 * d)), act=2)
-    return b.build([b.matmul(h, b.weight("w2", (4 * d, d)))])
+    x = b.input("x", (batch, d_in))
+    h = b.matmul(x, b.weight("w1", (d_in, hidden)), act=2)
+    return b.build([b.matmul(h, b.weight("w2", (hidden, d_out)))])
 
 
 def gpt_block(b: GraphBuilder, x: Tensor, i: int, d: int, heads: int, seq: int) -> Tensor:

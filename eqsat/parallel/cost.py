@@ -114,10 +114,12 @@ class ParallelCostModel:
 
     def node_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape], input_depths: Sequence[int],
                   depth: int, leaf_children: Sequence[str | None],
-                  weight_derived: Sequence[bool] | None = None) -> NodeCost:
+                  weight_derived: Sequence[bool] | None = None, grad_free: Sequence[bool] | None = None) -> NodeCost:
         """`input_depths` / `depth`: device axes of the inputs / output; `leaf_children[i]` the
         leaf op (`input` / `weight`) input i is, else None; `weight_derived[i]` whether input i is
-        a weight moved by distribution ops only (its backward buffer lives until the gradient sync)."""
+        a weight moved by distribution ops only (its backward buffer lives until the gradient sync);
+        `grad_free[i]` whether input i depends on no weight (no gradient reaches it, so a
+        distribution op on it has no backward collective: JAX transposes only what carries one)."""
         spec = ops.op_spec(op)
         if spec.is_leaf:
             return NodeCost(0.0, 0.0, (), 0.0)
@@ -126,14 +128,15 @@ class ParallelCostModel:
                        for s, d, leaf in zip(input_shapes, input_depths, leaf_children) if leaf is not None)
         if op in COLLECTIVES:
             return self._distribution(op, attrs, input_shapes[0], input_depths[0], out_shape, depth,
-                                      leaf_children[0], bool(weight_derived and weight_derived[0]))
+                                      leaf_children[0], bool(weight_derived and weight_derived[0]),
+                                      bool(grad_free and grad_free[0]))
         local = [tuple(s[d:]) for s, d in zip(input_shapes, input_depths)]
         forward = self.compute.op_cost(op, local_attrs(op, attrs, depth), local)
         kept = per_device_bytes(out_shape, depth) if op in KEPT_OUTPUTS else 0.0
         return NodeCost(forward * (1 + BACKWARD_FACTOR), forward, (), kept + leaf_mem)
 
     def _distribution(self, op: str, attrs: Mapping[str, Any], in_shape: Shape, in_depth: int, out_shape: Shape,
-                      depth: int, leaf: str | None, weight_derived: bool = False) -> NodeCost:
+                      depth: int, leaf: str | None, weight_derived: bool = False, grad_free: bool = False) -> NodeCost:
         fwd, bwd, measured_on = COLLECTIVES[op]
         axis = int(attrs["axis"])
         size = per_device_bytes(in_shape, in_depth) if measured_on == "in" else per_device_bytes(out_shape, depth)
@@ -141,8 +144,8 @@ class ParallelCostModel:
         if fwd is not None:
             found.append(self._collective(fwd, axis, size, "forward", op, f"{op} over axis {axis}"))
         if bwd is not None:
-            if op in ("partition", "replicate") and leaf == "input":
-                pass  # no gradient flows into data
+            if grad_free or (op in ("partition", "replicate") and leaf == "input"):
+                pass  # no gradient flows into data, nor into values computed from data alone
             elif op == "partition" and leaf == "weight":
                 pass  # a sharded weight keeps a sharded gradient
             elif op == "replicate" and leaf == "weight":

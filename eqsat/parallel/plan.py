@@ -163,11 +163,13 @@ def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
     compute = comm = mem = 0.0
     found: list[tuple[int, Collective]] = []
     derived: list[bool] = []
+    free: list[bool] = []
     for i, n in enumerate(g.nodes):
         derived.append(_weight_derived(n.op, [derived[v.node] for v in n.inputs]))
+        free.append(_grad_free(n.op, [free[v.node] for v in n.inputs]))
         c = _price(model, n.op, n.attr, [g.shape(v) for v in n.inputs], [len(axes[v.node]) for v in n.inputs],
                    len(axes[i]), [g.nodes[v.node].op if ops.OPS[g.nodes[v.node].op].is_leaf else None for v in n.inputs],
-                   [derived[v.node] for v in n.inputs])
+                   [derived[v.node] for v in n.inputs], [free[v.node] for v in n.inputs])
         compute += c.compute_s
         comm += c.comm_s
         mem += c.mem_bytes
@@ -180,9 +182,17 @@ def _weight_derived(op: str, inputs: Sequence[bool]) -> bool:
     return op == "weight" or (op in COLLECTIVES and bool(inputs) and all(inputs))
 
 
+def _grad_free(op: str, inputs: Sequence[bool]) -> bool:
+    """A value no weight reaches (data, or computed from data alone): no gradient flows into it."""
+    if ops.OPS[op].is_leaf:
+        return op != "weight"
+    return bool(inputs) and all(inputs)
+
+
 def _price(model: ParallelCostModel, op: str, attrs: Mapping[str, Any], shapes: Sequence[tuple[int, ...]],
-           depths: Sequence[int], depth: int, leaves: Sequence[str | None], derived: Sequence[bool]) -> NodeCost:
-    return model.node_cost(op, attrs, shapes, depths, depth, leaves, derived)
+           depths: Sequence[int], depth: int, leaves: Sequence[str | None], derived: Sequence[bool],
+           free: Sequence[bool] | None = None) -> NodeCost:
+    return model.node_cost(op, attrs, shapes, depths, depth, leaves, derived, free)
 
 
 def price_egraph(egraph_json: Mapping[str, Any], model: ParallelCostModel) -> tuple[dict[str, Any], dict[str, float]]:
@@ -225,11 +235,20 @@ def price_egraph(egraph_json: Mapping[str, Any], model: ParallelCostModel) -> tu
                     n["op"], [nodes[c]["eclass"] in derived for c in n["children"]]):
                 derived.add(n["eclass"])
                 changed = True
+    free: set[str] = set()
+    changed = True
+    while changed:  # fixpoint: a class is gradient-free when one of its nodes is (equal values, equal gradients)
+        changed = False
+        for n in keep.values():
+            if n["eclass"] not in free and _grad_free(n["op"], [nodes[c]["eclass"] in free for c in n["children"]]):
+                free.add(n["eclass"])
+                changed = True
     mem: dict[str, float] = {}
     for nid, n in keep.items():
         kids = [nodes[c]["eclass"] for c in n["children"]]
         c = _price(model, n["op"], n["attrs"], [shape[k] for k in kids], [len(class_axes[k]) for k in kids],
-                   len(class_axes[n["eclass"]]), [leaf_of.get(k) for k in kids], [k in derived for k in kids])
+                   len(class_axes[n["eclass"]]), [leaf_of.get(k) for k in kids], [k in derived for k in kids],
+                   [k in free for k in kids])
         n["cost"] = c.seconds * COST_SCALE
         mem[nid] = c.mem_bytes
     member = {n["eclass"]: nid for nid, n in keep.items()}
