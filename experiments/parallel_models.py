@@ -41,6 +41,17 @@ def unity_mlp(batch: int = 128, d_in: int = 784, hidden: int = 1024, d_out: int 
     return b.build([b.matmul(h, b.weight("w2", (hidden, d_out)))])
 
 
+def mlp_bottleneck(batch: int = 2048, d: int = 256, hidden: int = 8192) -> Graph:
+    """Narrow layers around a wide pair, relu fused everywhere: data parallelism suits the narrow
+    layers (small weights, large batch), Megatron's column / row pair the wide ones, and the row
+    split needs the last relu unfused (an algebraic rewrite that changes the best sharding)."""
+    b = GraphBuilder()
+    h = b.input("x", (batch, d))
+    for name, shape in (("w0", (d, d)), ("w1", (d, hidden)), ("w2", (hidden, d))):
+        h = b.matmul(h, b.weight(name, shape), act=2)
+    return b.build([b.matmul(h, b.weight("w3", (d, d)))])
+
+
 def gpt_block(b: GraphBuilder, x: Tensor, i: int, d: int, heads: int, seq: int) -> Tensor:
     dh = d // heads
     xb = b.apply("broadcast", [x], {"shape": (heads, seq, d), "dims": (1, 2)})[0]
@@ -80,6 +91,7 @@ PARALLEL_MODELS: Mapping[str, Callable[[], Graph]] = MappingProxyType({
     "gpt-block": lambda: gpt(1),
     "gpt12": lambda: gpt(12),
     "dlrm": dlrm,
+    "mlp-bottleneck": mlp_bottleneck,
 })
 
 
