@@ -41,15 +41,18 @@ def unity_mlp(batch: int = 128, d_in: int = 784, hidden: int = 1024, d_out: int 
     return b.build([b.matmul(h, b.weight("w2", (hidden, d_out)))])
 
 
-def mlp_bottleneck(batch: int = 2048, d: int = 256, hidden: int = 8192) -> Graph:
-    """Narrow layers around a wide pair, relu fused everywhere: data parallelism suits the narrow
-    layers (small weights, large batch), Megatron's column / row pair the wide ones, and the row
-    split needs the last relu unfused (an algebraic rewrite that changes the best sharding)."""
+def mlp_bottleneck(batch: int = 2048, d: int = 256, hidden: int = 8192, narrow: int = 3) -> Graph:
+    """`narrow` d x d layers, a wide pair d -> hidden -> d, `narrow` d x d layers, relu fused on all
+    but the last: data parallelism suits the narrow layers (small weights, large batch), Megatron's
+    column / row pair the wide ones, and the row split needs its relu unfused (an algebraic rewrite
+    that changes the best sharding). Weights n*, w1, w2, m*."""
     b = GraphBuilder()
     h = b.input("x", (batch, d))
-    for name, shape in (("w0", (d, d)), ("w1", (d, hidden)), ("w2", (hidden, d))):
-        h = b.matmul(h, b.weight(name, shape), act=2)
-    return b.build([b.matmul(h, b.weight("w3", (d, d)))])
+    shapes = [(f"n{i}", (d, d)) for i in range(narrow)] + [("w1", (d, hidden)), ("w2", (hidden, d))]
+    shapes += [(f"m{i}", (d, d)) for i in range(narrow)]
+    for k, (name, shape) in enumerate(shapes):
+        h = b.matmul(h, b.weight(name, shape), act=2 if k < len(shapes) - 1 else 0)
+    return b.build([h])
 
 
 def gpt_block(b: GraphBuilder, x: Tensor, i: int, d: int, heads: int, seq: int) -> Tensor:
