@@ -200,15 +200,18 @@ def _baseline_fields(joint: PlanResult, baselines: Mapping[str, PlanResult]) -> 
 def _random_checks(graph: Graph, mesh: Mesh, count: int) -> dict[str, Any]:
     """`count` random plans from the joint e-graph, each run on the devices against the program."""
     pe = saturate_and_price(graph, mesh, "joint")
-    failures, comm_ok, kinds_ok = 0, 0, 0
+    failures, comm_ok, kinds_ok, step_ok, step_kinds_ok = 0, 0, 0, 0, 0
     for plan in random_plans(pe, count, seed=1):
         report = plan_report(plan, pe.model)
         res = check_on_devices(graph, plan, mesh, gradients=True)
         failures += 0 if res["numerics_ok"] else 1
         comm_ok += _within(report.comm_bytes("forward"), res["measured_comm_bytes"], 0.05)
         kinds_ok += sorted(c.kind for _, c in report.collectives if c.phase == "forward") == res["measured_collectives"]
+        step_ok += _within(report.comm_bytes(None), res["measured_step_comm_bytes"], 0.05)
+        step_kinds_ok += sorted(c.kind for _, c in report.collectives) == res["measured_step_collectives"]
     return {"random_plans": count, "random_numerics_failures": failures, "random_comm_within_5pct": comm_ok,
-            "random_same_collectives": kinds_ok}
+            "random_same_collectives": kinds_ok, "random_step_comm_within_5pct": step_ok,
+            "random_same_step_collectives": step_kinds_ok}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
