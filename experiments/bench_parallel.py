@@ -19,11 +19,15 @@ from typing import Any
 
 from experiments.parallel import BASELINES, run_case
 
-CASES: tuple[str, ...] = ("unity-mlp", "mlp16", "gpt-block", "gpt12", "dlrm")
+CASES: tuple[str, ...] = ("unity-mlp", "mlp16", "gpt-block", "gpt12", "dlrm", "mlp-bottleneck")
 MESHES: tuple[str, ...] = ("8", "2x4", "4x2")
-COLUMNS = ("model", "mesh", "predicted_s", "data_parallel_s", "megatron_s", "algebra_first_s", "joint_vs_best_baseline",
-           "predicted_comm_bytes", "measured_comm_bytes", "predicted_step_comm_bytes", "measured_step_comm_bytes",
-           "predicted_mem_bytes", "measured_mem_bytes", "numerics_ok", "same_collectives", "search_s", "ilp_status", "ilp_gap",
+UNITY_CASE = ("unity-mlp", "2")  # Unity's figure is on two devices
+COLUMNS = ("model", "mesh", "predicted_s", "data_parallel_s", "megatron_s", "megatron_search_s", "algebra_first_s",
+           "joint_vs_best_baseline", "joint_strictly_better", "predicted_step_comm_bytes", "measured_step_comm_bytes",
+           "data_parallel_measured_step_comm_bytes", "megatron_measured_step_comm_bytes",
+           "megatron_search_measured_step_comm_bytes", "algebra_first_measured_step_comm_bytes",
+           "predicted_comm_bytes", "measured_comm_bytes", "predicted_mem_bytes", "measured_mem_bytes", "numerics_ok",
+           "same_step_collectives", "search_s", "ilp_status", "ilp_gap",
            "random_plans", "random_numerics_failures", "random_mem_within_15pct")
 RANDOM_PLANS = 20  # per case and mesh, each run on the devices against the single-device program
 
@@ -40,6 +44,8 @@ def run_bench(out_dir: Path, time_limit: float = 20.0, models: Sequence[str] | N
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cases = [(m, mesh) for m in (models or CASES) for mesh in (meshes or MESHES)]
+    if meshes is None and UNITY_CASE[0] in (models or CASES):
+        cases.insert(0, UNITY_CASE)
     rows: list[dict[str, Any]] = []
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=Console(stderr=True)) as progress:

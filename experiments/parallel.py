@@ -1,12 +1,16 @@
 """`eqsat parallel MODEL --mesh 8 | 2x4`: plan a model on a device mesh and check the plan on JAX.
 
 The plan (algebra and sharding from one ILP over the saturated e-graph, `eqsat.parallel.plan`) is
-compared with the best pure data-parallel plan, the best Megatron-style plan (column / row / head
-splits: what one would write by hand, found by the same search restricted to those rules) and
-algebra-first (the program's algebra as given, fused activations kept, then sharded), run as a `shard_map` program on the emulated devices (outputs and gradients against
-the single-device program), and its predicted communication and memory are compared with what
-the compiled programs do (`compile().as_text()`, `memory_analysis()`). Communication bytes are per
-device: `*_comm_bytes` of the forward program, `*_step_comm_bytes` of a training step.
+compared with four baselines, each the best plan of its kind: pure data parallelism (the search
+restricted to the data-parallel rule), Megatron by hand (`experiments.parallel_hand`: one split per
+weight, written as a practitioner would), the Megatron-style search (column / row / head rules
+only) and algebra first (the program's algebra as a single-device optimizer leaves it, fused
+activations kept, then every sharding rule). Each plan runs as a `shard_map` program on the emulated
+devices (outputs and gradients against the single-device program) and its predicted communication
+and memory are compared with what the compiled programs do (`compile().as_text()`,
+`memory_analysis()`). Communication bytes are per device: `*_comm_bytes` of the forward program,
+`*_step_comm_bytes` of a training step. `unity_*` fields restate Unity's MLP figure (two devices:
+a ring all-reduce moves 2(n-1)/n S = S per device, so bytes are counted as buffer sizes S).
 """
 
 from __future__ import annotations
@@ -29,11 +33,14 @@ from eqsat.parallel.plan import (
     random_plans,
     saturate_and_price,
 )
+from experiments.parallel_hand import megatron_by_hand
 from experiments.parallel_models import PARALLEL_MODELS, build_parallel_model
 
 __all__ = ["BASELINES", "add_arguments", "check_on_devices", "reference_gradients", "run", "run_case"]
 
-BASELINES = ("data-parallel", "megatron", "algebra-first")
+BASELINES = ("data-parallel", "megatron", "megatron-search", "algebra-first")
+SEARCHED = {"data-parallel": "data-parallel", "megatron-search": "megatron", "algebra-first": "algebra-first"}
+UNITY_BYTES = {"algebra_first_dp": 813_056, "joint": 131_072}  # Unity OSDI'22, 2-layer MLP on 2 GPUs, times d
 
 
 def _close(a: np.ndarray, b: np.ndarray, rtol: float = 2e-4) -> bool:
@@ -119,21 +126,66 @@ def run_case(model: str, mesh_spec: str, time_limit: float = 20.0, budget_fracti
         budget = budget_fraction * plan_report(graph, _replicated_model(mesh)).mem_bytes
     priced = saturate_and_price(graph, mesh, "joint")  # the joint plan's e-graph, also the random plans'
     joint = plan_graph(graph, mesh, "joint", time_limit=time_limit, mem_budget=budget, priced=priced)
-    baselines = {s: plan_graph(graph, mesh, s, time_limit=time_limit) for s in BASELINES}
+    baselines = {name: plan_graph(graph, mesh, s, time_limit=time_limit) for name, s in SEARCHED.items()}
+    baselines["megatron"] = hand_plan(model, graph, mesh)
     row: dict[str, Any] = {"model": model, **joint.to_json()}
     row.update(_baseline_fields(joint, baselines))
+    if model == "unity-mlp":
+        row.update(_unity_fields(joint, baselines["data-parallel"]))
     if budget is not None:
         row.update(mem_budget_bytes=budget, fits_budget=joint.report.mem_bytes <= budget)
     if measure:
         row.update(check_on_devices(graph, joint.plan, mesh))
         pred_kinds = sorted(c.kind for _, c in joint.report.collectives if c.phase == "forward")
+        step_kinds = sorted(c.kind for _, c in joint.report.collectives)
         row.update(comm_within_5pct=_within(row["predicted_comm_bytes"], row["measured_comm_bytes"], 0.05),
                    same_collectives=pred_kinds == row["measured_collectives"],
+                   same_step_collectives=step_kinds == row.get("measured_step_collectives"),
                    step_comm_within_5pct=_within(row["predicted_step_comm_bytes"], row.get("measured_step_comm_bytes", 0.0), 0.05),
                    mem_within_15pct=_within(row["predicted_mem_bytes"], row.get("measured_mem_bytes", 0.0), 0.15))
+        row.update(_measure_baselines(graph, mesh, baselines, row))
         if random:
             row.update(_random_checks(graph, mesh, random, priced))
     return row
+
+
+def hand_plan(model: str, graph: Graph, mesh: Mesh) -> PlanResult:
+    """Megatron by hand as a `PlanResult`: priced by the same model, checked in numpy like a search's."""
+    from eqsat.pipeline import numerics_match
+
+    t = time.perf_counter()
+    plan = megatron_by_hand(model, graph, mesh)
+    report = plan_report(plan, _replicated_model(mesh))
+    ok, diff = numerics_match(graph, plan)
+    return PlanResult("megatron-by-hand", mesh, plan, report, ok, diff, 0.0, 0.0, 0.0, 0, 0, "hand-written", None, 0,
+                      "hand-written", {"build_s": time.perf_counter() - t})
+
+
+def _unity_fields(joint: PlanResult, dp: PlanResult) -> dict[str, Any]:
+    """Unity's figure counts the bytes a step moves in units of d (bytes per element): data
+    parallelism after the algebra moves the weights' gradients, 813,056 d."""
+    ours_dp = dp.report.comm_bytes(None)
+    ours_joint = joint.report.comm_bytes(None)
+    return {"unity_dp_bytes_per_d": UNITY_BYTES["algebra_first_dp"], "unity_joint_bytes_per_d": UNITY_BYTES["joint"],
+            "unity_ratio": UNITY_BYTES["algebra_first_dp"] / UNITY_BYTES["joint"],
+            "our_dp_grad_sync_bytes_per_d": dp.report.comm_bytes("grad-sync") / 4,
+            "our_dp_step_bytes_per_d": ours_dp / 4, "our_joint_step_bytes_per_d": ours_joint / 4,
+            "our_ratio": ours_dp / ours_joint if ours_joint else float("inf")}
+
+
+def _measure_baselines(graph: Graph, mesh: Mesh, baselines: Mapping[str, PlanResult], row: Mapping[str, Any]) -> dict[str, Any]:
+    """Each baseline compiled and run like the joint plan: numerics, compiled step bytes, and whether
+    the joint plan moves no more (compiled) and costs no more (predicted)."""
+    out: dict[str, Any] = {}
+    for name, res in baselines.items():
+        key = name.replace("-", "_")
+        measured = check_on_devices(graph, res.plan, mesh)
+        out[f"{key}_device_numerics_ok"] = measured["numerics_ok"]
+        out[f"{key}_measured_step_comm_bytes"] = measured.get("measured_step_comm_bytes")
+        out[f"{key}_step_comm_within_5pct"] = _within(res.report.comm_bytes(None), measured.get("measured_step_comm_bytes", 0.0), 0.05)
+        out[f"{key}_same_step_collectives"] = (sorted(c.kind for _, c in res.report.collectives)
+                                               == measured.get("measured_step_collectives"))
+    return out
 
 
 def _replicated_model(mesh: Mesh) -> Any:
@@ -153,6 +205,8 @@ def _baseline_fields(joint: PlanResult, baselines: Mapping[str, PlanResult]) -> 
         out[f"{key}_numerics_ok"] = res.numerics_ok
     best_baseline = min(r.report.step_s for r in baselines.values())
     out["joint_vs_best_baseline"] = best_baseline / joint.report.step_s if joint.report.step_s else None
+    out["joint_never_worse"] = all(joint.report.step_s <= r.report.step_s * (1 + 1e-9) for r in baselines.values())
+    out["joint_strictly_better"] = all(joint.report.step_s < r.report.step_s * (1 - 1e-6) for r in baselines.values())
     return out
 
 
@@ -161,17 +215,21 @@ def _random_checks(graph: Graph, mesh: Mesh, count: int, pe: PricedEGraph | None
     (outputs and gradients), with their predicted communication and memory against the compiled."""
     pe = pe if pe is not None else saturate_and_price(graph, mesh, "joint")
     reference = reference_gradients(graph)
-    failures, comm_ok, kinds_ok, mem_ok, mem_ratios = 0, 0, 0, 0, []
+    failures, comm_ok, kinds_ok, step_ok, step_kinds_ok, mem_ok = 0, 0, 0, 0, 0, 0
+    mem_ratios: list[float] = []
     for plan in random_plans(pe, count, seed=1):
         report = plan_report(plan, pe.model)
         res = check_on_devices(graph, plan, mesh, gradients=True, reference=reference)
         failures += 0 if res["numerics_ok"] else 1
         comm_ok += _within(report.comm_bytes("forward"), res["measured_comm_bytes"], 0.05)
         kinds_ok += sorted(c.kind for _, c in report.collectives if c.phase == "forward") == res["measured_collectives"]
+        step_ok += _within(report.comm_bytes(None), res["measured_step_comm_bytes"], 0.05)
+        step_kinds_ok += sorted(c.kind for _, c in report.collectives) == res["measured_step_collectives"]
         mem_ok += _within(report.mem_bytes, res["measured_mem_bytes"], 0.15)
         mem_ratios.append(report.mem_bytes / max(res["measured_mem_bytes"], 1.0))
     return {"random_plans": count, "random_numerics_failures": failures, "random_comm_within_5pct": comm_ok,
-            "random_same_collectives": kinds_ok, "random_mem_within_15pct": mem_ok,
+            "random_same_collectives": kinds_ok, "random_step_comm_within_5pct": step_ok,
+            "random_same_step_collectives": step_kinds_ok, "random_mem_within_15pct": mem_ok,
             "random_mem_ratio_range": [min(mem_ratios, default=1.0), max(mem_ratios, default=1.0)]}
 
 

@@ -30,12 +30,29 @@ def mlp(layers: int, batch: int, hidden: int) -> Graph:
     return b.build([h])
 
 
-def unity_mlp(batch: int = 64, d: int = 1024) -> Graph:
-    """Unity's 2-layer MLP example (OSDI'22 fig. 2): y = relu(x W1) W2, W1 d x 4d, W2 4d x d."""
+def unity_mlp(batch: int = 128, d_in: int = 784, hidden: int = 1024, d_out: int = 10) -> Graph:
+    """Unity's 2-layer MLP (OSDI'22): y = relu(x W1) W2 at the sizes its communication figures
+    imply: 813,056 = (784 + 10) * 1024 weights (what data parallelism's gradient all-reduce moves)
+    and 131,072 = 128 * 1024 (one batch of hidden activations), so x is 128 x 784, W1 784 x 1024,
+    W2 1024 x 10 (an MNIST-sized MLP, batch 128)."""
     b = GraphBuilder()
-    x = b.input("x", (batch, d))
-    h = b.matmul(x, b.weight("w1", (d, 4 * d)), act=2)
-    return b.build([b.matmul(h, b.weight("w2", (4 * d, d)))])
+    x = b.input("x", (batch, d_in))
+    h = b.matmul(x, b.weight("w1", (d_in, hidden)), act=2)
+    return b.build([b.matmul(h, b.weight("w2", (hidden, d_out)))])
+
+
+def mlp_bottleneck(batch: int = 2048, d: int = 256, hidden: int = 8192, narrow: int = 3) -> Graph:
+    """`narrow` d x d layers, a wide pair d -> hidden -> d, `narrow` d x d layers, relu fused on all
+    but the last: data parallelism suits the narrow layers (small weights, large batch), Megatron's
+    column / row pair the wide ones, and the row split needs its relu unfused (an algebraic rewrite
+    that changes the best sharding). Weights n*, w1, w2, m*."""
+    b = GraphBuilder()
+    h = b.input("x", (batch, d))
+    shapes = [(f"n{i}", (d, d)) for i in range(narrow)] + [("w1", (d, hidden)), ("w2", (hidden, d))]
+    shapes += [(f"m{i}", (d, d)) for i in range(narrow)]
+    for k, (name, shape) in enumerate(shapes):
+        h = b.matmul(h, b.weight(name, shape), act=2 if k < len(shapes) - 1 else 0)
+    return b.build([h])
 
 
 def gpt_block(b: GraphBuilder, x: Tensor, i: int, d: int, heads: int, seq: int) -> Tensor:
@@ -77,6 +94,7 @@ PARALLEL_MODELS: Mapping[str, Callable[[], Graph]] = MappingProxyType({
     "gpt-block": lambda: gpt(1),
     "gpt12": lambda: gpt(12),
     "dlrm": dlrm,
+    "mlp-bottleneck": mlp_bottleneck,
 })
 
 

@@ -106,7 +106,8 @@ class ParallelCostModel:
         """`input_depths` / `depth`: device axes of the inputs / output; `leaf_children[i]` the
         leaf op (`input` / `weight`) input i is, else None; `weight_derived[i]` whether input i is
         a weight moved by distribution ops only (its backward buffer lives until the gradient sync);
-        `needs_grad[i]` whether input i depends on a weight (default: all do, an upper bound)."""
+        `needs_grad[i]` whether input i depends on a weight (default: all do, an upper bound); a
+        distribution op on a value no weight reaches has no backward collective."""
         spec = ops.op_spec(op)
         if spec.is_leaf:
             return NodeCost(0.0, 0.0, (), 0.0)
@@ -118,14 +119,18 @@ class ParallelCostModel:
         bound = node_bound(op, in_bytes, out_bytes, leaf_children, derived,
                            list(needs_grad) if needs_grad is not None else [True] * len(input_shapes))
         if op in COLLECTIVES:
-            found = self._distribution(op, attrs, input_shapes[0], input_depths[0], out_shape, depth, leaf_children[0])
+            grad_free = needs_grad is not None and not needs_grad[0]
+            found = self._distribution(op, attrs, input_shapes[0], input_depths[0], out_shape, depth, leaf_children[0],
+                                       grad_free)
             return NodeCost(0.0, 0.0, found, kept, bound)  # a collective's sums are priced in its alpha-beta time
         local = [tuple(s[d:]) for s, d in zip(input_shapes, input_depths)]
         forward = self.compute.op_cost(op, local_attrs(op, attrs, depth), local)
         return NodeCost(forward * (1 + BACKWARD_FACTOR), forward, (), kept, bound)
 
     def _distribution(self, op: str, attrs: Mapping[str, Any], in_shape: Shape, in_depth: int, out_shape: Shape,
-                      depth: int, leaf: str | None) -> tuple[Collective, ...]:
+                      depth: int, leaf: str | None, grad_free: bool = False) -> tuple[Collective, ...]:
+        """`grad_free`: no weight reaches the input, so no gradient flows back through this op and
+        it has no backward collective (JAX transposes only what carries a cotangent)."""
         fwd, bwd, measured_on = COLLECTIVES[op]
         axis = int(attrs["axis"])
         size = per_device_bytes(in_shape, in_depth) if measured_on == "in" else per_device_bytes(out_shape, depth)
@@ -133,8 +138,8 @@ class ParallelCostModel:
         if fwd is not None:
             found.append(self._collective(fwd, axis, size, "forward", op, f"{op} over axis {axis}"))
         if bwd is not None:
-            if op in ("partition", "replicate") and leaf == "input":
-                pass  # no gradient flows into data
+            if grad_free or (op in ("partition", "replicate") and leaf == "input"):
+                pass  # no gradient flows into data, nor into values computed from data alone
             elif op == "partition" and leaf == "weight":
                 pass  # a sharded weight keeps a sharded gradient
             elif op == "replicate" and leaf == "weight":

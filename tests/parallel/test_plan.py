@@ -46,7 +46,7 @@ def test_gpt_block_on_eight_devices_finds_megatron() -> None:
 
 @pytest.mark.parametrize("model", ["unity-mlp", "dlrm"])
 def test_joint_never_worse_than_baselines(model: str) -> None:
-    graph = unity_mlp(32, 128) if model == "unity-mlp" else dlrm(tables=4, batch=32, rows=64, dim=16)
+    graph = unity_mlp(32, 128, 512, 128) if model == "unity-mlp" else dlrm(tables=4, batch=32, rows=64, dim=16)
     mesh = parse_mesh("8")
     joint = plan_graph(graph, mesh)
     for strategy in ("data-parallel", "megatron"):
@@ -55,7 +55,7 @@ def test_joint_never_worse_than_baselines(model: str) -> None:
 
 
 def test_memory_budget_is_an_ilp_constraint() -> None:
-    graph = unity_mlp(32, 128)
+    graph = unity_mlp(32, 128, 512, 128)
     mesh = parse_mesh("8")
     model = ParallelCostModel(mesh, cost_model("roofline", mesh.device))
     replicated = plan_report(graph, model).mem_bytes

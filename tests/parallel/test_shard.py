@@ -59,7 +59,7 @@ def test_each_distribution_op_on_devices_equals_its_semantics(name: str, graph: 
 
 @pytest.mark.parametrize("mesh", ["2", "8", "2x4", "4x2"])
 def test_unity_mlp_plan_on_devices(mesh: str) -> None:
-    graph = unity_mlp(64, 256)
+    graph = unity_mlp(64, 256, 1024, 256)
     result = plan_graph(graph, parse_mesh(mesh))
     check = check_on_devices(graph, result.plan, result.mesh)
     assert check["outputs_ok"] and check["gradients_ok"]

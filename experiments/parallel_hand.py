@@ -1,0 +1,170 @@
+"""Megatron by hand: the tensor-parallel plan a practitioner writes, one split per weight.
+
+A plan is a table weight name → split: `col` (the weight's output dim split, Megatron's column
+parallel linear), `row` (its input dim split, the partial sums reduced: row parallel, and for an
+embedding written as one-hot x table Megatron's vocabulary-parallel embedding), `heads` (a head-batched
+weight split by head) or no entry (replicated: every device computes the op). The plan graph is
+built op by op from the program: each value is replicated, split on its last dim, split by head or
+a partial sum, and is made replicated (`combine` / `reduce`) only where an op needs it, exactly as
+Megatron's `f` / `g` operators do. Tensor parallelism runs over the mesh's last axis (on a 2-D mesh
+the other axis computes the same values; the stacked representation reduces only over a value's
+outermost device axis, so a data x tensor hybrid by hand would need an all-gather over the data axis
+before every row-parallel reduce).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from eqsat.errors import EqsatError
+from eqsat.ir import Graph, GraphBuilder, Node, Tensor
+from eqsat.parallel.mesh import Mesh
+
+__all__ = ["HAND_SPECS", "HandPlanError", "megatron_by_hand", "megatron_spec"]
+
+ACTIVATIONS: Mapping[int, str] = MappingProxyType({1: "sigmoid", 2: "relu", 3: "tanh"})
+ELEMENTWISE = frozenset({"relu", "tanh", "sigmoid", "exp", "ewadd", "ewmul", "ewsub"})
+
+REP, LAST, HEADS, PARTIAL = "replicated", "split-last", "split-heads", "partial"
+
+
+class HandPlanError(EqsatError):
+    """A hand-written plan that does not fit the program."""
+
+
+def _mlp_spec(graph: Graph) -> dict[str, str]:
+    """Layers in pairs: column then row (one all-reduce per pair); an odd last layer stays replicated."""
+    names = [n.attr["name"] for _, n in graph.leaves("weight")]
+    pairs = len(names) // 2 * 2
+    return {name: ("col" if i % 2 == 0 else "row") for i, name in enumerate(names[:pairs])}
+
+
+def _gpt_spec(graph: Graph) -> dict[str, str]:
+    out = {}
+    for _, n in graph.leaves("weight"):
+        name = n.attr["name"]
+        kind = name.rsplit(".", 1)[-1]
+        out[name] = {"wq": "heads", "wk": "heads", "wv": "heads", "wo": "heads", "w1": "col", "w2": "row"}[kind]
+    return out
+
+
+def _dlrm_spec(graph: Graph) -> dict[str, str]:
+    """Vocabulary-parallel embeddings, then the top MLP's first two layers column / row."""
+    out = {}
+    for _, n in graph.leaves("weight"):
+        name = n.attr["name"]
+        out[name] = "row" if name.startswith("emb") else {"top0": "col", "top1": "row"}.get(name, "")
+    return {k: v for k, v in out.items() if v}
+
+
+def _bottleneck_spec(graph: Graph) -> dict[str, str]:
+    """The wide pair column / row; the narrow layers replicated, as Megatron leaves small layers."""
+    return {"w1": "col", "w2": "row"}
+
+
+HAND_SPECS: Mapping[str, Callable[[Graph], dict[str, str]]] = MappingProxyType({
+    "unity-mlp": _mlp_spec, "mlp16": _mlp_spec, "gpt-block": _gpt_spec, "gpt12": _gpt_spec, "dlrm": _dlrm_spec,
+    "mlp-bottleneck": _bottleneck_spec,
+})
+
+
+def megatron_spec(model: str, graph: Graph) -> dict[str, str]:
+    if model not in HAND_SPECS:
+        raise HandPlanError(f"no hand-written Megatron plan for '{model}'; known: {', '.join(HAND_SPECS)}")
+    return HAND_SPECS[model](graph)
+
+
+@dataclass(frozen=True)
+class _Placed:
+    tensor: Tensor
+    layout: str
+    broadcast_of: tuple[_Placed, tuple[int, ...]] | None = None  # a per-head broadcast of a replicated value
+
+
+class _Builder:
+    """Rebuilds the program with one mesh axis of tensor parallelism."""
+
+    def __init__(self, graph: Graph, spec: Mapping[str, str], axis: int, parts: int) -> None:
+        self.graph, self.spec, self.axis, self.parts = graph, spec, axis, parts
+        self.b = GraphBuilder()
+
+    def _op(self, op: str, inputs: list[Tensor], **attrs: object) -> Tensor:
+        return self.b.apply(op, inputs, attrs)[0]
+
+    def partition(self, t: Tensor, dim: int) -> Tensor:
+        return self._op("partition", [t], dim=dim, axis=self.axis, parts=self.parts)
+
+    def replicated(self, p: _Placed) -> Tensor:
+        """Megatron's `g`: the whole value on every device."""
+        if p.layout == REP:
+            return p.tensor
+        if p.layout == PARTIAL:
+            return self._op("reduce", [p.tensor], axis=self.axis)
+        return self._op("combine", [p.tensor], dim=-1 if p.layout == LAST else -3, axis=self.axis)
+
+    def spread(self, p: _Placed) -> Tensor:
+        """Megatron's `f`: a replicated value entering a split region (its backward all-reduces)."""
+        return self._op("replicate", [self.replicated(p)], axis=self.axis, parts=self.parts)
+
+    def split(self, p: _Placed, layout: str) -> Tensor:
+        if p.layout == layout:
+            return p.tensor
+        return self.partition(self.replicated(p), -1 if layout == LAST else -3)
+
+    def build(self) -> Graph:
+        g = self.graph
+        vals: list[_Placed] = []
+        for n in g.nodes:
+            vals.append(self.node(n.op, n.attr, [vals[v.node] for v in n.inputs], [g.nodes[v.node] for v in n.inputs]))
+        return self.b.build([self.replicated(vals[v.node]) for v in g.outputs])
+
+    def node(self, op: str, attrs: dict[str, Any], xs: list[_Placed], producers: list[Node]) -> _Placed:
+        if op in ("input", "weight"):
+            return _Placed(self._op(op, [], **attrs), REP)
+        if op == "matmul":
+            return self.matmul(attrs, xs, producers)
+        if op in ELEMENTWISE and len({x.layout for x in xs}) == 1 and xs[0].layout != PARTIAL:
+            return _Placed(self._op(op, [x.tensor for x in xs], **attrs), xs[0].layout)
+        if op == "broadcast" and xs[0].layout == REP and tuple(attrs["dims"]) == (1, 2):
+            return _Placed(self._op(op, [xs[0].tensor], **attrs), REP, (xs[0], tuple(attrs["shape"])))
+        if op == "transpose" and xs[0].layout == HEADS:
+            perm = (0, *(int(p) + 1 for p in attrs["perm"]))
+            return _Placed(self._op(op, [xs[0].tensor], perm=perm), HEADS)
+        if op == "reduce_sum" and xs[0].layout == HEADS and tuple(attrs["axes"]) == (0,):
+            return _Placed(self._op(op, [xs[0].tensor], axes=(1,)), PARTIAL)  # the sum over heads
+        return _Placed(self._op(op, [self.replicated(x) for x in xs], **attrs), REP)
+
+    def matmul(self, attrs: dict[str, Any], xs: list[_Placed], producers: list[Node]) -> _Placed:
+        act = int(attrs.get("act", 0))
+        x, w = xs
+        kind = self.spec.get(producers[1].attr["name"], "") if producers[1].op == "weight" else ""
+        if kind == "col":
+            return _Placed(self._op("matmul", [self.spread(x), self.partition(w.tensor, -1)], act=act), LAST)
+        if kind == "row":
+            lhs = self.partition(x.tensor, -1) if producers[0].op == "input" else self.split(x, LAST)
+            out = self._op("matmul", [lhs, self.partition(w.tensor, -2)], act=0)
+            if not act:
+                return _Placed(out, PARTIAL)
+            return _Placed(self._op(ACTIVATIONS[act], [self._op("reduce", [out], axis=self.axis)]), REP)
+        if kind == "heads":
+            return _Placed(self._op("matmul", [self.heads_input(x), self.partition(w.tensor, -3)], act=act), HEADS)
+        if x.layout == HEADS and w.layout == HEADS:  # attention inside each device's heads
+            return _Placed(self._op("matmul", [x.tensor, w.tensor], act=act), HEADS)
+        return _Placed(self._op("matmul", [self.replicated(x), self.replicated(w)], act=act), REP)
+
+    def heads_input(self, x: _Placed) -> Tensor:
+        """A per-head input broadcast from a replicated value: each device broadcasts its own heads."""
+        if x.broadcast_of is not None:
+            source, (heads, *rest) = x.broadcast_of
+            return self._op("broadcast", [self.spread(source)], shape=(self.parts, heads // self.parts, *rest), dims=(0, 2, 3))
+        return self.split(x, HEADS)
+
+
+def megatron_by_hand(model: str, graph: Graph, mesh: Mesh) -> Graph:
+    """The hand-written Megatron plan of `model` on the mesh's last axis."""
+    axis = len(mesh.shape) - 1
+    builder = _Builder(graph, megatron_spec(model, graph), axis, mesh.shape[axis])
+    return builder.build().live()
