@@ -19,6 +19,7 @@ from eqsat import ops
 from eqsat.cost import CostModel
 from eqsat.egglog_schema import (
     BINARY_ONLY,
+    INPUT_ORDER_FUNCTION,
     SHAPE_RULESET,
     TERM_SORT,
     attr_literal,
@@ -64,6 +65,7 @@ class TensorEGraph:
             g = f"$g{counter}"
             lines.append(f"(let {g} {expr})")
             lines.append(f"(set (uid {g}) {counter})")
+            lines.append(f"(set ({INPUT_ORDER_FUNCTION} {g}) {counter})")
             if value is not None:
                 value_of[g] = value
             counter += 1
