@@ -79,7 +79,8 @@ class Limits:
     def __post_init__(self) -> None:
         if self.multi_schedule not in MULTI_SCHEDULES:
             raise LimitError(f"unknown multi_schedule {self.multi_schedule!r}; choose from {', '.join(MULTI_SCHEDULES)}")
-        if self.iterations < 0 or self.nodes < 1 or self.seconds < 0 or self.multi_rounds < 0 or self.match_limit < 1 or self.merge_rounds < 0:
+        counts = (self.iterations, self.multi_rounds, self.merge_rounds)
+        if min(counts) < 0 or self.nodes < 1 or self.seconds < 0 or self.match_limit < 1:
             raise LimitError(f"invalid limits {self}: iterations, multi_rounds, merge_rounds, seconds must be >= 0, "
                              "nodes and match_limit >= 1")
 
