@@ -86,3 +86,25 @@ def test_small_inception_merges_three_1x1_convs_at_k_multi_1() -> None:
     inputs = graph.random_inputs(1, dtype=np.float64)
     for got, want in zip(result.optimized.evaluate(inputs), graph.evaluate(inputs)):
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_cycle_guard_reachability_matches_networkx() -> None:
+    import random
+
+    import networkx as nx
+
+    from eqsat.saturate import _reachable_bits
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 25)
+        adj = [sorted({rng.randrange(n) for _ in range(rng.randint(0, 3))}) for _ in range(n)]
+        marked = rng.sample(range(n), rng.randint(0, n))
+        bit = {v: k for k, v in enumerate(marked)}
+        got = _reachable_bits(adj, bit)
+        g = nx.DiGraph()
+        g.add_nodes_from(range(n))
+        g.add_edges_from((v, w) for v in range(n) for w in adj[v])
+        for v in range(n):
+            want = {w for w in nx.descendants(g, v) if w in bit and w != v}
+            assert {w for w in bit if w != v and (got[v] >> bit[w]) & 1} == want
