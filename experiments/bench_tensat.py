@@ -75,9 +75,20 @@ class BenchOptions:
     seed: int = 0
 
 
+def _cost_model_arg(text: str) -> tuple[str, str]:
+    name, sep, device = text.partition("/")
+    if not sep or not name or not device:
+        from eqsat.errors import EqsatError
+
+        raise EqsatError(f"bench tensat: --cost-models takes MODEL/DEVICE (e.g. roofline/h100), not {text!r}")
+    return name, device
+
+
 def options_from_args(args: argparse.Namespace) -> BenchOptions:
     d = BenchOptions()
+    chosen = getattr(args, "cost_models", None)
     return BenchOptions(models=tuple(args.models or d.models), k_multi=tuple(args.k_multi or d.k_multi),
+                        cost_models=tuple(map(_cost_model_arg, chosen)) if chosen else d.cost_models,
                         extract_time_limit=args.time_limit, taso_seconds=args.taso_seconds,
                         taso_long_seconds=args.taso_long_seconds)
 
