@@ -28,6 +28,7 @@ from eqsat.errors import ShapeError, UnknownOpError
 SHAPE_SORT = "IV"
 TERM_SORT = "T"
 SHAPE_RULESET = "shapes"
+INPUT_ORDER_FUNCTION = "input_order"  # e-class → its first value's index in the input graph (input values only)
 PAIR_FUNCTION = "pair_related"  # (uid, uid) → 1 if one class descends from the other, 0 if not
 MAX_RANK = 6  # highest rank the list-attribute ops (and `numel`) have shape cases for
 
@@ -479,6 +480,7 @@ def declarations() -> str:
         f"(function shape ({TERM_SORT}) {SHAPE_SORT} :no-merge)",
         f"(function numel ({SHAPE_SORT}) i64 :no-merge)",
         f"(function uid ({TERM_SORT}) i64 :merge (min old new))",
+        f"(function {INPUT_ORDER_FUNCTION} ({TERM_SORT}) i64 :merge (min old new))",
         f"(function {PAIR_FUNCTION} (i64 i64) i64 :merge (max old new))",
         f"(ruleset {SHAPE_RULESET})",
     ]

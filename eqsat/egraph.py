@@ -10,6 +10,7 @@ shape of every class in `class_data`; `decode` turns a selection on that JSON ba
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,7 @@ from eqsat import ops
 from eqsat.cost import CostModel
 from eqsat.egglog_schema import (
     BINARY_ONLY,
+    INPUT_ORDER_FUNCTION,
     SHAPE_RULESET,
     TERM_SORT,
     attr_literal,
@@ -28,7 +30,7 @@ from eqsat.egglog_schema import (
     declarations,
 )
 from eqsat.errors import EGraphFormatError, EqsatError, RuleError, ShapeError
-from eqsat.ir import Graph, GraphBuilder, Tensor, Value
+from eqsat.ir import Graph, GraphBuilder, Node, Tensor, Value
 
 __all__ = ["TensorEGraph", "decode", "EGRAPH_FORMAT"]
 
@@ -64,6 +66,7 @@ class TensorEGraph:
             g = f"$g{counter}"
             lines.append(f"(let {g} {expr})")
             lines.append(f"(set (uid {g}) {counter})")
+            lines.append(f"(set ({INPUT_ORDER_FUNCTION} {g}) {counter})")
             if value is not None:
                 value_of[g] = value
             counter += 1
@@ -315,5 +318,26 @@ def decode(egraph_json: Mapping[str, Any], selection: Mapping[str, str] | Any) -
                 raise EGraphFormatError(f"decode: class {cid} ({op}) has shape {tensor.shape}, the e-graph says {tuple(want)}")
             built[cid] = tensor
             state[cid] = 2
-    return builder.build([built[str(c)] for c in egraph_json["outputs"]])
+    return flatten_concats(builder.build([built[str(c)] for c in egraph_json["outputs"]]))
+
+
+def flatten_concats(graph: Graph) -> Graph:
+    """Undo the encoder's nesting of variadic concats (`BINARY_ONLY`): a concat reading a concat on
+    the same axis that nothing else reads takes that concat's inputs instead, so the decoded graph
+    writes an n-ary concat once, as the IR did, and is not charged for the intermediate ones."""
+    uses = Counter(v for n in graph.nodes for v in n.inputs) + Counter(graph.outputs)
+    nodes = list(graph.nodes)
+    for i, node in enumerate(nodes):
+        if node.op not in BINARY_ONLY:
+            continue
+        flat: list[Value] = []
+        for v in node.inputs:
+            inner = nodes[v.node]
+            if inner.op == node.op and inner.attrs == node.attrs and uses[v] == 1:
+                flat.extend(inner.inputs)
+            else:
+                flat.append(v)
+        if len(flat) != len(node.inputs):
+            nodes[i] = Node(node.op, node.attrs, tuple(flat), node.shapes)
+    return Graph(tuple(nodes), graph.outputs).live()
 

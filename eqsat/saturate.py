@@ -22,7 +22,15 @@ e-graph (k=1: 2.2k vs 1.6k e-nodes; k=2: 34k vs 24k) and a lower or equal extrac
 about the same saturation time; see the report for the numbers. Two-output rules apply every
 match of their round (no back-off scheduler: it would ban them outright at NasRNN's ~8k pairs).
 
-Cycle guard: before a two-output round, every class pair those rules match is recorded, the
+Merge rounds (`merge_rounds`): a two-output rule with a concat on a left side extends an earlier
+merge by one operand (`nary_merges.rules`: `(matmul a (concat b c)) ; (matmul a d)`). Those rules
+run alone, right after each two-output round, for up to `merge_rounds` rounds (each merges one
+more operand: 2 rounds give 4-way merges), before the single rules resume. So k_multi 1 merges all
+of q, k, v and a layer's linear map, or Inception's three 1x1 convs, without a second round of
+every two-output rule (which on BERT fills the node limit with products of products); the rules'
+`(order ...)` condition builds each set of operands in one order only.
+
+Cycle guard: before a two-output round (or a merge round), every class pair those rules match is recorded, the
 e-graph is serialized, and pairs where one class descends from the other (merging them would
 create a cycle the extractor must then avoid) are marked in egglog so the rules skip them. Exact;
 on NasRNN it costs ~0.03 s (k=1, 465 pairs) to ~0.5 s (second round, ~9.6k pairs, 12% skipped).
@@ -39,14 +47,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import networkx as nx
 from egglog import bindings
 
 from eqsat.egglog_schema import SHAPE_RULESET
 from eqsat.egraph import TensorEGraph
 from eqsat.errors import LimitError, RuleError
+from eqsat.extract.graphs import strongly_connected
 from eqsat.interrupt import native_call_interruptible
-from eqsat.rewrites.rule import Rule
+from eqsat.rewrites.rule import Rule, subterms
 from eqsat.egglog_schema import PAIR_FUNCTION, TERM_SORT
 from eqsat.rewrites.to_egglog import CANDIDATE_RULESET, EgglogRule, supported, translate_all
 
@@ -66,12 +74,14 @@ class Limits:
     multi_rounds: int = 1
     match_limit: int = 1_000
     multi_schedule: str = "after-saturation"
+    merge_rounds: int = 2
 
     def __post_init__(self) -> None:
         if self.multi_schedule not in MULTI_SCHEDULES:
             raise LimitError(f"unknown multi_schedule {self.multi_schedule!r}; choose from {', '.join(MULTI_SCHEDULES)}")
-        if self.iterations < 0 or self.nodes < 1 or self.seconds < 0 or self.multi_rounds < 0 or self.match_limit < 1:
-            raise LimitError(f"invalid limits {self}: iterations, multi_rounds, seconds must be >= 0, "
+        counts = (self.iterations, self.multi_rounds, self.merge_rounds)
+        if min(counts) < 0 or self.nodes < 1 or self.seconds < 0 or self.match_limit < 1:
+            raise LimitError(f"invalid limits {self}: iterations, multi_rounds, merge_rounds, seconds must be >= 0, "
                              "nodes and match_limit >= 1")
 
 
@@ -116,6 +126,7 @@ class SaturationReport:
             "enodes": self.enodes, "eclasses": self.eclasses, "seconds": self.seconds, "rules": self.rules,
             "limits": {"iterations": self.limits.iterations, "nodes": self.limits.nodes,
                        "seconds": self.limits.seconds, "multi_rounds": self.limits.multi_rounds,
+                       "merge_rounds": self.limits.merge_rounds,
                        "match_limit": self.limits.match_limit, "multi_schedule": self.limits.multi_schedule},
             "iterations": [row.to_json() for row in self.iterations],
             "total_matches": dict(self.total_matches),
@@ -126,10 +137,11 @@ class SaturationReport:
 class _Installed:
     single: str | None  # combined ruleset names (None: no rules of that kind)
     multi: str | None
+    extend: str | None  # two-output rules that extend an earlier merge (run in merge rounds)
     rules: tuple[tuple[str, EgglogRule], ...]
     members: Mapping[str, tuple[str, ...]]  # combined ruleset → its rules' own rulesets
     names: Mapping[str, str]  # a rule's own ruleset → the rule's name
-    pairs: str | None  # the ruleset recording the class pairs that joined two-output rules match
+    pairs: Mapping[str, str]  # multi / extend group → the ruleset recording the class pairs its joined rules match
 
 
 def install(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits) -> _Installed:
@@ -142,17 +154,22 @@ def install(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits) -> _Ins
     lines = []
     for rs, er in translated:
         lines += [f"(ruleset {rs})", er.text]
-    candidates = [er.candidate for _, er in translated if er.candidate]
-    pairs = f"{prefix}{CANDIDATE_RULESET}" if candidates else None
-    if pairs:
-        lines += [f"(ruleset {pairs})", *candidates]
     groups: dict[str, str | None] = {}
-    for kind, multi in (("single", False), ("multi", True)):
-        kind_members = [rs for rs, er in translated if er.multi == multi]
+    kinds: dict[str, list[str]] = {"single": [], "multi": [], "extend": []}
+    for rs, er in translated:
+        kinds[_kind(er)].append(rs)
+    pairs: dict[str, str] = {}
+    for kind in ("multi", "extend"):  # each group records only its own pairs (a merge round's are few)
+        candidates = [er.candidate for _, er in translated if er.candidate and _kind(er) == kind]
+        if candidates:
+            shared, own = f":ruleset {prefix}{CANDIDATE_RULESET} ", f":ruleset {prefix}{CANDIDATE_RULESET}_{kind} "
+            pairs[f"{prefix}{kind}"] = f"{prefix}{CANDIDATE_RULESET}_{kind}"
+            lines += [f"(ruleset {prefix}{CANDIDATE_RULESET}_{kind})", *(c.replace(shared, own) for c in candidates)]
+    for kind, kind_members in kinds.items():
         name = f"{prefix}{kind}" if kind_members else None
         if name:
             lines.append(f"(unstable-combined-ruleset {name} {' '.join(kind_members)})")
-            if not multi:
+            if kind == "single":
                 lines.append(f"(let-scheduler {name}_sched (back-off :match-limit {limits.match_limit} :ban-length 2))")
         groups[kind] = name
     try:
@@ -160,10 +177,20 @@ def install(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits) -> _Ins
     except bindings.EggSmolError as exc:
         raise RuleError(f"egglog rejected the translated rules: {exc}") from None
     egraph.installed_rulesets[prefix] = tuple(rs for rs, _ in translated)
-    members = {g: tuple(rs for rs, er in translated if er.multi == (kind == "multi"))
-               for kind, g in groups.items() if g}
-    return _Installed(groups["single"], groups["multi"], translated, members, {rs: er.name for rs, er in translated},
+    members = {g: tuple(kinds[kind]) for kind, g in groups.items() if g}
+    return _Installed(groups["single"], groups["multi"], groups["extend"], translated, members, {rs: er.name for rs, er in translated},
                       pairs)
+
+
+def is_merge_extension(rule: Rule) -> bool:
+    """A two-output rule with a concat on a left side: it adds one operand to an earlier merge."""
+    return rule.is_multi and any(t.op == "concat" for side in rule.lhs for t in subterms(side))
+
+
+def _kind(er: EgglogRule) -> str:
+    if not er.multi:
+        return "single"
+    return "extend" if is_merge_extension(er.rule) else "multi"
 
 
 def _step_text(ruleset: str, scheduler: str | None) -> str:
@@ -219,14 +246,14 @@ class _Stepper:
         except bindings.EggSmolError as exc:
             raise _explain_failure(self.egraph, self.installed, group, str(exc)) from None
 
-    def guard_cycles(self) -> tuple[int, int]:
-        """Record every pair of classes the joined two-output rules match, then mark the pairs where
+    def guard_cycles(self, group: str) -> tuple[int, int]:
+        """Record every pair of classes the joined two-output rules of `group` match, then mark the pairs where
         one class descends from the other (merging them would make a cycle): those rules fire
         only on unmarked pairs. Exact, computed in Python on the serialized e-graph between steps.
         Returns (pairs, related pairs)."""
-        if self.installed.pairs is None:
+        if group not in self.installed.pairs:
             return 0, 0
-        self._run(f"(run-schedule (run {self.installed.pairs}))", self.installed.pairs)
+        self._run(f"(run-schedule (run {self.installed.pairs[group]}))", self.installed.pairs[group])
         roots = [bindings.Var(bindings.PanicSpan(), g) for g in self.egraph.output_globals]
         raw = json.loads(self.egglog_serialized(roots))
         related = related_pairs(raw)
@@ -241,7 +268,7 @@ class _Stepper:
     def _scheduler(self, group: str) -> str | None:
         """Two-output rules apply every match of their round (as Tensat's); single rules run under
         the back-off scheduler, whose bans bound one iteration's growth."""
-        return None if group == self.installed.multi else group
+        return group if group == self.installed.single else None
 
     def plain(self, groups: Sequence[str]) -> _StepResult:
         """Every rule of each group at once (egglog matches all, then applies all)."""
@@ -282,37 +309,73 @@ def _pair_rows(raw: Mapping[str, Any]) -> list[tuple[int, int]]:
 
 
 def related_pairs(raw: Mapping[str, Any]) -> set[tuple[int, int]]:
-    """Recorded (uid, uid) pairs where one class is reachable from the other through children."""
+    """Recorded (uid, uid) pairs where one class is reachable from the other through children.
+
+    One pass over the class graph's strongly connected components (children first): each
+    component's set of reachable recorded classes (a bitset) is the union of its children's and its
+    own, so the cost is linear in the e-graph, not one search per recorded class (which took
+    seconds per merge round on BERT's 12k-node e-graph)."""
     nodes: Mapping[str, Any] = raw["nodes"]
     class_type = {cid: data.get("type") for cid, data in raw.get("class_data", {}).items()}
-    graph = nx.DiGraph()
-    uid_class: dict[int, str] = {}
+    index: dict[str, int] = {}
+    children: list[set[int]] = []
+
+    def class_index(cid: str) -> int:
+        if cid not in index:
+            index[cid] = len(children)
+            children.append(set())
+        return index[cid]
+
     for node in nodes.values():
         if class_type.get(node["eclass"]) == TERM_SORT:
-            graph.add_node(node["eclass"])
+            here = class_index(node["eclass"])
             for c in node["children"]:
                 child = nodes[c]["eclass"]
                 if class_type.get(child) == TERM_SORT:
-                    graph.add_edge(node["eclass"], child)
+                    children[here].add(class_index(child))
     values = {n["eclass"]: int(n["op"]) for n in nodes.values()
               if class_type.get(n["eclass"]) == "i64" and not n["children"] and n["op"].lstrip("-").isdigit()}
+    uid_class: dict[int, str] = {}
     for node in nodes.values():
         if node["op"] == "uid":
             uid_class[values[node["eclass"]]] = nodes[node["children"][0]]["eclass"]
     wanted = _pair_rows(raw)
-    classes = {c for pair in wanted for u in pair if (c := uid_class.get(u)) is not None}
-    reach = _descendants(graph, classes)
+    recorded = sorted({uid_class[u] for pair in wanted for u in pair if uid_class.get(u) in index})
+    bit = {index[c]: k for k, c in enumerate(recorded)}
+    reach = _reachable_bits([sorted(kids) for kids in children], bit)
     out = set()
     for a, b in wanted:
         ca, cb = uid_class.get(a), uid_class.get(b)
-        if ca is None or cb is None or cb in reach.get(ca, set()) or ca in reach.get(cb, set()):
+        if ca is None or cb is None or ca not in index or cb not in index:
+            out.add((a, b))
+            continue
+        ia, ib = index[ca], index[cb]
+        if (reach[ia] >> bit[ib]) & 1 or (reach[ib] >> bit[ia]) & 1:
             out.add((a, b))
     return out
 
 
-def _descendants(graph: nx.DiGraph, sources: set[str]) -> dict[str, set[str]]:
-    """Classes reachable from each source (one walk each; sources are the few matched classes)."""
-    return {s: nx.descendants(graph, s) for s in sources if s in graph}
+def _reachable_bits(adj: Sequence[Sequence[int]], bit: Mapping[int, int]) -> list[int]:
+    """Per vertex, the bitset of marked vertices (vertex v has bit `bit[v]`) reachable from it in
+    one or more steps (as `networkx.descendants`; on a cycle, the cycle's own marked vertices too)."""
+    comp = strongly_connected(adj)  # component ids in reverse topological order: children first
+    members: list[list[int]] = [[] for _ in range(max(comp, default=-1) + 1)]
+    for v, c in enumerate(comp):
+        members[c].append(v)
+    strict, inclusive = [0] * len(members), [0] * len(members)
+    for c, vs in enumerate(members):
+        acc, own, cyclic = 0, 0, len(vs) > 1
+        for v in vs:
+            if v in bit:
+                own |= 1 << bit[v]
+            for w in adj[v]:
+                if comp[w] == c:
+                    cyclic = True
+                else:
+                    acc |= inclusive[comp[w]]
+        strict[c] = acc | own if cyclic else acc
+        inclusive[c] = acc | own
+    return [strict[c] for c in comp]
 
 
 def saturate(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits, progress: bool = False) -> SaturationReport:
@@ -328,6 +391,7 @@ def saturate(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits, progre
     last_seconds, ratio = 0.0, 1.0
     max_growth, banned = 0, False
     multi_done, single_quiet, previous_multi = 0, installed.single is None, True
+    merges_left = 0  # merge rounds still to run after the last two-output round
     interleaved = limits.multi_schedule == "interleaved"
     bar = _progress(progress, limits.iterations)
     for it in range(limits.iterations):
@@ -340,31 +404,32 @@ def saturate(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits, progre
             reason, detail = "nodes", f"{n_now} e-nodes reached the limit {limits.nodes}"
             break
         more_multi = installed.multi is not None and multi_done < limits.multi_rounds
-        multi = more_multi and (interleaved or single_quiet)
-        groups = [g for g in ((installed.multi if multi else None),
-                              (installed.single if not multi or interleaved else None)) if g]
+        extending = merges_left > 0 and installed.extend is not None
+        multi = not extending and more_multi and (interleaved or single_quiet)
+        groups = [installed.extend] if extending and installed.extend else [
+            g for g in ((installed.multi if multi else None), (installed.single if not multi or interleaved else None)) if g]
         if not groups:
             reason, detail = "saturated", "no rules to run"
             break
         # Unknown after a two-output round or while banned rules wait to return with doubled caps.
-        predicted = None if (multi or previous_multi or last_growth is None or banned) else GROWTH_MARGIN * max_growth
+        predicted = None if (multi or extending or previous_multi or last_growth is None or banned) else GROWTH_MARGIN * max_growth
         careful = predicted is None or n_now + predicted > limits.nodes
         t0 = time.perf_counter()
-        pairs = stepper.guard_cycles() if multi else (0, 0)
+        pairs = stepper.guard_cycles(groups[0]) if multi or extending else (0, 0)
         guard_s = time.perf_counter() - t0
         step = stepper.within_budget(groups) if careful else stepper.plain(groups)
         seconds = time.perf_counter() - t0
         n_new, classes = egraph.num_enodes(), egraph.num_eclasses()
-        rows.append(IterationRow(it, n_new, classes, seconds, {k: v for k, v in step.matches.items() if v}, multi,
+        rows.append(IterationRow(it, n_new, classes, seconds, {k: v for k, v in step.matches.items() if v}, multi or extending,
                                  pairs[0], pairs[1], guard_s))
         for k, v in step.matches.items():
             totals[k] = totals.get(k, 0) + v
         growth = n_new - n_now
         ratio = max(1.0, n_new / max(n_now, 1))
-        last_growth = None if multi else growth
+        last_growth = None if multi or extending else growth
         max_growth = max(max_growth, growth)
         banned = not step.can_stop
-        last_seconds, previous_multi = seconds, multi
+        last_seconds, previous_multi = seconds, multi or extending
         multi_done += int(multi)
         bar(it + 1, n_new)
         quiet = not step.changed and step.can_stop
@@ -375,12 +440,16 @@ def saturate(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits, progre
         if step.out_of_time or time.perf_counter() - start >= limits.seconds:
             reason, detail = "time", f"{time.perf_counter() - start:.2f}s used, limit {limits.seconds}s"
             break
-        if not multi:
+        if extending:
+            merges_left = merges_left - 1 if step.changed else 0
+            single_quiet = single_quiet and not step.changed
+        elif not multi:
             single_quiet = quiet
-        elif step.changed:
-            single_quiet = False
+        else:
+            merges_left = limits.merge_rounds if step.changed else 0
+            single_quiet = single_quiet and not step.changed
         more_multi = installed.multi is not None and multi_done < limits.multi_rounds
-        if quiet and (multi or not more_multi):  # running the same rules again would change nothing
+        if quiet and not extending and (multi or not more_multi):  # running the same rules again would change nothing
             rounds = f" ({multi_done} two-output round(s) run)" if installed.multi is not None else ""
             reason, detail = "saturated", "no rule changed the e-graph" + rounds
             break
@@ -432,7 +501,7 @@ def _explain_failure(egraph: TensorEGraph, installed: _Installed, group: str, me
         return RuleError(f"a rule gave an e-class two shapes ({message}); replaying to find it failed: {replay}")
     culprits = []
     for rs, er in installed.rules:
-        if er.multi != (group == installed.multi):
+        if er.multi != (group != installed.single):
             continue
         try:
             replay.run_program(*replay.parse_program("(push)"))

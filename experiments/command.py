@@ -90,6 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tensat.add_argument("--k-multi", nargs="*", type=int, default=None, help="tensat: rounds of two-output rules (default: 1)")
     tensat.add_argument("--taso-seconds", type=float, default=20.0,
                         help="tensat: cap on the TASO-style search at TASO's default budget (1000 graphs)")
+    tensat.add_argument("--cost-models", nargs="*", default=None, metavar="MODEL/DEVICE",
+                        help="tensat: cost models, e.g. roofline/h100 measured/cpu (default: both of those)")
     tensat.add_argument("--taso-long-seconds", type=float, default=60.0,
                         help="tensat: cap on the longer TASO-style search (10000 graphs, roofline column; 0 skips it)")
 

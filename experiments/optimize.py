@@ -167,7 +167,7 @@ def candidate_rules() -> list[Rule]:
     from eqsat.rewrites import library_rules
     from eqsat.rulesets import tensat_rules
 
-    return tensat_rules() + library_rules(["conv_merges"])
+    return tensat_rules() + library_rules(["conv_merges", "nary_merges"])
 
 
 def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> dict[str, Any]:

@@ -58,3 +58,17 @@ def test_a_small_run_writes_rows_table_and_egraphs(tmp_path: Path) -> None:
     assert any(v > 0 for v in row["rules_fired"].values())
     assert json.loads(Path(row["egraph_file"]).read_text())["nodes"]
     assert (tmp_path / "table.md").exists() and (tmp_path / "rows.jsonl").exists()
+
+
+def test_cost_models_option_picks_the_columns() -> None:
+    import argparse
+
+    from eqsat.errors import EqsatError
+    from experiments.bench_tensat import options_from_args
+
+    args = argparse.Namespace(models=None, k_multi=[0, 1, 2], time_limit=5.0, taso_seconds=1.0, taso_long_seconds=0.0,
+                              cost_models=["roofline/h100"])
+    assert options_from_args(args).cost_models == (("roofline", "h100"),)
+    assert options_from_args(args).k_multi == (0, 1, 2)
+    with pytest.raises(EqsatError):
+        options_from_args(argparse.Namespace(**{**vars(args), "cost_models": ["roofline"]}))

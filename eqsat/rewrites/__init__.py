@@ -10,7 +10,8 @@ from eqsat.rewrites.parser import load_rules, parse_rule_text
 from eqsat.rewrites.rule import Rule, Term, Var
 
 LIBRARY_DIR = Path(__file__).parent / "library"
-LIBRARY_GROUPS: tuple[str, ...] = ("properties", "fusion", "merges", "folding", "decompositions", "conv_merges")
+LIBRARY_GROUPS: tuple[str, ...] = ("properties", "fusion", "merges", "folding", "decompositions", "conv_merges",
+                                   "nary_merges")
 
 
 def library_rules(groups: Iterable[str] | None = None) -> list[Rule]:
@@ -19,7 +20,8 @@ def library_rules(groups: Iterable[str] | None = None) -> list[Rule]:
     (batchnorm / per-channel scales folded into conv and matmul weights, matmul + bias merges; these
     use attribute references, see `parser.py`), decompositions (one op as cheaper ones: separable
     max and average pools), conv_merges (Tensat's convolution merges guarded to ungrouped convs, and
-    its `enlarge` merges of a small kernel with a larger one)."""
+    its `enlarge` merges of a small kernel with a larger one), nary_merges (a third, fourth, ... op
+    merged into an existing two-way merge; run in the merge rounds of `eqsat.saturate`)."""
     chosen = list(LIBRARY_GROUPS if groups is None else groups)
     unknown = [g for g in chosen if g not in LIBRARY_GROUPS]
     if unknown:

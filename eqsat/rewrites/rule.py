@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+ORDER_CONDITION = "order"
+"""A side condition `(order ?a ?b)`: ?a and ?b are values of the input graph, ?a's first."""
+
+
 @dataclass(frozen=True)
 class Var:
     name: str  # without the leading '?'

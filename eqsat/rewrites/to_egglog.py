@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from eqsat import ops
 from eqsat.egglog_schema import (
+    INPUT_ORDER_FUNCTION,
     PAIR_FUNCTION,
     SHAPE_RULES,
     attr_literal,
@@ -39,7 +40,7 @@ from eqsat.egglog_schema import (
     vec_of,
 )
 from eqsat.errors import EqsatError, RuleError, UnknownOpError
-from eqsat.rewrites.rule import AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var, subterms, variables
+from eqsat.rewrites.rule import ORDER_CONDITION, AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var, subterms, variables
 
 
 CANDIDATE_RULESET = "pairs"  # prefixed per installation
@@ -218,6 +219,10 @@ def _condition(t: Term | Var, q: _Query, where: str) -> str:
         raise RuleError(f"{where}: a condition uses ?{t.name} where an integer is expected")
     if t.op == "const":
         return str(int(t.attr["value"]))
+    if t.op == ORDER_CONDITION:
+        a, b = t.args
+        assert isinstance(a, Var) and isinstance(b, Var)
+        return f"(< ({INPUT_ORDER_FUNCTION} {_var(a.name)}) ({INPUT_ORDER_FUNCTION} {_var(b.name)}))"
     if t.op == "dim":
         v, i = t.args
         if not isinstance(v, Var):
