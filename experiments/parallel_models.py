@@ -38,14 +38,27 @@ def unity_mlp(batch: int = 64, d: int = 1024) -> Graph:
     return b.build([b.matmul(h, b.weight("w2", (4 * d, d)))])
 
 
-def gpt_block(b: GraphBuilder, x: Tensor, i: int, d: int, heads: int, seq: int) -> Tensor:
+def softmax_last(b: GraphBuilder, s: Tensor) -> Tensor:
+    """softmax over the last axis of a rank-3 tensor, written as JAX's jax.nn.softmax computes it:
+    exp(s - max) / sum(exp(s - max)), the max and the sum broadcast back over the last axis."""
+    shape = s.shape
+    dims = tuple(range(len(shape) - 1))
+    last = (len(shape) - 1,)
+    m = b.apply("broadcast", [b.apply("reduce_max", [s], {"axes": last})[0]], {"shape": shape, "dims": dims})[0]
+    e = b.apply("exp", [b.apply("ewsub", [s, m])[0]])[0]
+    z = b.apply("broadcast", [b.apply("reduce_sum", [e], {"axes": last})[0]], {"shape": shape, "dims": dims})[0]
+    return b.apply("ewdiv", [e, z])[0]
+
+
+def gpt_block(b: GraphBuilder, x: Tensor, mask: Tensor, i: int, d: int, heads: int, seq: int) -> Tensor:
     dh = d // heads
     xb = b.apply("broadcast", [x], {"shape": (heads, seq, d), "dims": (1, 2)})[0]
-    q = b.matmul(xb, b.weight(f"b{i}.wq", (heads, d, dh)))
+    q = b.matmul(xb, b.weight(f"b{i}.wq", (heads, d, dh)))  # 1/sqrt(dh) folded into wq (the IR has no constants)
     k = b.matmul(xb, b.weight(f"b{i}.wk", (heads, d, dh)))
     v = b.matmul(xb, b.weight(f"b{i}.wv", (heads, d, dh)))
-    scores = b.matmul(q, b.transpose(k, (0, 2, 1)), act=1)  # sigmoid attention
-    ctx = b.matmul(scores, v)  # (H, T, dh)
+    scores = b.matmul(q, b.transpose(k, (0, 2, 1)))  # (H, T, T)
+    masked = b.ewadd(scores, b.apply("broadcast", [mask], {"shape": (heads, seq, seq), "dims": (1, 2)})[0])
+    ctx = b.matmul(softmax_last(b, masked), v)  # (H, T, dh)
     proj = b.matmul(ctx, b.weight(f"b{i}.wo", (heads, dh, d)))  # (H, T, d)
     attn = b.apply("reduce_sum", [proj], {"axes": (0,)})[0]
     h = b.ewadd(x, attn)
@@ -56,8 +69,9 @@ def gpt_block(b: GraphBuilder, x: Tensor, i: int, d: int, heads: int, seq: int) 
 def gpt(blocks: int, d: int = 256, heads: int = 8, seq: int = 128) -> Graph:
     b = GraphBuilder()
     h = b.input("x", (seq, d))
+    mask = b.input("mask", (seq, seq))
     for i in range(blocks):
-        h = gpt_block(b, h, i, d, heads, seq)
+        h = gpt_block(b, h, mask, i, d, heads, seq)
     return b.build([h])
 
 

@@ -46,10 +46,12 @@ def _leading(key: str) -> Callable[[Mapping[str, Any], int], bool]:
 # Elementwise ops and matmul act on trailing dims; ops with front-counted index attributes must
 # leave the device axes alone.
 DISTRIBUTABLE: Mapping[str, Callable[[Mapping[str, Any], int], bool]] = {
-    **{op: (lambda attrs, k: True) for op in ("matmul", "relu", "tanh", "sigmoid", "exp", "ewadd", "ewmul", "ewsub")},
+    **{op: (lambda attrs, k: True) for op in ("matmul", "relu", "tanh", "sigmoid", "exp", "ewadd", "ewmul", "ewsub",
+                                                   "ewdiv")},
     "transpose": _leading("perm"),
     "broadcast": _leading("dims"),
     "reduce_sum": lambda attrs, k: min(attrs["axes"], default=k) >= k,
+    "reduce_max": lambda attrs, k: min(attrs["axes"], default=k) >= k,
 }
 DEFAULT_LIMITS = Limits(iterations=12, nodes=30_000, seconds=60.0)
 COST_SCALE = 1e6  # e-node costs in microseconds: keeps the MIP's absolute gaps meaningful
@@ -92,6 +94,8 @@ STRATEGY_RULES: Mapping[str, tuple[str, ...] | None] = {
 }
 SHARED_RULES = ("unfuse-sigmoid", "unfuse-relu", "unfuse-tanh", "bcast-partition", "transpose-partition", "head-sum",
                 "relu-combine", "tanh-combine", "sigmoid-combine", "exp-combine", "ewadd-combine", "ewmul-combine",
+                "ewsub-combine", "ewdiv-combine", "partition-ewadd", "partition-ewsub", "partition-ewdiv", "partition-exp",
+                "heads-max", "heads-sum", "heads-bcast",
                 "ewadd-reduce", "relu-replicate", "combine-partition", "partition-combine", "all-reduce", "all-gather",
                 "reduce-scatter", "all-to-all")
 
