@@ -85,12 +85,26 @@ def dlrm(tables: int = 8, batch: int = 128, rows: int = 1000, dim: int = 64) -> 
     return b.build([b.matmul(h, b.weight("top2", (256, 64)))])
 
 
+def cnn(batch: int = 16, channels: int = 8, size: int = 16, classes: int = 16) -> Graph:
+    """A small all-convolutional net: three 3x3 convs with relu (the last two with stride 2) and a
+    dense head over the flattened features, written as a VALID conv whose kernel covers the whole
+    feature map (the same product as a matmul of the flattened map; the IR's reshape does not move
+    through partitions, so a flatten would pin the plan)."""
+    b = GraphBuilder()
+    h = b.input("x", (batch, channels, size, size))
+    for i, (out, stride) in enumerate(((32, 1), (64, 2), (64, 2))):
+        h = b.conv2d(h, b.weight(f"c{i}", (out, h.shape[1], 3, 3)), stride=(stride, stride), act=2)
+    head = b.weight("head", (classes, h.shape[1], h.shape[2], h.shape[3]))
+    return b.build([b.conv2d(h, head, pad=1)])
+
+
 PARALLEL_MODELS: Mapping[str, Callable[[], Graph]] = MappingProxyType({
     "unity-mlp": unity_mlp,
     "mlp16": lambda: mlp(16, 256, 1024),
     "gpt-block": lambda: gpt(1),
     "gpt12": lambda: gpt(12),
     "dlrm": dlrm,
+    "cnn": cnn,
 })
 
 

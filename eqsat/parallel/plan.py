@@ -46,8 +46,8 @@ def _leading(key: str) -> Callable[[Mapping[str, Any], int], bool]:
 # Elementwise ops and matmul act on trailing dims; ops with front-counted index attributes must
 # leave the device axes alone.
 DISTRIBUTABLE: Mapping[str, Callable[[Mapping[str, Any], int], bool]] = {
-    **{op: (lambda attrs, k: True) for op in ("matmul", "relu", "tanh", "sigmoid", "exp", "ewadd", "ewmul", "ewsub",
-                                                   "ewdiv")},
+    **{op: (lambda attrs, k: True) for op in ("matmul", "conv2d", "relu", "tanh", "sigmoid", "exp", "ewadd", "ewmul",
+                                                   "ewsub", "ewdiv")},
     "transpose": _leading("perm"),
     "broadcast": _leading("dims"),
     "reduce_sum": lambda attrs, k: min(attrs["axes"], default=k) >= k,
@@ -84,15 +84,16 @@ def node_axes(op: str, attrs: Mapping[str, Any], child_axes: Sequence[Axes]) -> 
 
 # --- rules ---------------------------------------------------------------------------------------
 
-ALGEBRA_RULES = ("unfuse-sigmoid", "unfuse-relu", "unfuse-tanh")
+ALGEBRA_RULES = ("unfuse-sigmoid", "unfuse-relu", "unfuse-tanh", "unfuse-conv-sigmoid", "unfuse-conv-relu",
+                 "unfuse-conv-tanh")
 STRATEGY_RULES: Mapping[str, tuple[str, ...] | None] = {
     "joint": None,  # every rule: algebra and sharding saturated together
-    "data-parallel": ("dp-matmul",),
-    "megatron": ("col-matmul", "row-matmul", "batch-matmul"),
+    "data-parallel": ("dp-matmul", "dp-conv"),
+    "megatron": ("col-matmul", "row-matmul", "batch-matmul", "col-conv", "row-conv"),
     # the algebra as given (activations stay fused, as a single-device optimizer leaves them), then sharding
-    "algebra-first": ("dp-matmul", "col-matmul", "row-matmul", "batch-matmul"),
+    "algebra-first": ("dp-matmul", "col-matmul", "row-matmul", "batch-matmul", "dp-conv", "col-conv", "row-conv"),
 }
-SHARED_RULES = ("unfuse-sigmoid", "unfuse-relu", "unfuse-tanh", "bcast-partition", "transpose-partition", "head-sum",
+SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-sum",
                 "relu-combine", "tanh-combine", "sigmoid-combine", "exp-combine", "ewadd-combine", "ewmul-combine",
                 "ewsub-combine", "ewdiv-combine", "partition-ewadd", "partition-ewsub", "partition-ewdiv", "partition-exp",
                 "heads-max", "heads-sum", "heads-bcast",

@@ -1,7 +1,8 @@
 """The parallelization rules (`rules/parallel.rules`), instantiated per mesh axis.
 
 The file is written for one generic axis with placeholders: `A` (the mesh axis index), `N` (its
-size), `ACT` (an activation code), `D` and `E` (dims -1..-3, counted from the end). The rule parser has no
+size), `ACT` (an activation code), `D` and `E` (dims -1..-4, counted from the end), `ST` and `PAD` (a conv's
+square stride, 1 or 2, and its padding code). The rule parser has no
 integer attribute variables, so each line is expanded over the placeholders' values; every
 instance is named `rule[D=-1]@axis`. Rules are verified by the project's verifier
 (`eqsat.rewrites.verify`) at N = 2 and N = 4 (its shape grid reaches 4, so a larger N cannot be
@@ -17,16 +18,17 @@ from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 
-from eqsat.ops import Activation
+from eqsat.ops import Activation, Padding
 from eqsat.parallel.mesh import Mesh
 from eqsat.rewrites.parser import parse_rule_text
 from eqsat.rewrites.rule import Rule
 
 RULE_FILE = Path(__file__).with_name("rules") / "parallel.rules"
-_PLACEHOLDER = re.compile(r"(?<![\w?-])(A|N|ACT|D|E)(?![\w-])")
-DIMS: tuple[int, ...] = (-1, -2, -3)  # -4 would need stacked ranks beyond the verifier's grid
+_PLACEHOLDER = re.compile(r"(?<![\w?-])(A|N|ACT|D|E|ST|PAD)(?![\w-])")
+DIMS: tuple[int, ...] = (-1, -2, -3, -4)  # -4: the batch of NCHW (verified on rank-5 stacks, shapes.WIDER_RANKS)
 EXPANSIONS: Mapping[str, tuple[int, ...]] = MappingProxyType({
     "ACT": tuple(int(a) for a in Activation), "D": DIMS, "E": DIMS,
+    "ST": (1, 2), "PAD": tuple(int(p) for p in Padding),  # conv strides (square) and paddings
 })
 
 
