@@ -16,7 +16,7 @@ from typing import Any
 
 from experiments.parallel import BASELINES, run_case
 
-CASES: tuple[str, ...] = ("unity-mlp", "mlp16", "gpt-block", "gpt12", "dlrm")
+CASES: tuple[str, ...] = ("unity-mlp", "mlp16", "gpt-block", "gpt12", "dlrm", "cnn", "moe")
 MESHES: tuple[str, ...] = ("8", "2x4", "4x2")
 COLUMNS = ("model", "mesh", "predicted_s", "data_parallel_s", "megatron_s", "algebra_first_s", "joint_vs_best_baseline",
            "predicted_comm_bytes", "measured_comm_bytes", "predicted_step_comm_bytes", "measured_step_comm_bytes",

@@ -98,6 +98,28 @@ def cnn(batch: int = 16, channels: int = 8, size: int = 16, classes: int = 16) -
     return b.build([b.conv2d(h, head, pad=1)])
 
 
+def moe(tokens: int = 128, d: int = 64, hidden: int = 256, experts: int = 8, capacity: int = 16) -> Graph:
+    """A mixture-of-experts layer, 8 experts, top-1 (Switch-style), with a residual. Routing is an
+    input: `dispatch` (E, C, T) is the one-hot map of token t to slot c of its expert e, which top-1
+    selection (an argmax, a running count per expert, a one-hot) computes and the op set cannot (no
+    argmax / cumsum / one-hot op; routing has no gradient anyway). Everything else is in the graph:
+    the router's softmax over experts, the gathering of each expert's tokens (dispatch x tokens), the
+    experts as one batched two-layer MLP over the experts dim (weights (E, d, f), (E, f, d)), and the
+    scatter back weighted by the router's probability (dispatch transposed, times the probabilities)."""
+    b = GraphBuilder()
+    x = b.input("x", (tokens, d))
+    dispatch = b.input("dispatch", (experts, capacity, tokens))
+    probs = softmax_last(b, b.matmul(x, b.weight("router", (d, experts))))  # (T, E)
+    per_expert = b.apply("broadcast", [b.transpose(probs, (1, 0))], {"shape": (experts, tokens, capacity), "dims": (0, 1)})[0]
+    gather_back = b.ewmul(b.transpose(dispatch, (0, 2, 1)), per_expert)  # (E, T, C)
+    xb = b.apply("broadcast", [x], {"shape": (experts, tokens, d), "dims": (1, 2)})[0]
+    routed = b.matmul(dispatch, xb)  # (E, C, d): each expert's tokens
+    h = b.matmul(routed, b.weight("w1", (experts, d, hidden)), act=2)
+    out = b.matmul(h, b.weight("w2", (experts, hidden, d)))  # (E, C, d)
+    back = b.apply("reduce_sum", [b.matmul(gather_back, out)], {"axes": (0,)})[0]  # (T, d)
+    return b.build([b.ewadd(x, back)])
+
+
 PARALLEL_MODELS: Mapping[str, Callable[[], Graph]] = MappingProxyType({
     "unity-mlp": unity_mlp,
     "mlp16": lambda: mlp(16, 256, 1024),
@@ -105,6 +127,7 @@ PARALLEL_MODELS: Mapping[str, Callable[[], Graph]] = MappingProxyType({
     "gpt12": lambda: gpt(12),
     "dlrm": dlrm,
     "cnn": cnn,
+    "moe": moe,
 })
 
 

@@ -95,7 +95,8 @@ STRATEGY_RULES: Mapping[str, tuple[str, ...] | None] = {
 }
 SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-sum",
                 "relu-combine", "tanh-combine", "sigmoid-combine", "exp-combine", "ewadd-combine", "ewmul-combine",
-                "ewsub-combine", "ewdiv-combine", "partition-ewadd", "partition-ewsub", "partition-ewdiv", "partition-exp",
+                "ewsub-combine", "ewdiv-combine", "partition-ewadd", "partition-ewsub", "partition-ewdiv", "partition-ewmul",
+                "partition-exp",
                 "heads-max", "heads-sum", "heads-bcast",
                 "ewadd-reduce", "relu-replicate", "combine-partition", "partition-combine", "all-reduce", "all-gather",
                 "reduce-scatter", "all-to-all")
