@@ -1,11 +1,12 @@
-"""The programs `eqsat parallel` plans: Unity's 2-layer MLP, a 16-layer MLP, a GPT-style block
-and a 12-block stack, and a DLRM-like model, built with `GraphBuilder` (float32, batch-major).
+"""The programs `eqsat parallel` plans: Unity's 2-layer MLP, a 16-layer MLP, a GPT block and a
+12-block stack, a DLRM-like model, a small CNN and a mixture of experts, built with `GraphBuilder`
+(float32, batch-major).
 
-The GPT block is the part of a transformer block the op set and rules cover: per-head Q/K/V
-projections as head-batched matmuls (weights (H, d, d/H)), sigmoid-normalised attention scores
-(softmax's reductions have front-counted axes that the rules do not move partitions through), the
-per-head output projection summed over heads with one batched matmul plus a head reduction written
-as a matmul with a ones vector, and a 4x MLP with relu. It is a stand-in for a GPT block, named so.
+The GPT block: per-head Q/K/V projections as head-batched matmuls (weights (H, d, d/H); 1/sqrt(d/H)
+folded into wq, as the IR has no constants), softmax attention over the keys with a causal mask
+given as an additive (T, T) input, written as JAX computes softmax (max, exp of the difference,
+sum, divide), the per-head output projection summed over heads, and a 4x MLP with relu, each with
+its residual. Layer norm is left out: it needs the constants 1/d and eps.
 """
 
 from __future__ import annotations
