@@ -52,8 +52,9 @@ def test_cnn_plans_on_devices(strategy: str) -> None:
     assert convs
     if strategy == "megatron":  # output- then input-channel split: one all-reduce per pair of convs
         assert any(len(n.shapes[0]) == 5 for n in convs) and "all-reduce" in _forward_kinds(result)
-    if strategy == "data-parallel":  # every conv on its slice of the batch, weights replicated
-        assert all(len(n.shapes[0]) == 5 and n.shapes[0][1] == 1 for n in convs)
+    if strategy == "data-parallel":  # the 3x3 convs on their slice of the batch, weights replicated (the
+        # head may run whole: gathering its input costs less than syncing its weight's gradient)
+        assert all(len(n.shapes[0]) == 5 and n.shapes[0][1] == 1 for n in convs[:3])
     _on_devices(graph, result)
 
 
