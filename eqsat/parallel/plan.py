@@ -28,7 +28,7 @@ from eqsat.extract.lazy import IlpOptions, NodeBudget
 from eqsat.ir import Graph
 from eqsat.parallel.cost import COLLECTIVES, Collective, NodeCost, ParallelCostModel
 from eqsat.parallel.mesh import Mesh
-from eqsat.parallel.rules import instantiate, mesh_rules
+from eqsat.parallel.rules import applicable, instantiate, mesh_rules
 from eqsat.pipeline import numerics_match
 from eqsat.rewrites.rule import Rule
 from eqsat.saturate import Limits, saturate
@@ -299,7 +299,7 @@ def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits
     from eqsat.cost import cost_model
 
     model = model or ParallelCostModel(mesh, cost_model("roofline", mesh.device))
-    rule_list = list(rules) if rules is not None else strategy_rules(mesh, strategy)
+    rule_list = applicable(list(rules) if rules is not None else strategy_rules(mesh, strategy), graph.op_counts())
     t0 = time.perf_counter()
     egraph = TensorEGraph.from_graph(graph)
     sat = saturate(egraph, rule_list, limits)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
@@ -21,7 +21,7 @@ from types import MappingProxyType
 from eqsat.ops import Activation, Padding
 from eqsat.parallel.mesh import Mesh
 from eqsat.rewrites.parser import parse_rule_text
-from eqsat.rewrites.rule import Rule
+from eqsat.rewrites.rule import Pattern, Rule, ops_used
 
 RULE_FILE = Path(__file__).with_name("rules") / "parallel.rules"
 _PLACEHOLDER = re.compile(r"(?<![\w?-])(A|N|ACT|D|E|ST|PAD)(?![\w-])")
@@ -70,3 +70,22 @@ def instantiate(axis: int, parts: int, names: Sequence[str] | None = None, path:
 def mesh_rules(mesh: Mesh, names: Sequence[str] | None = None) -> list[Rule]:
     """Every axis's instance of the rules."""
     return [r for i, ax in enumerate(mesh.axes) for r in instantiate(i, ax.size, names=names)]
+
+
+def _ops(sides: Sequence[Pattern]) -> set[str]:
+    return {op for p in sides for op in ops_used(p)}
+
+
+def applicable(rules: Sequence[Rule], graph_ops: Iterable[str]) -> list[Rule]:
+    """The rules that can ever fire on a graph with `graph_ops`: a left side's ops must be in the
+    graph or built by the right side of a rule that can fire (a fixpoint). Conv rules never fire on
+    a transformer, and leaving them out keeps saturation and the ILP to what can matter."""
+    have = set(graph_ops)
+    changed = True
+    while changed:
+        changed = False
+        for r in rules:
+            if _ops(r.lhs) <= have and not _ops(r.rhs) <= have:
+                have |= _ops(r.rhs)
+                changed = True
+    return [r for r in rules if _ops(r.lhs) <= have]
