@@ -205,18 +205,33 @@ def _window(size: Expr, k: Expr, stride: Expr, pad: int) -> Expr:
 
 
 def _conv2d(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    """NCHW x OIHW, with any leading batch axes the input and the weight share (`ops.CONV_MAX_RANK`)."""
     x, w = xs
     sh, sw = attrs["stride_h"], attrs["stride_w"]
-    c, ci, o = _get(x, 1), _get(w, 1), _get(w, 0)
+
+    def back(s: Expr, k: int) -> Expr:  # the k-th dim from the end
+        return _get(s, _from_end(s, str(-k)))
+
+    c, ci, o = back(x, 3), back(w, 3), back(w, 4)
+    n = _length(x)
+    lead_x, lead_w = x, w
+    for _ in range(4):
+        lead_x, lead_w = f"(vec-pop {lead_x})", f"(vec-pop {lead_w})"
     cases = []
     for pad in ops.Padding:
-        ho, wo = _window(_get(x, 2), _get(w, 2), sh, pad), _window(_get(x, 3), _get(w, 3), sw, pad)
+        ho, wo = _window(back(x, 2), back(w, 2), sh, pad), _window(back(x, 1), back(w, 1), sw, pad)
         facts = (
-            f"(= {_length(x)} 4)", f"(= {_length(w)} 4)", f"(>= {sh} 1)", f"(>= {sw} 1)", f"(> {ci} 0)",
+            f"(= {n} {_length(w)})", f"(>= {n} 4)", f"(<= {n} {ops.CONV_MAX_RANK})", f"(= {lead_x} {lead_w})",
+            f"(>= {sh} 1)", f"(>= {sw} 1)", f"(> {ci} 0)",
             f"(= (% {c} {ci}) 0)", f"(= (% {o} (/ {c} {ci})) 0)", f"(>= {ho} 1)", f"(>= {wo} 1)",
             *_act_ok(attrs["act"]),
         )
-        cases.append(ShapeCase(facts, f"(vec-of {_get(x, 0)} {o} {ho} {wo})", (("pad", int(pad)),)))
+        items = vec_items(x)
+        if items is not None:  # a known rank: the result's items stay known
+            result = vec_of([*items[:-3], o, ho, wo])
+        else:
+            result = f"(vec-push (vec-push (vec-push (vec-pop (vec-pop (vec-pop {x}))) {o}) {ho}) {wo})"
+        cases.append(ShapeCase(facts, result, (("pad", int(pad)),)))
     return tuple(cases)
 
 

@@ -223,30 +223,38 @@ def _matmul_flops(ins: Sequence[Shape], outs: Sequence[Shape], attrs: Attrs) -> 
 
 # --- conv2d ---------------------------------------------------------------------------------------
 
+CONV_MAX_RANK = 6  # leading batch axes shared by input and weight: a conv per device of a 2-D mesh (eqsat.parallel.ops)
+
+
 def _conv_infer(shapes: Sequence[Shape], attrs: Attrs) -> tuple[Shape, ...]:
     x, w = shapes
     _check_act("conv2d", shapes, attrs["act"])
-    if len(x) != 4 or len(w) != 4:
-        raise _fail("conv2d", shapes, "needs an NCHW input and an OIHW weight")
+    if len(x) != len(w) or not 4 <= len(x) <= CONV_MAX_RANK:
+        raise _fail("conv2d", shapes, "needs an NCHW input and an OIHW weight (or both with the same leading batch axes)")
+    if x[:-4] != w[:-4]:
+        raise _fail("conv2d", shapes, f"leading batch axes differ ({x[:-4]} vs {w[:-4]})")
     if attrs["stride_h"] < 1 or attrs["stride_w"] < 1:
         raise _fail("conv2d", shapes, "strides must be positive")
     if attrs["pad"] not in tuple(Padding):
         raise _fail("conv2d", shapes, f"padding code {attrs['pad']} is not 0 SAME or 1 VALID")
-    c, o, ci = x[1], w[0], w[1]
+    c, o, ci = x[-3], w[-4], w[-3]
     if ci == 0 or c % ci != 0:
         raise _fail("conv2d", shapes, f"input channels {c} are not a multiple of the weight's {ci}")
     groups = c // ci
     if o % groups != 0:
         raise _fail("conv2d", shapes, f"output channels {o} are not divisible by groups {groups}")
-    ho, _, _ = window_out_and_pads(x[2], w[2], attrs["stride_h"], attrs["pad"])
-    wo, _, _ = window_out_and_pads(x[3], w[3], attrs["stride_w"], attrs["pad"])
+    ho, _, _ = window_out_and_pads(x[-2], w[-2], attrs["stride_h"], attrs["pad"])
+    wo, _, _ = window_out_and_pads(x[-1], w[-1], attrs["stride_w"], attrs["pad"])
     if ho < 1 or wo < 1:
         raise _fail("conv2d", shapes, "the kernel is larger than the (unpadded) input")
-    return ((x[0], o, ho, wo),)
+    return ((*x[:-3], o, ho, wo),)
 
 
 def conv2d_numpy(x: np.ndarray, w: np.ndarray, stride_h: int, stride_w: int, pad: int) -> np.ndarray:
-    """Grouped 2-D convolution (cross-correlation, as every framework), groups = C_in / W_in."""
+    """Grouped 2-D convolution (cross-correlation, as every framework), groups = C_in / W_in; leading
+    batch axes (shared by x and w) run one convolution each."""
+    if x.ndim > 4:
+        return np.stack([conv2d_numpy(xi, wi, stride_h, stride_w, pad) for xi, wi in zip(x, w)])
     groups = x.shape[1] // w.shape[1]
     win = _windows(x, w.shape[2], w.shape[3], stride_h, stride_w, pad, 0.0)
     n, c, ho, wo, kh, kw = win.shape
@@ -266,7 +274,7 @@ def _conv_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ...]:
 
 def _conv_flops(ins: Sequence[Shape], outs: Sequence[Shape], attrs: Attrs) -> float:
     w = ins[1]
-    return 2.0 * numel(outs[0]) * w[1] * w[2] * w[3] + (numel(outs[0]) if attrs["act"] else 0)
+    return 2.0 * numel(outs[0]) * w[-3] * w[-2] * w[-1] + (numel(outs[0]) if attrs["act"] else 0)
 
 
 # --- pooling --------------------------------------------------------------------------------------
@@ -475,7 +483,7 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
            doc="2-D or batched 3-D matrix product with a fused activation"),
     OpSpec("conv2d", (AttrSpec("stride_h", "int", 1), AttrSpec("stride_w", "int", 1), AttrSpec("pad", "int", 0),
                       AttrSpec("act", "int", 0)), 2, _conv_infer, _conv_numpy, _conv_flops,
-           doc="NCHW x OIHW convolution; groups = input channels / weight's input channels"),
+           doc="NCHW x OIHW convolution; groups = input channels / weight's input channels; shared leading axes batch it"),
     _unary("relu", lambda x: np.maximum(x, 0), 1, "max(x, 0)"),
     _unary("tanh", np.tanh, 4, "hyperbolic tangent"),
     _unary("sigmoid", _sigmoid, 4, "logistic function"),

@@ -19,7 +19,7 @@ from typing import Any
 
 from experiments.parallel import BASELINES, run_case
 
-CASES: tuple[str, ...] = ("unity-mlp", "mlp16", "gpt-block", "gpt12", "dlrm", "mlp-bottleneck")
+CASES: tuple[str, ...] = ("unity-mlp", "mlp16", "gpt-block", "gpt12", "dlrm", "mlp-bottleneck", "cnn", "moe")
 MESHES: tuple[str, ...] = ("8", "2x4", "4x2")
 UNITY_CASE = ("unity-mlp", "2")  # Unity's figure is on two devices
 COLUMNS = ("model", "mesh", "predicted_s", "data_parallel_s", "megatron_s", "megatron_search_s", "algebra_first_s",

@@ -26,9 +26,10 @@ from eqsat.parallel.mesh import Mesh
 __all__ = ["HAND_SPECS", "HandPlanError", "megatron_by_hand", "megatron_spec"]
 
 ACTIVATIONS: Mapping[int, str] = MappingProxyType({1: "sigmoid", 2: "relu", 3: "tanh"})
-ELEMENTWISE = frozenset({"relu", "tanh", "sigmoid", "exp", "ewadd", "ewmul", "ewsub"})
+ELEMENTWISE = frozenset({"relu", "tanh", "sigmoid", "exp", "ewadd", "ewmul", "ewsub", "ewdiv"})
+REDUCTIONS = frozenset({"reduce_sum", "reduce_max"})
 
-REP, LAST, HEADS, PARTIAL = "replicated", "split-last", "split-heads", "partial"
+REP, LAST, HEADS, CHANNELS, PARTIAL = "replicated", "split-last", "split-heads", "split-channels", "partial"
 
 
 class HandPlanError(EqsatError):
@@ -60,6 +61,16 @@ def _dlrm_spec(graph: Graph) -> dict[str, str]:
     return {k: v for k, v in out.items() if v}
 
 
+def _cnn_spec(graph: Graph) -> dict[str, str]:
+    """Convolutions in column / row pairs over channels, as Megatron pairs linear layers."""
+    return {"c0": "col", "c1": "row", "c2": "col", "head": "row"}
+
+
+def _moe_spec(graph: Graph) -> dict[str, str]:
+    """Expert parallelism: each device holds its experts' weights; the router stays replicated."""
+    return {"w1": "heads", "w2": "heads"}
+
+
 def _bottleneck_spec(graph: Graph) -> dict[str, str]:
     """The wide pair column / row; the narrow layers replicated, as Megatron leaves small layers."""
     return {"w1": "col", "w2": "row"}
@@ -67,7 +78,7 @@ def _bottleneck_spec(graph: Graph) -> dict[str, str]:
 
 HAND_SPECS: Mapping[str, Callable[[Graph], dict[str, str]]] = MappingProxyType({
     "unity-mlp": _mlp_spec, "mlp16": _mlp_spec, "gpt-block": _gpt_spec, "gpt12": _gpt_spec, "dlrm": _dlrm_spec,
-    "mlp-bottleneck": _bottleneck_spec,
+    "mlp-bottleneck": _bottleneck_spec, "cnn": _cnn_spec, "moe": _moe_spec,
 })
 
 
@@ -103,7 +114,17 @@ class _Builder:
             return p.tensor
         if p.layout == PARTIAL:
             return self._op("reduce", [p.tensor], axis=self.axis)
-        return self._op("combine", [p.tensor], dim=-1 if p.layout == LAST else -3, axis=self.axis)
+        return self._op("combine", [p.tensor], dim=self._split_dim(p.layout, p.tensor, stacked=True), axis=self.axis)
+
+    @staticmethod
+    def _split_dim(layout: str, t: Tensor, stacked: bool) -> int:
+        """The dim (from the end) a layout splits: the last, the heads (the first of the value, after
+        the device axis when `stacked`), or NCHW's channels."""
+        if layout == LAST:
+            return -1
+        if layout == CHANNELS:
+            return -3
+        return (1 if stacked else 0) - len(t.shape)
 
     def spread(self, p: _Placed) -> Tensor:
         """Megatron's `f`: a replicated value entering a split region (its backward all-reduces)."""
@@ -112,7 +133,8 @@ class _Builder:
     def split(self, p: _Placed, layout: str) -> Tensor:
         if p.layout == layout:
             return p.tensor
-        return self.partition(self.replicated(p), -1 if layout == LAST else -3)
+        whole = self.replicated(p)
+        return self.partition(whole, self._split_dim(layout, whole, stacked=False))
 
     def build(self) -> Graph:
         g = self.graph
@@ -126,8 +148,19 @@ class _Builder:
             return _Placed(self._op(op, [], **attrs), REP)
         if op == "matmul":
             return self.matmul(attrs, xs, producers)
+        if op == "conv2d":
+            return self.conv2d(attrs, xs, producers)
         if op in ELEMENTWISE and len({x.layout for x in xs}) == 1 and xs[0].layout != PARTIAL:
             return _Placed(self._op(op, [x.tensor for x in xs], **attrs), xs[0].layout)
+        if op in ELEMENTWISE and {x.layout for x in xs} == {HEADS, REP} and all(
+                x.layout == HEADS or x.broadcast_of is not None for x in xs):  # e.g. the mask added per head
+            return _Placed(self._op(op, [x.tensor if x.layout == HEADS else self.heads_input(x) for x in xs]), HEADS)
+        if op in REDUCTIONS and xs[0].layout == HEADS and 0 not in attrs["axes"]:  # softmax's max / sum per head
+            return _Placed(self._op(op, [xs[0].tensor], axes=tuple(int(a) + 1 for a in attrs["axes"])), HEADS)
+        if op == "broadcast" and xs[0].layout == HEADS and tuple(attrs["dims"])[:1] == (0,):
+            heads, *rest = attrs["shape"]
+            return _Placed(self._op(op, [xs[0].tensor], shape=(self.parts, heads // self.parts, *rest),
+                                    dims=(0, *(int(d) + 1 for d in attrs["dims"]))), HEADS)
         if op == "broadcast" and xs[0].layout == REP and tuple(attrs["dims"]) == (1, 2):
             return _Placed(self._op(op, [xs[0].tensor], **attrs), REP, (xs[0], tuple(attrs["shape"])))
         if op == "transpose" and xs[0].layout == HEADS:
@@ -153,7 +186,27 @@ class _Builder:
             return _Placed(self._op("matmul", [self.heads_input(x), self.partition(w.tensor, -3)], act=act), HEADS)
         if x.layout == HEADS and w.layout == HEADS:  # attention inside each device's heads
             return _Placed(self._op("matmul", [x.tensor, w.tensor], act=act), HEADS)
+        if HEADS in (x.layout, w.layout) and len(x.tensor.shape) == len(w.tensor.shape) == 3:
+            # a product batched over heads (or experts) with one operand split: split the other alike
+            pair = [p.tensor if p.layout == HEADS else self.heads_input(p) for p in (x, w)]
+            return _Placed(self._op("matmul", pair, act=act), HEADS)
         return _Placed(self._op("matmul", [self.replicated(x), self.replicated(w)], act=act), REP)
+
+    def conv2d(self, attrs: dict[str, Any], xs: list[_Placed], producers: list[Node]) -> _Placed:
+        """Megatron's split for a convolution: `col` splits the output channels (the kernel's first
+        dim), `row` the input channels (the kernel's second, and the input's channels: partial sums)."""
+        act = int(attrs.get("act", 0))
+        x, w = xs
+        kind = self.spec.get(producers[1].attr["name"], "") if producers[1].op == "weight" else ""
+        if kind == "col":
+            return _Placed(self._op("conv2d", [self.spread(x), self.partition(w.tensor, -4)], **attrs), CHANNELS)
+        if kind == "row":
+            lhs = self.partition(x.tensor, -3) if producers[0].op == "input" else self.split(x, CHANNELS)
+            out = self._op("conv2d", [lhs, self.partition(w.tensor, -3)], **{**attrs, "act": 0})
+            if not act:
+                return _Placed(out, PARTIAL)
+            return _Placed(self._op(ACTIVATIONS[act], [self._op("reduce", [out], axis=self.axis)]), REP)
+        return _Placed(self._op("conv2d", [self.replicated(x), self.replicated(w)], **attrs), REP)
 
     def heads_input(self, x: _Placed) -> Tensor:
         """A per-head input broadcast from a replicated value: each device broadcasts its own heads."""

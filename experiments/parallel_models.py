@@ -1,11 +1,12 @@
-"""The programs `eqsat parallel` plans: Unity's 2-layer MLP, a 16-layer MLP, a GPT-style block
-and a 12-block stack, and a DLRM-like model, built with `GraphBuilder` (float32, batch-major).
+"""The programs `eqsat parallel` plans: Unity's 2-layer MLP, a 16-layer MLP, a GPT block and a
+12-block stack, a DLRM-like model, a small CNN and a mixture of experts, built with `GraphBuilder`
+(float32, batch-major).
 
-The GPT block is the part of a transformer block the op set and rules cover: per-head Q/K/V
-projections as head-batched matmuls (weights (H, d, d/H)), sigmoid-normalised attention scores
-(softmax's reductions have front-counted axes that the rules do not move partitions through), the
-per-head output projection summed over heads with one batched matmul plus a head reduction written
-as a matmul with a ones vector, and a 4x MLP with relu. It is a stand-in for a GPT block, named so.
+The GPT block: per-head Q/K/V projections as head-batched matmuls (weights (H, d, d/H); 1/sqrt(d/H)
+folded into wq, as the IR has no constants), softmax attention over the keys with a causal mask
+given as an additive (T, T) input, written as JAX computes softmax (max, exp of the difference,
+sum, divide), the per-head output projection summed over heads, and a 4x MLP with relu, each with
+its residual. Layer norm is left out: it needs the constants 1/d and eps.
 """
 
 from __future__ import annotations
@@ -55,14 +56,27 @@ def mlp_bottleneck(batch: int = 2048, d: int = 256, hidden: int = 8192, narrow: 
     return b.build([h])
 
 
-def gpt_block(b: GraphBuilder, x: Tensor, i: int, d: int, heads: int, seq: int) -> Tensor:
+def softmax_last(b: GraphBuilder, s: Tensor) -> Tensor:
+    """softmax over the last axis of a rank-3 tensor, written as JAX's jax.nn.softmax computes it:
+    exp(s - max) / sum(exp(s - max)), the max and the sum broadcast back over the last axis."""
+    shape = s.shape
+    dims = tuple(range(len(shape) - 1))
+    last = (len(shape) - 1,)
+    m = b.apply("broadcast", [b.apply("reduce_max", [s], {"axes": last})[0]], {"shape": shape, "dims": dims})[0]
+    e = b.apply("exp", [b.apply("ewsub", [s, m])[0]])[0]
+    z = b.apply("broadcast", [b.apply("reduce_sum", [e], {"axes": last})[0]], {"shape": shape, "dims": dims})[0]
+    return b.apply("ewdiv", [e, z])[0]
+
+
+def gpt_block(b: GraphBuilder, x: Tensor, mask: Tensor, i: int, d: int, heads: int, seq: int) -> Tensor:
     dh = d // heads
     xb = b.apply("broadcast", [x], {"shape": (heads, seq, d), "dims": (1, 2)})[0]
-    q = b.matmul(xb, b.weight(f"b{i}.wq", (heads, d, dh)))
+    q = b.matmul(xb, b.weight(f"b{i}.wq", (heads, d, dh)))  # 1/sqrt(dh) folded into wq (the IR has no constants)
     k = b.matmul(xb, b.weight(f"b{i}.wk", (heads, d, dh)))
     v = b.matmul(xb, b.weight(f"b{i}.wv", (heads, d, dh)))
-    scores = b.matmul(q, b.transpose(k, (0, 2, 1)), act=1)  # sigmoid attention
-    ctx = b.matmul(scores, v)  # (H, T, dh)
+    scores = b.matmul(q, b.transpose(k, (0, 2, 1)))  # (H, T, T)
+    masked = b.ewadd(scores, b.apply("broadcast", [mask], {"shape": (heads, seq, seq), "dims": (1, 2)})[0])
+    ctx = b.matmul(softmax_last(b, masked), v)  # (H, T, dh)
     proj = b.matmul(ctx, b.weight(f"b{i}.wo", (heads, dh, d)))  # (H, T, d)
     attn = b.apply("reduce_sum", [proj], {"axes": (0,)})[0]
     h = b.ewadd(x, attn)
@@ -73,8 +87,9 @@ def gpt_block(b: GraphBuilder, x: Tensor, i: int, d: int, heads: int, seq: int) 
 def gpt(blocks: int, d: int = 256, heads: int = 8, seq: int = 128) -> Graph:
     b = GraphBuilder()
     h = b.input("x", (seq, d))
+    mask = b.input("mask", (seq, seq))
     for i in range(blocks):
-        h = gpt_block(b, h, i, d, heads, seq)
+        h = gpt_block(b, h, mask, i, d, heads, seq)
     return b.build([h])
 
 
@@ -88,6 +103,41 @@ def dlrm(tables: int = 8, batch: int = 128, rows: int = 1000, dim: int = 64) -> 
     return b.build([b.matmul(h, b.weight("top2", (256, 64)))])
 
 
+def cnn(batch: int = 16, channels: int = 8, size: int = 16, classes: int = 16) -> Graph:
+    """A small all-convolutional net: three 3x3 convs with relu (the last two with stride 2) and a
+    dense head over the flattened features, written as a VALID conv whose kernel covers the whole
+    feature map (the same product as a matmul of the flattened map; the IR's reshape does not move
+    through partitions, so a flatten would pin the plan)."""
+    b = GraphBuilder()
+    h = b.input("x", (batch, channels, size, size))
+    for i, (out, stride) in enumerate(((32, 1), (64, 2), (64, 2))):
+        h = b.conv2d(h, b.weight(f"c{i}", (out, h.shape[1], 3, 3)), stride=(stride, stride), act=2)
+    head = b.weight("head", (classes, h.shape[1], h.shape[2], h.shape[3]))
+    return b.build([b.conv2d(h, head, pad=1)])
+
+
+def moe(tokens: int = 128, d: int = 64, hidden: int = 256, experts: int = 8, capacity: int = 16) -> Graph:
+    """A mixture-of-experts layer, 8 experts, top-1 (Switch-style), with a residual. Routing is an
+    input: `dispatch` (E, C, T) is the one-hot map of token t to slot c of its expert e, which top-1
+    selection (an argmax, a running count per expert, a one-hot) computes and the op set cannot (no
+    argmax / cumsum / one-hot op; routing has no gradient anyway). Everything else is in the graph:
+    the router's softmax over experts, the gathering of each expert's tokens (dispatch x tokens), the
+    experts as one batched two-layer MLP over the experts dim (weights (E, d, f), (E, f, d)), and the
+    scatter back weighted by the router's probability (dispatch transposed, times the probabilities)."""
+    b = GraphBuilder()
+    x = b.input("x", (tokens, d))
+    dispatch = b.input("dispatch", (experts, capacity, tokens))
+    probs = softmax_last(b, b.matmul(x, b.weight("router", (d, experts))))  # (T, E)
+    per_expert = b.apply("broadcast", [b.transpose(probs, (1, 0))], {"shape": (experts, tokens, capacity), "dims": (0, 1)})[0]
+    gather_back = b.ewmul(b.transpose(dispatch, (0, 2, 1)), per_expert)  # (E, T, C)
+    xb = b.apply("broadcast", [x], {"shape": (experts, tokens, d), "dims": (1, 2)})[0]
+    routed = b.matmul(dispatch, xb)  # (E, C, d): each expert's tokens
+    h = b.matmul(routed, b.weight("w1", (experts, d, hidden)), act=2)
+    out = b.matmul(h, b.weight("w2", (experts, hidden, d)))  # (E, C, d)
+    back = b.apply("reduce_sum", [b.matmul(gather_back, out)], {"axes": (0,)})[0]  # (T, d)
+    return b.build([b.ewadd(x, back)])
+
+
 PARALLEL_MODELS: Mapping[str, Callable[[], Graph]] = MappingProxyType({
     "unity-mlp": unity_mlp,
     "mlp16": lambda: mlp(16, 256, 1024),
@@ -95,6 +145,8 @@ PARALLEL_MODELS: Mapping[str, Callable[[], Graph]] = MappingProxyType({
     "gpt12": lambda: gpt(12),
     "dlrm": dlrm,
     "mlp-bottleneck": mlp_bottleneck,
+    "cnn": cnn,
+    "moe": moe,
 })
 
 

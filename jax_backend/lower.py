@@ -58,6 +58,8 @@ def _matmul(xs: Sequence[Array], a: Mapping[str, Any], precision: Any) -> tuple[
 
 def _conv2d(xs: Sequence[Array], a: Mapping[str, Any], precision: Any) -> tuple[Array, ...]:
     x, w = xs
+    if x.ndim > 4:  # leading batch axes shared with the weight: one conv each
+        return (jax.vmap(lambda xi, wi: _conv2d((xi, wi), a, precision)[0])(x, w),)
     pads = _window_pads(x.shape, w.shape[2], w.shape[3], a["stride_h"], a["stride_w"], a["pad"])
     out = lax.conv_general_dilated(
         x, w, window_strides=(a["stride_h"], a["stride_w"]), padding=pads,

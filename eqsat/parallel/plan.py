@@ -30,7 +30,7 @@ from eqsat.ir import Graph
 from eqsat.parallel.cost import COLLECTIVES, Collective, NodeCost, ParallelCostModel
 from eqsat.parallel.memory import StepMemory, per_device_bytes, step_memory
 from eqsat.parallel.mesh import Mesh
-from eqsat.parallel.rules import instantiate, mesh_rules
+from eqsat.parallel.rules import applicable, instantiate, mesh_rules
 from eqsat.pipeline import numerics_match
 from eqsat.rewrites.rule import Rule
 from eqsat.saturate import Limits, saturate
@@ -48,10 +48,12 @@ def _leading(key: str) -> Callable[[Mapping[str, Any], int], bool]:
 # Elementwise ops and matmul act on trailing dims; ops with front-counted index attributes must
 # leave the device axes alone.
 DISTRIBUTABLE: Mapping[str, Callable[[Mapping[str, Any], int], bool]] = {
-    **{op: (lambda attrs, k: True) for op in ("matmul", "relu", "tanh", "sigmoid", "exp", "ewadd", "ewmul", "ewsub")},
+    **{op: (lambda attrs, k: True) for op in ("matmul", "conv2d", "relu", "tanh", "sigmoid", "exp", "ewadd", "ewmul",
+                                                   "ewsub", "ewdiv")},
     "transpose": _leading("perm"),
     "broadcast": _leading("dims"),
     "reduce_sum": lambda attrs, k: min(attrs["axes"], default=k) >= k,
+    "reduce_max": lambda attrs, k: min(attrs["axes"], default=k) >= k,
 }
 DEFAULT_LIMITS = Limits(iterations=12, nodes=30_000, seconds=60.0)
 COST_SCALE = 1e6  # e-node costs in microseconds: keeps the MIP's absolute gaps meaningful
@@ -85,16 +87,20 @@ def node_axes(op: str, attrs: Mapping[str, Any], child_axes: Sequence[Axes]) -> 
 
 # --- rules ---------------------------------------------------------------------------------------
 
-ALGEBRA_RULES = ("unfuse-sigmoid", "unfuse-relu", "unfuse-tanh")
+ALGEBRA_RULES = ("unfuse-sigmoid", "unfuse-relu", "unfuse-tanh", "unfuse-conv-sigmoid", "unfuse-conv-relu",
+                 "unfuse-conv-tanh")
 STRATEGY_RULES: Mapping[str, tuple[str, ...] | None] = {
     "joint": None,  # every rule: algebra and sharding saturated together
-    "data-parallel": ("dp-matmul",),
-    "megatron": ("col-matmul", "row-matmul", "batch-matmul"),
+    "data-parallel": ("dp-matmul", "dp-conv"),
+    "megatron": ("col-matmul", "row-matmul", "batch-matmul", "col-conv", "row-conv"),
     # the algebra as given (activations stay fused, as a single-device optimizer leaves them), then sharding
-    "algebra-first": ("dp-matmul", "col-matmul", "row-matmul", "batch-matmul"),
+    "algebra-first": ("dp-matmul", "col-matmul", "row-matmul", "batch-matmul", "dp-conv", "col-conv", "row-conv"),
 }
-SHARED_RULES = ("unfuse-sigmoid", "unfuse-relu", "unfuse-tanh", "bcast-partition", "transpose-partition", "head-sum",
+SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-sum",
                 "relu-combine", "tanh-combine", "sigmoid-combine", "exp-combine", "ewadd-combine", "ewmul-combine",
+                "ewsub-combine", "ewdiv-combine", "partition-ewadd", "partition-ewsub", "partition-ewdiv", "partition-ewmul",
+                "partition-exp",
+                "heads-max", "heads-sum", "heads-bcast",
                 "ewadd-reduce", "relu-replicate", "combine-partition", "partition-combine", "all-reduce", "all-gather",
                 "reduce-scatter", "all-to-all")
 
@@ -336,7 +342,7 @@ def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits
     from eqsat.cost import cost_model
 
     model = model or ParallelCostModel(mesh, cost_model("roofline", mesh.device))
-    rule_list = list(rules) if rules is not None else strategy_rules(mesh, strategy)
+    rule_list = applicable(list(rules) if rules is not None else strategy_rules(mesh, strategy), graph.op_counts())
     t0 = time.perf_counter()
     egraph = TensorEGraph.from_graph(graph)
     sat = saturate(egraph, rule_list, limits)

@@ -1,7 +1,8 @@
 """The parallelization rules (`rules/parallel.rules`), instantiated per mesh axis.
 
 The file is written for one generic axis with placeholders: `A` (the mesh axis index), `N` (its
-size), `ACT` (an activation code), `D` and `E` (dims -1..-3, counted from the end). The rule parser has no
+size), `ACT` (an activation code), `D` and `E` (dims -1..-4, counted from the end), `ST` and `PAD` (a conv's
+square stride, 1 or 2, and its padding code). The rule parser has no
 integer attribute variables, so each line is expanded over the placeholders' values; every
 instance is named `rule[D=-1]@axis`. Rules are verified by the project's verifier
 (`eqsat.rewrites.verify`) at N = 2 and N = 4 (its shape grid reaches 4, so a larger N cannot be
@@ -12,21 +13,22 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 
-from eqsat.ops import Activation
+from eqsat.ops import Activation, Padding
 from eqsat.parallel.mesh import Mesh
 from eqsat.rewrites.parser import parse_rule_text
-from eqsat.rewrites.rule import Rule
+from eqsat.rewrites.rule import Pattern, Rule, ops_used
 
 RULE_FILE = Path(__file__).with_name("rules") / "parallel.rules"
-_PLACEHOLDER = re.compile(r"(?<![\w?-])(A|N|ACT|D|E)(?![\w-])")
-DIMS: tuple[int, ...] = (-1, -2, -3)  # -4 would need stacked ranks beyond the verifier's grid
+_PLACEHOLDER = re.compile(r"(?<![\w?-])(A|N|ACT|D|E|ST|PAD)(?![\w-])")
+DIMS: tuple[int, ...] = (-1, -2, -3, -4)  # -4: the batch of NCHW (verified on rank-5 stacks, shapes.WIDER_RANKS)
 EXPANSIONS: Mapping[str, tuple[int, ...]] = MappingProxyType({
     "ACT": tuple(int(a) for a in Activation), "D": DIMS, "E": DIMS,
+    "ST": (1, 2), "PAD": tuple(int(p) for p in Padding),  # conv strides (square) and paddings
 })
 
 
@@ -68,3 +70,22 @@ def instantiate(axis: int, parts: int, names: Sequence[str] | None = None, path:
 def mesh_rules(mesh: Mesh, names: Sequence[str] | None = None) -> list[Rule]:
     """Every axis's instance of the rules."""
     return [r for i, ax in enumerate(mesh.axes) for r in instantiate(i, ax.size, names=names)]
+
+
+def _ops(sides: Sequence[Pattern]) -> set[str]:
+    return {op for p in sides for op in ops_used(p)}
+
+
+def applicable(rules: Sequence[Rule], graph_ops: Iterable[str]) -> list[Rule]:
+    """The rules that can ever fire on a graph with `graph_ops`: a left side's ops must be in the
+    graph or built by the right side of a rule that can fire (a fixpoint). Conv rules never fire on
+    a transformer, and leaving them out keeps saturation and the ILP to what can matter."""
+    have = set(graph_ops)
+    changed = True
+    while changed:
+        changed = False
+        for r in rules:
+            if _ops(r.lhs) <= have and not _ops(r.rhs) <= have:
+                have |= _ops(r.rhs)
+                changed = True
+    return [r for r in rules if _ops(r.lhs) <= have]

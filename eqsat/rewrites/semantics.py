@@ -253,6 +253,8 @@ def _pad_hw(alg: Algebra, x: np.ndarray, pads: tuple[int, int, int, int]) -> np.
 
 def _conv(alg: Algebra, xs: Sequence[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     x, w = xs
+    if x.ndim > 4:  # leading batch axes shared with the weight (a conv per device)
+        return np.stack([_conv(alg, (xi, wi), a) for xi, wi in zip(x, w)])
     sh, sw = a["stride_h"], a["stride_w"]
     o, ci, kh, kw = w.shape
     ho, pt, pb = ops.window_out_and_pads(x.shape[2], kh, sh, a["pad"])

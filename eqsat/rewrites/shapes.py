@@ -28,6 +28,7 @@ from eqsat.rewrites.semantics import FLOAT_ATTR_VALUE, bind_attrs, pattern_shape
 
 DIMS: tuple[int, ...] = (1, 2, 3, 4)
 RANKS: tuple[int, ...] = (1, 2, 3, 4)
+WIDER_RANKS: tuple[int, ...] = (1, 2, 3, 4, 5)  # tried only when RANKS type no left side (distributed 4-D values)
 
 Env = dict[str, Shape]
 
@@ -299,8 +300,9 @@ def _cond_vars(c: Any) -> list[Var]:
 def sample_assignments(rule: Rule, count: int, seed: int = 0, max_steps: int = 6000,
                        dims: Sequence[int] = DIMS, guarded: bool = False) -> list[Env]:
     """Up to `count` distinct well-typed assignments, diverse by randomization; [] if none found.
-    `guarded`: the right sides must be well-typed with the left sides' shapes too."""
-    ranks_list = rank_choices(rule, guarded=guarded)
+    `guarded`: the right sides must be well-typed with the left sides' shapes too. Ranks come from
+    `RANKS`, or `WIDER_RANKS` when no variable ranks up to 4 type the rule (a distributed NCHW value)."""
+    ranks_list = rank_choices(rule, guarded=guarded) or rank_choices(rule, guarded=guarded, ranks=WIDER_RANKS)
     if not ranks_list:
         return []
     sampler = _Sampler(rule, seed, dims, guarded)

@@ -13,7 +13,7 @@ from eqsat.parallel.plan import plan_graph, plan_report
 from eqsat.pipeline import numerics_match
 from experiments.parallel import SEARCHED, hand_plan
 from experiments.parallel_hand import HandPlanError, megatron_by_hand
-from experiments.parallel_models import dlrm, gpt, mlp, mlp_bottleneck, unity_mlp
+from experiments.parallel_models import cnn, dlrm, gpt, mlp, mlp_bottleneck, moe, unity_mlp
 
 SMALL = {
     "unity-mlp": lambda: unity_mlp(16, 32, 64, 8),
@@ -22,6 +22,8 @@ SMALL = {
     "gpt12": lambda: gpt(2, d=32, heads=8, seq=8),
     "dlrm": lambda: dlrm(tables=3, batch=16, rows=16, dim=8),
     "mlp-bottleneck": lambda: mlp_bottleneck(16, 16, 64),
+    "cnn": lambda: cnn(batch=2, channels=8, size=8, classes=8),
+    "moe": lambda: moe(tokens=16, d=8, hidden=16, experts=8, capacity=4),
 }
 
 
@@ -90,7 +92,7 @@ def test_no_backward_collective_for_data_only_values() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["gpt-block", "dlrm", "mlp-bottleneck"])
+@pytest.mark.parametrize("model", ["gpt-block", "dlrm", "mlp-bottleneck", "cnn", "moe"])
 def test_plans_on_devices_communicate_as_predicted(model: str) -> None:
     """Joint and hand plans on 2x4 devices: outputs and gradients equal the program, and the
     compiled training step runs the predicted collectives with the predicted bytes (within 5%)."""

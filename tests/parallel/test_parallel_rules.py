@@ -29,6 +29,9 @@ def test_every_instance_is_accepted(parts: int) -> None:
     "(reduce 0 (replicate 0 2 ?x)) => ?x",  # summing copies doubles
     "(matmul 0 ?x ?w) => (reduce 0 (matmul 0 (partition -1 0 2 ?x) (partition -1 0 2 ?w)))",  # wrong weight dim
     "(matmul 0 ?x ?w) => (combine -2 0 (matmul 0 (partition -2 0 2 ?x) (partition -2 0 2 ?w)))",  # weight split, not copied
+    "(conv2d 1 1 0 2 ?x ?w) => (reduce 0 (conv2d 1 1 0 2 (partition -3 0 2 ?x) (partition -3 0 2 ?w)))",  # relu of a partial sum
+    "(reduce_max [2] ?s) => (reduce_max [3] (partition -3 0 2 ?s))",  # partition over heads, never combined
+    "(reduce_max [2] ?s) => (reduce 0 (reduce_max [3] (partition -1 0 2 ?s)))",  # a max is no sum of partial maxes
 ])
 def test_wrong_parallel_rules_are_refuted(text: str) -> None:
     (rule,) = parse_rule_text(text)
