@@ -271,6 +271,14 @@ def _enlarge(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, 
     return (ShapeCase(facts, f"(vec-of {_get(w, 0)} {_get(w, 1)} {_get(ref, 2)} {_get(ref, 3)})"),)
 
 
+def _merge_gconv(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    (w,), x, count = xs, attrs["input_shape"], attrs["count"]
+    groups = f"(/ {_get(x, 1)} {_get(w, 1)})"
+    facts = (f"(= {_length(w)} 4)", f"(= {_length(x)} 4)", f"(>= {count} 1)", f"(> {_get(w, 1)} 0)",
+             f"(= (% {_get(x, 1)} {_get(w, 1)}) 0)", f"(= (% {groups} {count}) 0)", f"(= (% {_get(w, 0)} {groups}) 0)")
+    return (ShapeCase(facts, f"(vec-of {_get(w, 0)} (* {_get(w, 1)} {count}) {_get(w, 2)} {_get(w, 3)})"),)
+
+
 def _transpose(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
     (x,), perm = xs, attrs["perm"]
     cases = []
@@ -404,7 +412,7 @@ SHAPE_RULES: Mapping[str, ShapeFn] = {
     "input": _leaf, "weight": _leaf,
     **{op: _same for op in sorted(ELEMENTWISE)},
     "smul": _smul, "matmul": _matmul, "conv2d": _conv2d, "poolmax": _pool, "poolavg": _pool,
-    "concat": _concat, "slice": _slice, "enlarge": _enlarge, "transpose": _transpose, "reshape": _reshape,
+    "concat": _concat, "slice": _slice, "enlarge": _enlarge, "merge_gconv": _merge_gconv, "transpose": _transpose, "reshape": _reshape,
     "batchnorm": _batchnorm, "reduce_sum": _reduce, "reduce_max": _reduce, "broadcast": _broadcast,
     "partition": _partition, "combine": _combine, "replicate": _replicate, "reduce": _reduce_devices,
     "all_reduce": _all_reduce, "all_gather": _all_gather, "reduce_scatter": _reduce_scatter, "all_to_all": _all_to_all,

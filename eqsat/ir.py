@@ -296,6 +296,9 @@ class GraphBuilder:
     def enlarge(self, w: Tensor, ref: Tensor) -> Tensor:
         return self._one("enlarge", w, ref)
 
+    def merge_gconv(self, w: Tensor, input_shape: Sequence[int], count: int) -> Tensor:
+        return self._one("merge_gconv", w, input_shape=tuple(input_shape), count=count)
+
     def build(self, outputs: Sequence[Tensor]) -> Graph:
         """Freeze the graph; `outputs` marks the values it returns (one or several)."""
         if not outputs:

@@ -407,6 +407,42 @@ def _enlarge_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ...]
     return (np.pad(w, ((0, 0), (0, 0), (ph, ph), (pw, pw))),)
 
 
+def _merge_gconv_infer(shapes: Sequence[Shape], a: Attrs) -> tuple[Shape, ...]:
+    (w,), x, count = shapes, a["input_shape"], a["count"]
+    if len(w) != 4 or len(x) != 4:
+        raise _fail("merge_gconv", shapes, f"needs an OIHW kernel and its conv's NCHW input shape, got {list(x)}")
+    if count < 1 or w[1] < 1 or x[1] % w[1]:
+        raise _fail("merge_gconv", shapes, f"count {count} must be positive and input channels {x[1]} a multiple "
+                                           f"of the kernel's {w[1]}")
+    groups = x[1] // w[1]
+    if groups % count or w[0] % groups:
+        raise _fail("merge_gconv", shapes, f"the conv's {groups} groups must be a multiple of count {count} and "
+                                           f"divide its {w[0]} output channels")
+    return ((w[0], w[1] * count, w[2], w[3]),)
+
+
+def merged_group_slots(out_channels: int, groups: int, count: int) -> np.ndarray:
+    """For each output channel of a grouped conv whose groups are joined `count` at a time, which of
+    the joined group's `count` blocks of input channels its kernel reads (the others are zeros)."""
+    return (np.arange(out_channels) // (out_channels // groups)) % count
+
+
+def merge_gconv_into(out: np.ndarray, w: np.ndarray, groups: int, count: int) -> np.ndarray:
+    """Write kernel `w` (of a conv with `groups` groups) into the zeros `out` block-diagonally, as the
+    kernel of the same conv with groups / count groups; returns `out`."""
+    cg = w.shape[1]
+    slots = merged_group_slots(w.shape[0], groups, count)
+    for s in range(count):
+        out[slots == s, s * cg:(s + 1) * cg] = w[slots == s]
+    return out
+
+
+def _merge_gconv_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ...]:
+    (w,), count = xs, a["count"]
+    out = np.zeros((w.shape[0], w.shape[1] * count, *w.shape[2:]), dtype=w.dtype)
+    return (merge_gconv_into(out, w, a["input_shape"][1] // w.shape[1], count),)
+
+
 def _leaf_infer(shapes: Sequence[Shape], a: Attrs) -> tuple[Shape, ...]:
     if any(d < 1 for d in a["shape"]):
         raise ShapeError(f"{a['name']}: every dimension must be positive, got {list(a['shape'])}")
@@ -504,6 +540,10 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
            _pointwise_flops(2), doc="inference batch norm over axis 1: (x - mean) / sqrt(var + eps) * scale + bias"),
     OpSpec("enlarge", (), 2, _enlarge_infer, _enlarge_numpy, _zero_flops,
            doc="zero-pad a kernel to the H, W of a reference kernel, centred"),
+    OpSpec("merge_gconv", (AttrSpec("input_shape", "ints"), AttrSpec("count", "int")), 1, _merge_gconv_infer,
+           _merge_gconv_numpy, _zero_flops,
+           doc="TASO's merge_gconv: the kernel of a grouped conv on an input of input_shape, as the kernel of the "
+               "same conv with every count neighbouring groups joined into one (zeros off the block diagonal)"),
     _binary("ewsub", np.subtract, "elementwise difference"),
     _binary("ewdiv", np.divide, "elementwise quotient"),
     _binary("ewmax", np.maximum, "elementwise maximum"),

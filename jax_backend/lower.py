@@ -102,6 +102,17 @@ def _enlarge(xs: Sequence[Array], a: Mapping[str, Any], precision: Any) -> tuple
     return (jnp.pad(w, ((0, 0), (0, 0), (ph, ph), (pw, pw))),)
 
 
+def _merge_gconv(xs: Sequence[Array], a: Mapping[str, Any], precision: Any) -> tuple[Array, ...]:
+    (w,), count = xs, a["count"]
+    cg = w.shape[1]
+    slots = ops.merged_group_slots(w.shape[0], a["input_shape"][1] // cg, count)
+    out = jnp.zeros((w.shape[0], cg * count, *w.shape[2:]), dtype=w.dtype)
+    for s in range(count):
+        rows = np.flatnonzero(slots == s)
+        out = out.at[rows, s * cg:(s + 1) * cg].set(w[rows])
+    return (out,)
+
+
 def _one(fn: Callable[..., Array]) -> Lowering:
     return lambda xs, a, precision: (fn(*xs),)
 
@@ -124,6 +135,7 @@ LOWERINGS: Mapping[str, Lowering] = MappingProxyType({
     "reshape": lambda xs, a, p: (jnp.reshape(xs[0], a["shape"]),),
     "batchnorm": _batchnorm,
     "enlarge": _enlarge,
+    "merge_gconv": _merge_gconv,
     # ops that capture (jax_backend/capture.py) produces
     "ewsub": _one(jnp.subtract),
     "ewdiv": _one(jnp.divide),

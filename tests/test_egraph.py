@@ -151,6 +151,7 @@ def _op_examples() -> dict[str, Callable[[GraphBuilder], list[Tensor]]]:
         "reshape": lambda b: [b.reshape(x(b, (2, 3, 4)), (6, 4)), b.reshape(x(b, (1, 1), "s"), ())],
         "batchnorm": batchnorm,
         "enlarge": lambda b: [b.apply("enlarge", [b.weight("w", (4, 2, 1, 1)), b.weight("r", (4, 2, 3, 3))])[0]],
+        "merge_gconv": lambda b: [b.merge_gconv(b.weight("w", (8, 1, 3, 3)), (1, 4, 5, 5), 2)],
         "reduce_sum": lambda b: [b.apply("reduce_sum", [x(b, (2, 3, 4))], {"axes": (2, 0)})[0],
                                  b.apply("reduce_sum", [x(b, name="z")], {"axes": (0, 1)})[0]],  # to a scalar
         "reduce_max": lambda b: [b.apply("reduce_max", [x(b, (2, 3, 4))], {"axes": (1,)})[0]],

@@ -47,6 +47,8 @@ BAD: list[tuple[str, list[tuple[int, ...]], dict[str, Any], str]] = [
     ("reshape", [(4, 6)], {"shape": (5, 5)}, "element counts differ"),
     ("batchnorm", [(1, 3, 4, 4), (3,), (3,), (4,), (3,)], {}, "must have shape (3,)"),
     ("enlarge", [(4, 4, 3, 3), (4, 4, 4, 4)], {}, "even amount"),
+    ("merge_gconv", [(8, 1, 3, 3)], {"input_shape": (1, 4, 5, 5), "count": 3}, "multiple of count"),
+    ("merge_gconv", [(8, 3, 3, 3)], {"input_shape": (1, 4, 5, 5), "count": 1}, "multiple of the kernel"),
     ("relu", [(2, 3), (2, 3)], {}, "takes 1 input"),
     ("concat", [], {"axis": 0}, "at least one input"),
 ]
@@ -115,6 +117,8 @@ CASES: Mapping[str, list[Case]] = {
     "reshape": [([(2, 3, 4)], {"shape": (4, 6)})],
     "batchnorm": [([(2, 3, 4, 4), (3,), (3,), (3,), (3,)], {"eps": 1e-3}), ([(5, 3), (3,), (3,), (3,), (3,)], {})],
     "enlarge": [([(4, 2, 1, 3), (4, 2, 5, 5)], {})],
+    "merge_gconv": [([(8, 1, 3, 3)], {"input_shape": (1, 4, 5, 5), "count": 2}),
+                    ([(6, 2, 1, 3)], {"input_shape": (2, 6, 4, 4), "count": 3})],
     # ops that JAX capture added to the registry
     "ewsub": [([(3, 5), (3, 5)], {})],
     "ewdiv": [([(3, 5), (3, 5)], {})],

@@ -338,6 +338,12 @@ def _enlarge(alg: Algebra, xs: Sequence[np.ndarray], a: Mapping[str, Any]) -> np
     return _pad_hw(alg, w, (ph, ph, pw, pw))
 
 
+def _merge_gconv(alg: Algebra, xs: Sequence[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
+    (w,), count = xs, a["count"]
+    out = alg.zeros((w.shape[0], w.shape[1] * count, *w.shape[2:]))
+    return ops.merge_gconv_into(out, w, a["input_shape"][1] // w.shape[1], count)
+
+
 def _slice(alg: Algebra, xs: Sequence[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
     index = [slice(None)] * xs[0].ndim
     index[a["axis"]] = slice(a["start"], a["stop"])
@@ -396,6 +402,7 @@ OP_IMPLS: Mapping[str, Impl] = {
     "reshape": lambda alg, xs, a: xs[0].reshape(a["shape"]),
     "batchnorm": _batchnorm,
     "enlarge": _enlarge,
+    "merge_gconv": _merge_gconv,
     "ewsub": lambda alg, xs, a: alg.add(xs[0], _negate(alg, xs[1])),
     "neg": lambda alg, xs, a: _negate(alg, xs[0]),
     "ewdiv": lambda alg, xs, a: alg.mul(xs[0], alg.activation("recip", xs[1])),  # 1/b as an atom

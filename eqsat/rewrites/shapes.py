@@ -15,7 +15,7 @@ left sides' shapes: the region where an applier that checks its right side's typ
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -301,8 +301,12 @@ def sample_assignments(rule: Rule, count: int, seed: int = 0, max_steps: int = 6
                        dims: Sequence[int] = DIMS, guarded: bool = False) -> list[Env]:
     """Up to `count` distinct well-typed assignments, diverse by randomization; [] if none found.
     `guarded`: the right sides must be well-typed with the left sides' shapes too. Ranks come from
-    `RANKS`, or `WIDER_RANKS` when no variable ranks up to 4 type the rule (a distributed NCHW value)."""
-    ranks_list = rank_choices(rule, guarded=guarded) or rank_choices(rule, guarded=guarded, ranks=WIDER_RANKS)
+    `RANKS`, or `WIDER_RANKS` when no variable ranks up to 4 type the rule (a distributed NCHW value),
+    or, when no all-equal dims meet the conditions and the right side (an even group count: input
+    channels twice a multiple of the kernel's), the ranks that type the left side alone; the sampler
+    still checks both on every assignment."""
+    ranks_list = (rank_choices(rule, guarded=guarded) or rank_choices(rule, guarded=guarded, ranks=WIDER_RANKS)
+                  or rank_choices(replace(rule, conditions=())))
     if not ranks_list:
         return []
     sampler = _Sampler(rule, seed, dims, guarded)
