@@ -176,13 +176,13 @@ def solve_lazy(
         h.run()
         model_status = h.getModelStatus()
         hinfo = h.getInfo()
-        bound = float(hinfo.mip_dual_bound)
+        bound = float(hinfo.mip_dual_bound) / problem.cost_scale
         if np.isfinite(bound):
             lower = max(lower, bound)
         round_info: dict[str, Any] = {
             "status": h.modelStatusToString(model_status),
             "seconds": clock.elapsed() - t,
-            "objective": float(hinfo.objective_function_value),
+            "objective": float(hinfo.objective_function_value) / problem.cost_scale,
             "bound": bound,
             "nodes": int(hinfo.mip_node_count),
         }

@@ -42,7 +42,7 @@ def reduced_phase(
     h.run()
     values = np.asarray(h.getSolution().col_value)
     lp_ok = h.getModelStatus() == highspy.HighsModelStatus.kOptimal and len(values) == full.n_cols
-    lp_bound = float(h.getInfo().objective_function_value) if lp_ok else None
+    lp_bound = float(h.getInfo().objective_function_value) / full.cost_scale if lp_ok else None
     candidates = np.zeros(egraph.n_nodes, dtype=bool)
     if lp_ok:
         candidates[full.nodes[values[: len(full.nodes)] > 1e-6]] = True

@@ -52,7 +52,7 @@ def tensat_ilp(egraph: EGraphData, time_limit: float = 60.0, options: IlpOptions
     h.run()
     status = Status.TIMED_OUT
     info = h.getInfo()
-    lower = float(info.mip_dual_bound) if np.isfinite(info.mip_dual_bound) else None
+    lower = float(info.mip_dual_bound) / problem.cost_scale if np.isfinite(info.mip_dual_bound) else None
     if info.primal_solution_status == 2:
         choice = choice_from_solution(problem, np.asarray(h.getSolution().col_value))
         if is_valid_choice(egraph, choice):
