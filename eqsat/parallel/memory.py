@@ -41,30 +41,56 @@ from eqsat.ir import Graph
 
 Axes = tuple[int, ...]
 ITEMSIZE = 4
-ELEMENTWISE_SAVE_OUTPUT = frozenset({"relu", "tanh", "sigmoid", "exp"})
+ELEMENTWISE_SAVE_OUTPUT = frozenset({"tanh", "sigmoid", "exp"})  # their derivative is a function of the output
+ELEMENTWISE_SAVE_INPUT = frozenset({"relu"})  # jax.nn.relu's derivative masks by the input's sign
 GRADIENT_SYNC = frozenset({"replicate", "partition"})  # their transpose is an all-reduce over the axis
 MOVERS = frozenset({"partition", "replicate", "combine", "reduce", "all_reduce", "all_gather", "reduce_scatter",
                     "all_to_all"})
 
 
-def _matmul_residuals(attrs: Mapping[str, object], needs_grad: Sequence[bool]) -> tuple[int | str, ...]:
-    """y = act(a @ b): da needs b, db needs a, the activation's derivative needs y."""
-    kept: list[int | str] = []
+OUT = -1  # a `Saved` index naming the node's output
+Saved = tuple[str, int]  # ("hold", k): the backward reads input k's buffer (OUT: the output's);
+# ("new", k): the forward makes a buffer as big as input k (OUT: the output) that the backward reads
+
+
+def _activation_saved(attrs: Mapping[str, object]) -> tuple[Saved, ...]:
+    """A sigmoid's or tanh's derivative reads the output; jax.nn.relu's masks by the sign of the
+    product under it, which XLA keeps as a buffer of its own next to the output."""
+    act = int(attrs.get("act", 0) or 0)  # type: ignore[call-overload]
+    if not act:
+        return ()
+    return (("new", OUT),) if act == ops.Activation.RELU else (("hold", OUT),)
+
+
+def _matmul_residuals(attrs: Mapping[str, object], needs_grad: Sequence[bool]) -> tuple[Saved, ...]:
+    """y = act(a @ b): da needs b, db needs a."""
+    kept: list[Saved] = []
     if needs_grad[0]:
-        kept.append(1)
+        kept.append(("hold", 1))
     if needs_grad[1]:
-        kept.append(0)
-    if int(attrs.get("act", 0) or 0):  # type: ignore[call-overload]
-        kept.append("out")
-    return tuple(kept)
+        kept.append(("hold", 0))
+    return (*kept, *_activation_saved(attrs))
 
 
-# op → (attrs, which inputs need a gradient) → what its backward reads: input indices, "out".
-RESIDUALS: Mapping[str, Callable[[Mapping[str, object], Sequence[bool]], tuple[int | str, ...]]] = MappingProxyType({
+def _conv_residuals(attrs: Mapping[str, object], needs_grad: Sequence[bool]) -> tuple[Saved, ...]:
+    """y = act(conv(x, w)) as XLA's CPU backend runs it: in channels-last layouts, so dx's
+    transposed convolution reads a relaid copy of w and dw's reads a relaid copy of x, both made
+    in the forward and kept to the backward (x itself is free after its forward uses)."""
+    kept: list[Saved] = []
+    if needs_grad[0]:
+        kept.append(("new", 1))
+    if needs_grad[1]:
+        kept.append(("new", 0))
+    return (*kept, *_activation_saved(attrs))
+
+
+# op → (attrs, which inputs need a gradient) → what its backward reads (`Saved`).
+RESIDUALS: Mapping[str, Callable[[Mapping[str, object], Sequence[bool]], tuple[Saved, ...]]] = MappingProxyType({
     "matmul": _matmul_residuals,
-    "conv2d": _matmul_residuals,
-    "ewmul": lambda attrs, g: tuple(i for i, need in ((1, g[0]), (0, g[1])) if need),
-    **{op: (lambda attrs, g: ("out",)) for op in ELEMENTWISE_SAVE_OUTPUT},
+    "conv2d": _conv_residuals,
+    "ewmul": lambda attrs, g: tuple(("hold", i) for i, need in ((1, g[0]), (0, g[1])) if need),
+    **{op: (lambda attrs, g: (("hold", OUT),)) for op in ELEMENTWISE_SAVE_OUTPUT},
+    **{op: (lambda attrs, g: (("hold", 0),)) for op in ELEMENTWISE_SAVE_INPUT},
 })
 
 
@@ -202,6 +228,10 @@ def step_memory(graph: Graph, axes: Sequence[Axes]) -> StepMemory:
     node_bytes = [0.0] * n_nodes
     heap = _Heap([size[i] for i in range(n_nodes) if g.nodes[i].op == "weight"])
 
+    def new(i: int, nbytes: float) -> int:
+        node_bytes[i] += nbytes
+        return heap.new(nbytes)
+
     # forward: last forward use and residual holders
     last_use = [-1] * n_nodes
     for i, n in enumerate(g.nodes):
@@ -226,8 +256,9 @@ def step_memory(graph: Graph, axes: Sequence[Axes]) -> StepMemory:
                 step_long.append(heap.hold(buf[i]))
         if n.op in RESIDUALS and needs_grad[i]:
             kept = RESIDUALS[n.op](n.attr, [needs_grad[v.node] for v in n.inputs])
-            holders = [i if k == "out" else n.inputs[int(k)].node for k in kept]
-            residual_of[i] = [heap.hold(buf[h]) for h in holders if h in buf]
+            of = [i if k == OUT else n.inputs[k].node for _, k in kept]
+            residual_of[i] = [new(i, size[h]) for (how, _), h in zip(kept, of) if how == "new"]
+            residual_of[i] += [heap.hold(buf[h]) for (how, _), h in zip(kept, of) if how == "hold" and h in buf]
         for j in {v.node for v in n.inputs}:
             if last_use[j] == i and j in buf:
                 heap.drop(buf[j])
@@ -242,10 +273,6 @@ def step_memory(graph: Graph, axes: Sequence[Axes]) -> StepMemory:
             cot[v.node] = heap.new(size[v.node])
             node_bytes[v.node] += size[v.node]
     deferred: list[int] = []  # nodes whose all-reduce of a weight's gradient waits for the end
-
-    def new(i: int, nbytes: float) -> int:
-        node_bytes[i] += nbytes
-        return heap.new(nbytes)
 
     def contribute(target: int, b: int) -> None:
         if target in cot:  # summed in place into the first contribution
