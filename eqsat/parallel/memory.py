@@ -3,29 +3,41 @@
 What `memory_analysis()` of the compiled step (`jax.grad` of the plan's `shard_map`) counts is
 arguments + outputs + temporaries. Arguments and outputs follow from the plan: every leaf as it
 is passed (its shard when every use is the same partition, `sharded_leaves`), and every weight's
-gradient shaped as its argument. The temporaries are a peak, not a sum: XLA's buffer assignment
-reuses memory (the output buffers too) for values whose lifetimes do not overlap. So the step is
-simulated in the order JAX emits it and its peak of live bytes taken:
+gradient shaped as its argument. The temporaries are no sum: XLA's buffer assignment reuses memory
+(the output buffers too) for values whose lifetimes do not overlap. So the step is simulated in the
+order JAX emits it, every buffer with its lifetime, and the buffers laid out as XLA lays them out:
 
+- at the start of the step, what XLA's scheduler computes from arguments alone: the zeros each
+  `partition`'s transpose pads its cotangent into (in place, so that buffer becomes the cotangent)
+  and the relaid copies of moved weights a convolution reads;
 - forward, in plan order: each node's output is a buffer (`replicate` and `reduce` alias their
   input, so do `partition`s of a leaf passed sharded and the `is_view` ops); it is freed after its
   last forward use unless the backward needs it (`RESIDUALS`: a matmul keeps the operand the other
-  one's gradient needs, activations keep their output), then it lives until that node's backward;
+  one's gradient needs, tanh / sigmoid / exp their output, a relu its input; a relu fused into a
+  matmul keeps the product under it, a buffer next to the output; a convolution runs channels-last
+  on XLA's CPU backend, so it reads relaid copies of w and of x, and keeps them for dx and dw),
+  then it lives until that node's backward;
 - backward, in reverse plan order: each node turns its output's cotangent into its inputs'
-  (one buffer per input that needs a gradient; `reduce` aliases; a `partition` pads with zeros),
+  (one buffer per input that needs a gradient; `reduce` aliases; a `partition` writes its pad),
   contributions of several uses are summed in place, and the cotangent is freed after its node;
 - the gradient sync: the all-reduces that sum a weight's gradient over the devices that share it
   (transposes of `replicate` / `partition` of a weight moved by distribution ops only) are
   independent of the rest of the backward, and XLA combines them into one all-reduce at the end
   of the step, so their unreduced inputs live until then, next to their results.
 
+The layout (`_Heap.packed_temp`): a value sits in a weight's gradient buffer when it fits and dies
+before the gradient is written; the rest share one temporary allocation at fixed offsets, placed
+by best fit largest first (or longest-lived first, whichever is smaller), as XLA's heap simulator
+does, so the temporaries are the peak of live bytes plus what that packing leaves unused.
+
 `StepMemory.peak` is the prediction (`predicted_mem_bytes`). A peak is no sum over nodes, so the
 ILP sees two linear stand-ins per e-node: `node_bound`, every buffer the simulation allocates for
 the node (summed over a plan, `StepMemory.allocated`: an upper bound of the peak, about 2x it), and
 `node_kept`, what stays live through the step (arguments, gradients, the outputs of matmuls and of
-data-moving collectives, a weight's unreduced gradient): close to the peak, and the ILP's memory
-row. The planner checks the extracted plan's simulated peak against the budget and solves again
-with a tighter row when it is over (`eqsat.parallel.plan.plan_graph`).
+data-moving collectives, the buffers a node's forward makes for its backward, a weight's unreduced
+gradient): close to the peak, and the ILP's memory row. The planner checks the extracted plan's
+simulated peak against the budget and solves again with a tighter row when it is over
+(`eqsat.parallel.plan.plan_graph`).
 """
 
 from __future__ import annotations
