@@ -13,10 +13,11 @@ order JAX emits it, every buffer with its lifetime, and the buffers laid out as 
 - forward, in plan order: each node's output is a buffer (`replicate` and `reduce` alias their
   input, so do `partition`s of a leaf passed sharded and the `is_view` ops); it is freed after its
   last forward use unless the backward needs it (`RESIDUALS`: a matmul keeps the operand the other
-  one's gradient needs, tanh / sigmoid / exp their output, a relu its input; a relu fused into a
-  matmul keeps the product under it, a buffer next to the output; a convolution runs channels-last
-  on XLA's CPU backend, so it reads relaid copies of w and of x, and keeps them for dx and dw),
-  then it lives until that node's backward;
+  one's gradient needs, tanh / sigmoid / exp their output, a relu its input, a max its input
+  and output (its cotangent goes where they are equal); a relu fused into a matmul keeps the
+  product under it, a buffer next to the output; a convolution runs channels-last on XLA's CPU
+  backend, so it reads relaid copies of w and of x, and keeps them for dx and dw), then it lives
+  until that node's backward;
 - backward, in reverse plan order: each node turns its output's cotangent into its inputs'
   (one buffer per input that needs a gradient; `reduce` aliases; a `partition` writes its pad),
   contributions of several uses are summed in place, and the cotangent is freed after its node;
@@ -111,6 +112,8 @@ RESIDUALS: Mapping[str, Callable[[Mapping[str, object], Sequence[bool]], tuple[S
     "matmul": _matmul_residuals,
     "conv2d": _conv_residuals,
     "ewmul": lambda attrs, g: tuple(("hold", i) for i, need in ((1, g[0]), (0, g[1])) if need),
+    # JAX's rule for max: the cotangent goes where the input equals the max, so both are read
+    "reduce_max": lambda attrs, g: (("hold", 0), ("hold", OUT)),
     **{op: (lambda attrs, g: (("hold", OUT),)) for op in ELEMENTWISE_SAVE_OUTPUT},
     **{op: (lambda attrs, g: (("hold", 0),)) for op in ELEMENTWISE_SAVE_INPUT},
 })
