@@ -115,9 +115,9 @@ class ParallelCostModel:
         in_bytes = [per_device_bytes(s, d) for s, d in zip(input_shapes, input_depths)]
         out_bytes = per_device_bytes(out_shape, depth)
         derived = list(weight_derived) if weight_derived is not None else [False] * len(input_shapes)
-        kept = node_kept(op, in_bytes, out_bytes, leaf_children, derived)
-        bound = node_bound(op, in_bytes, out_bytes, leaf_children, derived,
-                           list(needs_grad) if needs_grad is not None else [True] * len(input_shapes))
+        grad = list(needs_grad) if needs_grad is not None else [True] * len(input_shapes)
+        kept = node_kept(op, attrs, in_bytes, out_bytes, leaf_children, derived, grad)
+        bound = node_bound(op, attrs, in_bytes, out_bytes, leaf_children, derived, grad)
         if op in COLLECTIVES:
             grad_free = needs_grad is not None and not needs_grad[0]
             found = self._distribution(op, attrs, input_shapes[0], input_depths[0], out_shape, depth, leaf_children[0],

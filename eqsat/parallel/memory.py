@@ -3,34 +3,46 @@
 What `memory_analysis()` of the compiled step (`jax.grad` of the plan's `shard_map`) counts is
 arguments + outputs + temporaries. Arguments and outputs follow from the plan: every leaf as it
 is passed (its shard when every use is the same partition, `sharded_leaves`), and every weight's
-gradient shaped as its argument. The temporaries are a peak, not a sum: XLA's buffer assignment
-reuses memory (the output buffers too) for values whose lifetimes do not overlap. So the step is
-simulated in the order JAX emits it and its peak of live bytes taken:
+gradient shaped as its argument. The temporaries are no sum: XLA's buffer assignment reuses memory
+(the output buffers too) for values whose lifetimes do not overlap. So the step is simulated in the
+order JAX emits it, every buffer with its lifetime, and the buffers laid out as XLA lays them out:
 
+- at the start of the step, what XLA's scheduler computes from arguments alone: the zeros each
+  `partition`'s transpose pads its cotangent into (in place, so that buffer becomes the cotangent)
+  and the relaid copies of moved weights a convolution reads;
 - forward, in plan order: each node's output is a buffer (`replicate` and `reduce` alias their
   input, so do `partition`s of a leaf passed sharded and the `is_view` ops); it is freed after its
   last forward use unless the backward needs it (`RESIDUALS`: a matmul keeps the operand the other
-  one's gradient needs, activations keep their output), then it lives until that node's backward;
+  one's gradient needs, tanh / sigmoid / exp their output, a relu its input, a max its input
+  and output (its cotangent goes where they are equal); a relu fused into a matmul keeps the
+  product under it, a buffer next to the output; a convolution runs channels-last on XLA's CPU
+  backend, so it reads relaid copies of w and of x, and keeps them for dx and dw), then it lives
+  until that node's backward;
 - backward, in reverse plan order: each node turns its output's cotangent into its inputs'
-  (one buffer per input that needs a gradient; `reduce` aliases; a `partition` pads with zeros),
+  (one buffer per input that needs a gradient; `reduce` aliases; a `partition` writes its pad),
   contributions of several uses are summed in place, and the cotangent is freed after its node;
 - the gradient sync: the all-reduces that sum a weight's gradient over the devices that share it
   (transposes of `replicate` / `partition` of a weight moved by distribution ops only) are
   independent of the rest of the backward, and XLA combines them into one all-reduce at the end
   of the step, so their unreduced inputs live until then, next to their results.
 
+The layout (`_Heap.packed_temp`): a value sits in a weight's gradient buffer when it fits and dies
+before the gradient is written; the rest share one temporary allocation at fixed offsets, placed
+by best fit largest first (or longest-lived first, whichever is smaller), as XLA's heap simulator
+does, so the temporaries are the peak of live bytes plus what that packing leaves unused.
+
 `StepMemory.peak` is the prediction (`predicted_mem_bytes`). A peak is no sum over nodes, so the
 ILP sees two linear stand-ins per e-node: `node_bound`, every buffer the simulation allocates for
 the node (summed over a plan, `StepMemory.allocated`: an upper bound of the peak, about 2x it), and
 `node_kept`, what stays live through the step (arguments, gradients, the outputs of matmuls and of
-data-moving collectives, a weight's unreduced gradient): close to the peak, and the ILP's memory
-row. The planner checks the extracted plan's simulated peak against the budget and solves again
-with a tighter row when it is over (`eqsat.parallel.plan.plan_graph`).
+data-moving collectives, the buffers a node's forward makes for its backward, a weight's unreduced
+gradient): close to the peak, and the ILP's memory row. The planner checks the extracted plan's
+simulated peak against the budget and solves again with a tighter row when it is over
+(`eqsat.parallel.plan.plan_graph`).
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,30 +53,69 @@ from eqsat.ir import Graph
 
 Axes = tuple[int, ...]
 ITEMSIZE = 4
-ELEMENTWISE_SAVE_OUTPUT = frozenset({"relu", "tanh", "sigmoid", "exp"})
+ELEMENTWISE_SAVE_OUTPUT = frozenset({"tanh", "sigmoid", "exp"})  # their derivative is a function of the output
+ELEMENTWISE_SAVE_INPUT = frozenset({"relu"})  # jax.nn.relu's derivative masks by the input's sign
 GRADIENT_SYNC = frozenset({"replicate", "partition"})  # their transpose is an all-reduce over the axis
 MOVERS = frozenset({"partition", "replicate", "combine", "reduce", "all_reduce", "all_gather", "reduce_scatter",
                     "all_to_all"})
 
 
-def _matmul_residuals(attrs: Mapping[str, object], needs_grad: Sequence[bool]) -> tuple[int | str, ...]:
-    """y = act(a @ b): da needs b, db needs a, the activation's derivative needs y."""
-    kept: list[int | str] = []
+OUT = -1  # a `Saved` index naming the node's output
+Saved = tuple[str, int]  # ("hold", k): the backward reads input k's buffer (OUT: the output's);
+# ("new", k): the forward makes a buffer as big as input k (OUT: the output) that the backward reads;
+# ("scratch", k): the forward makes a buffer as big as input k that only the forward reads
+
+
+def _activation_saved(attrs: Mapping[str, object]) -> tuple[Saved, ...]:
+    """A sigmoid's or tanh's derivative reads the output; jax.nn.relu's masks by the sign of the
+    product under it, which XLA keeps as a buffer of its own next to the output."""
+    act = int(attrs.get("act", 0) or 0)  # type: ignore[call-overload]
+    if not act:
+        return ()
+    return (("new", OUT),) if act == ops.Activation.RELU else (("hold", OUT),)
+
+
+def _matmul_residuals(attrs: Mapping[str, object], needs_grad: Sequence[bool]) -> tuple[Saved, ...]:
+    """y = act(a @ b): da needs b, db needs a."""
+    kept: list[Saved] = []
     if needs_grad[0]:
-        kept.append(1)
+        kept.append(("hold", 1))
     if needs_grad[1]:
-        kept.append(0)
-    if int(attrs.get("act", 0) or 0):  # type: ignore[call-overload]
-        kept.append("out")
-    return tuple(kept)
+        kept.append(("hold", 0))
+    return (*kept, *_activation_saved(attrs))
 
 
-# op → (attrs, which inputs need a gradient) → what its backward reads: input indices, "out".
-RESIDUALS: Mapping[str, Callable[[Mapping[str, object], Sequence[bool]], tuple[int | str, ...]]] = MappingProxyType({
+def _conv_residuals(attrs: Mapping[str, object], needs_grad: Sequence[bool]) -> tuple[Saved, ...]:
+    """y = act(conv(x, w)) as XLA's CPU backend runs it: in channels-last layouts, so dx's
+    transposed convolution reads a relaid copy of w and dw's reads a relaid copy of x, both made
+    in the forward and kept to the backward (x itself is free after its forward uses)."""
+    kept: list[Saved] = [("scratch", 1), ("scratch", 0)]  # the forward's relaid w, and x (unless `_channels_last`)
+    if needs_grad[0]:
+        kept.append(("new", 1))
+    if needs_grad[1]:
+        kept.append(("new", 0))
+    return (*kept, *_activation_saved(attrs))
+
+
+def _channels_last(graph: Graph) -> list[bool]:
+    """Values XLA's CPU backend already lays out as a convolution reads them: a conv's output, and
+    what elementwise ops and `replicate` make of such values (they keep their operand's layout)."""
+    out: list[bool] = []
+    for n in graph.nodes:
+        keeps = ops.OPS[n.op].elementwise or n.op == "replicate"
+        out.append(n.op == "conv2d" or (keeps and bool(n.inputs) and all(out[v.node] for v in n.inputs)))
+    return out
+
+
+# op → (attrs, which inputs need a gradient) → what its backward reads (`Saved`).
+RESIDUALS: Mapping[str, Callable[[Mapping[str, object], Sequence[bool]], tuple[Saved, ...]]] = MappingProxyType({
     "matmul": _matmul_residuals,
-    "conv2d": _matmul_residuals,
-    "ewmul": lambda attrs, g: tuple(i for i, need in ((1, g[0]), (0, g[1])) if need),
-    **{op: (lambda attrs, g: ("out",)) for op in ELEMENTWISE_SAVE_OUTPUT},
+    "conv2d": _conv_residuals,
+    "ewmul": lambda attrs, g: tuple(("hold", i) for i, need in ((1, g[0]), (0, g[1])) if need),
+    # JAX's rule for max: the cotangent goes where the input equals the max, so both are read
+    "reduce_max": lambda attrs, g: (("hold", 0), ("hold", OUT)),
+    **{op: (lambda attrs, g: (("hold", OUT),)) for op in ELEMENTWISE_SAVE_OUTPUT},
+    **{op: (lambda attrs, g: (("hold", 0),)) for op in ELEMENTWISE_SAVE_INPUT},
 })
 
 
@@ -105,12 +156,8 @@ class StepMemory:
 
 
 class _Heap:
-    """Buffers with their lifetimes (a buffer is freed when its last holder lets go), and the peak
-    of the temporaries they need. Output buffers (the weights' gradients) are allocations of their
-    own for the whole step, and XLA places earlier values in them: one at a time, no larger than
-    the output, and only a value that dies before the output is written. So the temporaries at a
-    moment are the live values that do not fit into output buffers that way (placed largest
-    first, each into the smallest that holds it)."""
+    """Buffers with their lifetimes (a buffer is freed when its last holder lets go), and the
+    bytes of temporaries XLA's buffer assignment needs for them (`packed_temp`)."""
 
     def __init__(self, output_slots: Sequence[float]) -> None:
         self.size: dict[int, float] = {}
@@ -144,33 +191,56 @@ class _Heap:
         if b not in self.output_slot:
             self.output_slot[b] = slot
 
-    def peak_temp(self) -> float:
+    def packed_temp(self) -> float:
+        """The temporaries as XLA's buffer assignment lays them out: a value goes into an output
+        buffer when it is no larger and lives wholly before that output is written, one value at a
+        time, the smallest such buffer first (values taken largest first); the rest share one temp
+        allocation, placed at fixed offsets by best fit in decreasing order of size (or of
+        lifetime, whichever packs tighter), so its size is the peak live bytes plus fragmentation."""
         end = self.clock + 1
-        death = {b: self.death.get(b, end) for b in self.size}
-        written: list[tuple[float, int]] = []  # (slot size, when its output is written)
+        span = {b: (self.birth[b], self.death.get(b, end)) for b in self.size}
+        slots: list[tuple[float, list[tuple[int, int]]]] = []  # (size, lifetimes in it)
         free = list(self.slots)
         for b, slot in self.output_slot.items():
             if slot in free:
                 free.remove(slot)
-                written.append((slot, self.birth[b]))
-        written += [(slot, end) for slot in free]
-        written.sort()
-        temps = [b for b in self.size if b not in self.output_slot]
-        peak = 0.0
-        for t in sorted({self.birth[b] for b in temps}):
-            live = sorted((b for b in temps if self.birth[b] <= t < death[b]), key=lambda b: -self.size[b])
-            open_slots = [(size, when) for size, when in written if when > t]
-            unplaced = 0.0
-            for b in live:
-                k = bisect.bisect_left(open_slots, (self.size[b], -1))
-                while k < len(open_slots) and open_slots[k][1] < death[b]:
-                    k += 1
-                if k < len(open_slots):
-                    del open_slots[k]
-                else:
-                    unplaced += self.size[b]
-            peak = max(peak, unplaced)
-        return peak
+                slots.append((slot, [(self.birth[b], end)]))
+        slots += [(slot, []) for slot in free]
+        slots.sort(key=lambda s: s[0])
+        temps = sorted((b for b in self.size if b not in self.output_slot), key=lambda b: (-self.size[b], b))
+        heap: list[int] = []
+        for b in temps:
+            lo, hi = span[b]
+            for slot, held in slots:
+                if slot >= self.size[b] and all(until <= lo or hi <= since for since, until in held):
+                    held.append((lo, hi))
+                    break
+            else:
+                heap.append(b)
+        by_size = sorted(heap, key=lambda b: (-self.size[b], -(span[b][1] - span[b][0]), b))
+        by_life = sorted(heap, key=lambda b: (-(span[b][1] - span[b][0]), -self.size[b], b))
+        return min(_best_fit(by_size, self.size, span), _best_fit(by_life, self.size, span))
+
+
+def _best_fit(order: Sequence[int], size: Mapping[int, float], span: Mapping[int, tuple[int, int]]) -> float:
+    """Heap size when each buffer, in `order`, takes the smallest gap that holds it among the
+    buffers placed before it that are live at the same time (the top of the heap if none)."""
+    placed: list[tuple[int, int, float, float]] = []  # (birth, death, offset, size)
+    top = 0.0
+    for b in order:
+        lo, hi = span[b]
+        busy = sorted((off, off + sz) for since, until, off, sz in placed if since < hi and lo < until)
+        best: tuple[float, float] | None = None  # (gap, offset)
+        at = 0.0
+        for start, stop in busy:
+            gap = start - at
+            if gap >= size[b] and (best is None or gap < best[0]):
+                best = (gap, at)
+            at = max(at, stop)
+        offset = best[1] if best is not None else at
+        placed.append((lo, hi, offset, size[b]))
+        top = max(top, offset + size[b])
+    return top
 
 
 def _weight_derived(graph: Graph) -> list[bool]:
@@ -197,10 +267,28 @@ def step_memory(graph: Graph, axes: Sequence[Axes]) -> StepMemory:
     for n in g.nodes:
         needs_grad.append(n.op == "weight" or any(needs_grad[v.node] for v in n.inputs))
     derived = _weight_derived(g)
+    channels_last = _channels_last(g)
     alias_of_input = [n.op in ("replicate", "reduce") or ops.OPS[n.op].is_view
                       or (n.op == "partition" and n.inputs[0].node in sharded) for n in g.nodes]
     node_bytes = [0.0] * n_nodes
     heap = _Heap([size[i] for i in range(n_nodes) if g.nodes[i].op == "weight"])
+
+    def new(i: int, nbytes: float) -> int:
+        node_bytes[i] += nbytes
+        return heap.new(nbytes)
+
+    # what the backward reads, per node; a buffer made from arguments alone (a pad of zeros, a
+    # relaid copy of a moved weight) XLA's scheduler makes at the start of the step
+    saved = {i: RESIDUALS[n.op](n.attr, [needs_grad[v.node] for v in n.inputs])
+             for i, n in enumerate(g.nodes) if n.op in RESIDUALS and needs_grad[i]}
+    early: dict[tuple[int, int], int] = {}
+    for i, kept in saved.items():
+        for j, (how, k) in enumerate(kept):
+            src = g.nodes[i].inputs[k].node if k != OUT else i
+            if how in ("new", "scratch") and (leaf[src] or derived[src]):
+                early[(i, j)] = new(i, size[src])
+    pads = {i: new(i, size[n.inputs[0].node]) for i, n in enumerate(g.nodes)
+            if n.op == "partition" and needs_grad[n.inputs[0].node] and not alias_of_input[i]}
 
     # forward: last forward use and residual holders
     last_use = [-1] * n_nodes
@@ -211,7 +299,6 @@ def step_memory(graph: Graph, axes: Sequence[Axes]) -> StepMemory:
         last_use[v.node] = n_nodes  # the loss reads the outputs
     buf: dict[int, int] = {}  # forward value → buffer (absent for arguments)
     residual_of: dict[int, list[int]] = {}  # node → buffers its backward reads
-    step_long: list[int] = []
     for i, n in enumerate(g.nodes):
         if leaf[i]:
             continue
@@ -222,12 +309,15 @@ def step_memory(graph: Graph, axes: Sequence[Axes]) -> StepMemory:
         else:
             buf[i] = heap.new(size[i])
             node_bytes[i] += size[i]
-            if derived[i]:  # a moved weight: XLA keeps it to the end of the step
-                step_long.append(heap.hold(buf[i]))
-        if n.op in RESIDUALS and needs_grad[i]:
-            kept = RESIDUALS[n.op](n.attr, [needs_grad[v.node] for v in n.inputs])
-            holders = [i if k == "out" else n.inputs[int(k)].node for k in kept]
-            residual_of[i] = [heap.hold(buf[h]) for h in holders if h in buf]
+        if i in saved:
+            kept = saved[i]
+            of = [i if k == OUT else n.inputs[k].node for _, k in kept]
+            residual_of[i] = [early.pop((i, j)) if (i, j) in early else new(i, size[h])
+                              for j, ((how, _), h) in enumerate(zip(kept, of)) if how == "new"]
+            residual_of[i] += [heap.hold(buf[h]) for (how, _), h in zip(kept, of) if how == "hold" and h in buf]
+            for j, ((how, _), h) in enumerate(zip(kept, of)):
+                if how == "scratch" and not (n.op == "conv2d" and h != i and channels_last[h]):
+                    heap.drop(early.pop((i, j)) if (i, j) in early else new(i, size[h]))
         for j in {v.node for v in n.inputs}:
             if last_use[j] == i and j in buf:
                 heap.drop(buf[j])
@@ -242,10 +332,6 @@ def step_memory(graph: Graph, axes: Sequence[Axes]) -> StepMemory:
             cot[v.node] = heap.new(size[v.node])
             node_bytes[v.node] += size[v.node]
     deferred: list[int] = []  # nodes whose all-reduce of a weight's gradient waits for the end
-
-    def new(i: int, nbytes: float) -> int:
-        node_bytes[i] += nbytes
-        return heap.new(nbytes)
 
     def contribute(target: int, b: int) -> None:
         if target in cot:  # summed in place into the first contribution
@@ -263,12 +349,12 @@ def step_memory(graph: Graph, axes: Sequence[Axes]) -> StepMemory:
             if not needs_grad[src]:
                 continue
             if n.op in GRADIENT_SYNC and derived[src] and not sync_now and not (n.op == "partition" and src in sharded):
-                cot[i] = heap.hold(c) if n.op == "replicate" else new(i, size[src])  # a partition pads
+                cot[i] = heap.hold(c) if n.op == "replicate" else pads.pop(i)  # a partition pads
                 deferred.append(i)
             elif alias_of_input[i] and not (n.op == "replicate" and derived[src]):
                 contribute(src, heap.hold(c))
             else:
-                contribute(src, new(i, size[src]))
+                contribute(src, pads.pop(i) if i in pads else new(i, size[src]))
         heap.drop(c)
 
     for i in range(n_nodes - 1, -1, -1):
@@ -281,13 +367,13 @@ def step_memory(graph: Graph, axes: Sequence[Axes]) -> StepMemory:
     held = [heap.hold(cot[i]) for i in deferred]
     for i in deferred:
         backward(i, sync_now=True)
-    for b in held + step_long:
+    for b in held:
         heap.drop(b)
     for i in range(n_nodes - 1, -1, -1):
         if not leaf[i] and i in cot and needs_grad[i]:
             backward(i, sync_now=True)
     outputs = sum(size[i] for i in range(n_nodes) if g.nodes[i].op == "weight")
-    return StepMemory(arguments, outputs, arguments + outputs + heap.peak_temp(), arguments + heap.allocated,
+    return StepMemory(arguments, outputs, arguments + outputs + heap.packed_temp(), arguments + heap.allocated,
                       tuple(node_bytes))
 
 
@@ -295,11 +381,21 @@ def step_memory(graph: Graph, axes: Sequence[Axes]) -> StepMemory:
 ALIASES = frozenset({"replicate", "reduce"})  # forward: no buffer of their own
 
 
-def node_bound(op: str, in_bytes: Sequence[float], out_bytes: float, leaf_children: Sequence[str | None],
-               derived_children: Sequence[bool], grad_children: Sequence[bool]) -> float:
+def saved_bytes(op: str, attrs: Mapping[str, object], in_bytes: Sequence[float], out_bytes: float,
+                grad_children: Sequence[bool], kinds: frozenset[str]) -> float:
+    """Bytes of the buffers of the given `Saved` kinds that a node's forward makes for the backward."""
+    if op not in RESIDUALS or not any(grad_children):
+        return 0.0
+    return sum(out_bytes if k == OUT else in_bytes[k] for how, k in RESIDUALS[op](attrs, grad_children) if how in kinds)
+
+
+def node_bound(op: str, attrs: Mapping[str, object], in_bytes: Sequence[float], out_bytes: float,
+               leaf_children: Sequence[str | None], derived_children: Sequence[bool],
+               grad_children: Sequence[bool]) -> float:
     """Bytes per device that one plan node adds to `StepMemory.allocated` at most: the linear term
     of the ILP's memory row. A leaf argument is counted where it is used: its shard under a
-    `partition`, else whole. Then the node's forward buffer and the cotangent it makes for each
+    `partition`, else whole. Then the node's forward buffer, the buffers its forward makes besides
+    (`RESIDUALS`: a relu's product, a conv's relaid operands), and the cotangent it makes for each
     input that needs a gradient (`grad_children`; a weight's is its gradient output): none where
     the transpose aliases (`replicate`, `reduce`, the partition of a leaf passed sharded), the
     all-reduced result where a `replicate` syncs a weight's gradient, the zero-padded buffer and
@@ -313,6 +409,7 @@ def node_bound(op: str, in_bytes: Sequence[float], out_bytes: float, leaf_childr
             total += out_bytes if op == "partition" else size
     if op not in ALIASES and not ops.OPS[op].is_view and not partition_of_leaf:
         total += out_bytes
+    total += saved_bytes(op, attrs, in_bytes, out_bytes, grad_children, frozenset({"new", "scratch"}))
     for size, derived, grad in zip(in_bytes, derived_children, grad_children):
         if not grad or op == "reduce" or partition_of_leaf:
             continue
@@ -328,11 +425,13 @@ def node_bound(op: str, in_bytes: Sequence[float], out_bytes: float, leaf_childr
 KEPT_OUTPUTS = frozenset({"matmul", "conv2d", "combine", "all_gather", "all_reduce", "reduce_scatter", "all_to_all"})
 
 
-def node_kept(op: str, in_bytes: Sequence[float], out_bytes: float, leaf_children: Sequence[str | None],
-              derived_children: Sequence[bool]) -> float:
+def node_kept(op: str, attrs: Mapping[str, object], in_bytes: Sequence[float], out_bytes: float,
+              leaf_children: Sequence[str | None], derived_children: Sequence[bool],
+              grad_children: Sequence[bool]) -> float:
     """Bytes per device one plan node keeps through the step, the ILP's memory row: the leaf
     arguments it uses (a shard under a `partition`) and a weight's gradient, its output if it is a
-    matmul's or a data-moving collective's (what the backward reads), and a weight's unreduced
+    matmul's or a data-moving collective's (what the backward reads), the buffers its forward
+    makes for its backward (a relu's product, a conv's relaid operands), and a weight's unreduced
     gradient under a `replicate` / `partition` (it waits for the combined all-reduce)."""
     total = 0.0
     for size, leaf in zip(in_bytes, leaf_children):
@@ -340,6 +439,7 @@ def node_kept(op: str, in_bytes: Sequence[float], out_bytes: float, leaf_childre
             total += (out_bytes if op == "partition" else size) * (2 if leaf == "weight" else 1)
     if op in KEPT_OUTPUTS:
         total += out_bytes
+    total += saved_bytes(op, attrs, in_bytes, out_bytes, grad_children, frozenset({"new"}))
     if op in GRADIENT_SYNC and leaf_children[0] is None and derived_children[0]:
         total += in_bytes[0]
     return total

@@ -95,8 +95,9 @@ def test_presets_and_mesh_errors() -> None:
 
 def test_step_memory_of_a_single_device_mlp_by_hand() -> None:
     """y = relu(x W0) W1 on one device, x 64x8, W 8x8: arguments x, W0, W1; outputs dW0, dW1; at
-    the peak (the backward of W1's product) the kept h = relu(x W0), the output's cotangent and dh
-    are live (none fits into a weight's 8x8 output buffer)."""
+    the peak (the backward of W1's product) the kept h = relu(x W0), the product x W0 under the relu
+    (its derivative's mask), the output's cotangent and dh are live (none fits into a weight's 8x8
+    output buffer). XLA's memory_analysis() of this step: 11,280 bytes, 16 more (the output tuple)."""
     from eqsat.parallel.memory import step_memory
     from experiments.parallel_models import mlp
 
@@ -105,7 +106,7 @@ def test_step_memory_of_a_single_device_mlp_by_hand() -> None:
     f = 4.0
     assert mem.arguments == f * (64 * 8 + 2 * 8 * 8)
     assert mem.outputs == f * (2 * 8 * 8)
-    assert mem.peak == mem.arguments + mem.outputs + f * 3 * 64 * 8
+    assert mem.peak == mem.arguments + mem.outputs + f * 4 * 64 * 8
 
 
 def test_memory_row_bounds_the_simulated_peak() -> None:

@@ -24,7 +24,9 @@ from experiments.parallel import check_on_devices
 from experiments.parallel_models import (
     PARALLEL_MODELS,
     build_parallel_model,
+    cnn,
     gpt,
+    mlp_bottleneck,
     unity_mlp,
 )
 from jax_backend.shard import compiled_collectives, shard_plan
@@ -125,8 +127,32 @@ def test_predicted_step_memory_within_15pct_on_small_plans(mesh_spec: str) -> No
         assert report.mem_bytes <= report.mem_bound_bytes
 
 
+SMALL_MEMORY_CASES = {
+    "bottleneck": lambda: mlp_bottleneck(batch=256, d=16, hidden=512, narrow=1),  # a fused relu's product
+    "cnn": lambda: cnn(batch=8, channels=4, size=8, classes=4),  # a conv's relaid operands, zero pads
+}
+
+
+@pytest.mark.parametrize("case", sorted(SMALL_MEMORY_CASES))
+def test_predicted_step_memory_within_15pct_on_relu_and_conv_plans(case: str) -> None:
+    """What XLA keeps beyond the values themselves: the product under a fused relu (its
+    derivative's mask) next to the relu's output, a convolution's operands relaid channels-last,
+    and the zeros a partition's gradient is padded into, made at the start of the step."""
+    from experiments.parallel import reference_gradients
+
+    graph = SMALL_MEMORY_CASES[case]()
+    mesh = parse_mesh("8")
+    pe = saturate_and_price(graph, mesh)
+    reference = reference_gradients(graph)
+    for plan in [plan_graph(graph, mesh, time_limit=3.0, priced=pe).plan, *random_plans(pe, 3, seed=5)]:
+        report = plan_report(plan, pe.model)
+        measured = check_on_devices(graph, plan, mesh, reference=reference)["measured_mem_bytes"]
+        assert abs(report.mem_bytes - measured) <= 0.15 * measured
+        assert report.mem_bytes <= report.mem_bound_bytes
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["unity-mlp", "mlp16", "gpt-block", "dlrm"])
+@pytest.mark.parametrize("model", ["unity-mlp", "mlp16", "gpt-block", "dlrm", "mlp-bottleneck", "cnn"])
 @pytest.mark.parametrize("mesh_spec", ["8", "2x4", "4x2"])
 def test_predicted_step_memory_within_15pct(model: str, mesh_spec: str) -> None:
     """The plan's predicted per-device memory is what XLA allocates for its training step, so the
