@@ -189,7 +189,7 @@ def compiled_collectives(hlo_text: str) -> list[CompiledCollective]:
     element (XLA's combiner merges independent all-reduces; each element is one of the plan's),
     except a tuple all-to-all (no `dimensions=`): XLA's CPU backend splits one array all-to-all
     into a tuple with one chunk per peer, so each group-size run of elements is one all-to-all."""
-    found = []
+    found: list[CompiledCollective] = []
     for line in hlo_text.splitlines():
         m = _COLLECTIVE_LINE.search(line)
         if not m or "-done" in line:
