@@ -186,8 +186,10 @@ def _group_size(groups: str) -> int:
 
 def compiled_collectives(hlo_text: str) -> list[CompiledCollective]:
     """Every collective of a compiled HLO module; one XLA combined into a tuple counts once per
-    element (XLA's combiner merges independent all-reduces; each element is one of the plan's)."""
-    found = []
+    element (XLA's combiner merges independent all-reduces; each element is one of the plan's),
+    except a tuple all-to-all (no `dimensions=`): XLA's CPU backend splits one array all-to-all
+    into a tuple with one chunk per peer, so each group-size run of elements is one all-to-all."""
+    found: list[CompiledCollective] = []
     for line in hlo_text.splitlines():
         m = _COLLECTIVE_LINE.search(line)
         if not m or "-done" in line:
@@ -195,11 +197,11 @@ def compiled_collectives(hlo_text: str) -> list[CompiledCollective]:
         kind = m.group("kind")
         g = _GROUPS.search(line)
         groups = g.group(1) if g else ""
-        for element in _SHAPE.finditer(m.group("result")):
-            size = _shape_bytes(element.group(0))
-            if kind == "reduce-scatter":
-                size *= _group_size(groups)
-            found.append(CompiledCollective(kind, size, groups))
+        sizes = [_shape_bytes(e.group(0)) for e in _SHAPE.finditer(m.group("result"))]
+        if kind == "reduce-scatter":
+            sizes = [s * _group_size(groups) for s in sizes]
+        per = _group_size(groups) if kind == "all-to-all" and "dimensions=" not in line and len(sizes) > 1 else 1
+        found.extend(CompiledCollective(kind, sum(sizes[i:i + per]), groups) for i in range(0, len(sizes), per))
     return found
 
 

@@ -98,6 +98,30 @@ def test_tuple_collectives_count_per_element() -> None:
     assert [c.bytes for c in found] == [32768.0, 32768.0, 2 * 128.0]
 
 
+
+def test_tuple_all_to_all_is_one_collective_per_group() -> None:
+    """XLA's CPU backend lowers one array all-to-all as a tuple of one chunk per peer (no
+    `dimensions=`): that is one all-to-all of the chunks' total bytes, not group-size of them."""
+    chunks = ", ".join(["f32[1,16]{1,0}"] * 4)
+    text = (f"%a2a = ({chunks}) all-to-all(%s0, %s1, %s2, %s3), channel_id=1, "
+            "replica_groups=mesh['a0'=2,'a1'=4] {'a1'}\n"
+            "%arr = f32[8,16]{1,0} all-to-all(%x), replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={0}")
+    found = compiled_collectives(text)
+    assert [(c.kind, c.bytes) for c in found] == [("all-to-all", 256.0), ("all-to-all", 512.0)]
+
+
+def test_compiled_all_to_all_counts_once() -> None:
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    jm = jax.make_mesh((8,), ("x",))
+    fn = jax.jit(jax.shard_map(lambda a: jax.lax.all_to_all(a, "x", 0, 1, tiled=True), mesh=jm,
+                               in_specs=P("x"), out_specs=P("x")))
+    x = jax.device_put(jax.numpy.ones((64, 16), jax.numpy.float32), NamedSharding(jm, P("x")))
+    found = compiled_collectives(fn.lower(x).compile().as_text())
+    assert [c.kind for c in found] == ["all-to-all"]
+    assert found[0].bytes == 8 * 16 * 4.0
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", sorted(PARALLEL_MODELS))
 @pytest.mark.parametrize("mesh", ["8", "2x4", "4x2"])
