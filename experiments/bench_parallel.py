@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from eqsat.errors import EqsatError
 from experiments.parallel import BASELINES, run_case
 
 CASES: tuple[str, ...] = ("unity-mlp", "mlp16", "gpt-block", "gpt12", "dlrm", "mlp-bottleneck", "cnn", "moe")
@@ -41,6 +42,9 @@ def run_bench(out_dir: Path, time_limit: float = 20.0, models: Sequence[str] | N
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    unknown = sorted(set(models or ()) - set(CASES))
+    if unknown:
+        raise EqsatError(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(CASES)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cases = [(m, mesh) for m in (models or CASES) for mesh in (meshes or MESHES)]

@@ -56,7 +56,7 @@ def _tensat(module: Any, args: argparse.Namespace) -> Iterable[dict[str, Any]]:
 
 
 def _parallel(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
-    return list(module.run_bench(out_dir=args.out, time_limit=min(args.time_limit, 20.0)))
+    return list(module.run_bench(out_dir=args.out, time_limit=min(args.time_limit, 20.0), models=args.models))
 
 
 BENCHMARKS: Mapping[str, Benchmark] = MappingProxyType({
@@ -70,8 +70,6 @@ BENCHMARKS: Mapping[str, Benchmark] = MappingProxyType({
                          "every extractor on chain e-graphs of growing size: peak memory, seconds, largest handled"),
     "tensat": Benchmark("experiments.bench_tensat", _tensat,
                         "Tensat's seven models: equality saturation against a TASO-style search, paper's numbers beside"),
-
-
     "parallel": Benchmark("experiments.bench_parallel", _parallel,
                           "eqsat parallel over the cases and meshes: predicted step, compiled bytes, memory"),
 })
@@ -86,7 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-gib", type=float, default=8.0, help="memory limit per run (scaling), GiB")
     parser.add_argument("--max-classes", type=int, default=None, help="largest chain to try (scaling)")
     tensat = parser.add_argument_group("tensat")
-    tensat.add_argument("--models", nargs="*", default=None, help="tensat: models (default: Tensat's seven)")
+    tensat.add_argument("--models", nargs="*", default=None,
+                        help="tensat: models (default: Tensat's seven); parallel: cases (default: all)")
     tensat.add_argument("--k-multi", nargs="*", type=int, default=None, help="tensat: rounds of two-output rules (default: 1)")
     tensat.add_argument("--taso-seconds", type=float, default=20.0,
                         help="tensat: cap on the TASO-style search at TASO's default budget (1000 graphs)")

@@ -22,3 +22,18 @@ def test_bench_writes_table_and_plots(tmp_path: Path, monkeypatch: pytest.Monkey
     for name in ("parallel.jsonl", "parallel.md", "parallel_step.png", "parallel_comm.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert len((tmp_path / "parallel.md").read_text().splitlines()) == 2 + 4
+
+
+def test_unknown_case_is_refused(tmp_path: Path) -> None:
+    """`--models` with a case that does not exist fails at once with one clear error."""
+    from eqsat.errors import EqsatError
+
+    with pytest.raises(EqsatError, match="unknown case"):
+        bench_parallel.run_bench(tmp_path / "out", models=["unity-mlp", "resnet"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_case_is_a_model() -> None:
+    from experiments.parallel_models import PARALLEL_MODELS
+
+    assert set(bench_parallel.CASES) == set(PARALLEL_MODELS)
