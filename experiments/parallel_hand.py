@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from eqsat import ops
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph, GraphBuilder, Node, Tensor
 from eqsat.parallel.mesh import Mesh
@@ -26,7 +27,7 @@ from eqsat.parallel.mesh import Mesh
 __all__ = ["HAND_SPECS", "HandPlanError", "megatron_by_hand", "megatron_spec"]
 
 ACTIVATIONS: Mapping[int, str] = MappingProxyType({1: "sigmoid", 2: "relu", 3: "tanh"})
-ELEMENTWISE = frozenset({"relu", "tanh", "sigmoid", "exp", "ewadd", "ewmul", "ewsub", "ewdiv"})
+ELEMENTWISE = frozenset(name for name, spec in ops.OPS.items() if spec.elementwise)  # keep a split as it is
 REDUCTIONS = frozenset({"reduce_sum", "reduce_max"})
 
 REP, LAST, HEADS, CHANNELS, PARTIAL = "replicated", "split-last", "split-heads", "split-channels", "partial"
