@@ -32,7 +32,7 @@ from eqsat.egglog_schema import (
 from eqsat.errors import EGraphFormatError, EqsatError, RuleError, ShapeError
 from eqsat.ir import Graph, GraphBuilder, Node, Tensor, Value
 
-__all__ = ["TensorEGraph", "decode", "EGRAPH_FORMAT"]
+__all__ = ["TensorEGraph", "congruence_closed", "decode", "EGRAPH_FORMAT"]
 
 EGRAPH_FORMAT = "eqsat-egraph-1"
 
@@ -200,21 +200,59 @@ def constant_classes(nodes: Mapping[str, Mapping[str, Any]]) -> set[str]:
     return constant
 
 
+def congruence_closed(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """egglog's serialize output with congruent nodes' classes merged.
+
+    egglog 14 can leave a function row whose child id went stale (a union its rebuild did not
+    revisit): serialized, that node sits in a class of its own, congruent to another class's node,
+    and shape rules (which look the stale id up) never give it a shape. Equal nodes are equal terms,
+    so merging their classes is sound; it is done here to a fixpoint (a union merges parents too).
+    Returns `raw` itself when nothing is congruent."""
+    nodes: Mapping[str, Any] = raw["nodes"]
+    parent: dict[str, str] = {}
+
+    def find(c: str) -> str:
+        root = c
+        while parent.get(root, root) != root:
+            root = parent[root]
+        while c != root:
+            parent[c], c = root, parent[c]
+        return root
+
+    changed = True
+    while changed:
+        changed = False
+        seen: dict[tuple[str, tuple[str, ...]], str] = {}
+        for node in nodes.values():
+            key = (node["op"], tuple(find(nodes[c]["eclass"]) for c in node["children"]))
+            here, there = find(node["eclass"]), seen.setdefault(key, find(node["eclass"]))
+            if here != there:
+                parent[max(here, there)] = min(here, there)
+                changed = True
+    if not parent:
+        return raw
+    merged = {nid: {**node, "eclass": find(node["eclass"])} for nid, node in nodes.items()}
+    return {**raw, "nodes": merged, "root_eclasses": [find(c) for c in raw["root_eclasses"]]}
+
+
 def convert_serialized(raw: Mapping[str, Any], cost_model: CostModel, graph: Graph,
                        fold_weights: bool = True) -> dict[str, Any]:
     """egglog's serialize output → our E-graph JSON (see `TensorEGraph.serialize`)."""
+    raw = congruence_closed(raw)
     nodes: Mapping[str, Any] = raw["nodes"]
     class_type = {cid: data.get("type") for cid, data in raw.get("class_data", {}).items()}
     tensor_ctors = {constructor(op): op for op in ops.OPS}
-    shapes: dict[str, str] = {}  # tensor class → the Vec class holding its shape
-    for node in nodes.values():
-        if node["op"] == "shape":
-            shapes[nodes[node["children"][0]]["eclass"]] = node["eclass"]  # a Vec class
     vec_value: dict[str, tuple[int, ...]] = {}
     for node in nodes.values():
         if node["op"] in ("vec-of", "vec-empty") and node["eclass"] not in vec_value:
             vec_value[node["eclass"]] = tuple(_primitive_value(node, nodes))
-    class_shape = {c: vec_value[v] for c, v in shapes.items()}
+    class_shape: dict[str, tuple[int, ...]] = {}  # tensor class → its shape
+    for node in nodes.values():
+        if node["op"] == "shape":
+            cid, shape = nodes[node["children"][0]]["eclass"], vec_value[node["eclass"]]
+            if class_shape.setdefault(cid, shape) != shape:  # only after `congruence_closed` merged two classes
+                raise RuleError(f"e-class {cid} has two shapes, {class_shape[cid]} and {shape}: a rule equated "
+                                "terms of different shapes")
 
     out_nodes: dict[str, dict[str, Any]] = {}
     for nid, node in nodes.items():

@@ -50,7 +50,7 @@ from typing import Any
 from egglog import bindings
 
 from eqsat.egglog_schema import SHAPE_RULESET
-from eqsat.egraph import TensorEGraph
+from eqsat.egraph import TensorEGraph, congruence_closed
 from eqsat.errors import LimitError, RuleError
 from eqsat.extract.graphs import strongly_connected
 from eqsat.interrupt import native_call_interruptible
@@ -255,7 +255,7 @@ class _Stepper:
             return 0, 0
         self._run(f"(run-schedule (run {self.installed.pairs[group]}))", self.installed.pairs[group])
         roots = [bindings.Var(bindings.PanicSpan(), g) for g in self.egraph.output_globals]
-        raw = json.loads(self.egglog_serialized(roots))
+        raw = congruence_closed(json.loads(self.egglog_serialized(roots)))
         related = related_pairs(raw)
         if related:
             facts = "\n".join(f"(set ({PAIR_FUNCTION} {a} {b}) 1)" for a, b in sorted(related))

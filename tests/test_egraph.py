@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from eqsat import ops
 from eqsat.egglog_schema import MAX_RANK, encodable_ops
-from eqsat.egraph import TensorEGraph, decode
+from eqsat.egraph import TensorEGraph, congruence_closed, decode
 from eqsat.errors import EGraphFormatError, ShapeError
 from eqsat.extract import extract, load_egraph
 from eqsat.ir import Graph, GraphBuilder, Tensor
@@ -232,3 +232,27 @@ def test_random_graphs_round_trip(steps: list[tuple[str, int, int]]) -> None:
     graph = b.build([pool[-1], pool[0]])
     data = TensorEGraph.from_graph(graph).serialize(FlopsCost())
     assert_same_numerics(graph, decode(data, first_choice(data)))
+
+
+def _raw(nodes: dict[str, tuple[str, str, list[str]]], roots: list[str]) -> dict[str, Any]:
+    """egglog-serialize-shaped JSON from {node id: (op, class, children)}."""
+    return {"nodes": {nid: {"op": op, "eclass": c, "children": kids} for nid, (op, c, kids) in nodes.items()},
+            "root_eclasses": roots, "class_data": {}}
+
+
+def test_congruent_nodes_share_a_class_and_parents_follow() -> None:
+    """egglog 14 can serialize one node in two classes (a stale child id its rebuild skipped); the
+    serializer merges them, and then their parents, which have become congruent too."""
+    raw = _raw({"x": ("Input", "c0", []), "p1": ("Partition", "c1", ["x"]), "p2": ("Partition", "c2", ["x"]),
+                "m1": ("Relu", "c3", ["p1"]), "m2": ("Relu", "c4", ["p2"]), "e": ("Exp", "c5", ["m2"])},
+               ["c5", "c3"])
+    closed = congruence_closed(raw)
+    cls = {nid: n["eclass"] for nid, n in closed["nodes"].items()}
+    assert cls["p1"] == cls["p2"] and cls["m1"] == cls["m2"]
+    assert len(set(cls.values())) == 4
+    assert closed["root_eclasses"] == [cls["e"], cls["m1"]]
+
+
+def test_a_congruence_free_egraph_is_returned_as_is() -> None:
+    raw = _raw({"x": ("Input", "c0", []), "p": ("Partition", "c1", ["x"])}, ["c1"])
+    assert congruence_closed(raw) is raw

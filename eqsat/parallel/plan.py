@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -55,7 +55,7 @@ DISTRIBUTABLE: Mapping[str, Callable[[Mapping[str, Any], int], bool]] = {
     "reduce_sum": lambda attrs, k: min(attrs["axes"], default=k) >= k,
     "reduce_max": lambda attrs, k: min(attrs["axes"], default=k) >= k,
 }
-DEFAULT_LIMITS = Limits(iterations=12, nodes=30_000, seconds=60.0)
+DEFAULT_LIMITS = Limits(iterations=12, nodes=60_000, seconds=60.0)
 COST_SCALE = 1e6  # e-node costs in microseconds: keeps the MIP's absolute gaps meaningful
 BUDGET_ATTEMPTS = 3  # ILP solves under a memory budget, each with a tighter row if the plan's peak is over
 
@@ -96,6 +96,12 @@ STRATEGY_RULES: Mapping[str, tuple[str, ...] | None] = {
     # the algebra as given (activations stay fused, as a single-device optimizer leaves them), then sharding
     "algebra-first": ("dp-matmul", "col-matmul", "row-matmul", "batch-matmul", "dp-conv", "col-conv", "row-conv"),
 }
+# The joint search saturates in stages on one e-graph: the searched baselines' rule sets first, one
+# after the other (their e-graphs are small), then every rule. Where every rule at once would stop
+# at the node limit (gpt12 on 2-D meshes), the joint e-graph then still holds every plan those
+# searches can find, and the budget left goes to the mixed rewrites; where all saturate, the
+# result is the same e-graph (saturation reaches one fixpoint whatever the order).
+STAGES: Mapping[str, tuple[str, ...]] = {"joint": ("data-parallel", "megatron", "joint")}
 SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-sum",
                 "relu-combine", "tanh-combine", "sigmoid-combine", "exp-combine", "ewadd-combine", "ewmul-combine",
                 "ewsub-combine", "ewdiv-combine", "partition-ewadd", "partition-ewsub", "partition-ewdiv", "partition-ewmul",
@@ -342,10 +348,14 @@ def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits
     from eqsat.cost import cost_model
 
     model = model or ParallelCostModel(mesh, cost_model("roofline", mesh.device))
-    rule_list = applicable(list(rules) if rules is not None else strategy_rules(mesh, strategy), graph.op_counts())
+    stages = [list(rules)] if rules is not None else [strategy_rules(mesh, s) for s in STAGES.get(strategy, (strategy,))]
     t0 = time.perf_counter()
     egraph = TensorEGraph.from_graph(graph)
-    sat = saturate(egraph, rule_list, limits)
+    rule_list: list[Rule] = []
+    for stage in stages:
+        rule_list = applicable(stage, graph.op_counts())
+        left = replace(limits, seconds=max(0.0, limits.seconds - (time.perf_counter() - t0)))
+        sat = saturate(egraph, rule_list, left)
     raw = egraph.serialize(_UNPRICED, fold_weights=False)  # price_egraph sets every cost
     priced, mem = price_egraph(raw, model)
     return PricedEGraph(graph, model, raw, priced, mem, load_egraph(priced), sat.stop_reason, len(rule_list),
@@ -394,7 +404,6 @@ def _priced_memory(pe: PricedEGraph, over: PlanReport, budget: float, time_limit
     over; HiGHS rarely finds another on these cyclic e-graphs), price memory instead: node cost +
     lambda x its row bytes, lambda rising until the extracted plan's simulated peak fits. Returns
     the fastest fitting plan, or the last one tried."""
-    from dataclasses import replace
 
     weights = np.array([pe.mem.get(nid, 0.0) for nid in pe.data.node_ids])
     scale = over.step_s * COST_SCALE / max(over.mem_row_bytes, 1.0)  # µs per byte at which both weigh the same
@@ -416,7 +425,6 @@ def _priced_memory(pe: PricedEGraph, over: PlanReport, budget: float, time_limit
 def random_plans(pe: PricedEGraph, count: int, seed: int = 0) -> list[Graph]:
     """`count` plans from the e-graph, each the greedy DAG extraction under random node costs: valid
     SPMD plans of every shape the rules allow, for differential testing."""
-    from dataclasses import replace
 
     from eqsat.extract.greedy_dag import greedy_dag
 

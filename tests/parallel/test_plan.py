@@ -128,3 +128,16 @@ def test_forty_percent_budget_fits_dlrm(mesh: str) -> None:
     budget = 0.4 * plan_report(graph, ParallelCostModel(m, cost_model("roofline", m.device))).mem_bytes
     res = plan_graph(graph, m, mem_budget=budget)
     assert res.report.mem_bytes <= budget and res.numerics_ok
+
+
+def test_joint_egraph_holds_the_megatron_search_and_every_class_has_a_shape() -> None:
+    """gpt12 on 2x4: every rule at once stops at the node limit before the Megatron-style rules
+    have saturated; staged, the joint e-graph holds the Megatron search's whole e-graph. This
+    e-graph is also where egglog left congruent nodes in two classes (one without a shape): the
+    serializer merges them, so pricing sees a shape for every class."""
+    graph, mesh = gpt(12), parse_mesh("2x4")
+    megatron = saturate_and_price(graph, mesh, "megatron")
+    joint = saturate_and_price(graph, mesh, "joint")
+    assert megatron.stop_reason == "saturated"
+    assert len(joint.raw["nodes"]) > len(megatron.raw["nodes"])
+    assert all(data["shape"] is not None for data in joint.raw["class_data"].values())
