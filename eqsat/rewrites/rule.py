@@ -19,6 +19,11 @@ from typing import Any
 
 ORDER_CONDITION = "order"
 """A side condition `(order ?a ?b)`: ?a and ?b are values of the input graph, ?a's first."""
+NEXT_CONDITION = "next"
+"""A side condition `(next ?a ?b)`: ?a and ?b are the operands at one position of two ops of the
+input graph alike in everything else (siblings: q, k, v's weights), ?b the next such after ?a."""
+CLASS_CONDITIONS: tuple[str, ...] = (ORDER_CONDITION, NEXT_CONDITION)
+"""Conditions on e-classes, not shapes: they pick some applications of a rule, so they hold for the verifier."""
 
 
 @dataclass(frozen=True)
