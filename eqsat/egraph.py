@@ -141,6 +141,14 @@ class TensorEGraph:
             self.program.append(text)
         return out
 
+    def rewind(self, length: int) -> None:
+        """Rebuild the e-graph from the first `length` recorded commands (egglog is deterministic):
+        undoes what followed without the cost of saving a copy before it (egglog `push`)."""
+        fresh = bindings.EGraph()
+        fresh.run_program(*fresh.parse_program("\n".join(self.program[:length])))
+        self.egglog = fresh
+        del self.program[length:]
+
     def function_sizes(self) -> dict[str, int]:
         out = self.run("(print-size)")
         sizes = out[0].sizes if out and isinstance(out[0], bindings.PrintAllFunctionsSize) else []
