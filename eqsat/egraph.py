@@ -32,6 +32,7 @@ from eqsat.egglog_schema import (
 )
 from eqsat.errors import EGraphFormatError, EqsatError, RuleError, ShapeError
 from eqsat.ir import Graph, GraphBuilder, Node, Tensor, Value
+from eqsat.rewrites.rule import Signature, signature
 
 __all__ = ["TensorEGraph", "decode", "EGRAPH_FORMAT"]
 
@@ -181,6 +182,20 @@ class TensorEGraph:
         except bindings.EggSmolError as exc:
             raise EqsatError(f"egglog could not serialize the e-graph: {exc}") from None
         return convert_serialized(raw, cost_model, self.graph, fold_weights)
+
+
+def encoded_signatures(graph: Graph) -> set[Signature]:
+    """The signatures of the e-nodes `from_graph` puts in (splits become slices), for
+    `rules_that_can_match`; leaves are left out (no rule matches one)."""
+    out: set[Signature] = set()
+    for node in graph.nodes:
+        if ops.OPS[node.op].is_leaf:
+            continue
+        if node.op == "split":
+            out.add(signature("slice", {"axis": node.attr["axis"]}, ("start", "stop")))
+        else:
+            out.add(signature(node.op, node.attr))
+    return out
 
 
 def next_siblings(graph: Graph) -> list[tuple[Value, Value]]:

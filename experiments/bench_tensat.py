@@ -96,10 +96,11 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
 def bench_rules(graph: Graph) -> list[Rule]:
     """The rules `eqsat optimize` uses (Tensat's and `conv_merges`) that can match `graph`, as the
     verifier accepts them."""
+    from eqsat.egraph import encoded_signatures
     from eqsat.rulesets import select_rules
     from experiments.optimize import candidate_rules
 
-    return list(select_rules(candidate_rules(), {n.op for n in graph.nodes}).trusted)
+    return list(select_rules(candidate_rules(), encoded_signatures(graph)).trusted)
 
 
 def _speedup(before: float, after: float) -> float:
