@@ -260,6 +260,7 @@ def convert_serialized(raw: Mapping[str, Any], cost_model: CostModel, graph: Gra
     class_shape = {c: vec_value[v] for c, v in shapes.items()}
 
     out_nodes: dict[str, dict[str, Any]] = {}
+    costs: dict[tuple[Any, ...], float] = {}  # many nodes share op, attributes and shapes (BERT: 10k nodes, ~100 kinds)
     for nid, node in nodes.items():
         op = tensor_ctors.get(node["op"])
         if op is None or class_type.get(node["eclass"]) != TERM_SORT:
@@ -271,7 +272,10 @@ def convert_serialized(raw: Mapping[str, Any], cost_model: CostModel, graph: Gra
             raise RuleError(f"e-class {node['eclass']} (node {nid}, {op}) has no shape: a rule built an ill-typed term")
         attrs: dict[str, Any] = dict(zip(attr_names(op), prims))
         in_shapes = [class_shape[nodes[c]["eclass"]] for c in tensor_kids]
-        cost = 0.0 if ops.OPS[op].is_leaf else float(cost_model.op_cost(op, attrs, in_shapes))
+        key = (op, tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()), tuple(in_shapes))
+        cost = costs.get(key)
+        if cost is None:
+            cost = costs[key] = 0.0 if ops.OPS[op].is_leaf else float(cost_model.op_cost(op, attrs, in_shapes))
         out_nodes[nid] = {"op": op, "children": tensor_kids, "eclass": node["eclass"], "cost": cost, "attrs": attrs}
     if fold_weights:
         constant = constant_classes(out_nodes)
