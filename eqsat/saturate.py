@@ -353,11 +353,15 @@ def related_pairs(raw: Mapping[str, Any]) -> set[tuple[int, int]]:
     for node in nodes.values():
         if node["op"] == "uid":
             uid_class[values[node["eclass"]]] = nodes[node["children"][0]]["eclass"]
-    wanted = _pair_rows(raw)
+    # pairs marked in an earlier round stay marked (the function merges by max): only the others
+    # are looked at, which keeps the bitsets narrow (BERT's merge rounds: ~500 pairs of ~2000)
+    known = {(int(nodes[a]["op"]), int(nodes[b]["op"])) for n in nodes.values() if n["op"] == PAIR_FUNCTION
+             and values.get(n["eclass"]) == 1 for a, b in [n["children"]]}
+    wanted = [pair for pair in _pair_rows(raw) if pair not in known]
     recorded = sorted({uid_class[u] for pair in wanted for u in pair if uid_class.get(u) in index})
     bit = {index[c]: k for k, c in enumerate(recorded)}
     reach = _reachable_bits([sorted(kids) for kids in children], bit)
-    out = set()
+    out = set(known)
     for a, b in wanted:
         ca, cb = uid_class.get(a), uid_class.get(b)
         if ca is None or cb is None or ca not in index or cb not in index:
