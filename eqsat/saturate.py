@@ -330,34 +330,39 @@ def related_pairs(raw: Mapping[str, Any]) -> set[tuple[int, int]]:
     own, so the cost is linear in the e-graph, not one search per recorded class (which took
     seconds per merge round on BERT's 12k-node e-graph)."""
     nodes: Mapping[str, Any] = raw["nodes"]
-    class_type = {cid: data.get("type") for cid, data in raw.get("class_data", {}).items()}
-    index: dict[str, int] = {}
-    children: list[set[int]] = []
-
-    def class_index(cid: str) -> int:
-        if cid not in index:
-            index[cid] = len(children)
-            children.append(set())
-        return index[cid]
-
-    for node in nodes.values():
-        if class_type.get(node["eclass"]) == TERM_SORT:
-            here = class_index(node["eclass"])
-            for c in node["children"]:
-                child = nodes[c]["eclass"]
-                if class_type.get(child) == TERM_SORT:
-                    children[here].add(class_index(child))
-    values = {n["eclass"]: int(n["op"]) for n in nodes.values()
-              if class_type.get(n["eclass"]) == "i64" and not n["children"] and n["op"].lstrip("-").isdigit()}
-    uid_class: dict[int, str] = {}
-    for node in nodes.values():
-        if node["op"] == "uid":
-            uid_class[values[node["eclass"]]] = nodes[node["children"][0]]["eclass"]
+    class_data: Mapping[str, Any] = raw.get("class_data", {})
+    index = {cid: i for i, cid in enumerate(c for c, data in class_data.items() if data.get("type") == TERM_SORT)}
+    ints = {c for c, data in class_data.items() if data.get("type") == "i64"}
+    children: list[set[int]] = [set() for _ in index]
+    values: dict[str, int] = {}  # i64 class → its value
+    uid_rows: list[tuple[str, str]] = []  # (i64 class of the uid, term class)
+    pair_rows: list[tuple[str, str, str]] = []  # (value class, uid node a, uid node b)
+    for node in nodes.values():  # one pass: this runs before every two-output and merge round
+        cls, kids = node["eclass"], node["children"]
+        here = index.get(cls)
+        if here is not None:
+            found = children[here]
+            for c in kids:
+                k = index.get(nodes[c]["eclass"])
+                if k is not None:
+                    found.add(k)
+        elif node["op"] == "uid":
+            uid_rows.append((cls, nodes[kids[0]]["eclass"]))
+        elif node["op"] == PAIR_FUNCTION:
+            pair_rows.append((cls, *kids))
+        elif not kids and cls in ints and node["op"].lstrip("-").isdigit():
+            values[cls] = int(node["op"])
+    uid_class = {values[v]: c for v, c in uid_rows}
     # pairs marked in an earlier round stay marked (the function merges by max): only the others
     # are looked at, which keeps the bitsets narrow (BERT's merge rounds: ~500 pairs of ~2000)
-    known = {(int(nodes[a]["op"]), int(nodes[b]["op"])) for n in nodes.values() if n["op"] == PAIR_FUNCTION
-             and values.get(n["eclass"]) == 1 for a, b in [n["children"]]}
-    wanted = [pair for pair in _pair_rows(raw) if pair not in known]
+    known: set[tuple[int, int]] = set()
+    wanted: list[tuple[int, int]] = []
+    for v, a, b in pair_rows:
+        pair = (int(nodes[a]["op"]), int(nodes[b]["op"]))
+        if values.get(v) == 1:
+            known.add(pair)
+        else:
+            wanted.append(pair)
     recorded = sorted({uid_class[u] for pair in wanted for u in pair if uid_class.get(u) in index})
     bit = {index[c]: k for k, c in enumerate(recorded)}
     reach = _reachable_bits([sorted(kids) for kids in children], bit)
