@@ -47,7 +47,7 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from egglog import bindings
 
@@ -258,11 +258,11 @@ class _Stepper:
         self._run(f"(run-schedule (run {self.installed.pairs[group]}))", self.installed.pairs[group])
         roots = [bindings.Var(bindings.PanicSpan(), g) for g in self.egraph.output_globals]
         raw = json.loads(self.egglog_serialized(roots))
-        related = related_pairs(raw)
-        if related:
-            facts = "\n".join(f"(set ({PAIR_FUNCTION} {a} {b}) 1)" for a, b in sorted(related))
+        scan = related_pairs(raw)
+        if scan.found:
+            facts = "\n".join(f"(set ({PAIR_FUNCTION} {a} {b}) 1)" for a, b in sorted(scan.found))
             self.egraph.run(facts, record=True)
-        return len(_pair_rows(raw)), len(related)
+        return scan.recorded, len(scan.marked) + len(scan.found)
 
     def egglog_serialized(self, roots: list[Any]) -> str:
         return str(self.egraph.egglog.serialize(roots).to_json())
@@ -316,14 +316,17 @@ class _Stepper:
         return result
 
 
-def _pair_rows(raw: Mapping[str, Any]) -> list[tuple[int, int]]:
-    nodes = raw["nodes"]
-    return [(int(nodes[a]["op"]), int(nodes[b]["op"])) for n in nodes.values() if n["op"] == PAIR_FUNCTION
-            for a, b in [n["children"]]]
+class RelatedPairs(NamedTuple):
+    """What the cycle guard found: pairs recorded, those marked related before, those found related now."""
+
+    recorded: int
+    marked: set[tuple[int, int]]
+    found: set[tuple[int, int]]
 
 
-def related_pairs(raw: Mapping[str, Any]) -> set[tuple[int, int]]:
-    """Recorded (uid, uid) pairs where one class is reachable from the other through children.
+def related_pairs(raw: Mapping[str, Any]) -> RelatedPairs:
+    """Recorded (uid, uid) pairs where one class is reachable from the other through children:
+    those marked in an earlier round (not looked at again) and those found now.
 
     One pass over the class graph's strongly connected components (children first): each
     component's set of reachable recorded classes (a bitset) is the union of its children's and its
@@ -366,7 +369,7 @@ def related_pairs(raw: Mapping[str, Any]) -> set[tuple[int, int]]:
     recorded = sorted({uid_class[u] for pair in wanted for u in pair if uid_class.get(u) in index})
     bit = {index[c]: k for k, c in enumerate(recorded)}
     reach = _reachable_bits([sorted(kids) for kids in children], bit)
-    out = set(known)
+    out: set[tuple[int, int]] = set()
     for a, b in wanted:
         ca, cb = uid_class.get(a), uid_class.get(b)
         if ca is None or cb is None or ca not in index or cb not in index:
@@ -375,7 +378,7 @@ def related_pairs(raw: Mapping[str, Any]) -> set[tuple[int, int]]:
         ia, ib = index[ca], index[cb]
         if (reach[ia] >> bit[ib]) & 1 or (reach[ib] >> bit[ia]) & 1:
             out.add((a, b))
-    return out
+    return RelatedPairs(len(pair_rows), known, out)
 
 
 def _reachable_bits(adj: Sequence[Sequence[int]], bit: Mapping[int, int]) -> list[int]:
