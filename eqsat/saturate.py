@@ -360,8 +360,8 @@ def related_pairs(raw: Mapping[str, Any]) -> RelatedPairs:
     # are looked at, which keeps the bitsets narrow (BERT's merge rounds: ~500 pairs of ~2000)
     known: set[tuple[int, int]] = set()
     wanted: list[tuple[int, int]] = []
-    for v, a, b in pair_rows:
-        pair = (int(nodes[a]["op"]), int(nodes[b]["op"]))
+    for v, node_a, node_b in pair_rows:
+        pair = (int(nodes[node_a]["op"]), int(nodes[node_b]["op"]))
         if values.get(v) == 1:
             known.add(pair)
         else:
