@@ -113,9 +113,16 @@ class TensorEGraph:
 
     def check_shapes_match(self, graph: Graph, value_of: Mapping[str, Value]) -> None:
         """egglog's shape analysis must give every encoded value the IR's shape (else a table bug,
-        or a rank beyond `MAX_RANK`); the error names the graph node."""
-        for g, value in value_of.items():
-            got = self.shape_of(g)
+        or a rank beyond `MAX_RANK`); the error names the graph node. All shapes are read in one
+        egglog call (one per value took ~0.05 s on NasNet-A), one by one only if that fails."""
+        names = list(value_of)
+        try:
+            outs = self.run("\n".join(f"(extract (shape {g}))" for g in names))
+        except bindings.EggSmolError:
+            outs = []
+        read = [_shape_from_text(str(o)) for o in outs] if len(outs) == len(names) else None
+        for i, (g, value) in enumerate(value_of.items()):
+            got = read[i] if read is not None else self.shape_of(g)
             if got != graph.shape(value):
                 node = graph.nodes[value.node]
                 found = "no shape" if got is None else f"shape {got}"
@@ -127,11 +134,7 @@ class TensorEGraph:
             out = self.run(f"(extract (shape {global_name}))")
         except bindings.EggSmolError:
             return None
-        text = str(out[-1]) if out else ""
-        if "vec-of" not in text and "vec-empty" not in text:
-            return None
-        inner = text[text.index("(") + 1: text.rindex(")")].replace("vec-of", "").replace("vec-empty", "")
-        return tuple(int(tok) for tok in inner.split() if tok.lstrip("-").isdigit())
+        return _shape_from_text(str(out[-1]) if out else "")
 
     # --- running --------------------------------------------------------------------------------
 
@@ -182,6 +185,14 @@ class TensorEGraph:
         except bindings.EggSmolError as exc:
             raise EqsatError(f"egglog could not serialize the e-graph: {exc}") from None
         return convert_serialized(raw, cost_model, self.graph, fold_weights)
+
+
+def _shape_from_text(text: str) -> tuple[int, ...] | None:
+    """The shape in egglog's printed `(vec-of ...)` / `(vec-empty)` (None if it is not one)."""
+    if "vec-of" not in text and "vec-empty" not in text:
+        return None
+    inner = text[text.index("(") + 1: text.rindex(")")].replace("vec-of", "").replace("vec-empty", "")
+    return tuple(int(tok) for tok in inner.split() if tok.lstrip("-").isdigit())
 
 
 def encoded_signatures(graph: Graph) -> set[Signature]:
