@@ -160,8 +160,7 @@ class TensorEGraph:
 
     def num_enodes(self) -> int:
         """Tensor-term e-nodes (constructor rows), not analysis rows."""
-        tensor_ctors = {constructor(op) for op in ops.OPS}
-        return sum(n for name, n in self.function_sizes().items() if name in tensor_ctors)
+        return tensor_enodes(self.function_sizes())
 
     def num_eclasses(self) -> int:
         """E-classes with a known shape: every tensor class has exactly one `shape` row."""
@@ -185,6 +184,12 @@ class TensorEGraph:
         except bindings.EggSmolError as exc:
             raise EqsatError(f"egglog could not serialize the e-graph: {exc}") from None
         return convert_serialized(raw, cost_model, self.graph, fold_weights)
+
+
+def tensor_enodes(function_sizes: Mapping[str, int]) -> int:
+    """Tensor-term e-nodes in egglog's rows per function (`print-size`): constructor rows only."""
+    tensor_ctors = {constructor(op) for op in ops.OPS}
+    return sum(n for name, n in function_sizes.items() if name in tensor_ctors)
 
 
 def _shape_from_text(text: str) -> tuple[int, ...] | None:

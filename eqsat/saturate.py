@@ -6,11 +6,10 @@ single iteration may run away:
   skipped and banned for a while, its cap doubling), which bounds the growth of one iteration;
 - an iteration runs all rules at once only if `GROWTH_MARGIN` x the largest growth so far keeps
   it within the node limit and no banned rule is about to return; otherwise (and always for the
-  first step, two-output rounds and the step after one) it runs all rules at once, and only if
-  that passes the limit, again from the e-graph as it was, rule by rule, undoing and skipping any
-  rule that would pass it, so `enodes <= nodes` and the stop reason is then "nodes" (saving a copy
-  and running rule by rule before every such step cost more than the steps on the small models,
-  for a limit they never reach);
+  first step, two-output rounds and the step after one) it runs rule by rule (a group's rules in
+  one egglog call, the size read after each), undoing (by replay) and skipping any rule that would
+  pass the limit, so `enodes <= nodes` and the stop reason is then "nodes"; the time limit is
+  checked between such calls, not between rules;
 - an iteration predicted (from the last one) to pass the time limit is not started.
 
 Two-output rules (`multi_rounds`, Tensat's k_multi). Schedule "after-saturation" (the default):
@@ -45,6 +44,7 @@ found by replaying the run up to the failing iteration and trying rules one by o
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -54,7 +54,7 @@ from typing import Any, NamedTuple
 from egglog import bindings
 
 from eqsat.egglog_schema import SHAPE_RULESET
-from eqsat.egraph import TensorEGraph
+from eqsat.egraph import TensorEGraph, tensor_enodes
 from eqsat.errors import LimitError, RuleError
 from eqsat.extract.graphs import strongly_connected
 from eqsat.interrupt import native_call_interruptible
@@ -282,40 +282,52 @@ class _Stepper:
         return result
 
     def within_budget(self, groups: Sequence[str]) -> _StepResult:
-        """Never past the node limit: the step first runs plainly; only if that passes the limit is
-        the e-graph rebuilt as it was (`TensorEGraph.rewind`: a replay, paid once, when the run is
-        about to stop) and the step run rule by rule from a saved copy (egglog `push`), a rule that
-        takes the e-graph past the limit undone (restore, re-run the rules kept so far) and skipped.
-        A `push` before every step cost more than the step itself on small e-graphs (it copies
-        egglog's whole state: ~20 ms on SqueezeNet's 200 e-nodes)."""
+        """Rule by rule, never past the node limit: each rule runs after the ones before it (so a
+        rule sees what they built), the e-graph is measured after each, and a rule that takes it
+        past the limit is undone (`TensorEGraph.rewind` to the step's start, the rules kept so far
+        run again: egglog is deterministic) and skipped. A group's rules run in one egglog call, a
+        size report after each; saving a copy (egglog `push`) before every step and a call per
+        rule cost more than the steps themselves on small e-graphs (a push copies egglog's whole
+        state: ~20 ms on SqueezeNet's 200 e-nodes)."""
         start = len(self.egraph.program)
-        result = self.plain(groups)
-        if self.egraph.num_enodes() <= self.limits.nodes:
-            return result
-        self.egraph.rewind(start)
-        return self._rule_by_rule(groups)
-
-    def _rule_by_rule(self, groups: Sequence[str]) -> _StepResult:
-        """One rule at a time from a saved copy of the e-graph, skipping those that pass the node limit."""
         result = _StepResult()
-        plan = [(rs, group) for group in groups for rs in self.installed.members[group]]
         kept: list[tuple[str, str]] = []
-        self.egraph.run("(push)", record=True)
-        for rs, group in plan:
-            if time.perf_counter() - self.start >= self.limits.seconds:
-                result.out_of_time = True
-                break
-            outputs = self._run(_step_text(rs, self._scheduler(group)), group)
-            if self.egraph.num_enodes() <= self.limits.nodes:
-                kept.append((rs, group))
-                result.add(outputs)
-                continue
-            result.skipped.append(self.installed.names[rs])
-            self.egraph.run("(pop)\n(push)", record=True)  # back to the step's start, saved again
-            result = _StepResult(skipped=result.skipped)
-            for rs_kept, group_kept in kept:  # egglog is deterministic: same rules, same e-graph
-                result.add(self._run(_step_text(rs_kept, self._scheduler(group_kept)), group_kept))
+        for group in groups:
+            pending = list(self.installed.members[group])
+            while pending:
+                if time.perf_counter() - self.start >= self.limits.seconds:
+                    result.out_of_time = True
+                    return result
+                text = "\n".join(f"{_step_text(rs, self._scheduler(group))}\n(print-size)" for rs in pending)
+                per_rule = _split_at_sizes(self._run(text, group))
+                over = next((k for k, (_, n) in enumerate(per_rule) if n > self.limits.nodes), len(pending))
+                for rs, (outputs, _) in zip(pending[:over], per_rule):
+                    kept.append((rs, group))
+                    result.add(outputs)
+                if over == len(pending):
+                    break
+                result.skipped.append(self.installed.names[pending[over]])
+                self.egraph.rewind(start)
+                result = _StepResult(skipped=result.skipped)
+                for g, rules_of_g in itertools.groupby(kept, key=lambda pair: pair[1]):
+                    text = "\n".join(_step_text(rs, self._scheduler(g)) for rs, _ in rules_of_g)
+                    result.add(self._run(text, g))
+                pending = pending[over + 1:]
         return result
+
+
+def _split_at_sizes(outputs: Sequence[Any]) -> list[tuple[list[Any], int]]:
+    """A batch of (rule run, shape analysis, print-size) → per rule: its outputs and the tensor
+    e-nodes after it."""
+    out: list[tuple[list[Any], int]] = []
+    current: list[Any] = []
+    for o in outputs:
+        if isinstance(o, bindings.PrintAllFunctionsSize):
+            out.append((current, tensor_enodes({str(name): int(n) for name, n in o.sizes})))
+            current = []
+        else:
+            current.append(o)
+    return out
 
 
 class RelatedPairs(NamedTuple):
