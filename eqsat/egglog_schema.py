@@ -29,6 +29,7 @@ SHAPE_SORT = "IV"
 TERM_SORT = "T"
 SHAPE_RULESET = "shapes"
 INPUT_ORDER_FUNCTION = "input_order"  # e-class → its first value's index in the input graph (input values only)
+NEXT_SIBLING_RELATION = "input_next"  # (class, class): consecutive sibling operands in the input graph
 PAIR_FUNCTION = "pair_related"  # (uid, uid) → 1 if one class descends from the other, 0 if not
 MAX_RANK = 6  # highest rank the list-attribute ops (and `numel`) have shape cases for
 
@@ -505,6 +506,7 @@ def declarations() -> str:
         f"(function uid ({TERM_SORT}) i64 :merge (min old new))",
         f"(function {INPUT_ORDER_FUNCTION} ({TERM_SORT}) i64 :merge (min old new))",
         f"(function {PAIR_FUNCTION} (i64 i64) i64 :merge (max old new))",
+        f"(relation {NEXT_SIBLING_RELATION} ({TERM_SORT} {TERM_SORT}))",
         f"(ruleset {SHAPE_RULESET})",
     ]
     for r in range(MAX_RANK + 1):

@@ -18,6 +18,7 @@ import numpy as np
 from eqsat.cost import CostModel, graph_cost
 from eqsat.egraph import TensorEGraph, decode
 from eqsat.errors import EqsatError, NumericsError
+from eqsat.gc_pause import gc_paused
 from eqsat.ir import Graph
 from eqsat.rewrites.rule import Rule
 from eqsat.saturate import Limits, SaturationReport, saturate
@@ -190,6 +191,12 @@ def search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping[
     `avoid_extra_work`: a model whose extraction computes more than `graph` (overlapping merges)
     is extracted again from an e-graph grown by the single-output rules alone, so the rewrites that
     pay without merging (a separable pool, a folded batchnorm) are not lost with the merges."""
+    with gc_paused():  # the e-graph JSON is hundreds of thousands of acyclic objects: see eqsat.gc_pause
+        return _search(graph, rules, limits, models, extractor, time_limit, fold_weights, seed, progress, avoid_extra_work)
+
+
+def _search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping[str, CostModel], extractor: str,
+            time_limit: float, fold_weights: bool, seed: int, progress: bool, avoid_extra_work: bool) -> SearchResult:
     from eqsat.extract.egraph_data import load_egraph
     from eqsat.extract.registry import extract
 

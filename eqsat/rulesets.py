@@ -21,7 +21,7 @@ from eqsat.paths import tensat_rule_files
 from eqsat.rewrites import library_rules
 from eqsat.rewrites.concrete import VerificationResult
 from eqsat.rewrites.parser import load_rules
-from eqsat.rewrites.rule import Rule, rules_that_can_match
+from eqsat.rewrites.rule import Rule, Signature, rules_that_can_match
 
 XLA_GROUPS: tuple[str, ...] = ("fusion", "merges", "folding", "decompositions")
 """The library groups that pay under XLA (the decorator's default): merges (Q/K/V-style matmuls and
@@ -91,8 +91,9 @@ class RuleSet:
                 "rules_used": len(self.trusted)}
 
 
-def select_rules(source: Any = TENSAT, ops: Iterable[str] | None = None, allow_unproved: bool = False) -> RuleSet:
+def select_rules(source: Any = TENSAT, ops: Iterable[str | Signature] | None = None, allow_unproved: bool = False) -> RuleSet:
     """Load the rules `source` names (see `given_rules`), keep those that can match a graph of `ops`
+    (op names, or signatures with attributes: `eqsat.egraph.encoded_signatures`)
     (all when None; the others are never verified), and trust them by the one policy."""
     given = given_rules(source)
     can_match = given if ops is None else rules_that_can_match(given, ops)

@@ -96,10 +96,11 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
 def bench_rules(graph: Graph) -> list[Rule]:
     """The rules `eqsat optimize` uses (Tensat's and `conv_merges`) that can match `graph`, as the
     verifier accepts them."""
+    from eqsat.egraph import encoded_signatures
     from eqsat.rulesets import select_rules
     from experiments.optimize import candidate_rules
 
-    return list(select_rules(candidate_rules(), {n.op for n in graph.nodes}).trusted)
+    return list(select_rules(candidate_rules(), encoded_signatures(graph)).trusted)
 
 
 def _speedup(before: float, after: float) -> float:
@@ -109,6 +110,7 @@ def _speedup(before: float, after: float) -> float:
 def _model_rows(name: str, options: BenchOptions, out_dir: Path, progress: Any) -> Iterable[dict[str, Any]]:
     from eqsat.egraph import decode, flatten_concats
     from eqsat.extract import extract, load_egraph
+    from eqsat.gc_pause import gc_paused
     from eqsat.pipeline import numerics_match, optimize_graph
     from eqsat.saturate import Limits
     from experiments.models import build_model
@@ -153,7 +155,8 @@ def _model_rows(name: str, options: BenchOptions, out_dir: Path, progress: Any) 
             egraph_file.write_text(json.dumps(egraph_json))
             data = load_egraph(egraph_json)
             t0 = time.perf_counter()
-            greedy = extract(data, "greedy-dag", time_limit=options.extract_time_limit)
+            with gc_paused():  # as in the search: see eqsat.gc_pause
+                greedy = extract(data, "greedy-dag", time_limit=options.extract_time_limit)
             greedy_s = time.perf_counter() - t0
             greedy_graph = decode(egraph_json, greedy.as_ids(data)).live()
             greedy_cost = graph_cost(greedy_graph, costs)

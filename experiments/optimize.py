@@ -174,6 +174,7 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
     """Run the whole path on `model` and return the report row (the CLI's JSON fields and a few more)."""
     from rich.console import Console
 
+    from eqsat.egraph import encoded_signatures
     from eqsat.pipeline import optimize_graph
     from eqsat.rulesets import select_rules
     from eqsat.saturate import Limits
@@ -188,7 +189,7 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
     console.print(f"[bold]{model}[/]: {len(graph.nodes)} nodes; saturating (limits: {limits.iterations} iterations, "
                   f"{limits.nodes} e-nodes, {limits.seconds:g} s) and extracting with {options.extractor}")
     with console.status("verifying the rules (Tensat's and conv_merges) that can match the graph (cached after the first run)"):
-        rule_set = select_rules(candidate_rules(), {n.op for n in graph.nodes})
+        rule_set = select_rules(candidate_rules(), encoded_signatures(graph))
     result = optimize_graph(graph, rule_set.trusted, limits, costs, extractor=options.extractor,
                             time_limit=options.time_limit, seed=options.seed, progress=True)
     optimized = result.optimized

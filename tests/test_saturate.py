@@ -309,3 +309,15 @@ def test_whole_library_installs_and_runs() -> None:
     """egglog accepts every library rule's translation, all groups together."""
     report = saturate(TensorEGraph.from_graph(_conv_graph("bn")), library_rules(), Limits(iterations=4))
     assert report.to_json()["total_matches"]["conv-bn-fold"] == 1
+
+
+def test_rewind_rebuilds_the_egraph_as_it_was() -> None:
+    """What `within_budget` relies on to undo a step that passed the node limit without a saved copy."""
+    eg = TensorEGraph.from_graph(ewadd_chain(6))
+    before, mark = eg.num_enodes(), len(eg.program)
+    saturate(eg, rules(*ASSOC_COMM), Limits(iterations=3, nodes=100_000))
+    assert eg.num_enodes() > before
+    eg.rewind(mark)
+    assert eg.num_enodes() == before and len(eg.program) == mark
+    again = saturate(eg, rules(*ASSOC_COMM), Limits(iterations=3, nodes=100_000))
+    assert again.enodes > before

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import highspy
 import numpy as np
@@ -46,6 +47,28 @@ class Problem:
         kept = self.egraph.cost[self.nodes]
         top = float(np.max(kept)) if len(kept) else 0.0
         return 1.0 / top if np.isfinite(top) and top > 0 else 1.0
+
+    @cached_property
+    def edges(self) -> dict[tuple[int, int], list[int]]:
+        """See `class_edges`."""
+        uc = self.egraph.unique_children
+        node_class = self.egraph.node_class.tolist()
+        edges: dict[tuple[int, int], list[int]] = {}
+        for j, n in enumerate(self.nodes.tolist()):
+            c = node_class[n]
+            for k in uc[n]:
+                edges.setdefault((c, k), []).append(j)
+        return edges
+
+    @cached_property
+    def sccs(self) -> list[int]:
+        """See `class_sccs`."""
+        adj: list[list[int]] = [[] for _ in range(self.egraph.n_classes)]
+        for c, k in self.edges:
+            adj[c].append(k)
+        comp = strongly_connected(adj)
+        mask = self.pruned.class_mask.tolist()
+        return [comp[c] if mask[c] else -1 for c in range(self.egraph.n_classes)]
 
     @classmethod
     def over(cls, egraph: EGraphData, pruned: Pruned, parents: list[list[int]], repair_key: np.ndarray) -> Problem:
@@ -303,25 +326,15 @@ class Clock:
 
 
 def class_edges(problem: Problem) -> dict[tuple[int, int], list[int]]:
-    """(class, child class) → x columns of the kept nodes that make that edge."""
-    eg = problem.egraph
-    uc = eg.unique_children
-    edges: dict[tuple[int, int], list[int]] = {}
-    for j, n in enumerate(problem.nodes.tolist()):
-        c = int(eg.node_class[n])
-        for k in uc[n]:
-            edges.setdefault((c, k), []).append(j)
-    return edges
+    """(class, child class) → x columns of the kept nodes that make that edge (computed once per
+    problem: the cyclic-region check, the short cycles and the order model all read it; do not modify)."""
+    return problem.edges
 
 
 def class_sccs(problem: Problem) -> list[int]:
-    """Component id per original class in the graph of kept edges (-1 for dropped classes)."""
-    eg = problem.egraph
-    adj: list[list[int]] = [[] for _ in range(eg.n_classes)]
-    for c, k in class_edges(problem):
-        adj[c].append(k)
-    comp = strongly_connected(adj)
-    return [comp[c] if problem.pruned.class_mask[c] else -1 for c in range(eg.n_classes)]
+    """Component id per original class in the graph of kept edges (-1 for dropped classes; computed
+    once per problem, do not modify)."""
+    return problem.sccs
 
 
 def order_model(

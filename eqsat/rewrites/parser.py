@@ -32,7 +32,7 @@ from typing import Any, cast
 
 from eqsat import ops
 from eqsat.errors import RuleParseError
-from eqsat.rewrites.rule import ORDER_CONDITION, AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var
+from eqsat.rewrites.rule import CLASS_CONDITIONS, AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var
 
 Sexp = str | list["Sexp"]
 
@@ -223,7 +223,7 @@ def _split_top(text: str, where: str) -> list[str]:
 _COMPARISONS = {"=": 2, "!=": 2, "<": 2, "<=": 2}
 _CONDITION_OPS = {**_COMPARISONS, "dim": 2, "rank": 1, "+": 2, "*": 2, "-": 2, "%": 2}
 _CONDITION_HELP = ("use (= a b), (!= a b), (< a b), (<= a b) over (dim ?x I), (rank ?x), integers, + - * %, "
-                   "or (order ?a ?b)")
+                   "or (order ?a ?b), (next ?a ?b)")
 
 
 def _condition(s: Sexp, where: str, top: bool = True) -> Term:
@@ -232,11 +232,12 @@ def _condition(s: Sexp, where: str, top: bool = True) -> Term:
     that ?a and ?b be values of the input graph (their e-classes hold a term the encoder put in)
     and ?a come first in it: it picks one of several equivalent applications (an n-ary merge of the
     input's ops built in one order, not in all n!), restricts only where a rule applies, and so is
-    true for the verifier."""
-    if top and isinstance(s, list) and s and s[0] == ORDER_CONDITION:
+    true for the verifier. `(next ?a ?b)` narrows that to consecutive siblings (see
+    `eqsat.rewrites.rule.NEXT_CONDITION`), so an n-ary merge builds runs of siblings, not every subset."""
+    if top and isinstance(s, list) and s and s[0] in CLASS_CONDITIONS:
         if len(s) != 3 or not all(isinstance(a, str) and a.startswith("?") and len(a) > 1 for a in s[1:]):
-            raise RuleParseError(f"{where}: bad condition {_show(s)}; (order ?a ?b) takes two ?variables")
-        return Term(ORDER_CONDITION, (), tuple(Var(str(a)[1:]) for a in s[1:]))
+            raise RuleParseError(f"{where}: bad condition {_show(s)}; ({s[0]} ?a ?b) takes two ?variables")
+        return Term(str(s[0]), (), tuple(Var(str(a)[1:]) for a in s[1:]))
     if isinstance(s, str):
         if top or s.startswith("?"):
             raise RuleParseError(f"{where}: bad condition {_show(s)}; {_CONDITION_HELP}")

@@ -12,13 +12,18 @@ Attribute values are literals, or references (our extension, see `parser.py`): `
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 
 ORDER_CONDITION = "order"
 """A side condition `(order ?a ?b)`: ?a and ?b are values of the input graph, ?a's first."""
+NEXT_CONDITION = "next"
+"""A side condition `(next ?a ?b)`: ?a and ?b are the operands at one position of two ops of the
+input graph alike in everything else (siblings: q, k, v's weights), ?b the next such after ?a."""
+CLASS_CONDITIONS: tuple[str, ...] = (ORDER_CONDITION, NEXT_CONDITION)
+"""Conditions on e-classes, not shapes: they pick some applications of a rule, so they hold for the verifier."""
 
 
 @dataclass(frozen=True)
@@ -160,25 +165,75 @@ class Rule:
         return " ; ".join(map(str, self.lhs)) + " => " + " ; ".join(map(str, self.rhs))
 
 
-_BUILT_AS = {"split_part": "slice"}  # a pattern-only term → the IR op a right side builds for it
+Signature = tuple[str, tuple[tuple[str, Any], ...]]
+"""An op and its attributes as the e-graph holds them, None where any value may be there or be
+matched (a rule's attribute variable or computed attribute; a slice's bounds from a split)."""
+
+_PLACEHOLDER: dict[str, Any] = {"int": 0, "ints": (), "float": 0.0, "str": ""}
 
 
-def rules_that_can_match(rules: Sequence[Rule], ops: Iterable[str]) -> list[Rule]:
-    """The rules that can ever match in an e-graph built from a graph of `ops`, in their order.
+def signature(op: str, attrs: Mapping[str, Any], unknown: Iterable[str] = ()) -> Signature:
+    """`op` with `attrs` normalized by the registry; the attributes named in `unknown`, and required
+    ones `attrs` leaves out, are None (any value)."""
+    from eqsat import ops
+    from eqsat.errors import EqsatError
 
-    A rule matches only where every op of its left sides is present, and an op enters the e-graph
-    only from the graph or from the right side of a rule that can match; the fixpoint of that is
-    exact up to shapes. Dropping the rest before verification and saturation costs nothing in
-    what saturation finds (e.g. a transformer never needs the conv rules verified)."""
-    present = set(ops)
-    lhs_ops = [set().union(*map(ops_used, r.lhs)) for r in rules]
-    rhs_ops = [{_BUILT_AS.get(op, op) for op in set().union(*map(ops_used, r.rhs))} for r in rules]
+    if op not in ops.OPS:
+        return op, ()  # an op outside the registry (a rule the translator will refuse): any node of it
+    spec = ops.op_spec(op)
+    kinds = {a.name: a.kind for a in spec.attrs}
+    open_names = set(unknown) | {a.name for a in spec.attrs if a.default is None and a.name not in attrs}
+    filled = {k: v for k, v in attrs.items() if k not in open_names}
+    filled.update({k: _PLACEHOLDER.get(kinds[k], 0) for k in open_names if k in kinds})
+    try:
+        normal = spec.normalize_attrs(filled)
+    except EqsatError:
+        return op, tuple((a.name, None) for a in spec.attrs)
+    return op, tuple((a.name, None if a.name in open_names else normal[a.name]) for a in spec.attrs)
+
+
+def term_signature(t: Term) -> Signature:
+    """The signature of the e-nodes a pattern term matches (left side) or builds (right side)."""
+    if t.op == "split_part":
+        return signature("slice", {"axis": t.attr["axis"]}, ("start", "stop"))
+    return signature(t.op, dict(t.attrs), [k for k, v in t.attrs if any(True for _ in attr_references(v))])
+
+
+def _meet(a: tuple[tuple[str, Any], ...], b: tuple[tuple[str, Any], ...]) -> bool:
+    return all(x is None or y is None or x == y for (_, x), (_, y) in zip(a, b))
+
+
+def rules_that_can_match(rules: Sequence[Rule], present: Iterable[str | Signature]) -> list[Rule]:
+    """The rules that can ever match in an e-graph built from a graph with `present` ops, in their
+    order: op names (any attributes) or `Signature`s (e.g. `eqsat.egraph.encoded_signatures`).
+
+    A rule matches only where every term of its left sides meets a present signature (same op,
+    equal attributes where both are known), and a signature enters the e-graph only from the graph
+    or from the right side of a rule that can match; the fixpoint of that is exact up to shapes and
+    nesting. Dropping the rest before verification and saturation costs nothing in what saturation
+    finds (e.g. a transformer never needs the conv rules verified; VGG's ReLU matmuls never meet the
+    associativity rules, written for matmuls without activation)."""
+    known: dict[str, set[tuple[tuple[str, Any], ...]]] = {}
+
+    def add(sig: str | Signature) -> None:
+        op, attrs = (sig, None) if isinstance(sig, str) else sig
+        if attrs is None:
+            from eqsat import ops
+
+            attrs = tuple((a.name, None) for a in ops.op_spec(op).attrs) if op in ops.OPS else ()
+        known.setdefault(op, set()).add(attrs)
+
+    for sig in present:
+        add(sig)
+    lhs = [[term_signature(t) for side in r.lhs for t in subterms(side)] for r in rules]
+    rhs = [{term_signature(t) for side in r.rhs for t in subterms(side)} for r in rules]
     kept = [False] * len(rules)
     grew = True
     while grew:
         grew = False
         for i in range(len(rules)):
-            if not kept[i] and lhs_ops[i] <= present:
+            if not kept[i] and all(any(_meet(attrs, have) for have in known.get(op, ())) for op, attrs in lhs[i]):
                 kept[i] = grew = True
-                present |= rhs_ops[i]
+                for sig in rhs[i]:
+                    add(sig)
     return [r for r, k in zip(rules, kept) if k]

@@ -22,7 +22,7 @@ import numpy as np
 
 from eqsat.errors import ShapeError
 from eqsat.ops import Shape
-from eqsat.rewrites.rule import (ORDER_CONDITION, AttrVar, Pattern, Rule, Term, Var, attr_variables, referenced_variables, subterms,
+from eqsat.rewrites.rule import (CLASS_CONDITIONS, AttrVar, Pattern, Rule, Term, Var, attr_variables, referenced_variables, subterms,
                                  term_attr_refs)
 from eqsat.rewrites.semantics import FLOAT_ATTR_VALUE, bind_attrs, pattern_shape, rule_split_sizes, term_shape
 
@@ -150,7 +150,7 @@ def _cond_value(c: Any, env: Mapping[str, Shape]) -> Any:
         return env[c.name]
     if c.op == "const":
         return c.attr["value"]
-    if c.op == ORDER_CONDITION:  # an order of e-classes, not of shapes: holds for some application
+    if c.op in CLASS_CONDITIONS:  # a condition on e-classes, not on shapes: holds for some application
         return True
     args = [_cond_value(a, env) for a in c.args]
     if c.op == "dim":

@@ -22,12 +22,13 @@ is two independent rules and is split, which avoids matching every pair of e-cla
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from eqsat import ops
 from eqsat.egglog_schema import (
     INPUT_ORDER_FUNCTION,
+    NEXT_SIBLING_RELATION,
     PAIR_FUNCTION,
     SHAPE_RULES,
     attr_literal,
@@ -40,7 +41,7 @@ from eqsat.egglog_schema import (
     vec_of,
 )
 from eqsat.errors import EqsatError, RuleError, UnknownOpError
-from eqsat.rewrites.rule import ORDER_CONDITION, AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var, subterms, variables
+from eqsat.rewrites.rule import NEXT_CONDITION, ORDER_CONDITION, AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var, subterms, variables
 
 
 CANDIDATE_RULESET = "pairs"  # prefixed per installation
@@ -219,10 +220,10 @@ def _condition(t: Term | Var, q: _Query, where: str) -> str:
         raise RuleError(f"{where}: a condition uses ?{t.name} where an integer is expected")
     if t.op == "const":
         return str(int(t.attr["value"]))
-    if t.op == ORDER_CONDITION:
+    if t.op in _CLASS_CONDITIONS:
         a, b = t.args
         assert isinstance(a, Var) and isinstance(b, Var)
-        return f"(< ({INPUT_ORDER_FUNCTION} {_var(a.name)}) ({INPUT_ORDER_FUNCTION} {_var(b.name)}))"
+        return _CLASS_CONDITIONS[t.op](_var(a.name), _var(b.name))
     if t.op == "dim":
         v, i = t.args
         if not isinstance(v, Var):
@@ -235,6 +236,13 @@ def _condition(t: Term | Var, q: _Query, where: str) -> str:
         return f"(vec-length {q.shape(_var(v.name))})"
     args = " ".join(_condition(a, q, where) for a in t.args)
     return f"({t.op} {args})"
+
+
+_CLASS_CONDITIONS: dict[str, Callable[[str, str], str]] = {
+    ORDER_CONDITION: lambda a, b: f"(< ({INPUT_ORDER_FUNCTION} {a}) ({INPUT_ORDER_FUNCTION} {b}))",
+    NEXT_CONDITION: lambda a, b: f"({NEXT_SIBLING_RELATION} {a} {b})",
+}
+"""Condition on e-classes → its egglog query atom (facts the encoder put in: `eqsat.egraph`)."""
 
 
 def _canonical(sides: Sequence[Pattern]) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from eqsat.egraph import TensorEGraph
-from eqsat.ir import Graph, GraphBuilder
+from eqsat.egraph import TensorEGraph, encoded_signatures
+from eqsat.ir import Activation, Graph, GraphBuilder
 from eqsat.rewrites import library_rules
 from eqsat.rewrites.parser import parse_rule_text
 from eqsat.rewrites.rule import rules_that_can_match
@@ -72,4 +72,36 @@ def test_saturation_is_the_same_with_only_the_rules_that_can_match(make) -> None
     assert (full.enodes, full.eclasses) == (filtered.enodes, filtered.eclasses)
     dropped = {r.name for r in rules} - {r.name for r in kept}
     assert not any(full.total_matches.get(name, 0) for name in dropped)
+    assert {k: v for k, v in full.total_matches.items() if v} == {k: v for k, v in filtered.total_matches.items() if v}
+
+
+def _relu_mlp() -> Graph:
+    """Two ReLU matmuls in a row (VGG's classifier): no matmul without activation."""
+    b = GraphBuilder()
+    x = b.input("x", (4, 8))
+    h = b.matmul(x, b.weight("w1", (8, 8)), act=Activation.RELU)
+    return b.build([b.matmul(h, b.weight("w2", (8, 8)), act=Activation.RELU)])
+
+
+def test_attributes_of_the_graph_and_of_right_sides_decide_which_rules_can_match() -> None:
+    assoc, unfuse = (parse_rule_text(text, f"test:{i}")[0] for i, text in enumerate((
+        "assoc: (matmul 0 ?a (matmul 0 ?b ?c)) => (matmul 0 (matmul 0 ?a ?b) ?c)",
+        "unfuse: (matmul 2 ?a ?b) => (relu (matmul 0 ?a ?b))")))
+    graph = _relu_mlp()
+    assert rules_that_can_match([assoc], _ops(graph)) == [assoc]  # op names alone keep it
+    assert rules_that_can_match([assoc], encoded_signatures(graph)) == []  # no act=0 matmul is ever there
+    assert rules_that_can_match([assoc, unfuse], encoded_signatures(graph)) == [assoc, unfuse]  # unfuse builds one
+
+
+@pytest.mark.parametrize("make", [_mlp_pair, _conv_relu, _relu_mlp])
+def test_saturation_is_the_same_with_only_the_rules_whose_signatures_can_match(make) -> None:
+    graph = make()
+    rules = library_rules(GROUPS)
+    by_ops = rules_that_can_match(rules, _ops(graph))
+    kept = rules_that_can_match(rules, encoded_signatures(graph))
+    assert set(kept) <= set(by_ops)
+    limits = Limits(iterations=6, nodes=20_000, seconds=60, multi_rounds=1)
+    full = saturate(TensorEGraph.from_graph(graph), by_ops, limits)
+    filtered = saturate(TensorEGraph.from_graph(graph), kept, limits)
+    assert (full.enodes, full.eclasses) == (filtered.enodes, filtered.eclasses)
     assert {k: v for k, v in full.total_matches.items() if v} == {k: v for k, v in filtered.total_matches.items() if v}
