@@ -404,7 +404,6 @@ def _priced_memory(pe: PricedEGraph, over: PlanReport, budget: float, time_limit
     over; HiGHS rarely finds another on these cyclic e-graphs), price memory instead: node cost +
     lambda x its row bytes, lambda rising until the extracted plan's simulated peak fits. Returns
     the fastest fitting plan, or the last one tried."""
-
     weights = np.array([pe.mem.get(nid, 0.0) for nid in pe.data.node_ids])
     scale = over.step_s * COST_SCALE / max(over.mem_row_bytes, 1.0)  # µs per byte at which both weigh the same
     best: tuple[Any, Graph, PlanReport] | None = None
@@ -425,7 +424,6 @@ def _priced_memory(pe: PricedEGraph, over: PlanReport, budget: float, time_limit
 def random_plans(pe: PricedEGraph, count: int, seed: int = 0) -> list[Graph]:
     """`count` plans from the e-graph, each the greedy DAG extraction under random node costs: valid
     SPMD plans of every shape the rules allow, for differential testing."""
-
     from eqsat.extract.greedy_dag import greedy_dag
 
     rng = np.random.default_rng(seed)
