@@ -34,9 +34,9 @@ n siblings, not all C(n, k) subsets: NasRNN's eight gates per input made its e-g
 instead of 2.6k, for no gain).
 
 Cycle guard: before a two-output round (or a merge round), every class pair those rules match is recorded, the
-e-graph is serialized, and pairs where one class descends from the other (merging them would
-create a cycle the extractor must then avoid) are marked in egglog so the rules skip them. Exact;
-on NasRNN it costs ~0.03 s (k=1, 465 pairs) to ~0.5 s (second round, ~9.6k pairs, 12% skipped).
+class graph is read from egglog's tables (`eqsat.cycle_guard`), and pairs where one class descends
+from the other (merging them would create a cycle the extractor must then avoid) are marked in
+egglog so the rules skip them. Exact.
 
 A shape conflict (a rule that gives one e-class two shapes) raises RuleError naming the rule,
 found by replaying the run up to the failing iteration and trying rules one by one.
@@ -49,17 +49,17 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from egglog import bindings
 
+from eqsat.cycle_guard import class_graph_of_serialized, class_graph_of_tables, related_pairs
 from eqsat.egglog_schema import SHAPE_RULESET
 from eqsat.egraph import TensorEGraph, congruence_closed, tensor_enodes
 from eqsat.errors import LimitError, RuleError
-from eqsat.extract.graphs import strongly_connected
 from eqsat.interrupt import native_call_interruptible
 from eqsat.rewrites.rule import Rule, subterms
-from eqsat.egglog_schema import PAIR_FUNCTION, TERM_SORT
+from eqsat.egglog_schema import PAIR_FUNCTION
 from eqsat.rewrites.to_egglog import CANDIDATE_RULESET, EgglogRule, supported, translate_all
 
 STOP_REASONS = ("saturated", "iterations", "nodes", "time")
@@ -253,14 +253,16 @@ class _Stepper:
     def guard_cycles(self, group: str) -> tuple[int, int]:
         """Record every pair of classes the joined two-output rules of `group` match, then mark the pairs where
         one class descends from the other (merging them would make a cycle): those rules fire
-        only on unmarked pairs. Exact, computed in Python on the serialized e-graph between steps.
+        only on unmarked pairs. Exact, computed in Python on egglog's tables between steps.
         Returns (pairs, related pairs)."""
         if group not in self.installed.pairs:
             return 0, 0
         self._run(f"(run-schedule (run {self.installed.pairs[group]}))", self.installed.pairs[group])
-        roots = [bindings.Var(bindings.PanicSpan(), g) for g in self.egraph.output_globals]
-        raw = congruence_closed(json.loads(self.egglog_serialized(roots)))
-        scan = related_pairs(raw)
+        graph = class_graph_of_tables(self.egraph.egglog)
+        if graph is None:  # some id in egglog's tables may be stale: read the canonical serialized e-graph
+            roots = [bindings.Var(bindings.PanicSpan(), g) for g in self.egraph.output_globals]
+            graph = class_graph_of_serialized(congruence_closed(json.loads(self.egglog_serialized(roots))))
+        scan = related_pairs(graph)
         if scan.found:
             facts = "\n".join(f"(set ({PAIR_FUNCTION} {a} {b}) 1)" for a, b in sorted(scan.found))
             self.egraph.run(facts, record=True)
@@ -328,94 +330,6 @@ def _split_at_sizes(outputs: Sequence[Any]) -> list[tuple[list[Any], int]]:
         else:
             current.append(o)
     return out
-
-
-class RelatedPairs(NamedTuple):
-    """What the cycle guard found: pairs recorded, those marked related before, those found related now."""
-
-    recorded: int
-    marked: set[tuple[int, int]]
-    found: set[tuple[int, int]]
-
-
-def related_pairs(raw: Mapping[str, Any]) -> RelatedPairs:
-    """Recorded (uid, uid) pairs where one class is reachable from the other through children:
-    those marked in an earlier round (not looked at again) and those found now.
-
-    One pass over the class graph's strongly connected components (children first): each
-    component's set of reachable recorded classes (a bitset) is the union of its children's and its
-    own, so the cost is linear in the e-graph, not one search per recorded class (which took
-    seconds per merge round on BERT's 12k-node e-graph)."""
-    nodes: Mapping[str, Any] = raw["nodes"]
-    class_data: Mapping[str, Any] = raw.get("class_data", {})
-    index = {cid: i for i, cid in enumerate(c for c, data in class_data.items() if data.get("type") == TERM_SORT)}
-    ints = {c for c, data in class_data.items() if data.get("type") == "i64"}
-    children: list[set[int]] = [set() for _ in index]
-    values: dict[str, int] = {}  # i64 class → its value
-    uid_rows: list[tuple[str, str]] = []  # (i64 class of the uid, term class)
-    pair_rows: list[tuple[str, str, str]] = []  # (value class, uid node a, uid node b)
-    for node in nodes.values():  # one pass: this runs before every two-output and merge round
-        cls, kids = node["eclass"], node["children"]
-        here = index.get(cls)
-        if here is not None:
-            found = children[here]
-            for c in kids:
-                k = index.get(nodes[c]["eclass"])
-                if k is not None:
-                    found.add(k)
-        elif node["op"] == "uid":
-            uid_rows.append((cls, nodes[kids[0]]["eclass"]))
-        elif node["op"] == PAIR_FUNCTION:
-            pair_rows.append((cls, *kids))
-        elif not kids and cls in ints and node["op"].lstrip("-").isdigit():
-            values[cls] = int(node["op"])
-    uid_class = {values[v]: c for v, c in uid_rows}
-    # pairs marked in an earlier round stay marked (the function merges by max): only the others
-    # are looked at, which keeps the bitsets narrow (BERT's merge rounds: ~500 pairs of ~2000)
-    known: set[tuple[int, int]] = set()
-    wanted: list[tuple[int, int]] = []
-    for v, node_a, node_b in pair_rows:
-        pair = (int(nodes[node_a]["op"]), int(nodes[node_b]["op"]))
-        if values.get(v) == 1:
-            known.add(pair)
-        else:
-            wanted.append(pair)
-    recorded = sorted({uid_class[u] for pair in wanted for u in pair if uid_class.get(u) in index})
-    bit = {index[c]: k for k, c in enumerate(recorded)}
-    reach = _reachable_bits([sorted(kids) for kids in children], bit)
-    out: set[tuple[int, int]] = set()
-    for a, b in wanted:
-        ca, cb = uid_class.get(a), uid_class.get(b)
-        if ca is None or cb is None or ca not in index or cb not in index:
-            out.add((a, b))
-            continue
-        ia, ib = index[ca], index[cb]
-        if (reach[ia] >> bit[ib]) & 1 or (reach[ib] >> bit[ia]) & 1:
-            out.add((a, b))
-    return RelatedPairs(len(pair_rows), known, out)
-
-
-def _reachable_bits(adj: Sequence[Sequence[int]], bit: Mapping[int, int]) -> list[int]:
-    """Per vertex, the bitset of marked vertices (vertex v has bit `bit[v]`) reachable from it in
-    one or more steps (as `networkx.descendants`; on a cycle, the cycle's own marked vertices too)."""
-    comp = strongly_connected(adj)  # component ids in reverse topological order: children first
-    members: list[list[int]] = [[] for _ in range(max(comp, default=-1) + 1)]
-    for v, c in enumerate(comp):
-        members[c].append(v)
-    strict, inclusive = [0] * len(members), [0] * len(members)
-    for c, vs in enumerate(members):
-        acc, own, cyclic = 0, 0, len(vs) > 1
-        for v in vs:
-            if v in bit:
-                own |= 1 << bit[v]
-            for w in adj[v]:
-                if comp[w] == c:
-                    cyclic = True
-                else:
-                    acc |= inclusive[comp[w]]
-        strict[c] = acc | own if cyclic else acc
-        inclusive[c] = acc | own
-    return [strict[c] for c in comp]
 
 
 def saturate(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits, progress: bool = False) -> SaturationReport:

@@ -95,7 +95,7 @@ def test_cycle_guard_reachability_matches_networkx() -> None:
 
     import networkx as nx
 
-    from eqsat.saturate import _reachable_bits
+    from eqsat.cycle_guard import _reachable_bits
 
     rng = random.Random(0)
     for _ in range(200):
