@@ -18,7 +18,7 @@ does a `(vec-of ...)` of computed items (a rule's `[1 (dim ?m 0)]`), whose lengt
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -492,8 +492,9 @@ def case_facts(case: ShapeCase, attrs: Mapping[str, Expr]) -> list[Expr]:
             *case.facts]
 
 
-def declarations() -> str:
-    """Sorts, constructors, the shape and numel functions, and the shape-analysis ruleset."""
+def declarations(ops: Collection[str] | None = None) -> str:
+    """Sorts, constructors, the shape and numel functions, and the shape-analysis ruleset with the
+    rules of `ops` (every op's when None; see `shape_rules`)."""
     ctors = []
     for op in term_ops():
         args = [ATTR_SORTS[k] for k in attr_kinds(op)] + [TERM_SORT] * tensor_arity(op)
@@ -513,9 +514,18 @@ def declarations() -> str:
         dims = [f"(vec-get s {i})" for i in range(r)]
         lines.append(f"(rule ((= s (shape e)) (= (vec-length s) {r})) ((set (numel s) {_product(dims) if dims else 1})) "
                      f":ruleset {SHAPE_RULESET} :name \"numel:{r}\")")
+    return "\n".join([*lines, shape_rules(term_ops() if ops is None else ops)])
+
+
+def shape_rules(ops: Collection[str]) -> str:
+    """The shape-analysis and uid rules of the term ops among `ops`, in registry order. egglog
+    compiles each rule (~1 ms, ~100 rules for all ops), so an e-graph declares those of the ops it
+    can hold; rules of ops absent from the e-graph never fire."""
+    lines = []
     for op in term_ops():
-        lines.extend(_analysis_rules(op))
-        lines.extend(_uid_rules(op))
+        if op in ops:
+            lines.extend(_analysis_rules(op))
+            lines.extend(_uid_rules(op))
     return "\n".join(lines)
 
 

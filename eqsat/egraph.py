@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from egglog import bindings
@@ -20,6 +20,7 @@ from eqsat import ops
 from eqsat.cost import CostModel
 from eqsat.egglog_schema import (
     BINARY_ONLY,
+    ENCODED_AS,
     INPUT_ORDER_FUNCTION,
     NEXT_SIBLING_RELATION,
     SHAPE_RULESET,
@@ -29,6 +30,8 @@ from eqsat.egglog_schema import (
     check_encodable,
     constructor,
     declarations,
+    shape_rules,
+    term_ops,
 )
 from eqsat.errors import EGraphFormatError, EqsatError, RuleError, ShapeError
 from eqsat.ir import Graph, GraphBuilder, Node, Tensor, Value
@@ -45,12 +48,14 @@ class TensorEGraph:
     `program` records every command run so far, so a failed run can be replayed to find its cause.
     """
 
-    def __init__(self, graph: Graph, outputs: tuple[str, ...], program: list[str], egraph: bindings.EGraph) -> None:
+    def __init__(self, graph: Graph, outputs: tuple[str, ...], program: list[str], egraph: bindings.EGraph,
+                 shape_ops: frozenset[str] = frozenset(term_ops())) -> None:
         self.graph = graph
         self.program = program
         self.output_globals = outputs
         self.egglog = egraph
         self.installed_rulesets: dict[str, tuple[str, ...]] = {}
+        self.shape_ops = shape_ops  # the ops whose shape rules are declared
 
     # --- encoding ----------------------------------------------------------------------------
 
@@ -99,17 +104,29 @@ class TensorEGraph:
         return lines, tuple(names[v] for v in graph.outputs), value_of
 
     @classmethod
-    def from_graph(cls, graph: Graph) -> TensorEGraph:
+    def from_graph(cls, graph: Graph, rule_ops: Collection[str] | None = None) -> TensorEGraph:
+        """The e-graph of `graph`. `rule_ops`: the ops the rules to be run use (`to_egglog.rule_ops`);
+        only those and the graph's own get shape rules (more are declared when rules need them, see
+        `declare_ops`). None declares every op's."""
         body, outputs, value_of = cls.encoding_program(graph)
+        shape_ops = frozenset(term_ops()) if rule_ops is None else frozenset(
+            {ENCODED_AS.get(n.op, n.op) for n in graph.nodes} | set(rule_ops))
         egraph = bindings.EGraph()
-        program = [declarations(), *body]
+        program = [declarations(shape_ops), *body]
         try:
             egraph.run_program(*egraph.parse_program("\n".join(program)))
         except bindings.EggSmolError as exc:
             raise ShapeError(f"encoding the graph in egglog failed: {exc}") from None
-        tensor = cls(graph, outputs, program, egraph)
+        tensor = cls(graph, outputs, program, egraph, shape_ops)
         tensor.check_shapes_match(graph, value_of)
         return tensor
+
+    def declare_ops(self, ops: Collection[str]) -> None:
+        """Declare the shape rules of those of `ops` that lack them (before rules using them run)."""
+        missing = frozenset(ops) - self.shape_ops
+        if missing:
+            self.run(shape_rules(missing), record=True)
+            self.shape_ops |= missing
 
     def check_shapes_match(self, graph: Graph, value_of: Mapping[str, Value]) -> None:
         """egglog's shape analysis must give every encoded value the IR's shape (else a table bug,

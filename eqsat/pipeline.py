@@ -21,6 +21,7 @@ from eqsat.errors import EqsatError, NumericsError
 from eqsat.gc_pause import gc_paused
 from eqsat.ir import Graph
 from eqsat.rewrites.rule import Rule
+from eqsat.rewrites.to_egglog import rule_ops
 from eqsat.saturate import Limits, SaturationReport, saturate
 
 __all__ = ["OptimizationResult", "optimize_graph", "search", "SearchResult", "Extraction", "does_extra_work",
@@ -201,7 +202,7 @@ def _search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping
     from eqsat.extract.registry import extract
 
     start = time.perf_counter()
-    egraph = TensorEGraph.from_graph(graph)
+    egraph = TensorEGraph.from_graph(graph, rule_ops(rules))
     report = saturate(egraph, rules, limits, progress=progress)
     saturate_s = time.perf_counter() - start
     single_rules = [r for r in rules if not r.is_multi]
@@ -234,7 +235,7 @@ def _search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping
             from_single = False
             if avoid_extra_work and does_extra_work(graph, extracted) and len(single_rules) < len(rules):
                 if single is None:
-                    single = TensorEGraph.from_graph(graph)
+                    single = TensorEGraph.from_graph(graph, rule_ops(single_rules))
                     left = max(limits.seconds - (time.perf_counter() - start), 0.05)
                     saturate(single, single_rules, replace(limits, seconds=left))
                 extracted, selection, _ = extract_from(single, model, per_model)

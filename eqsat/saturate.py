@@ -60,7 +60,7 @@ from eqsat.errors import LimitError, RuleError
 from eqsat.interrupt import native_call_interruptible
 from eqsat.rewrites.rule import Rule, subterms
 from eqsat.egglog_schema import PAIR_FUNCTION
-from eqsat.rewrites.to_egglog import CANDIDATE_RULESET, EgglogRule, supported, translate_all
+from eqsat.rewrites.to_egglog import CANDIDATE_RULESET, EgglogRule, rule_ops, supported, translate_all
 
 STOP_REASONS = ("saturated", "iterations", "nodes", "time")
 MULTI_SCHEDULES = ("after-saturation", "interleaved")
@@ -153,6 +153,7 @@ def install(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits) -> _Ins
     bad = [r.name for r in rules if not supported(r)]
     if bad:
         raise RuleError(f"rule(s) {', '.join(bad[:5])} use ops that cannot be put in the e-graph")
+    egraph.declare_ops(rule_ops(rules))
     prefix = f"rw{len(egraph.installed_rulesets)}_"
     translated = tuple(translate_all(rules, prefix))
     lines = []

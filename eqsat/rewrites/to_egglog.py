@@ -22,7 +22,7 @@ is two independent rules and is split, which avoids matching every pair of e-cla
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from eqsat import ops
@@ -324,6 +324,12 @@ def supported(rule: Rule) -> bool:
     """Whether every op in the rule can be put in the e-graph."""
     ops_in = {t.op for s in (*rule.lhs, *rule.rhs) for t in subterms(s)} - {"split_part"}
     return all(op in SHAPE_RULES for op in ops_in)
+
+
+def rule_ops(rules: Iterable[Rule]) -> set[str]:
+    """The e-graph ops the rules' sides use (a right side's `split_i` is built as a slice): the
+    ops whose shape rules an e-graph needs to run them."""
+    return {"slice" if t.op == "split_part" else t.op for r in rules for s in (*r.lhs, *r.rhs) for t in subterms(s)}
 
 
 def translate_all(rules: Sequence[Rule], ruleset_prefix: str = "rw") -> Iterator[tuple[str, EgglogRule]]:
