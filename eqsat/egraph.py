@@ -295,18 +295,28 @@ def congruence_closed(raw: Mapping[str, Any]) -> Mapping[str, Any]:
             parent[c], c = root, parent[c]
         return root
 
+    eclass = {nid: node["eclass"] for nid, node in nodes.items()}
+    seen: dict[tuple[str, tuple[str, ...]], str] = {}
+    for node in nodes.values():  # the first pass, before any merge: no `find` needed
+        key = (node["op"], tuple([eclass[c] for c in node["children"]]))
+        here = node["eclass"]
+        there = seen.setdefault(key, here)
+        if here != there:
+            a, b = find(here), find(there)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    if not parent:
+        return raw
     changed = True
     while changed:
         changed = False
-        seen: dict[tuple[str, tuple[str, ...]], str] = {}
+        seen = {}
         for node in nodes.values():
             key = (node["op"], tuple(find(nodes[c]["eclass"]) for c in node["children"]))
             here, there = find(node["eclass"]), seen.setdefault(key, find(node["eclass"]))
             if here != there:
                 parent[max(here, there)] = min(here, there)
                 changed = True
-    if not parent:
-        return raw
     merged = {nid: {**node, "eclass": find(node["eclass"])} for nid, node in nodes.items()}
     return {**raw, "nodes": merged, "root_eclasses": [find(c) for c in raw["root_eclasses"]]}
 
@@ -332,22 +342,32 @@ def convert_serialized(raw: Mapping[str, Any], cost_model: CostModel, graph: Gra
 
     out_nodes: dict[str, dict[str, Any]] = {}
     costs: dict[tuple[Any, ...], float] = {}  # many nodes share op, attributes and shapes (BERT: 10k nodes, ~100 kinds)
+    names = {op: attr_names(op) for op in tensor_ctors.values()}
+    prim: dict[str, Any] = {}  # child node → its value, hashable (nodes share a few literals)
     for nid, node in nodes.items():
         op = tensor_ctors.get(node["op"])
-        if op is None or class_type.get(node["eclass"]) != TERM_SORT:
+        cls = node["eclass"]
+        if op is None or class_type.get(cls) != TERM_SORT:
             continue
-        kids = node["children"]
-        tensor_kids = [c for c in kids if class_type.get(nodes[c]["eclass"]) == TERM_SORT]
-        prims = [_primitive_value(nodes[c], nodes) for c in kids if class_type.get(nodes[c]["eclass"]) != TERM_SORT]
-        if node["eclass"] not in class_shape:
-            raise RuleError(f"e-class {node['eclass']} (node {nid}, {op}) has no shape: a rule built an ill-typed term")
-        attrs: dict[str, Any] = dict(zip(attr_names(op), prims))
+        tensor_kids, values = [], []
+        for c in node["children"]:
+            if class_type.get(nodes[c]["eclass"]) == TERM_SORT:
+                tensor_kids.append(c)
+            else:
+                value = prim.get(c)
+                if value is None:
+                    value = _primitive_value(nodes[c], nodes)
+                    value = prim[c] = tuple(value) if isinstance(value, list) else value
+                values.append(value)
+        if cls not in class_shape:
+            raise RuleError(f"e-class {cls} (node {nid}, {op}) has no shape: a rule built an ill-typed term")
         in_shapes = [class_shape[nodes[c]["eclass"]] for c in tensor_kids]
-        key = (op, tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()), tuple(in_shapes))
+        key = (op, tuple(values), tuple(in_shapes))
+        attrs: dict[str, Any] = {k: list(v) if isinstance(v, tuple) else v for k, v in zip(names[op], values)}
         cost = costs.get(key)
         if cost is None:
             cost = costs[key] = 0.0 if ops.OPS[op].is_leaf else float(cost_model.op_cost(op, attrs, in_shapes))
-        out_nodes[nid] = {"op": op, "children": tensor_kids, "eclass": node["eclass"], "cost": cost, "attrs": attrs}
+        out_nodes[nid] = {"op": op, "children": tensor_kids, "eclass": cls, "cost": cost, "attrs": attrs}
     if fold_weights:
         constant = constant_classes(out_nodes)
         for node in out_nodes.values():
