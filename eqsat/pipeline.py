@@ -47,6 +47,8 @@ class OptimizationResult:
     max_abs_diff: float
     extracted_cost: float  # the extractor's DAG cost, recomputed from its chosen nodes
     egraph_json: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)  # the saturated e-graph
+    # greedy-dag's choice on `egraph_json` (loader numbering) where the extractor computed it (the ILP's start)
+    greedy_choice: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def stop_reason(self) -> str:
@@ -156,6 +158,7 @@ class Extraction:
     numerics_ok: bool
     max_abs_diff: float
     single_output: bool = False  # extracted from the e-graph grown by single-output rules only
+    greedy_choice: np.ndarray | None = field(default=None, repr=False, compare=False)  # see OptimizationResult
 
 
 @dataclass(frozen=True)
@@ -246,7 +249,8 @@ def _search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping
         if extracted not in checked:  # one check per distinct graph (models often agree)
             checked[extracted] = numerics_match(graph, extracted, seed)
         ok, diff = checked[extracted]
-        found[name] = Extraction(extracted, str(selection.status), float(selection.dag_cost), ok, diff, from_single)
+        found[name] = Extraction(extracted, str(selection.status), float(selection.dag_cost), ok, diff, from_single,
+                                 selection.info.get("greedy_choice"))
     return SearchResult(graph, report, found, sizes[0], sizes[1], saturate_s + spent["serialize"], spent["extract"],
                         tuple(errors), serialized[0] if serialized else None)
 
@@ -274,4 +278,4 @@ def optimize_graph(graph: Graph, rules: Sequence[Rule], limits: Limits, cost_mod
                             f"{diff:.3g}); a rule or the decoder is wrong")
     return OptimizationResult(graph, optimized, found.saturation, found.enodes, found.eclasses, found.saturate_s,
                               found.extract_s, cost_before, cost_after, status, extractor, ok, diff, best.dag_cost,
-                              found.egraph_json)
+                              found.egraph_json, None if best.single_output else best.greedy_choice)

@@ -8,6 +8,7 @@ valid answer reaches.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,6 +136,8 @@ def solve_lazy(
     greedy, warm = start_incumbent(problem, start, deadline=clock.deadline(0.6))
     best = min((greedy, warm), key=lambda i: i.cost)
     info: dict[str, Any] = {"prune": dict(problem.pruned.stats), "start_cost": greedy.cost}
+    if start is None and time.perf_counter() < clock.deadline(0.6):
+        info["greedy_choice"] = greedy.choice  # not hurried: greedy-dag's own answer, for callers that want both
     h = new_highs(clock.left(), options.threads, options.gap)
     base_model(problem, h)
     if options.budget is not None:
