@@ -37,7 +37,7 @@ from eqsat.errors import EGraphFormatError, EqsatError, RuleError, ShapeError
 from eqsat.ir import Graph, GraphBuilder, Node, Tensor, Value
 from eqsat.rewrites.rule import Signature, signature
 
-__all__ = ["TensorEGraph", "congruence_closed", "decode", "EGRAPH_FORMAT"]
+__all__ = ["TensorEGraph", "carry_selection", "congruence_closed", "decode", "EGRAPH_FORMAT"]
 
 EGRAPH_FORMAT = "eqsat-egraph-1"
 
@@ -457,6 +457,46 @@ def decode(egraph_json: Mapping[str, Any], selection: Mapping[str, str] | Any) -
             built[cid] = tensor
             state[cid] = 2
     return flatten_concats(builder.build([built[str(c)] for c in egraph_json["outputs"]]))
+
+
+def carry_selection(old: Mapping[str, Any], selection: Mapping[str, str], new: Mapping[str, Any]) -> dict[str, str] | None:
+    """A selection of the e-graph `old` as one of `new`, an e-graph grown from it by rewriting
+    (which only adds nodes and merges classes): each chosen node is found in `new` by its op, attrs
+    and its children's classes. None when one is missing (e.g. `new` left it out); the result may
+    still be cyclic where `old` classes were merged, so check it before use."""
+    old_nodes: Mapping[str, Any] = old["nodes"]
+    new_nodes: Mapping[str, Any] = new["nodes"]
+
+    def key(node: Mapping[str, Any], kids: tuple[str, ...]) -> tuple[str, str, tuple[str, ...]]:
+        return node["op"], json.dumps(node.get("attrs", {}), sort_keys=True), kids
+
+    index = {key(n, tuple(str(new_nodes[c]["eclass"]) for c in n["children"])): nid for nid, n in new_nodes.items()}
+    moved: dict[str, str] = {}  # old class -> new class
+    carried: dict[str, str] = {}
+    entered: set[str] = set()
+    for root in old["outputs"]:
+        stack = [(str(root), False)]
+        while stack:
+            cid, expanded = stack.pop()
+            if cid in moved:
+                continue
+            nid = selection.get(cid)
+            if nid is None or nid not in old_nodes:
+                return None
+            kids = [str(old_nodes[c]["eclass"]) for c in old_nodes[nid]["children"]]
+            if not expanded:
+                if cid in entered or any(k in entered and k not in moved for k in kids):
+                    return None  # a cycle in the old selection
+                entered.add(cid)
+                stack.append((cid, True))
+                stack.extend((k, False) for k in kids if k not in moved)
+                continue
+            found = index.get(key(old_nodes[nid], tuple(moved[k] for k in kids)))
+            if found is None:
+                return None
+            moved[cid] = str(new_nodes[found]["eclass"])
+            carried.setdefault(moved[cid], found)
+    return carried
 
 
 def flatten_concats(graph: Graph) -> Graph:

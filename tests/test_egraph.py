@@ -256,3 +256,26 @@ def test_congruent_nodes_share_a_class_and_parents_follow() -> None:
 def test_a_congruence_free_egraph_is_returned_as_is() -> None:
     raw = _raw({"x": ("Input", "c0", []), "p": ("Partition", "c1", ["x"])}, ["c1"])
     assert congruence_closed(raw) is raw
+
+
+def test_a_selection_is_carried_into_the_egraph_grown_from_it() -> None:
+    """The same terms, found in the rewritten e-graph; a term it lacks gives None."""
+    from eqsat.egraph import carry_selection
+    from eqsat.rewrites.parser import parse_rule_text
+    from eqsat.saturate import Limits, saturate
+
+    b = GraphBuilder()
+    x, w = b.input("x", (4, 8)), b.weight("w", (8, 3))
+    graph = b.build([b.tanh(b.relu(b.matmul(x, w)))])
+    eg = TensorEGraph.from_graph(graph)
+    old = eg.serialize(FlopsCost())
+    fuse = parse_rule_text("fuse: (relu (matmul 0 ?x ?w)) => (matmul 2 ?x ?w)", "test:1")
+    assert saturate(eg, fuse, Limits()).stop_reason == "saturated"
+    new = eg.serialize(FlopsCost())
+    carried = carry_selection(old, first_choice(old), new)
+    assert carried is not None
+    assert decode(new, carried).op_counts() == decode(old, first_choice(old)).op_counts() == graph.op_counts()
+    fused = dict(first_choice(new))
+    fused.update({n["eclass"]: nid for nid, n in new["nodes"].items() if n["op"] == "matmul" and n["attrs"]["act"] != 0})
+    assert decode(new, fused).op_counts()["matmul"] == 1 and "relu" not in decode(new, fused).op_counts()
+    assert carry_selection(new, fused, old) is None

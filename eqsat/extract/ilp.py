@@ -21,10 +21,13 @@ off by default.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from eqsat.extract.egraph_data import EGraphData
-from eqsat.extract.lazy import IlpOptions, solve_lazy
+from eqsat.extract.lazy import IlpOptions, NodeBudget, solve_lazy
 from eqsat.extract.lns import LnsOptions, improve
 from eqsat.extract.mip import (
     Clock,
@@ -36,9 +39,9 @@ from eqsat.extract.mip import (
 )
 from eqsat.extract.prune import prune
 from eqsat.extract.reduced_ilp import reduced_phase
-from eqsat.extract.selection import Selection
+from eqsat.extract.selection import Selection, dag_cost, is_valid_choice, reachable_choice
 
-__all__ = ["IlpOptions", "ilp"]
+__all__ = ["IlpOptions", "hinted_start", "ilp"]
 
 
 def largest_cyclic_region(problem: Problem) -> int:
@@ -47,17 +50,37 @@ def largest_cyclic_region(problem: Problem) -> int:
     return max(sizes.values(), default=0)
 
 
-def ilp(egraph: EGraphData, time_limit: float = 60.0, options: IlpOptions = IlpOptions()) -> Selection:
-    """Best DAG-cost extraction HiGHS can prove (or find) within the time limit."""
+def hinted_start(problem: Problem, hints: Sequence[np.ndarray], budget: NodeBudget | None = None,
+                 deadline: float | None = None) -> Incumbent | None:
+    """The cheapest of the greedy answer and the valid `hints` (full choices known from elsewhere,
+    e.g. the answer on an e-graph this one grew from), preferring those within the budget; None
+    without hints."""
+    if not hints:
+        return None
+    eg = problem.egraph
+    found, _ = start_incumbent(problem, None, deadline)
+    options = [found]
+    for choice in hints:
+        if is_valid_choice(eg, choice):
+            kept = reachable_choice(eg, choice)
+            options.append(Incumbent(kept, dag_cost(eg, kept), "hint"))
+    return min(options, key=lambda i: (budget is not None and not budget.allows(i.choice), i.cost))
+
+
+def ilp(egraph: EGraphData, time_limit: float = 60.0, options: IlpOptions = IlpOptions(),
+        hints: Sequence[np.ndarray] = ()) -> Selection:
+    """Best DAG-cost extraction HiGHS can prove (or find) within the time limit, starting from the
+    cheapest of the greedy answer and `hints` (so never worse than any valid hint)."""
     clock = Clock(time_limit)
     budgeted = options.budget is not None  # dominance and the warm-start phases ignore the budget row
     full = make_problem(egraph, prune(egraph, dominance=not budgeted, deadline=clock.deadline(0.3)))
-    start = None
+    start = hinted_start(full, hints, options.budget, deadline=clock.deadline(0.5))
     cycles: list[list[int]] = []
     phases: dict[str, Any] = {}
     if len(full.nodes) >= options.reduce_above and not budgeted:
         sel, cycles, lp_bound = reduced_phase(full, Clock(options.reduce_share * clock.left()), options)
-        start = Incumbent(sel.choice, sel.dag_cost, "reduced")
+        if start is None or sel.dag_cost < start.cost:
+            start = Incumbent(sel.choice, sel.dag_cost, "reduced")
         phases["reduced_phase"] = {"cost": sel.dag_cost, "seconds": sel.seconds, "cycles": len(cycles), "lp_bound": lp_bound}
     region = largest_cyclic_region(full)
     if region >= options.lns_above and not budgeted and clock.left() > 0.2 * time_limit:

@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 
 from eqsat import ops
-from eqsat.egraph import TensorEGraph, decode
+from eqsat.egraph import TensorEGraph, carry_selection, decode
 from eqsat.errors import EqsatError
-from eqsat.extract.egraph_data import load_egraph
+from eqsat.extract.egraph_data import EGraphData, load_egraph
+from eqsat.extract.greedy_dag import greedy_dag
 from eqsat.extract.ilp import ilp
 from eqsat.extract.lazy import IlpOptions, NodeBudget
 from eqsat.ir import Graph
@@ -55,7 +56,7 @@ DISTRIBUTABLE: Mapping[str, Callable[[Mapping[str, Any], int], bool]] = {
     "reduce_sum": lambda attrs, k: min(attrs["axes"], default=k) >= k,
     "reduce_max": lambda attrs, k: min(attrs["axes"], default=k) >= k,
 }
-DEFAULT_LIMITS = Limits(iterations=12, nodes=60_000, seconds=60.0)
+DEFAULT_LIMITS = Limits(iterations=12, nodes=100_000, seconds=60.0)
 COST_SCALE = 1e6  # e-node costs in microseconds: keeps the MIP's absolute gaps meaningful
 BUDGET_ATTEMPTS = 3  # ILP solves under a memory budget, each with a tighter row if the plan's peak is over
 
@@ -101,7 +102,11 @@ STRATEGY_RULES: Mapping[str, tuple[str, ...] | None] = {
 # at the node limit (gpt12 on 2-D meshes), the joint e-graph then still holds every plan those
 # searches can find, and the budget left goes to the mixed rewrites; where all saturate, the
 # result is the same e-graph (saturation reaches one fixpoint whatever the order).
-STAGES: Mapping[str, tuple[str, ...]] = {"joint": ("data-parallel", "megatron", "joint")}
+# Each stage's greedy plan is carried into the final e-graph as a start for its ILP, so the joint
+# plan is never worse than the best plan found on a stage, even where the final e-graph stopped
+# at the node limit (then the ILP rarely improves on its start, and the greedy answer on the big
+# e-graph can be worse than on a smaller one inside it).
+STAGES: Mapping[str, tuple[str, ...]] = {"joint": ("algebra-first", "megatron", "joint")}
 SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-sum",
                 "relu-combine", "tanh-combine", "sigmoid-combine", "exp-combine", "ewadd-combine", "ewmul-combine",
                 "ewsub-combine", "ewdiv-combine", "partition-ewadd", "partition-ewsub", "partition-ewdiv", "partition-ewmul",
@@ -319,10 +324,11 @@ class PricedEGraph:
     raw: Mapping[str, Any]
     priced: Mapping[str, Any]
     mem: Mapping[str, float]
-    data: Any  # EGraphData
+    data: EGraphData
     stop_reason: str
     rules: int
     seconds: float
+    hints: tuple[np.ndarray, ...] = ()  # plans of the e-graphs this one grew from (`STAGES`), as choices over `data`
 
     def decode(self, choice_ids: Mapping[str, str]) -> Graph:
         return decode(self.priced, choice_ids).live()
@@ -352,14 +358,33 @@ def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits
     t0 = time.perf_counter()
     egraph = TensorEGraph.from_graph(graph)
     rule_list: list[Rule] = []
-    for stage in stages:
+    stage_plans: list[tuple[Mapping[str, Any], dict[str, str]]] = []
+    for i, stage in enumerate(stages):
         rule_list = applicable(stage, graph.op_counts())
         left = replace(limits, seconds=max(0.0, limits.seconds - (time.perf_counter() - t0)))
         sat = saturate(egraph, rule_list, left)
+        if i < len(stages) - 1:
+            stage_plans.append(_greedy_plan(egraph, model))
     raw = egraph.serialize(_UNPRICED, fold_weights=False)  # price_egraph sets every cost
     priced, mem = price_egraph(raw, model)
-    return PricedEGraph(graph, model, raw, priced, mem, load_egraph(priced), sat.stop_reason, len(rule_list),
-                        time.perf_counter() - t0)
+    data = load_egraph(priced)
+    hints = tuple(_choice(data, ids) for ids in (carry_selection(p, sel, priced) for p, sel in stage_plans) if ids)
+    return PricedEGraph(graph, model, raw, priced, mem, data, sat.stop_reason, len(rule_list),
+                        time.perf_counter() - t0, hints)
+
+
+def _greedy_plan(egraph: TensorEGraph, model: ParallelCostModel) -> tuple[Mapping[str, Any], dict[str, str]]:
+    """A stage's priced e-graph and its greedy plan (class id -> node id)."""
+    priced, _ = price_egraph(egraph.serialize(_UNPRICED, fold_weights=False), model)
+    data = load_egraph(priced)
+    return priced, greedy_dag(data, 10.0).as_ids(data)
+
+
+def _choice(data: EGraphData, ids: Mapping[str, str]) -> np.ndarray:
+    choice = np.full(data.n_classes, -1, dtype=np.int64)
+    for cid, nid in ids.items():
+        choice[data.class_index[cid]] = data.node_index[nid]
+    return choice
 
 
 def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
@@ -375,7 +400,7 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
     row_limit = mem_budget
     for attempt in range(BUDGET_ATTEMPTS):
         budget = None if row_limit is None else NodeBudget(tuple(pe.mem.get(nid, 0.0) for nid in data.node_ids), row_limit)
-        selection = ilp(data, time_limit if attempt == 0 else time_limit / 2, IlpOptions(budget=budget))
+        selection = ilp(data, time_limit if attempt == 0 else time_limit / 2, IlpOptions(budget=budget), pe.hints)
         plan = pe.decode(selection.as_ids(data))
         report = plan_report(plan, pe.model)
         if mem_budget is None or row_limit is None or report.mem_bytes <= mem_budget * (1 + 1e-9):
@@ -424,8 +449,6 @@ def _priced_memory(pe: PricedEGraph, over: PlanReport, budget: float, time_limit
 def random_plans(pe: PricedEGraph, count: int, seed: int = 0) -> list[Graph]:
     """`count` plans from the e-graph, each the greedy DAG extraction under random node costs: valid
     SPMD plans of every shape the rules allow, for differential testing."""
-    from eqsat.extract.greedy_dag import greedy_dag
-
     rng = np.random.default_rng(seed)
     plans = []
     for _ in range(count):

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
+from random import Random
 
+import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from eqsat.errors import ExtractionError
-from eqsat.extract import EXTRACTORS, Status, check_selection, extract, load_egraph
+from eqsat.extract import EXTRACTORS, EGraphData, Status, check_selection, extract, load_egraph
+from eqsat.extract.ilp import hinted_start, ilp
+from eqsat.extract.mip import make_problem
+from eqsat.extract.selection import dag_cost, reachable_choice
 
 from .helpers import brute_force, egraph
 
@@ -130,3 +136,25 @@ def test_small_benchmark_files(name: str) -> None:
         eg = load_egraph(path)
         sel = extract(eg, name, 5)
         assert check_selection(eg, sel) == [], path
+
+
+def _valid_choices(eg: EGraphData) -> list[np.ndarray]:
+    options = [eg.nodes_of(c).tolist() for c in range(eg.n_classes)]
+    return [np.asarray(c) for c in itertools.product(*options) if not check_selection(eg, np.asarray(c))]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_egraph(), st.randoms(use_true_random=False))
+def test_a_valid_hint_is_never_beaten_by_the_start(case: dict, rnd: Random) -> None:
+    """The MIP starts from the cheapest of greedy and the hints; invalid hints are left out."""
+    eg = egraph(case["spec"], case["roots"])
+    valid = _valid_choices(eg)
+    assume(valid)
+    hint = rnd.choice(valid)
+    hint_cost = dag_cost(eg, reachable_choice(eg, hint))
+    start = hinted_start(make_problem(eg), [hint, np.full(eg.n_classes, -1)])
+    assert start is not None and check_selection(eg, start.choice) == []
+    assert start.cost <= hint_cost + 1e-9
+    assert ilp(eg, 10, hints=[hint]).dag_cost <= hint_cost + 1e-9
+    best = min(valid, key=lambda c: dag_cost(eg, reachable_choice(eg, c)))
+    assert hinted_start(make_problem(eg), [best]).cost == pytest.approx(brute_force(eg))  # type: ignore[union-attr]

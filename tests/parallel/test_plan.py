@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from eqsat.cost import cost_model
+from eqsat.extract.selection import is_valid_choice
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import PRESETS, parse_mesh
 from eqsat.parallel.plan import (
@@ -49,7 +50,7 @@ def test_joint_never_worse_than_baselines(model: str) -> None:
     graph = unity_mlp(32, 128, 512, 128) if model == "unity-mlp" else dlrm(tables=4, batch=32, rows=64, dim=16)
     mesh = parse_mesh("8")
     joint = plan_graph(graph, mesh)
-    for strategy in ("data-parallel", "megatron"):
+    for strategy in ("data-parallel", "megatron", "algebra-first"):
         base = plan_graph(graph, mesh, strategy)
         assert joint.report.step_s <= base.report.step_s * (1 + 1e-9)
 
@@ -131,13 +132,15 @@ def test_forty_percent_budget_fits_dlrm(mesh: str) -> None:
 
 
 def test_joint_egraph_holds_the_megatron_search_and_every_class_has_a_shape() -> None:
-    """gpt12 on 2x4: every rule at once stops at the node limit before the Megatron-style rules
-    have saturated; staged, the joint e-graph holds the Megatron search's whole e-graph. This
-    e-graph is also where egglog left congruent nodes in two classes (one without a shape): the
-    serializer merges them, so pricing sees a shape for every class."""
+    """gpt12 on 2x4: every rule at once stopped at the node limit before the Megatron-style rules
+    had saturated; staged (algebra first, then Megatron, then every rule), the joint search
+    saturates, and each stage's plan is carried into the final e-graph as a start for the ILP.
+    This e-graph is also where egglog left congruent nodes in two classes (one without a shape):
+    the serializer merges them, so pricing sees a shape for every class."""
     graph, mesh = gpt(12), parse_mesh("2x4")
     megatron = saturate_and_price(graph, mesh, "megatron")
     joint = saturate_and_price(graph, mesh, "joint")
-    assert megatron.stop_reason == "saturated"
+    assert megatron.stop_reason == joint.stop_reason == "saturated"
     assert len(joint.raw["nodes"]) > len(megatron.raw["nodes"])
     assert all(data["shape"] is not None for data in joint.raw["class_data"].values())
+    assert len(joint.hints) == 2 and all(is_valid_choice(joint.data, h) for h in joint.hints)
