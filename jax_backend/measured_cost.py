@@ -171,8 +171,7 @@ class MeasuredModel:
             with jax.ensure_compile_time_eval():  # concrete arrays even while an outer function traces
                 self._table[key] = self._measure(op, attrs, shapes)
             self._dirty += 1
-            if self._dirty >= 16:
-                self.save()
+            self.save()  # at once: a measurement takes far longer than the write, and no caller saves at exit
         return self._table[key]
 
     def isolated_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]) -> float:
