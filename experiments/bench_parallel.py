@@ -5,9 +5,11 @@ gradients against the single-device program; their failures and how many have th
 within 15% of `memory_analysis()` are columns). Writes `parallel.jsonl` (one row per case and mesh,
 the fields of `eqsat parallel --random-plans`), `parallel.md`
 (the table), `parallel_step.png` (each baseline's predicted training-step time over the joint
-plan's, log scale) and `parallel_comm.png` (predicted against compiled bytes per device, forward and
-training step). Step times are predicted (the 8 emulated devices share this machine's cores, so
-wall-clock speedups mean nothing here); bytes are the compiled programs'.
+plan's, log scale), `parallel_comm.png` (predicted against compiled bytes per device, forward and
+training step) and `parallel_pareto.png` (per case: step time against compiled step bytes of
+the baselines, the joint plan and the joint search's plans within each baseline's bytes). Step
+times are predicted (the 8 emulated devices share this machine's cores, so wall-clock speedups
+mean nothing here); bytes are the compiled programs'.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ CASES: tuple[str, ...] = ("unity-mlp", "mlp16", "gpt-block", "gpt12", "dlrm", "m
 MESHES: tuple[str, ...] = ("8", "2x4", "4x2")
 UNITY_CASE = ("unity-mlp", "2")  # Unity's figure is on two devices
 COLUMNS = ("model", "mesh", "predicted_s", "data_parallel_s", "megatron_s", "megatron_search_s", "algebra_first_s",
-           "joint_vs_best_baseline", "joint_strictly_better", "predicted_step_comm_bytes", "measured_step_comm_bytes",
+           "joint_vs_best_baseline", "joint_strictly_better", "joint_dominates_all",
+           "predicted_step_comm_bytes", "measured_step_comm_bytes",
            "data_parallel_measured_step_comm_bytes", "megatron_measured_step_comm_bytes",
            "megatron_search_measured_step_comm_bytes", "algebra_first_measured_step_comm_bytes",
            "predicted_comm_bytes", "measured_comm_bytes", "predicted_mem_bytes", "measured_mem_bytes", "numerics_ok",
@@ -64,6 +67,7 @@ def run_bench(out_dir: Path, time_limit: float = 20.0, models: Sequence[str] | N
                 progress.advance(task)
     _table(rows, out_dir / "parallel.md")
     _plots(rows, out_dir)
+    _pareto(rows, out_dir / "parallel_pareto.png")
     return [{k: r.get(k) for k in COLUMNS} for r in rows]
 
 
@@ -118,4 +122,51 @@ def _plots(rows: Sequence[dict[str, Any]], out_dir: Path) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(out_dir / "parallel_comm.png", dpi=120)
+    plt.close(fig)
+
+
+def _pareto(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """One panel per case and mesh: predicted step time against compiled step bytes. A baseline
+    whose bytes are below the joint plan's is joined by an arrow to the joint search's plan within
+    its bytes: no baseline lies below and left of a joint-search point."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = 5
+    fig, axes = plt.subplots(math.ceil(len(rows) / cols), cols, figsize=(3.2 * cols, 2.6 * math.ceil(len(rows) / cols)),
+                             squeeze=False)
+    def point(r: dict[str, Any], key: str, s_key: str) -> tuple[float, float]:
+        """(compiled step bytes, or predicted where not measured; predicted step in ms)."""
+        found = r.get(f"{key}measured_step_comm_bytes")
+        return float(found if found is not None else r.get(f"{key}step_comm_bytes", 0.0)), float(r[s_key]) * 1e3
+
+    for ax, r in zip(axes.flat, rows):
+        x, y = point(r, "", "predicted_s")
+        ax.scatter([x], [y], marker="*", s=120, color="black", zorder=3, label="joint")
+        for i, b in enumerate(BASELINES):
+            key = b.replace("-", "_")
+            if r.get(f"{key}_s") is None:
+                continue
+            bx, by = point(r, f"{key}_", f"{key}_s")
+            ax.scatter([bx], [by], color=f"C{i}", label=b)
+            alt = r.get(f"joint_at_{key}_bytes")
+            if isinstance(alt, dict) and "predicted_s" in alt:
+                ax_ = float(alt.get("measured_step_comm_bytes") or alt["predicted_step_comm_bytes"])
+                ay = float(alt["predicted_s"]) * 1e3
+                ax.annotate("", (ax_, ay), (bx, by), arrowprops={"arrowstyle": "->", "color": f"C{i}"})
+                ax.scatter([ax_], [ay], marker="*", s=60, color=f"C{i}", edgecolor="black", zorder=3)
+        ax.set_xscale("symlog", linthresh=1e3)
+        ax.set_title(f"{r['model']} {r['mesh']}", fontsize=8)
+        ax.tick_params(labelsize=6)
+    for ax in list(axes.flat)[len(rows):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=5)
+    fig.supxlabel("compiled bytes per device in a training step")
+    fig.supylabel("predicted training step, ms")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -11,6 +11,13 @@ and memory are compared with what the compiled programs do (`compile().as_text()
 `memory_analysis()`). Communication bytes are per device: `*_comm_bytes` of the forward program,
 `*_step_comm_bytes` of a training step. `unity_*` fields restate Unity's MLP figure (two devices:
 a ring all-reduce moves 2(n-1)/n S = S per device, so bytes are counted as buffer sizes S).
+
+The joint plan is the fastest; a baseline may move fewer bytes at a slower step (Megatron by hand
+replicates what it does not split; data parallelism of a small model may move almost nothing). For
+such a baseline the joint search is asked again with the baseline's step bytes as a budget (a
+knapsack row of the same ILP, started from the baseline's plan where the joint e-graph holds it):
+`*_at_bytes` is that plan, and `joint_dominates_*` says whether the joint search has a plan no
+slower (predicted) and moving no more (compiled) than the baseline.
 """
 
 from __future__ import annotations
@@ -117,15 +124,17 @@ def _within(pred: float, measured: float, tol: float) -> bool:
 
 
 def run_case(model: str, mesh_spec: str, time_limit: float = 20.0, budget_fraction: float | None = None,
-             random: int = 0, measure: bool = True, base: str = "cpu8") -> dict[str, Any]:
-    """One row: the joint plan, the baselines, and (with `measure`) the device check."""
+             random: int = 0, measure: bool = True, base: str = "cpu8", comm_budget: float | None = None) -> dict[str, Any]:
+    """One row: the joint plan (within the memory and communication budgets if given), the
+    baselines, the joint plan at each baseline's bytes, and (with `measure`) the device checks."""
     graph = build_parallel_model(model)
     mesh = parse_mesh(mesh_spec, base)
     budget = None
     if budget_fraction is not None:
         budget = budget_fraction * plan_report(graph, _replicated_model(mesh)).mem_bytes
     priced = saturate_and_price(graph, mesh, "joint")  # the joint plan's e-graph, also the random plans'
-    joint = plan_graph(graph, mesh, "joint", time_limit=time_limit, mem_budget=budget, priced=priced)
+    joint = plan_graph(graph, mesh, "joint", time_limit=time_limit, mem_budget=budget, priced=priced,
+                       comm_budget=comm_budget)
     baselines = {name: plan_graph(graph, mesh, s, time_limit=time_limit) for name, s in SEARCHED.items()}
     baselines["megatron"] = hand_plan(model, graph, mesh)
     row: dict[str, Any] = {"model": model, **joint.to_json()}
@@ -134,6 +143,8 @@ def run_case(model: str, mesh_spec: str, time_limit: float = 20.0, budget_fracti
         row.update(_unity_fields(joint, baselines["data-parallel"]))
     if budget is not None:
         row.update(mem_budget_bytes=budget, fits_budget=joint.report.mem_bytes <= budget)
+    if comm_budget is not None:
+        row.update(comm_budget_bytes=comm_budget)
     if measure:
         row.update(check_on_devices(graph, joint.plan, mesh))
         pred_kinds = sorted(c.kind for _, c in joint.report.collectives if c.phase == "forward")
@@ -144,8 +155,10 @@ def run_case(model: str, mesh_spec: str, time_limit: float = 20.0, budget_fracti
                    step_comm_within_5pct=_within(row["predicted_step_comm_bytes"], row.get("measured_step_comm_bytes", 0.0), 0.05),
                    mem_within_15pct=_within(row["predicted_mem_bytes"], row.get("measured_mem_bytes", 0.0), 0.15))
         row.update(_measure_baselines(graph, mesh, baselines, row))
-        if random:
-            row.update(_random_checks(graph, mesh, random, priced))
+    if budget is None and comm_budget is None:
+        row.update(_dominance(graph, mesh, priced, joint, baselines, row, min(time_limit, 10.0), measure))
+    if measure and random:
+        row.update(_random_checks(graph, mesh, random, priced))
     return row
 
 
@@ -185,6 +198,46 @@ def _measure_baselines(graph: Graph, mesh: Mesh, baselines: Mapping[str, PlanRes
         out[f"{key}_step_comm_within_5pct"] = _within(res.report.comm_bytes(None), measured.get("measured_step_comm_bytes", 0.0), 0.05)
         out[f"{key}_same_step_collectives"] = (sorted(c.kind for _, c in res.report.collectives)
                                                == measured.get("measured_step_collectives"))
+    return out
+
+
+def _dominance(graph: Graph, mesh: Mesh, priced: PricedEGraph, joint: PlanResult, baselines: Mapping[str, PlanResult],
+               row: Mapping[str, Any], time_limit: float, measured: bool) -> dict[str, Any]:
+    """For each baseline: a joint-search plan no slower and moving no more bytes in a step (the
+    compiled program's bytes when `measured`), if there is one. The time-optimal joint plan when
+    it qualifies; else the fastest plan of the joint e-graph within the baseline's bytes."""
+    def step_bytes(prefix: str, res: PlanResult) -> float:
+        found = row.get(f"{prefix}measured_step_comm_bytes") if measured else None
+        return float(found) if found is not None else res.report.comm_bytes(None)
+
+    out: dict[str, Any] = {}
+    ours = step_bytes("", joint)
+    for name, res in baselines.items():
+        key = name.replace("-", "_")
+        theirs = step_bytes(f"{key}_", res)
+        slower_ok = joint.report.step_s <= res.report.step_s * (1 + 1e-9)
+        if ours <= theirs * (1 + 1e-9):
+            out[f"joint_dominates_{key}"] = slower_ok
+            continue
+        try:
+            alt = plan_graph(graph, mesh, "joint", time_limit=time_limit, priced=priced,
+                             comm_budget=res.report.comm_bytes(None), starts=[res.plan])
+        except EqsatError as e:
+            out[f"joint_at_{key}_bytes"] = {"error": str(e)}
+            out[f"joint_dominates_{key}"] = False
+            continue
+        alt_bytes = alt.report.comm_bytes(None)
+        info: dict[str, Any] = {"predicted_s": alt.report.step_s, "predicted_step_comm_bytes": alt_bytes,
+                                "numerics_ok": alt.numerics_ok, "ilp_status": alt.ilp_status, "extract_s": alt.extract_s,
+                                "started_from_baseline": priced.choice_of(res.plan) is not None}
+        if measured:
+            checked = check_on_devices(graph, alt.plan, mesh)
+            alt_bytes = float(checked["measured_step_comm_bytes"])
+            info.update(measured_step_comm_bytes=alt_bytes, device_numerics_ok=checked["numerics_ok"])
+        out[f"joint_at_{key}_bytes"] = info
+        out[f"joint_dominates_{key}"] = (alt.report.step_s <= res.report.step_s * (1 + 1e-9)
+                                         and alt_bytes <= theirs * (1 + 1e-9) and alt.numerics_ok)
+    out["joint_dominates_all"] = all(out[f"joint_dominates_{n.replace('-', '_')}"] for n in baselines)
     return out
 
 
@@ -240,6 +293,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=float, default=20.0, help="ILP time limit per plan, seconds")
     parser.add_argument("--budget", type=float, default=None,
                         help="per-device memory budget as a fraction of the unparallelized footprint (e.g. 0.4)")
+    parser.add_argument("--comm-budget", type=float, default=None,
+                        help="bytes per device a training step may move (all collectives, forward, backward, sync)")
     parser.add_argument("--random-plans", type=int, default=0, help="also check this many random plans on the devices")
     parser.add_argument("--no-measure", action="store_true", help="plan only: no JAX run or compile")
 
@@ -248,6 +303,7 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
     if args.model not in PARALLEL_MODELS:
         raise EqsatError(f"unknown model '{args.model}'; known: {', '.join(PARALLEL_MODELS)}")
     t = time.perf_counter()
-    row = run_case(args.model, args.mesh, args.time_limit, args.budget, args.random_plans, not args.no_measure, args.base)
+    row = run_case(args.model, args.mesh, args.time_limit, args.budget, args.random_plans, not args.no_measure, args.base,
+                   args.comm_budget)
     row["total_s"] = time.perf_counter() - t
     yield row

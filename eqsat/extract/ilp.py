@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from eqsat.extract.egraph_data import EGraphData
-from eqsat.extract.lazy import IlpOptions, NodeBudget, solve_lazy
+from eqsat.extract.lazy import IlpOptions, NodeBudget, solve_lazy, within_budgets
 from eqsat.extract.lns import LnsOptions, improve
 from eqsat.extract.mip import (
     Clock,
@@ -50,10 +50,10 @@ def largest_cyclic_region(problem: Problem) -> int:
     return max(sizes.values(), default=0)
 
 
-def hinted_start(problem: Problem, hints: Sequence[np.ndarray], budget: NodeBudget | None = None,
+def hinted_start(problem: Problem, hints: Sequence[np.ndarray], budgets: tuple[NodeBudget, ...] = (),
                  deadline: float | None = None) -> Incumbent | None:
     """The cheapest of the greedy answer and the valid `hints` (full choices known from elsewhere,
-    e.g. the answer on an e-graph this one grew from), preferring those within the budget; None
+    e.g. the answer on an e-graph this one grew from), preferring those within the budgets; None
     without hints."""
     if not hints:
         return None
@@ -64,7 +64,7 @@ def hinted_start(problem: Problem, hints: Sequence[np.ndarray], budget: NodeBudg
         if is_valid_choice(eg, choice):
             kept = reachable_choice(eg, choice)
             options.append(Incumbent(kept, dag_cost(eg, kept), "hint"))
-    return min(options, key=lambda i: (budget is not None and not budget.allows(i.choice), i.cost))
+    return min(options, key=lambda i: (not within_budgets(budgets, i.choice), i.cost))
 
 
 def ilp(egraph: EGraphData, time_limit: float = 60.0, options: IlpOptions = IlpOptions(),
@@ -72,9 +72,9 @@ def ilp(egraph: EGraphData, time_limit: float = 60.0, options: IlpOptions = IlpO
     """Best DAG-cost extraction HiGHS can prove (or find) within the time limit, starting from the
     cheapest of the greedy answer and `hints` (so never worse than any valid hint)."""
     clock = Clock(time_limit)
-    budgeted = options.budget is not None  # dominance and the warm-start phases ignore the budget row
+    budgeted = bool(options.budgets)  # dominance and the warm-start phases ignore the budget rows
     full = make_problem(egraph, prune(egraph, dominance=not budgeted, deadline=clock.deadline(0.3)))
-    start = hinted_start(full, hints, options.budget, deadline=clock.deadline(0.5))
+    start = hinted_start(full, hints, options.budgets, deadline=clock.deadline(0.5))
     cycles: list[list[int]] = []
     phases: dict[str, Any] = {}
     if len(full.nodes) >= options.reduce_above and not budgeted:

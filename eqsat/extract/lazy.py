@@ -68,7 +68,7 @@ class IlpOptions:
     # HiGHS's LP presolve does not check the time limit: on a 200 000-class chain the reduced
     # phase's LP took 103 s of a 28 s limit. Above this many columns it is solved without.
     lp_presolve_max_cols: int = 100_000
-    budget: NodeBudget | None = None  # a knapsack row; answers over it are never returned
+    budgets: tuple[NodeBudget, ...] = ()  # knapsack rows (e.g. memory, bytes moved); answers over one are never returned
 
 
 class _Watch:
@@ -105,17 +105,23 @@ class _Watch:
         event.interrupt(bool(self.cycles))  # HiGHS keeps the flag between runs: always set it
 
 
+def within_budgets(budgets: tuple[NodeBudget, ...], choice: np.ndarray) -> bool:
+    return all(b.allows(choice) for b in budgets)
+
+
 def _fits(options: IlpOptions, incumbent: Incumbent) -> bool:
-    return options.budget is None or options.budget.allows(incumbent.choice)
+    return within_budgets(options.budgets, incumbent.choice)
 
 
-def _budget_row(problem: Problem, h: highspy.Highs, budget: NodeBudget, best: Incumbent) -> Incumbent:
-    """Add the knapsack row; a start over the budget stays only as a warm start, priced infinite."""
+def _budget_rows(problem: Problem, h: highspy.Highs, budgets: tuple[NodeBudget, ...], best: Incumbent) -> Incumbent:
+    """Add the knapsack rows; a start over a budget stays only as a warm start, priced infinite."""
     rows = Rows()
     cols = list(range(len(problem.nodes)))
-    rows.add(cols, [float(budget.weight[n]) for n in problem.nodes.tolist()], -np.inf, float(budget.limit))
+    for budget in budgets:
+        rows.add(cols, [float(budget.weight[n]) for n in problem.nodes.tolist()], -np.inf, float(budget.limit))
     rows.pass_to(h)
-    return best if budget.allows(best.choice) else Incumbent(best.choice, float("inf"), best.source + "-over-budget")
+    fits = within_budgets(budgets, best.choice)
+    return best if fits else Incumbent(best.choice, float("inf"), best.source + "-over-budget")
 
 
 def solve_lazy(
@@ -134,14 +140,14 @@ def solve_lazy(
     are valid cuts for any model of the same e-graph."""
     egraph = problem.egraph
     greedy, warm = start_incumbent(problem, start, deadline=clock.deadline(0.6))
-    best = min((greedy, warm), key=lambda i: i.cost)
+    best = min((greedy, warm), key=lambda i: (not _fits(options, i), i.cost))
     info: dict[str, Any] = {"prune": dict(problem.pruned.stats), "start_cost": greedy.cost}
     if start is None and time.perf_counter() < clock.deadline(0.6):
         info["greedy_choice"] = greedy.choice  # not hurried: greedy-dag's own answer, for callers that want both
     h = new_highs(clock.left(), options.threads, options.gap)
     base_model(problem, h)
-    if options.budget is not None:
-        best = _budget_row(problem, h, options.budget, best)
+    if options.budgets:
+        best = _budget_rows(problem, h, options.budgets, best)
     all_cycles: list[list[int]] = []
     known = list(known_cycles or [])
     if options.short_cycles >= 2:

@@ -25,6 +25,7 @@ from eqsat.egraph import TensorEGraph, carry_selection, decode
 from eqsat.errors import EqsatError
 from eqsat.extract.egraph_data import EGraphData, load_egraph
 from eqsat.extract.greedy_dag import greedy_dag
+from eqsat.extract.selection import is_valid_choice
 from eqsat.extract.ilp import ilp
 from eqsat.extract.lazy import IlpOptions, NodeBudget
 from eqsat.ir import Graph
@@ -244,8 +245,21 @@ def _propagate(members: Mapping[str, dict[str, Any]], nodes: Mapping[str, dict[s
     return known
 
 
-def price_egraph(egraph_json: Mapping[str, Any], model: ParallelCostModel) -> tuple[dict[str, Any], dict[str, float]]:
-    """The e-graph with SPMD-invalid nodes left out and step costs (µs) per node; memory per node."""
+@dataclass(frozen=True)
+class NodeRows:
+    """Per e-node terms of the ILP's knapsack rows, by node id."""
+
+    mem: Mapping[str, float]  # per-device bytes kept through the step (`memory.node_kept`)
+    comm: Mapping[str, float]  # per-device bytes its collectives move in a step (forward, backward, sync)
+
+    def weights(self, row: str, node_ids: Sequence[str]) -> tuple[float, ...]:
+        table: Mapping[str, float] = getattr(self, row)
+        return tuple(table.get(nid, 0.0) for nid in node_ids)
+
+
+def price_egraph(egraph_json: Mapping[str, Any], model: ParallelCostModel) -> tuple[dict[str, Any], NodeRows]:
+    """The e-graph with SPMD-invalid nodes left out and step costs (µs) per node; memory and
+    communication per node."""
     nodes: dict[str, dict[str, Any]] = {k: dict(v) for k, v in egraph_json["nodes"].items()}
     shape = {c: tuple(d["shape"]) for c, d in egraph_json["class_data"].items()}
     leaf_of: dict[str, str] = {n["eclass"]: n["op"] for n in nodes.values() if ops.OPS[n["op"]].is_leaf}
@@ -270,6 +284,7 @@ def price_egraph(egraph_json: Mapping[str, Any], model: ParallelCostModel) -> tu
     derived = _propagate(keep, nodes, lambda n, kids, known: _weight_derived(n["op"], [k in known for k in kids]) or None)
     grad = _propagate(keep, nodes, lambda n, kids, known: (n["op"] == "weight" or any(k in known for k in kids)) or None)
     mem: dict[str, float] = {}
+    comm: dict[str, float] = {}
     for nid, n in keep.items():
         kids = [nodes[c]["eclass"] for c in n["children"]]
         c = _price(model, n["op"], n["attrs"], [shape[k] for k in kids], [len(class_axes[k]) for k in kids],
@@ -277,12 +292,13 @@ def price_egraph(egraph_json: Mapping[str, Any], model: ParallelCostModel) -> tu
                    [k in grad for k in kids])
         n["cost"] = c.seconds * COST_SCALE
         mem[nid] = c.mem_bytes
+        comm[nid] = float(sum(col.bytes for col in c.collectives))
     member = {n["eclass"]: nid for nid, n in keep.items()}
     for n in keep.values():  # children name nodes; point them at a kept node of the same class
         n["children"] = [c if c in keep else member[nodes[c]["eclass"]] for c in n["children"]]
     used = {n["eclass"] for n in keep.values()}
     priced = {**egraph_json, "nodes": keep, "class_data": {c: d for c, d in egraph_json["class_data"].items() if c in used}}
-    return priced, mem
+    return priced, NodeRows(mem, comm)
 
 
 # --- the planner ---------------------------------------------------------------------------------
@@ -323,7 +339,7 @@ class PricedEGraph:
     model: ParallelCostModel
     raw: Mapping[str, Any]
     priced: Mapping[str, Any]
-    mem: Mapping[str, float]
+    rows: NodeRows
     data: EGraphData
     stop_reason: str
     rules: int
@@ -332,6 +348,19 @@ class PricedEGraph:
 
     def decode(self, choice_ids: Mapping[str, str]) -> Graph:
         return decode(self.priced, choice_ids).live()
+
+    def budget(self, row: str, limit: float) -> NodeBudget:
+        return NodeBudget(self.rows.weights(row, self.data.node_ids), limit)
+
+    def choice_of(self, plan: Graph) -> np.ndarray | None:
+        """`plan` (e.g. one found on another e-graph, or written by hand) as a choice over this
+        e-graph when every one of its terms is here; None otherwise."""
+        own = TensorEGraph.from_graph(plan).serialize(_UNPRICED, fold_weights=False)
+        ids = carry_selection(own, {str(n["eclass"]): nid for nid, n in own["nodes"].items()}, self.priced)
+        if ids is None:
+            return None
+        choice = _choice(self.data, ids)
+        return choice if is_valid_choice(self.data, choice) else None
 
 
 @dataclass(frozen=True)
@@ -366,10 +395,10 @@ def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits
         if i < len(stages) - 1:
             stage_plans.append(_greedy_plan(egraph, model))
     raw = egraph.serialize(_UNPRICED, fold_weights=False)  # price_egraph sets every cost
-    priced, mem = price_egraph(raw, model)
+    priced, rows = price_egraph(raw, model)
     data = load_egraph(priced)
     hints = tuple(_choice(data, ids) for ids in (carry_selection(p, sel, priced) for p, sel in stage_plans) if ids)
-    return PricedEGraph(graph, model, raw, priced, mem, data, sat.stop_reason, len(rule_list),
+    return PricedEGraph(graph, model, raw, priced, rows, data, sat.stop_reason, len(rule_list),
                         time.perf_counter() - t0, hints)
 
 
@@ -389,24 +418,31 @@ def _choice(data: EGraphData, ids: Mapping[str, str]) -> np.ndarray:
 
 def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
                time_limit: float = 20.0, mem_budget: float | None = None, model: ParallelCostModel | None = None,
-               rules: Sequence[Rule] | None = None, priced: PricedEGraph | None = None) -> PlanResult:
+               rules: Sequence[Rule] | None = None, priced: PricedEGraph | None = None,
+               comm_budget: float | None = None, starts: Sequence[Graph] = ()) -> PlanResult:
     """Saturate `graph` with the strategy's parallel rules on `mesh` (or take `priced`, the same
     saturated e-graph built before, e.g. to draw random plans from it too), extract the cheapest
-    training step (within `mem_budget` bytes per device if given) and check it against `graph`."""
+    training step (within `mem_budget` bytes per device and `comm_budget` bytes moved per device
+    in a step, if given) and check it against `graph`. `starts` are known plans (e.g. a baseline's)
+    the ILP starts from where the e-graph holds them: the answer is never worse than any of them
+    that fits the budgets."""
     t0 = time.perf_counter()
     pe = priced if priced is not None else saturate_and_price(graph, mesh, strategy, limits, model, rules)
     t1 = time.perf_counter()
     data = pe.data
+    hints = (*pe.hints, *(c for c in map(pe.choice_of, starts) if c is not None))
+    comm_rows = () if comm_budget is None else (pe.budget("comm", comm_budget),)
     row_limit = mem_budget
     for attempt in range(BUDGET_ATTEMPTS):
-        budget = None if row_limit is None else NodeBudget(tuple(pe.mem.get(nid, 0.0) for nid in data.node_ids), row_limit)
-        selection = ilp(data, time_limit if attempt == 0 else time_limit / 2, IlpOptions(budget=budget), pe.hints)
+        mem_rows = () if row_limit is None else (pe.budget("mem", row_limit),)
+        options = IlpOptions(budgets=(*mem_rows, *comm_rows))
+        selection = ilp(data, time_limit if attempt == 0 else time_limit / 2, options, hints)
         plan = pe.decode(selection.as_ids(data))
         report = plan_report(plan, pe.model)
         if mem_budget is None or row_limit is None or report.mem_bytes <= mem_budget * (1 + 1e-9):
             break
         if selection.status != "optimal" and report.mem_row_bytes > row_limit:
-            selection, plan, report = _priced_memory(pe, report, float(mem_budget), time_limit / 4)
+            selection, plan, report = _priced_memory(pe, report, float(mem_budget), time_limit / 4, comm_rows)
             break
         # the row is a linear stand-in for the simulated peak: tighten it by how far the plan is over
         row_limit = min(row_limit, report.mem_row_bytes) * 0.95 * mem_budget / report.mem_bytes
@@ -414,6 +450,9 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
     if mem_budget is not None and report.mem_bytes > mem_budget * (1 + 1e-9):
         raise PlanError(f"no plan within {mem_budget:.4g} bytes per device was found "
                         f"(best: {report.mem_bytes:.4g} predicted, status {selection.status})")
+    if comm_budget is not None and report.comm_bytes(None) > comm_budget * (1 + 1e-9):
+        raise PlanError(f"no plan moving at most {comm_budget:.4g} bytes per device in a step was found "
+                        f"(best: {report.comm_bytes(None):.4g}, status {selection.status})")
     t2 = time.perf_counter()
     ok, diff = numerics_match(graph, plan)
     return PlanResult(strategy, mesh, plan, report, ok, diff, pe.seconds + extract_s, pe.seconds, extract_s,
@@ -424,18 +463,19 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
 LAGRANGE_STEPS = (0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
 
 
-def _priced_memory(pe: PricedEGraph, over: PlanReport, budget: float, time_limit: float) -> tuple[Any, Graph, PlanReport]:
+def _priced_memory(pe: PricedEGraph, over: PlanReport, budget: float, time_limit: float,
+                   rows: tuple[NodeBudget, ...] = ()) -> tuple[Any, Graph, PlanReport]:
     """When the MIP finds no plan under the budget row in time (its start, the cheapest plan, is
     over; HiGHS rarely finds another on these cyclic e-graphs), price memory instead: node cost +
     lambda x its row bytes, lambda rising until the extracted plan's simulated peak fits. Returns
     the fastest fitting plan, or the last one tried."""
-    weights = np.array([pe.mem.get(nid, 0.0) for nid in pe.data.node_ids])
+    weights = np.array(pe.rows.weights("mem", pe.data.node_ids))
     scale = over.step_s * COST_SCALE / max(over.mem_row_bytes, 1.0)  # µs per byte at which both weigh the same
     best: tuple[Any, Graph, PlanReport] | None = None
     last: tuple[Any, Graph, PlanReport] | None = None
     for lam in LAGRANGE_STEPS:
         data = replace(pe.data, cost=pe.data.cost + lam * scale * weights)
-        selection = ilp(data, time_limit / len(LAGRANGE_STEPS))
+        selection = ilp(data, time_limit / len(LAGRANGE_STEPS), IlpOptions(budgets=rows))
         plan = pe.decode(selection.as_ids(data))
         last = (selection, plan, plan_report(plan, pe.model))
         if last[2].mem_bytes <= budget * (1 + 1e-9):
@@ -459,6 +499,7 @@ def random_plans(pe: PricedEGraph, count: int, seed: int = 0) -> list[Graph]:
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "NodeRows",
     "PlanError",
     "PlanReport",
     "PlanResult",

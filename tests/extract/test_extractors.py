@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from eqsat.errors import ExtractionError
 from eqsat.extract import EXTRACTORS, EGraphData, Status, check_selection, extract, load_egraph
 from eqsat.extract.ilp import hinted_start, ilp
+from eqsat.extract.lazy import IlpOptions, NodeBudget
 from eqsat.extract.mip import make_problem
 from eqsat.extract.selection import dag_cost, reachable_choice
 
@@ -158,3 +159,24 @@ def test_a_valid_hint_is_never_beaten_by_the_start(case: dict, rnd: Random) -> N
     assert ilp(eg, 10, hints=[hint]).dag_cost <= hint_cost + 1e-9
     best = min(valid, key=lambda c: dag_cost(eg, reachable_choice(eg, c)))
     assert hinted_start(make_problem(eg), [best]).cost == pytest.approx(brute_force(eg))  # type: ignore[union-attr]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_egraph(), st.randoms(use_true_random=False))
+def test_budget_rows_give_the_best_choice_within_every_budget(case: dict, rnd: Random) -> None:
+    """Two knapsack rows (say memory and bytes moved): the MIP's answer is the cheapest valid choice
+    within both, by brute force; a hint within both is a start it never does worse than."""
+    eg = egraph(case["spec"], case["roots"])
+    valid = [reachable_choice(eg, c) for c in _valid_choices(eg)]
+    assume(valid)
+    rows = [tuple(rnd.uniform(0, 3) for _ in range(eg.n_nodes)) for _ in range(2)]
+    picks = [rnd.choice(valid) for _ in rows]  # each row's limit: some valid choice's weight
+    limits = [float(np.sum(np.asarray(w)[c[c >= 0]])) for w, c in zip(rows, picks)]
+    budgets = tuple(NodeBudget(w, lim) for w, lim in zip(rows, limits))
+    fitting = [c for c in valid if all(b.allows(c) for b in budgets)]
+    assume(fitting)
+    best = min(dag_cost(eg, c) for c in fitting)
+    sel = ilp(eg, 10, IlpOptions(budgets=budgets), hints=[rnd.choice(fitting)])
+    assert check_selection(eg, sel) == []
+    assert all(b.allows(sel.choice) for b in budgets)
+    assert sel.dag_cost == pytest.approx(best)

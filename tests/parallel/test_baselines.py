@@ -9,7 +9,7 @@ import pytest
 from eqsat.cost import cost_model
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import parse_mesh
-from eqsat.parallel.plan import plan_graph, plan_report
+from eqsat.parallel.plan import COST_SCALE, PlanError, plan_graph, plan_report, saturate_and_price
 from eqsat.pipeline import numerics_match
 from experiments.parallel import SEARCHED, hand_plan
 from experiments.parallel_hand import HandPlanError, megatron_by_hand
@@ -66,6 +66,34 @@ def test_joint_never_worse_than_any_baseline(model: str, mesh: str) -> None:
     for base in baselines:
         assert base.numerics_ok
         assert joint.report.step_s <= base.report.step_s * (1 + 1e-9), base.strategy
+
+
+@pytest.mark.parametrize("model,mesh", [("moe", "8"), ("dlrm", "8"), ("mlp-bottleneck", "2x4"), ("gpt-block", "8")])
+def test_joint_search_within_a_baselines_bytes_is_no_slower(model: str, mesh: str) -> None:
+    """The joint plan is the fastest, and may move more bytes than a slower baseline. Asked again
+    with that baseline's step bytes as an ILP row (started from its plan, which the joint e-graph
+    holds), the joint search returns a plan no slower and moving no more: no baseline dominates it."""
+    graph = SMALL[model]()
+    m = parse_mesh(mesh)
+    pe = saturate_and_price(graph, m)
+    for base in [plan_graph(graph, m, s) for s in SEARCHED.values()] + [hand_plan(model, graph, m)]:
+        assert pe.choice_of(base.plan) is not None, base.strategy
+        res = plan_graph(graph, m, priced=pe, comm_budget=base.report.comm_bytes(None), starts=[base.plan])
+        assert res.numerics_ok
+        assert res.report.comm_bytes(None) <= base.report.comm_bytes(None) * (1 + 1e-9), base.strategy
+        assert res.report.step_s <= base.report.step_s * (1 + 1e-9), base.strategy
+
+
+def test_a_plan_carried_into_its_egraph_costs_what_it_reports() -> None:
+    graph, m = SMALL["mlp-bottleneck"](), parse_mesh("2x4")
+    pe = saturate_and_price(graph, m)
+    joint = plan_graph(graph, m, priced=pe)
+    choice = pe.choice_of(joint.plan)
+    assert choice is not None
+    picked = choice[choice >= 0]
+    assert float(pe.data.cost[picked].sum()) == pytest.approx(joint.report.step_s * COST_SCALE, rel=1e-6)
+    with pytest.raises(PlanError, match="no plan moving at most"):
+        plan_graph(graph, m, priced=pe, comm_budget=-1.0)
 
 
 def test_unity_mlp_reproduces_its_communication_ratio() -> None:
