@@ -17,7 +17,8 @@ lowering table with per-device attributes) and the distribution ops as explicit 
 
 Values are typed by JAX's varying-manual-axes check (`check_vma`), so the transposes JAX derives
 for the training step are the ones `eqsat.parallel.cost` prices. The invariant all-gather is
-JAX's own (`jax._src.lax.parallel._all_gather_invariant`, not yet public in this JAX). So the
+JAX's own (`lax.all_gather_invariant` where public, else `jax._src.lax.parallel`'s, as in JAX 0.12;
+without either a combine is refused with a clear error rather than run another way). So the
 program states the plan exactly and XLA adds no resharding of its own; `compiled_report`
 reads back what the compiled program communicates (kind, replica groups, bytes per device, from
 `compile().as_text()`) and its memory (`memory_analysis()`).
@@ -34,7 +35,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax._src.lax.parallel import _all_gather_invariant
 from jax.sharding import Mesh as JaxMesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -55,6 +55,19 @@ class ShardError(EqsatError):
     """A plan that cannot run on the available devices."""
 
 
+def _invariant_all_gather() -> Any:
+    """JAX's all-gather whose result is invariant over the axis (transpose: a local slice)."""
+    public = getattr(lax, "all_gather_invariant", None)
+    if public is not None:
+        return public
+    try:
+        from jax._src.lax.parallel import _all_gather_invariant
+    except ImportError:
+        raise ShardError(f"this JAX ({jax.__version__}) has no invariant all-gather, which `combine` lowers to; "
+                         "JAX 0.8.2 to 0.12 have it") from None
+    return _all_gather_invariant
+
+
 def jax_mesh(mesh: Mesh, devices: Sequence[Any] | None = None) -> JaxMesh:
     devs = list(devices if devices is not None else jax.devices())
     if len(devs) < mesh.n_devices:
@@ -71,7 +84,7 @@ def _collective(op: str, x: Array, a: Mapping[str, Any], name: str, parts: int) 
     if op == "replicate":  # each device's copy may now diverge: the transpose sums the copies
         return lax.pcast(x, (name,), to="varying")
     if op == "combine":  # the result is one value again: the gather's transpose is a local slice
-        return _all_gather_invariant(x, name, axis=nd + a["dim"], tiled=True)
+        return _invariant_all_gather()(x, name, axis=nd + a["dim"], tiled=True)
     if op == "all_gather":
         return lax.all_gather(x, name, axis=nd + a["dim"], tiled=True)
     if op == "reduce":
