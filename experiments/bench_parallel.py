@@ -31,8 +31,9 @@ COLUMNS = ("model", "mesh", "predicted_s", "data_parallel_s", "megatron_s", "meg
            "data_parallel_measured_step_comm_bytes", "megatron_measured_step_comm_bytes",
            "megatron_search_measured_step_comm_bytes", "algebra_first_measured_step_comm_bytes",
            "predicted_comm_bytes", "measured_comm_bytes", "predicted_mem_bytes", "measured_mem_bytes", "numerics_ok",
-           "same_step_collectives", "search_s", "ilp_status", "ilp_gap",
-           "random_plans", "random_numerics_failures", "random_mem_within_15pct")
+           "same_step_collectives", "no_recomputation", "search_s", "ilp_status", "ilp_gap",
+           "random_plans", "random_numerics_failures", "random_mem_within_15pct",
+           "random_no_recomputation")
 RANDOM_PLANS = 20  # per case and mesh, each run on the devices against the single-device program
 
 

@@ -99,14 +99,16 @@ def check_on_devices(graph: Graph, plan: Graph, mesh: Mesh, seed: int = 0, gradi
         grads_ok = all(_close(np.asarray(g), by_name[n], 1e-3)
                        for n, g in zip([n for n in program.names if n in weights], grads))
         compiled = step.lower(*args).compile()
-        from jax_backend.shard import compiled_collectives
+        from jax_backend.shard import compiled_collectives, compiled_contractions
 
-        step_colls = compiled_collectives(compiled.as_text())
+        text = compiled.as_text()
+        step_colls = compiled_collectives(text)
         mem = compiled.memory_analysis()
         step_mem = float(mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
                          - mem.alias_size_in_bytes)
         result.update(gradients_ok=grads_ok, measured_step_comm_bytes=float(sum(c.bytes for c in step_colls)),
-                      measured_step_collectives=sorted(c.kind for c in step_colls), measured_mem_bytes=step_mem)
+                      measured_step_collectives=sorted(c.kind for c in step_colls), measured_mem_bytes=step_mem,
+                      measured_step_contractions=compiled_contractions(text))
     result["numerics_ok"] = bool(result["outputs_ok"] and result.get("gradients_ok", True))
     return result
 
@@ -153,7 +155,8 @@ def run_case(model: str, mesh_spec: str, time_limit: float = 20.0, budget_fracti
                    same_collectives=pred_kinds == row["measured_collectives"],
                    same_step_collectives=step_kinds == row.get("measured_step_collectives"),
                    step_comm_within_5pct=_within(row["predicted_step_comm_bytes"], row.get("measured_step_comm_bytes", 0.0), 0.05),
-                   mem_within_15pct=_within(row["predicted_mem_bytes"], row.get("measured_mem_bytes", 0.0), 0.15))
+                   mem_within_15pct=_within(row["predicted_mem_bytes"], row.get("measured_mem_bytes", 0.0), 0.15),
+                   no_recomputation=row.get("measured_step_contractions") == joint.report.contractions)
         row.update(_measure_baselines(graph, mesh, baselines, row))
     if budget is None and comm_budget is None:
         row.update(_dominance(graph, mesh, priced, joint, baselines, row, min(time_limit, 10.0), measure))
@@ -198,6 +201,7 @@ def _measure_baselines(graph: Graph, mesh: Mesh, baselines: Mapping[str, PlanRes
         out[f"{key}_step_comm_within_5pct"] = _within(res.report.comm_bytes(None), measured.get("measured_step_comm_bytes", 0.0), 0.05)
         out[f"{key}_same_step_collectives"] = (sorted(c.kind for _, c in res.report.collectives)
                                                == measured.get("measured_step_collectives"))
+        out[f"{key}_no_recomputation"] = measured.get("measured_step_contractions") == res.report.contractions
     return out
 
 
@@ -268,7 +272,7 @@ def _random_checks(graph: Graph, mesh: Mesh, count: int, pe: PricedEGraph | None
     (outputs and gradients), with their predicted communication and memory against the compiled."""
     pe = pe if pe is not None else saturate_and_price(graph, mesh, "joint")
     reference = reference_gradients(graph)
-    failures, comm_ok, kinds_ok, step_ok, step_kinds_ok, mem_ok = 0, 0, 0, 0, 0, 0
+    failures, comm_ok, kinds_ok, step_ok, step_kinds_ok, mem_ok, no_recompute = 0, 0, 0, 0, 0, 0, 0
     mem_ratios: list[float] = []
     for plan in random_plans(pe, count, seed=1):
         report = plan_report(plan, pe.model)
@@ -279,10 +283,12 @@ def _random_checks(graph: Graph, mesh: Mesh, count: int, pe: PricedEGraph | None
         step_ok += _within(report.comm_bytes(None), res["measured_step_comm_bytes"], 0.05)
         step_kinds_ok += sorted(c.kind for _, c in report.collectives) == res["measured_step_collectives"]
         mem_ok += _within(report.mem_bytes, res["measured_mem_bytes"], 0.15)
+        no_recompute += res["measured_step_contractions"] == report.contractions
         mem_ratios.append(report.mem_bytes / max(res["measured_mem_bytes"], 1.0))
     return {"random_plans": count, "random_numerics_failures": failures, "random_comm_within_5pct": comm_ok,
             "random_same_collectives": kinds_ok, "random_step_comm_within_5pct": step_ok,
             "random_same_step_collectives": step_kinds_ok, "random_mem_within_15pct": mem_ok,
+            "random_no_recomputation": no_recompute,
             "random_mem_ratio_range": [min(mem_ratios, default=1.0), max(mem_ratios, default=1.0)]}
 
 

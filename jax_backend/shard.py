@@ -161,6 +161,7 @@ _DTYPE_BYTES = {"f32": 4, "f64": 8, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "pr
 _COLLECTIVE_LINE = re.compile(
     r"=\s*(?P<result>.*?)\s+(?P<kind>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
 _SHAPE = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
+_CONTRACTION_LINE = re.compile(r"=\s*\S+\s+(?:dot|convolution)\(")
 _GROUPS = re.compile(r"replica_groups=(mesh\[[^\]]*\] \{[^}]*\}|\{[^=]*?\}\}|\[[^\]]*\]<=\[[^\]]*\][^,]*)")
 
 
@@ -230,6 +231,13 @@ class CompiledReport:
 
     def kinds(self) -> list[str]:
         return sorted(c.kind for c in self.collectives)
+
+
+def compiled_contractions(hlo_text: str) -> int:
+    """Products (dot, convolution) in a compiled HLO module, fused computations included: a
+    training step of a plan with none recomputed has the forward's plus one per operand that takes
+    a gradient (`eqsat.parallel.plan.PlanReport.contractions`)."""
+    return sum(1 for line in hlo_text.splitlines() if _CONTRACTION_LINE.search(line))
 
 
 def compiled_report(program: ShardedProgram, args: Sequence[Array]) -> CompiledReport:

@@ -41,6 +41,7 @@ Axes = tuple[int, ...]
 ENTER = frozenset({"partition", "replicate"})
 LEAVE = frozenset({"combine", "reduce"})
 KEEP = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all"})
+CONTRACTIONS = frozenset({"matmul", "conv2d"})
 def _leading(key: str) -> Callable[[Mapping[str, Any], int], bool]:
     """The op's index list keeps the k device axes in front, in place."""
     return lambda attrs, k: tuple(attrs[key])[:k] == tuple(range(k))
@@ -156,6 +157,9 @@ class PlanReport:
     memory: StepMemory | None = None
     mem_row_bytes: float = 0.0  # the ILP memory row's value for this plan (`memory.node_kept`)
     mem_bound_bytes: float = 0.0  # every buffer the step allocates (`memory.node_bound`; >= mem_bytes)
+    # products (matmul, conv) of the training step: each forward one plus one per operand taking a
+    # gradient; a compiled step with more recomputes (rematerializes) some
+    contractions: int = 0
 
     def comm_bytes(self, phase: str | None = "forward") -> float:
         return float(sum(c.bytes for _, c in self.collectives if phase is None or c.phase == phase))
@@ -165,7 +169,7 @@ class PlanReport:
             "predicted_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
             "predicted_comm_bytes": self.comm_bytes("forward"), "predicted_step_comm_bytes": self.comm_bytes(None),
             "predicted_mem_bytes": self.mem_bytes, "predicted_mem_row_bytes": self.mem_row_bytes,
-            "predicted_mem_bound_bytes": self.mem_bound_bytes,
+            "predicted_mem_bound_bytes": self.mem_bound_bytes, "predicted_step_contractions": self.contractions,
             **({"predicted_mem": {"arguments": self.memory.arguments, "outputs": self.memory.outputs,
                                   "temp": self.memory.temp}} if self.memory is not None else {}),
             "collectives": [{"node": i, "enode_op": graph.nodes[i].op, "kind": c.kind, "axis": c.axis,
@@ -188,6 +192,7 @@ def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
     g = graph.live()
     axes = graph_axes(g)
     compute = comm = row = bound = 0.0
+    contractions = 0
     found: list[tuple[int, Collective]] = []
     derived: list[bool] = []
     grad: list[bool] = []
@@ -202,9 +207,11 @@ def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
         row += c.mem_bytes
         bound += c.mem_bound_bytes
         found.extend((i, col) for col in c.collectives)
+        if n.op in CONTRACTIONS:
+            contractions += 1 + sum(grad[v.node] for v in n.inputs)
     bound += sum(output_cotangent_bytes(g.shape(v), len(axes[v.node])) for v in set(g.outputs))
     memory = step_memory(g, axes)
-    return PlanReport(compute + comm, compute, comm, memory.peak, tuple(found), memory, row, bound)
+    return PlanReport(compute + comm, compute, comm, memory.peak, tuple(found), memory, row, bound, contractions)
 
 
 def output_cotangent_bytes(shape: tuple[int, ...], depth: int) -> float:

@@ -186,3 +186,39 @@ def test_predicted_step_memory_within_15pct(model: str, mesh_spec: str) -> None:
     res = plan_graph(graph, mesh, time_limit=3.0)
     measured = check_on_devices(graph, res.plan, mesh)["measured_mem_bytes"]
     assert abs(res.report.mem_bytes - measured) <= 0.15 * measured
+
+
+@pytest.mark.parametrize("case", ["conv", "gpt"])
+def test_compiled_step_recomputes_no_product(case: str) -> None:
+    """XLA's training step runs exactly the plan's products (each forward one, one more per operand
+    taking a gradient): nothing rematerialized, for the extracted plan and random ones."""
+    from experiments.parallel import reference_gradients
+
+    graph = cnn(batch=2, channels=8, size=8, classes=8) if case == "conv" else gpt(1, d=32, heads=8, seq=8)
+    mesh = parse_mesh("2x4")
+    pe = saturate_and_price(graph, mesh)
+    reference = reference_gradients(graph)
+    for plan in [plan_graph(graph, mesh, time_limit=3.0, priced=pe).plan, *random_plans(pe, 3, seed=7)]:
+        measured = check_on_devices(graph, plan, mesh, reference=reference)["measured_step_contractions"]
+        assert measured == plan_report(plan, pe.model).contractions
+
+
+def test_recomputed_products_are_counted() -> None:
+    """The check can fail: under `jax.checkpoint` the backward recomputes the layer's product
+    (forward 2 products, backward 2; one more when rematerialized)."""
+    import jax.numpy as jnp
+
+    from jax_backend.shard import compiled_contractions
+
+    def layer(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ w)
+
+    def count(layer_fn: object) -> int:
+        def loss(w: jax.Array, x: jax.Array, r: jax.Array) -> jax.Array:
+            return jnp.sum(layer_fn(w, x) @ r)  # type: ignore[operator]
+
+        args = jnp.ones((16, 4)), jnp.ones((8, 16)), jnp.ones((4, 3))
+        return compiled_contractions(jax.jit(jax.value_and_grad(loss)).lower(*args).compile().as_text())
+
+    assert count(layer) == 4
+    assert count(jax.checkpoint(layer)) == 5
