@@ -23,6 +23,7 @@ slower (predicted) and moving no more (compiled) than the baseline.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -308,6 +309,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
     if args.model not in PARALLEL_MODELS:
         raise EqsatError(f"unknown model '{args.model}'; known: {', '.join(PARALLEL_MODELS)}")
+    if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
+        raise EqsatError(f"--budget is a fraction of the unparallelized footprint (> 0), not {args.budget}")
+    if args.comm_budget is not None and not (math.isfinite(args.comm_budget) and args.comm_budget >= 0):
+        raise EqsatError(f"--comm-budget is a number of bytes (>= 0), not {args.comm_budget}")
+    if not (math.isfinite(args.time_limit) and args.time_limit > 0):
+        raise EqsatError(f"--time-limit must be a number of seconds > 0, not {args.time_limit}")
     t = time.perf_counter()
     row = run_case(args.model, args.mesh, args.time_limit, args.budget, args.random_plans, not args.no_measure, args.base,
                    args.comm_budget)

@@ -12,6 +12,7 @@ SPMD program, so they are left out before extraction.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -433,6 +434,11 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
     in a step, if given) and check it against `graph`. `starts` are known plans (e.g. a baseline's)
     the ILP starts from where the e-graph holds them: the answer is never worse than any of them
     that fits the budgets."""
+    for name, value, least in (("memory budget", mem_budget, 0.0), ("communication budget", comm_budget, 0.0)):
+        if value is not None and not (math.isfinite(value) and value >= least):
+            raise PlanError(f"the {name} must be a finite number of bytes >= {least:g}, not {value}")
+    if not (math.isfinite(time_limit) and time_limit > 0):
+        raise PlanError(f"the ILP time limit must be a finite number of seconds > 0, not {time_limit}")
     t0 = time.perf_counter()
     pe = priced if priced is not None else saturate_and_price(graph, mesh, strategy, limits, model, rules)
     t1 = time.perf_counter()

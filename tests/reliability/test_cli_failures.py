@@ -105,3 +105,21 @@ def test_library_callers_keep_keyboard_interrupt() -> None:
     before = signal.getsignal(signal.SIGINT)
     with native_call_interruptible():
         assert signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.parametrize("flag, value", [("--comm-budget", "nan"), ("--comm-budget", "-1"), ("--budget", "0"),
+                                         ("--budget", "inf"), ("--time-limit", "nan")])
+def test_parallel_rejects_impossible_budgets(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["parallel", "moe", "--mesh", "8", flag, value, "--no-measure"])
+    _one_error_line(code, capsys.readouterr().err, "parallel")
+
+
+def test_parallel_comm_budget_zero_gives_a_plan_moving_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    """A budget of 0 bytes: a plan with no collective at all (on moe the fastest such plan runs the
+    whole step on every device, as the data-parallel search's plan does)."""
+    import json
+
+    code = cli.main(["parallel", "moe", "--mesh", "8", "--comm-budget", "0", "--no-measure", "--json"])
+    assert code == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["predicted_step_comm_bytes"] == 0.0 and row["numerics_ok"] and row["comm_budget_bytes"] == 0.0
