@@ -92,8 +92,10 @@ def test_a_plan_carried_into_its_egraph_costs_what_it_reports() -> None:
     assert choice is not None
     picked = choice[choice >= 0]
     assert float(pe.data.cost[picked].sum()) == pytest.approx(joint.report.step_s * COST_SCALE, rel=1e-6)
-    with pytest.raises(PlanError, match="no plan moving at most"):
+    with pytest.raises(PlanError, match="communication budget must be"):
         plan_graph(graph, m, priced=pe, comm_budget=-1.0)
+    alone = plan_graph(graph, m, priced=pe, comm_budget=0.0)  # the program on every device is always there
+    assert alone.report.comm_bytes(None) == 0.0 and alone.numerics_ok
 
 
 def test_unity_mlp_reproduces_its_communication_ratio() -> None:
