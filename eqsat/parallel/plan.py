@@ -1,6 +1,7 @@
 """Plan a program on a mesh: saturate it with the verified parallelization rules, price every
 e-node as a training step on the mesh, extract algebra and plan with one ILP (optionally under a
-per-device memory budget), check the plan against the single-device program, and report it.
+per-device memory budget and a budget of bytes moved per step, each a knapsack row), check the plan
+against the single-device program, and report it.
 
 Device axes: a value's leading device axes (`eqsat.parallel.ops`) follow from the ops that made
 it (`node_axes`): `partition` / `replicate` over mesh axis a put a in front, `combine` / `reduce`
