@@ -234,7 +234,7 @@ def _dominance(graph: Graph, mesh: Mesh, priced: PricedEGraph, joint: PlanResult
         alt_bytes = alt.report.comm_bytes(None)
         info: dict[str, Any] = {"predicted_s": alt.report.step_s, "predicted_step_comm_bytes": alt_bytes,
                                 "numerics_ok": alt.numerics_ok, "ilp_status": alt.ilp_status, "extract_s": alt.extract_s,
-                                "started_from_baseline": priced.choice_of(res.plan) is not None}
+                                "started_from_baseline": alt.info["starts_carried"] == 1}
         if measured:
             checked = check_on_devices(graph, alt.plan, mesh)
             alt_bytes = float(checked["measured_step_comm_bytes"])

@@ -27,9 +27,9 @@ from eqsat.egraph import TensorEGraph, carry_selection, decode
 from eqsat.errors import EqsatError
 from eqsat.extract.egraph_data import EGraphData, load_egraph
 from eqsat.extract.greedy_dag import greedy_dag
-from eqsat.extract.selection import is_valid_choice
 from eqsat.extract.ilp import ilp
 from eqsat.extract.lazy import IlpOptions, NodeBudget
+from eqsat.extract.selection import is_valid_choice
 from eqsat.ir import Graph
 from eqsat.parallel.cost import COLLECTIVES, Collective, NodeCost, ParallelCostModel
 from eqsat.parallel.memory import StepMemory, per_device_bytes, step_memory
@@ -435,16 +435,17 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
     in a step, if given) and check it against `graph`. `starts` are known plans (e.g. a baseline's)
     the ILP starts from where the e-graph holds them: the answer is never worse than any of them
     that fits the budgets."""
-    for name, value, least in (("memory budget", mem_budget, 0.0), ("communication budget", comm_budget, 0.0)):
-        if value is not None and not (math.isfinite(value) and value >= least):
-            raise PlanError(f"the {name} must be a finite number of bytes >= {least:g}, not {value}")
+    for name, value in (("memory budget", mem_budget), ("communication budget", comm_budget)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise PlanError(f"the {name} must be a finite number of bytes >= 0, not {value}")
     if not (math.isfinite(time_limit) and time_limit > 0):
         raise PlanError(f"the ILP time limit must be a finite number of seconds > 0, not {time_limit}")
     t0 = time.perf_counter()
     pe = priced if priced is not None else saturate_and_price(graph, mesh, strategy, limits, model, rules)
     t1 = time.perf_counter()
     data = pe.data
-    hints = (*pe.hints, *(c for c in map(pe.choice_of, starts) if c is not None))
+    carried = [c for c in map(pe.choice_of, starts) if c is not None]
+    hints = (*pe.hints, *carried)
     comm_rows = () if comm_budget is None else (pe.budget("comm", comm_budget),)
     row_limit = mem_budget
     for attempt in range(BUDGET_ATTEMPTS):
@@ -471,7 +472,8 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
     ok, diff = numerics_match(graph, plan)
     return PlanResult(strategy, mesh, plan, report, ok, diff, pe.seconds + extract_s, pe.seconds, extract_s,
                       len(pe.raw["nodes"]), len(pe.raw["class_data"]), str(selection.status), selection.gap,
-                      pe.rules, pe.stop_reason, {"check_s": time.perf_counter() - t2, "total_s": time.perf_counter() - t0})
+                      pe.rules, pe.stop_reason, {"check_s": time.perf_counter() - t2, "total_s": time.perf_counter() - t0,
+                                                 "starts_carried": len(carried)})
 
 
 LAGRANGE_STEPS = (0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
