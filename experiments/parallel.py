@@ -13,7 +13,8 @@ and memory are compared with what the compiled programs do (`compile().as_text()
 a ring all-reduce moves 2(n-1)/n S = S per device, so bytes are counted as buffer sizes S).
 
 The joint plan is the fastest; a baseline may move fewer bytes at a slower step (Megatron by hand
-replicates what it does not split; data parallelism of a small model may move almost nothing). For
+replicates what it does not split; the data-parallel search may find that splitting nothing, which
+moves no bytes, is its fastest plan, as on moe). For
 such a baseline the joint search is asked again with the baseline's step bytes as a budget (a
 knapsack row of the same ILP, started from the baseline's plan where the joint e-graph holds it):
 `*_at_bytes` is that plan, and `joint_dominates_*` says whether the joint search has a plan no
@@ -220,9 +221,9 @@ def _dominance(graph: Graph, mesh: Mesh, priced: PricedEGraph, joint: PlanResult
     for name, res in baselines.items():
         key = name.replace("-", "_")
         theirs = step_bytes(f"{key}_", res)
-        slower_ok = joint.report.step_s <= res.report.step_s * (1 + 1e-9)
+        no_slower = joint.report.step_s <= res.report.step_s * (1 + 1e-9)
         if ours <= theirs * (1 + 1e-9):
-            out[f"joint_dominates_{key}"] = slower_ok
+            out[f"joint_dominates_{key}"] = no_slower
             continue
         try:
             alt = plan_graph(graph, mesh, "joint", time_limit=time_limit, priced=priced,
