@@ -4,12 +4,14 @@ egglog cannot be interrupted inside a run, so limits are enforced between iterat
 single iteration may run away:
 - single rules run under egglog's back-off scheduler (a rule with more matches than its cap is
   skipped and banned for a while, its cap doubling), which bounds the growth of one iteration;
-- an iteration runs all rules at once only if `GROWTH_MARGIN` x the largest growth so far keeps
-  it within the node limit and no banned rule is about to return; otherwise (and always for the
-  first step, two-output rounds and the step after one) it runs rule by rule (a group's rules in
-  one egglog call, the size read after each), undoing (by replay) and skipping any rule that would
-  pass the limit, so `enodes <= nodes` and the stop reason is then "nodes"; the time limit is
-  checked between such calls, not between rules;
+- an iteration runs all rules at once if `GROWTH_MARGIN` x the largest growth so far keeps it
+  within the node limit and no banned rule is about to return; it runs rule by rule (a group's
+  rules in one egglog call, the size read after each), undoing (by replay) and skipping any rule
+  that would pass the limit, for two-output rounds (no cap bounds them) and for a step predicted
+  to pass the limit, so `enodes <= nodes` and the stop reason is then "nodes"; a single-rule step
+  whose growth cannot be predicted (the first, the one after a two-output round, banned rules
+  returning) runs all at once and, only if it passed the limit, is undone and run rule by rule;
+  the time limit is checked between such calls, not between rules;
 - an iteration predicted (from the last one) to pass the time limit is not started.
 
 Two-output rules (`multi_rounds`, Tensat's k_multi). Schedule "after-saturation" (the default):
@@ -284,6 +286,19 @@ class _Stepper:
             result.add(self._run(_step_text(group, self._scheduler(group)), group))
         return result
 
+    def optimistic(self, groups: Sequence[str]) -> _StepResult:
+        """All rules at once (as `plain`); if that passed the node limit, undone (by replay) and
+        run again rule by rule (`within_budget`). For single rules only: their back-off caps bound
+        how far one plain step can overshoot, and most steps do not reach the limit, so the rule-by-
+        rule overhead (a shape pass and a size read per rule: ~2x the step on NasRNN) is paid only
+        by the step that does."""
+        start = len(self.egraph.program)
+        result = self.plain(groups)
+        if self.egraph.num_enodes() <= self.limits.nodes:
+            return result
+        self.egraph.rewind(start)
+        return self.within_budget(groups)
+
     def within_budget(self, groups: Sequence[str]) -> _StepResult:
         """Rule by rule, never past the node limit: each rule runs after the ones before it (so a
         rule sees what they built), the e-graph is measured after each, and a rule that takes it
@@ -368,11 +383,15 @@ def saturate(egraph: TensorEGraph, rules: Sequence[Rule], limits: Limits, progre
             break
         # Unknown after a two-output round or while banned rules wait to return with doubled caps.
         predicted = None if (multi or extending or previous_multi or last_growth is None or banned) else GROWTH_MARGIN * max_growth
-        careful = predicted is None or n_now + predicted > limits.nodes
         t0 = time.perf_counter()
         pairs = stepper.guard_cycles(groups[0]) if multi or extending else (0, 0)
         guard_s = time.perf_counter() - t0
-        step = stepper.within_budget(groups) if careful else stepper.plain(groups)
+        if multi or extending or (predicted is not None and n_now + predicted > limits.nodes):
+            step = stepper.within_budget(groups)  # uncapped rounds, or a step expected to reach the limit
+        elif predicted is None:
+            step = stepper.optimistic(groups)
+        else:
+            step = stepper.plain(groups)
         seconds = time.perf_counter() - t0
         n_new, classes = egraph.num_enodes(), egraph.num_eclasses()
         rows.append(IterationRow(it, n_new, classes, seconds, {k: v for k, v in step.matches.items() if v}, multi or extending,

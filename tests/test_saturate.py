@@ -70,6 +70,17 @@ def test_node_limit_stops_within_the_limit() -> None:
     assert all(row.enodes > 0 and row.eclasses > 0 for row in report.iterations)
 
 
+def test_first_step_past_the_limit_is_undone_and_run_rule_by_rule() -> None:
+    """The first step has no growth to predict from: it runs all rules at once, and when that
+    passes the limit it is replayed away and run rule by rule, keeping the rules that fit."""
+    eg = TensorEGraph.from_graph(ewadd_chain(6))
+    limit = eg.num_enodes() + 7  # all three rules at once add 13; comm alone fits
+    report = saturate(eg, rules(*ASSOC_COMM), Limits(iterations=5, nodes=limit))
+    assert report.stop_reason == "nodes" and "undone" in report.detail
+    assert len(report.iterations) == 1
+    assert report.enodes_before < report.enodes == eg.num_enodes() <= limit
+
+
 def test_time_limit_stops() -> None:
     """A 9-term chain needs ~1 s to saturate under associativity and commutativity: 0.05 s stops it."""
     report = saturate(TensorEGraph.from_graph(ewadd_chain(9)), rules(*ASSOC_COMM),

@@ -311,6 +311,7 @@ def _text(rule: Rule, ruleset: str, name: str, where: str, candidate: bool = Fal
         expr, _ = _rhs(side, q, roots, where)
         actions.append(f"(union {root} {expr})")
     escaped = name.replace("\\", "\\\\").replace('"', '\\"')
+    q.atoms = list(dict.fromkeys(q.atoms))  # a shape fact the left and right sides both need is checked once
     if len(roots) == 2:
         q.atoms += [f"(= pair_u0 (uid {roots[0]}))", f"(= pair_u1 (uid {roots[1]}))"]
         if candidate:
