@@ -129,6 +129,10 @@ class Rows:
 
 
 def new_highs(time_limit: float, threads: int = 1, gap: float = 1e-6) -> highspy.Highs:
+    """A silent HiGHS instance. HiGHS keeps one task scheduler per process, sized by the first
+    solve: a later solve asking for another thread count fails at once (HiGHS returns no answer),
+    so the scheduler is reset first (~0.1 ms; it is rebuilt at the next solve)."""
+    highspy.Highs.resetGlobalScheduler(True)
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", threads)

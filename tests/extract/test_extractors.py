@@ -130,6 +130,14 @@ def test_greedy_on_vgg_is_valid() -> None:
     assert sel.dag_cost <= 4.8525
 
 
+def test_ilp_proves_optimality_whatever_thread_counts_came_before() -> None:
+    """HiGHS sizes one scheduler per process at its first solve; a later solve with another
+    thread count used to return no answer, and `ilp` fell back to its start."""
+    eg = egraph({"A": [(1, ["B"]), (10, [])], "B": [(1, ["A"]), (1, ["C"])], "C": [(1, [])]}, ["A"])
+    runs = [ilp(eg, 10, IlpOptions(threads=t, short_cycles=0)) for t in (1, 2, 1)]
+    assert [(s.status, s.dag_cost) for s in runs] == [(Status.OPTIMAL, 3.0)] * 3
+
+
 @pytest.mark.skipif(not (DATA / "egg").exists(), reason="shared data not present")
 @pytest.mark.parametrize("name", ["bottom-up", "greedy-dag", "ilp"])
 def test_small_benchmark_files(name: str) -> None:
