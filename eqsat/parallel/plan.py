@@ -160,7 +160,7 @@ class PlanReport:
     mem_row_bytes: float = 0.0  # the ILP memory row's value for this plan (`memory.node_kept`)
     mem_bound_bytes: float = 0.0  # every buffer the step allocates (`memory.node_bound`; >= mem_bytes)
     # products (matmul, conv) of the training step: each forward one plus one per operand taking a
-    # gradient; a compiled step with more recomputes (rematerializes) some
+    # gradient (`step_products`); a compiled step with more recomputes (rematerializes) some
     contractions: int = 0
 
     def comm_bytes(self, phase: str | None = "forward") -> float:
@@ -190,6 +190,20 @@ def graph_axes(graph: Graph) -> list[Axes]:
     return out
 
 
+def step_products(op: str, shapes: Sequence[tuple[int, ...]], grads: Sequence[bool]) -> int:
+    """Products a training step runs for one matmul or conv: the forward one and one per operand
+    taking a gradient. XLA writes a matmul product that sums over a dimension of size 1 (an outer
+    product) as a multiply, so it is not a product: the forward sums over k, an (m, k) @ (k, n)
+    operand's gradient over n, the other's over m, each also over the batch dims only the other has."""
+    if op != "matmul":
+        return 1 + sum(grads)
+    a, b = shapes
+    m, k, n = a[-2], a[-1], b[-1]
+    batch_a, batch_b = math.prod(a[:-2]), math.prod(b[:-2])  # one of them is 1 or both are equal
+    summed = (k, n * max(batch_b // batch_a, 1), m * max(batch_a // batch_b, 1))
+    return int(summed[0] > 1) + sum(int(g and size > 1) for g, size in zip(grads, summed[1:]))
+
+
 def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
     g = graph.live()
     axes = graph_axes(g)
@@ -210,7 +224,7 @@ def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
         bound += c.mem_bound_bytes
         found.extend((i, col) for col in c.collectives)
         if n.op in CONTRACTIONS:
-            contractions += 1 + sum(grad[v.node] for v in n.inputs)
+            contractions += step_products(n.op, [g.shape(v) for v in n.inputs], [grad[v.node] for v in n.inputs])
     bound += sum(output_cotangent_bytes(g.shape(v), len(axes[v.node])) for v in set(g.outputs))
     memory = step_memory(g, axes)
     return PlanReport(compute + comm, compute, comm, memory.peak, tuple(found), memory, row, bound, contractions)

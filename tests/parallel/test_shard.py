@@ -19,6 +19,7 @@ from eqsat.parallel.plan import (
     plan_report,
     random_plans,
     saturate_and_price,
+    step_products,
 )
 from experiments.parallel import check_on_devices
 from experiments.parallel_models import (
@@ -222,3 +223,19 @@ def test_recomputed_products_are_counted() -> None:
 
     assert count(layer) == 4
     assert count(jax.checkpoint(layer)) == 5
+
+
+@pytest.mark.parametrize(("a", "b"), [((8, 8, 8), (8, 8, 1)), ((8, 8, 8), (8, 8, 4)), ((8, 1), (1, 8)),
+                                      ((4, 8, 16), (16, 1)), ((1, 16), (16, 8))])
+def test_step_products_match_the_compiled_gradient(a: tuple[int, ...], b: tuple[int, ...]) -> None:
+    """A product that sums over a dimension of size 1 is compiled as a multiply, not a dot: the
+    expected count follows (a random 2x4 GPT plan with a 1-wide head split found this)."""
+    import jax.numpy as jnp
+
+    from jax_backend.shard import compiled_contractions
+
+    def loss(x: jax.Array, y: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.tanh(jnp.matmul(x, y)))
+
+    text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(jnp.ones(a), jnp.ones(b)).compile().as_text()
+    assert compiled_contractions(text) == step_products("matmul", [a, b], [True, True])
