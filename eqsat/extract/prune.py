@@ -7,6 +7,14 @@ fixpoint), classes and nodes the roots cannot reach, and dominated nodes: in one
 whose distinct child classes are a superset of another's and whose cost is not lower. Replacing a
 dominated node by its dominator in any valid choice keeps it valid (its children are already
 chosen, and it adds no edge, so no cycle) and does not raise the cost.
+
+Free classes (with dominance, when no cost is negative): a class with a zero-cost node whose child
+classes are all free (least fixpoint; weights and everything folded from them, under TASO's
+convention) keeps only that node, the first found. Those witnesses point only at classes found
+before theirs, so any valid choice with every free class switched to its witness is still acyclic
+(no cycle can leave a free class and come back), reaches no non-free class it did not reach before,
+and costs no more. On BERT this leaves 1 of each weight class's nodes and removes every
+slice/concat 2-cycle among the weights, which the ILP otherwise had to cut.
 """
 
 from __future__ import annotations
@@ -80,6 +88,13 @@ def prune(
             break
         stats["necessarily_cyclic"] += int(cyclic.sum())
         mask &= ~cyclic
+    stats["free"] = 0
+    if dominance and float(egraph.cost.min(initial=0.0)) >= 0:
+        before = int(mask.sum())
+        for c, witness in free_class_witnesses(egraph, mask).items():
+            mask[egraph.nodes_of(c)] = False
+            mask[witness] = True
+        stats["free"] = before - int(mask.sum())
     reach = reachable_classes(egraph, mask)
     before = int(mask.sum())
     mask &= reach[node_class]
@@ -107,6 +122,37 @@ def prune(
     stats["kept_classes"] = int(reach.sum())
     return Pruned(node_mask=mask, class_mask=reach, stats=stats)
 
+
+
+def free_class_witnesses(egraph: EGraphData, node_mask: np.ndarray) -> dict[int, int]:
+    """Class → its first zero-cost kept node whose child classes are all free (classes found in
+    that order, so each witness's children were found before it)."""
+    uc = egraph.unique_children
+    ok = node_mask.tolist()
+    cost = egraph.cost.tolist()
+    node_class = egraph.node_class.tolist()
+    waiting: list[int] = [0] * egraph.n_nodes  # child classes not yet free, per zero-cost node
+    users: dict[int, list[int]] = {}
+    ready: list[int] = []
+    for n in range(egraph.n_nodes):
+        if ok[n] and cost[n] == 0:
+            waiting[n] = len(uc[n])
+            if waiting[n] == 0:
+                ready.append(n)
+            for k in uc[n]:
+                users.setdefault(k, []).append(n)
+    witness: dict[int, int] = {}
+    while ready:
+        n = ready.pop()
+        c = node_class[n]
+        if c in witness:
+            continue
+        witness[c] = n
+        for m in users.get(c, ()):
+            waiting[m] -= 1
+            if waiting[m] == 0:
+                ready.append(m)
+    return witness
 
 
 def necessarily_cyclic(egraph: EGraphData, node_mask: np.ndarray, deadline: float | None = None) -> np.ndarray:

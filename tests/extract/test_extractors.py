@@ -89,14 +89,14 @@ def test_unknown_extractor() -> None:
 
 
 @st.composite
-def random_egraph(draw: st.DrawFn) -> dict:
+def random_egraph(draw: st.DrawFn, costs: tuple[float, ...] = (0.0, 1.0, 1.0, 2.0, 3.5)) -> dict:
     n = draw(st.integers(1, 5))
     names = [f"c{i}" for i in range(n)]
     spec = {}
     for c in names:
         k = draw(st.integers(1, 3))
         spec[c] = [
-            (draw(st.sampled_from([0.0, 1.0, 1.0, 2.0, 3.5])), draw(st.lists(st.sampled_from(names), max_size=3)))
+            (draw(st.sampled_from(costs)), draw(st.lists(st.sampled_from(names), max_size=3)))
             for _ in range(k)
         ]
     roots = draw(st.lists(st.sampled_from(names), min_size=1, max_size=2))
@@ -120,6 +120,19 @@ def test_against_brute_force(case: dict) -> None:
             assert sel.dag_cost == pytest.approx(best), name
             assert sel.status == Status.OPTIMAL
             assert sel.lower_bound is not None and sel.lower_bound <= best + 1e-9
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_egraph(costs=(0.0, 0.0, 0.0, 1.0, 2.0)))
+def test_free_classes_keep_the_optimum(case: dict) -> None:
+    """Mostly zero-cost nodes (weights and what is folded from them): `prune` keeps one zero-cost
+    witness per free class, and the ILP's optimum is still brute force's."""
+    eg = egraph(case["spec"], case["roots"])
+    best = brute_force(eg)
+    assume(best is not None)
+    sel = ilp(eg, 10)
+    assert check_selection(eg, sel) == []
+    assert sel.status == Status.OPTIMAL and sel.dag_cost == pytest.approx(best)
 
 
 @pytest.mark.skipif(not (DATA / "tensat" / "vgg.json").exists(), reason="shared data not present")
