@@ -123,7 +123,6 @@ def prune(
     return Pruned(node_mask=mask, class_mask=reach, stats=stats)
 
 
-
 def free_class_witnesses(egraph: EGraphData, node_mask: np.ndarray) -> dict[int, int]:
     """Class → its first zero-cost kept node whose child classes are all free (classes found in
     that order, so each witness's children were found before it)."""
