@@ -42,6 +42,14 @@ def tensat_rules() -> list[Rule]:
     return rules
 
 
+def candidate_rules() -> list[Rule]:
+    """Tensat's rules (unverified, as written) plus the library's `conv_merges` group: Tensat's conv
+    merges are refuted for grouped convs, and without their guarded versions (and the `enlarge`
+    merges) Inception's parallel convs could never merge. `eqsat optimize` and `eqsat bench tensat`
+    choose from these."""
+    return tensat_rules() + library_rules(["conv_merges", "nary_merges"])
+
+
 def given_rules(source: Any) -> list[Rule]:
     """The rules `source` names, unverified: None (the library's `XLA_GROUPS`), "tensat" (Tensat's
     rule files), or a rule file path, a Rule, or an iterable of those."""
@@ -100,5 +108,5 @@ def select_rules(source: Any = TENSAT, ops: Iterable[str | Signature] | None = N
     return RuleSet(tuple(given), tuple(can_match), tuple(trusted_rules(can_match, allow_unproved)))
 
 
-__all__ = ["XLA_GROUPS", "TENSAT", "RuleSet", "select_rules", "given_rules", "tensat_rules", "trusted_rules",
-           "is_trusted"]
+__all__ = ["XLA_GROUPS", "TENSAT", "RuleSet", "candidate_rules", "select_rules", "given_rules", "tensat_rules",
+           "trusted_rules", "is_trusted"]

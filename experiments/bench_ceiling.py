@@ -15,10 +15,8 @@ large square matmul's: how much room is left for anything that does the same ari
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -30,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from experiments.jax_programs import PROGRAMS, JaxProgram
+from eqsat.models.jax_programs import PROGRAMS, JaxProgram
 
 __all__ = ["VARIANTS", "run_bench", "plot_ceiling"]
 
@@ -370,19 +368,3 @@ def run_bench(out_dir: Path | None = None, rounds: int = 40, budget_s: float = 8
         (out_dir / "bench_ceiling.json").write_text(json.dumps(rows, indent=1, default=str))
         plot_ceiling(rows, out_dir / "bench_ceiling.png")
     return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("results"))
-    parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--budget", type=float, default=8.0, help="timing seconds per program (at most)")
-    parser.add_argument("--programs", nargs="*", default=None)
-    args = parser.parse_args(argv)
-    for row in run_bench(args.out, args.rounds, args.budget, args.programs):
-        print(json.dumps(row, default=str), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,17 +5,15 @@ and to greedy, solver lower bound and gap, seconds (load included) and status; p
 geometric mean of the ratios; a PNG of cost ratio against time. Writes results.jsonl, table.md
 and extraction_cost_vs_time.png under --out.
 
-    python -m experiments.bench_extraction --out results/extraction [--time-limit 60]
+    eqsat bench extraction --out results/extraction [--time-limit 60]
         [--files F...] [--extractors ilp greedy-dag ...]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -192,20 +190,3 @@ def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("results/extraction"))
-    parser.add_argument("--time-limit", type=float, default=60.0)
-    parser.add_argument("--files", nargs="*", type=Path, default=None)
-    parser.add_argument("--extractors", nargs="*", default=None)
-    args = parser.parse_args(argv)
-    rows = run_bench(args.out, args.time_limit, args.files, args.extractors)
-    for r in rows:
-        print(json.dumps(r))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

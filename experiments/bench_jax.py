@@ -1,4 +1,4 @@
-"""`eqsat bench jax` / `python -m experiments.bench_jax`: @eqsat.optimize on the target programs.
+"""`eqsat bench jax`: @eqsat.optimize on the target programs.
 
 Per program: speedup over `jax.jit` of the original (paired, interleaved rounds; median of
 per-round ratios with a 95% bootstrap interval), first-call seconds (optimization included),
@@ -15,7 +15,6 @@ arguments): target overhead ≤ max(5%, 20 µs).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -31,7 +30,7 @@ import numpy as np
 
 from eqsat import ops
 from eqsat.ir import Graph, Node
-from experiments.jax_programs import PROGRAMS, JaxProgram, transformer_stack
+from eqsat.models.jax_programs import PROGRAMS, JaxProgram, transformer_stack
 
 __all__ = ["run_bench", "bench_program", "rank_check", "transformer_first_call", "plot_speedups", "wrapper_overhead"]
 
@@ -334,26 +333,3 @@ def run_bench(out_dir: Path | None = None, rounds: int = 40, time_limit: float =
         (out_dir / "bench_jax.json").write_text(json.dumps(rows, indent=1, default=str))
         plot_speedups(rows, out_dir / "bench_jax_speedups.png")
     return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("results"))
-    parser.add_argument("--rounds", type=int, default=40, help="paired timing rounds per program (at most)")
-    parser.add_argument("--budget", type=float, default=8.0, help="timing seconds per program (at most)")
-    parser.add_argument("--time-limit", type=float, default=10.0, help="optimization seconds per signature")
-    parser.add_argument("--programs", nargs="*", default=None)
-    parser.add_argument("--no-ranking", action="store_true")
-    parser.add_argument("--no-first-call", action="store_true")
-    parser.add_argument("--groups", nargs="*", choices=GROUPS, default=list(GROUPS),
-                        help="targets: the JAX target programs; models: Flax / Equinox models; "
-                             "overhead: the wrapper's cost over jax.jit")
-    args = parser.parse_args(argv)
-    for row in run_bench(args.out, args.rounds, args.time_limit, args.programs, not args.no_ranking, args.budget,
-                         not args.no_first_call, args.groups):
-        print(json.dumps(row, default=str), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,14 +3,13 @@
 Per (file, seed): final cost and bound of `ilp` under the time limit (load included), and the
 seconds (load included) at which the answer first got within 0.1% of the best known cost.
 
-    python -m experiments.bench_lns [--files tensat/nasrnn.json] [--seeds 0 1 2] [--time-limit 60]
+    eqsat bench lns [--files tensat/nasrnn.json] [--seeds 0 1 2] [--time-limit 60]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,18 +43,10 @@ def run_one(path: Path, seed: int, time_limit: float, best: float | None) -> dic
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--files", nargs="+", default=["tensat/nasrnn.json"], help="relative to the e-graph data folder")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--time-limit", type=float, default=60.0)
-    args = parser.parse_args(argv)
+def run_bench(files: Sequence[str] = ("tensat/nasrnn.json",), seeds: Sequence[int] = (0, 1, 2),
+              time_limit: float = 60.0) -> Iterator[dict[str, Any]]:
+    """One row per (file, seed); files relative to the e-graph data folder."""
     known = best_known()
-    for f in args.files:
-        for seed in args.seeds:
-            print(json.dumps(run_one(egraphs_dir() / f, seed, args.time_limit, known.get(f))), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    for f in files:
+        for seed in seeds:
+            yield run_one(egraphs_dir() / f, seed, time_limit, known.get(f))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from eqsat.errors import EqsatError
-from experiments.parallel import BASELINES, run_case
+from eqsat.commands.parallel import BASELINES, run_case
 
 CASES: tuple[str, ...] = ("unity-mlp", "mlp16", "gpt-block", "gpt12", "dlrm", "mlp-bottleneck", "cnn", "moe")
 MESHES: tuple[str, ...] = ("8", "2x4", "4x2")

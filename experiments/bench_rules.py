@@ -3,7 +3,7 @@
 Reproduces the figures in the report; equivalent to
     eqsat rules verify ../shared/data/tensat/rules/converted.txt ../shared/data/tensat/rules/converted_multi.txt --json
     eqsat rules synth --max-ops 3 --time-limit 300 --out results/synth.rules --json
-Run: .venv/bin/python -m experiments.bench_rules [--skip-synth]
+Run: eqsat bench rules [--skip-synth] [--out results/synth.rules]
 
 The verify step reads/writes the verification cache ($EQSAT_CACHE_DIR or ~/.cache/eqsat): set
 EQSAT_CACHE_DIR to an empty folder for a cold run; a second run is the warm figure.
@@ -12,23 +12,22 @@ EQSAT_CACHE_DIR to an empty folder for a cold run; a second run is the warm figu
 from __future__ import annotations
 
 import argparse
-import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
-from eqsat.cli import main as eqsat_main
 from eqsat.paths import tensat_rule_files
+from eqsat.rewrites import command
 
 
-
-def run() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--skip-synth", action="store_true")
-    parser.add_argument("--out", default="results/synth.rules")
-    args = parser.parse_args()
-    code = eqsat_main(["rules", "verify", *map(str, tensat_rule_files()), "--json"])
-    if code or args.skip_synth:
-        return code
-    return eqsat_main(["rules", "synth", "--max-ops", "3", "--time-limit", "300", "--out", args.out, "--json"])
+def _rules(argv: list[str]) -> Iterator[dict[str, Any]]:
+    parser = argparse.ArgumentParser(prog="eqsat rules")
+    command.add_arguments(parser)
+    yield from command.run(parser.parse_args(argv))
 
 
-if __name__ == "__main__":
-    sys.exit(run())
+def run_bench(out: Path = Path("results/synth.rules"), skip_synth: bool = False) -> Iterator[dict[str, Any]]:
+    """The rows of `eqsat rules verify` on Tensat's files, then (unless `skip_synth`) of `eqsat rules synth`."""
+    yield from _rules(["verify", *map(str, tensat_rule_files())])
+    if not skip_synth:
+        yield from _rules(["synth", "--max-ops", "3", "--time-limit", "300", "--out", str(out)])

@@ -98,7 +98,7 @@ def bench_rules(graph: Graph) -> list[Rule]:
     verifier accepts them."""
     from eqsat.egraph import encoded_signatures
     from eqsat.rulesets import select_rules
-    from experiments.optimize import candidate_rules
+    from eqsat.rulesets import candidate_rules
 
     return list(select_rules(candidate_rules(), encoded_signatures(graph)).trusted)
 
@@ -114,8 +114,8 @@ def _model_rows(name: str, options: BenchOptions, out_dir: Path, progress: Any) 
     from eqsat.gc_pause import gc_paused
     from eqsat.pipeline import numerics_match, optimize_graph
     from eqsat.saturate import Limits
-    from experiments.models import build_model
-    from experiments.optimize import measure_pair
+    from eqsat.models import build_model
+    from jax_backend.checks import measure_pair
     from experiments.taso_search import TasoOptions, taso_search
 
     graph = build_model(name)
@@ -219,7 +219,7 @@ def run_bench(out_dir: Path, options: BenchOptions = BenchOptions()) -> Iterable
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from experiments.models import MODELS, UnknownModelError
+    from eqsat.models import MODELS, UnknownModelError
 
     unknown = [m for m in options.models if m not in MODELS]
     if unknown:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.jax_programs import JaxProgram
+from eqsat.models.jax_programs import JaxProgram
 
 __all__ = ["MODEL_BUILDERS", "model_programs"]
 

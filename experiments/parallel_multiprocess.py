@@ -1,7 +1,7 @@
 """A parallel plan as 2 processes x 4 CPU devices on this machine (`jax.distributed` on 127.0.0.1,
 gloo collectives), checked against the single-device program.
 
-    python -m experiments.parallel_multiprocess gpt-block --mesh 8
+    eqsat bench multiprocess gpt-block --mesh 8
 
 The parent plans once and writes the plan (Graph JSON); each child process initializes
 `jax.distributed` with 4 local CPU devices, builds the global 8-device mesh, runs the plan's
@@ -12,7 +12,6 @@ the parent compares with the program evaluated in numpy (float64). One JSON line
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import subprocess
@@ -41,7 +40,7 @@ def child(plan_path: Path, model: str, mesh_spec: str, port: int, pid: int, out:
                                local_device_ids=list(range(LOCAL_DEVICES)))
     from eqsat.ir import Graph
     from eqsat.parallel.mesh import parse_mesh
-    from experiments.parallel_models import build_parallel_model
+    from eqsat.models import build_parallel_model
     from jax_backend.shard import shard_plan
 
     graph = build_parallel_model(model)
@@ -62,7 +61,7 @@ def child(plan_path: Path, model: str, mesh_spec: str, port: int, pid: int, out:
 def run(model: str, mesh_spec: str, timeout: float = 600.0) -> dict[str, Any]:
     from eqsat.parallel.mesh import parse_mesh
     from eqsat.parallel.plan import plan_graph
-    from experiments.parallel_models import build_parallel_model
+    from eqsat.models import build_parallel_model
 
     graph = build_parallel_model(model)
     result = plan_graph(graph, parse_mesh(mesh_spec))
@@ -104,10 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child is not None:
-        child(args.plan, args.model, args.mesh, args.port, args.child, args.out)
-        return 0
-    print(json.dumps(run(args.model, args.mesh)), flush=True)
+    if args.child is None:
+        parser.error("this entry is the child processes'; run it as: eqsat bench multiprocess MODEL --mesh 8")
+    child(args.plan, args.model, args.mesh, args.port, args.child, args.out)
     return 0
 
 

@@ -1,8 +1,12 @@
-"""Print which project modules each module of eqsat/ and jax_backend/ imports, then any import cycles.
+"""Print which project modules each module of eqsat/, jax_backend/ and experiments/ imports, then any
+import cycles.
 
     python scripts/import_graph.py [REPO]
 
-Reads the source (nothing is imported); lazy imports inside functions count too.
+Reads the source (nothing is imported); lazy imports inside functions count too, and so do modules
+named by string: `importlib.import_module("eqsat.x")`, a table such as `eqsat.cli.COMMANDS`, an
+entry-point style "module:attribute". A string counts when it is exactly a project module's dotted
+name (docstrings aside), so a module reached through `importlib` is an arrow like any other.
 """
 
 from __future__ import annotations
@@ -11,12 +15,12 @@ import ast
 import sys
 from pathlib import Path
 
-PACKAGES = ("eqsat", "jax_backend")
+PACKAGES = ("eqsat", "jax_backend", "experiments")
 
 
 def modules(root: Path) -> dict[str, Path]:
     found = {}
-    for package in (*PACKAGES, "experiments"):
+    for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
             name = ".".join(path.relative_to(root).with_suffix("").parts)
             found[name.removesuffix(".__init__")] = path
@@ -35,20 +39,38 @@ def _targets(module: str, path: Path, node: ast.Import | ast.ImportFrom, known: 
     return [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
 
 
+def _docstrings(tree: ast.Module) -> set[int]:
+    """ids of the string constants that are docstrings (or other bare string statements)."""
+    return {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+
+
+def _named_modules(tree: ast.Module, known: dict[str, Path]) -> list[str]:
+    """Project modules named by a string (importlib tables and calls): the exact dotted name, or
+    "module:attribute"; a name without a dot (a prog name such as "eqsat") is not counted."""
+    skip = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            name = node.value.partition(":")[0]
+            if "." in name and name in known:
+                found.append(name)
+    return found
+
+
 def edges(root: Path) -> dict[str, set[str]]:
     known = modules(root)
     graph: dict[str, set[str]] = {}
     for module, path in known.items():
-        if not module.startswith(PACKAGES):
-            continue
         deps: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 for target in _targets(module, path, node, known):
                     while target and target not in known:
                         target = target.rpartition(".")[0]
                     if target and target != module:
                         deps.add(target)
+        deps.update(name for name in _named_modules(tree, known) if name != module)
         graph[module] = deps
     return graph
 

@@ -21,7 +21,7 @@ from eqsat.rewrites.verify import verify_rules
 from eqsat.rulesets import is_trusted
 from eqsat.saturate import Limits
 from experiments.bench_tensat import bench_rules
-from experiments.models_tensat import resnext50
+from eqsat.models.tensat import resnext50
 
 MERGE_RULES = ("merge-gconv", "merge-gconv-relu", "merge-gconv-s2", "merge-gconv-relu-s2")
 

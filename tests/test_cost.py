@@ -109,6 +109,6 @@ def test_a_corrupt_cache_is_remeasured(cache: Path) -> None:
 
 
 def test_importing_measures_nothing(cache: Path) -> None:
-    subprocess.run([sys.executable, "-c", "import eqsat.cost, experiments.optimize"], check=True,
+    subprocess.run([sys.executable, "-c", "import eqsat.cost, eqsat.commands.optimize"], check=True,
                    env={**os.environ, "EQSAT_CACHE_DIR": str(cache)})
     assert list(cache.iterdir()) == []

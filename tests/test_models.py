@@ -8,7 +8,7 @@ import pytest
 
 from eqsat.cost import cost_model, graph_cost
 from eqsat.paths import tensat_models_dir
-from experiments.models import MODELS, UnknownModelError, build_model, nasrnn
+from eqsat.models import FAMILIES, MODELS, UnknownModelError, build_model, lookup, nasrnn
 from jax_backend.lower import to_jax
 
 
@@ -42,6 +42,24 @@ def test_every_registered_model_builds_and_has_a_cost(name: str) -> None:
 def test_unknown_model_lists_the_known_ones() -> None:
     with pytest.raises(UnknownModelError, match="unknown model 'resnet9000'; known models: nasrnn"):
         build_model("resnet9000")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_lookup_and_one_error_for_every_family(family: str) -> None:
+    with pytest.raises(UnknownModelError, match="unknown model 'resnet9000'; known models: "):
+        lookup("resnet9000", family)
+    with pytest.raises(UnknownModelError, match="unknown model family"):
+        lookup("nasrnn", "no-such-family")
+
+
+def test_every_family_builds_by_name() -> None:
+    from eqsat.ir import Graph
+    from eqsat.models.jax_programs import JaxProgram
+
+    assert isinstance(lookup("nasrnn-small").build(), Graph)
+    assert isinstance(lookup("unity-mlp", "parallel").build(), Graph)
+    program = lookup("attention", "jax").build()
+    assert isinstance(program, JaxProgram) and program.name == "attention"
 
 
 def test_a_graph_json_path_is_a_model(tmp_path) -> None:  # type: ignore[no-untyped-def]

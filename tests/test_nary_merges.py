@@ -21,8 +21,8 @@ from eqsat.rewrites.verify import verify_rules
 from eqsat.rulesets import is_trusted
 from eqsat.saturate import Limits, is_merge_extension
 from experiments.bench_tensat import bench_rules
-from experiments.models import build_model
-from experiments.models_tensat import bert
+from eqsat.models import build_model
+from eqsat.models.tensat import bert
 
 
 def test_nary_merge_rules_verify_and_a_wrong_one_is_refuted() -> None:

@@ -12,8 +12,8 @@ import pytest
 from eqsat import cli
 from eqsat.ir import Graph
 from eqsat.saturate import STOP_REASONS
-from experiments.models import build_model
-from experiments.optimize import compare_outputs, measure_pair, time_interleaved
+from eqsat.models import build_model
+from jax_backend.checks import compare_outputs, measure_pair, time_interleaved
 
 FIELDS = ("model", "enodes", "eclasses", "saturate_s", "extract_s", "cost_before", "cost_after",
           "measured_before_s", "measured_after_s", "numerics_ok", "stop_reason")
@@ -74,6 +74,21 @@ def test_optimize_unknown_model_is_a_clear_error(capsys: pytest.CaptureFixture[s
     assert "unknown model 'no-such-model'; known models: nasrnn" in err
 
 
-def test_bench_unknown_name_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run_cli(["bench", "nope", "--json"], capsys)
-    assert code == 2 and "unknown benchmark 'nope'; known benchmarks:" in err and "extraction" in err
+def test_bench_unknown_name_is_a_clear_error(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from eqsat.commands import bench
+    from experiments.benchmarks import BENCHMARKS
+
+    monkeypatch.setattr(bench, "registered", lambda: BENCHMARKS)  # whatever the installed metadata says
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "nope", "--json"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "invalid choice: 'nope'" in err and "extraction" in err
+
+
+def test_bench_without_registered_benchmarks_says_so_in_one_line(capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from eqsat.commands import bench
+
+    monkeypatch.setattr(bench, "registered", lambda: {})  # metadata older than the entry points
+    code, _, err = _run_cli(["bench", "lns", "--json"], capsys)
+    assert code == 2 and err.strip().splitlines() == [err.strip()] and "reinstall" in err

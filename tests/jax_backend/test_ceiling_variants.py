@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from experiments.bench_ceiling import VARIANTS
-from experiments.jax_programs import PROGRAMS
+from eqsat.models.jax_programs import PROGRAMS
 
 CASES = [(p, v) for p in PROGRAMS if p.name in VARIANTS for v in VARIANTS[p.name]]
 

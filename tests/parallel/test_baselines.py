@@ -11,9 +11,9 @@ from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import parse_mesh
 from eqsat.parallel.plan import COST_SCALE, PlanError, plan_graph, plan_report, saturate_and_price
 from eqsat.pipeline import numerics_match
-from experiments.parallel import SEARCHED, hand_plan
-from experiments.parallel_hand import HandPlanError, megatron_by_hand
-from experiments.parallel_models import cnn, dlrm, gpt, mlp, mlp_bottleneck, moe, unity_mlp
+from eqsat.commands.parallel import SEARCHED, hand_plan
+from eqsat.models.parallel_hand import HandPlanError, megatron_by_hand
+from eqsat.models.parallel_cases import cnn, dlrm, gpt, mlp, mlp_bottleneck, moe, unity_mlp
 
 SMALL = {
     "unity-mlp": lambda: unity_mlp(16, 32, 64, 8),
@@ -128,7 +128,7 @@ def test_plans_on_devices_communicate_as_predicted(model: str) -> None:
     compiled training step runs the predicted collectives with the predicted bytes (within 5%)."""
     import jax
 
-    from experiments.parallel import check_on_devices
+    from jax_backend.checks import check_on_devices
 
     if len(jax.devices()) < 8:
         pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")

@@ -37,6 +37,6 @@ def test_unknown_case_is_refused(tmp_path: Path) -> None:
 
 
 def test_every_case_is_a_model() -> None:
-    from experiments.parallel_models import PARALLEL_MODELS
+    from eqsat.models.parallel_cases import PARALLEL_MODELS
 
     assert set(bench_parallel.CASES) == set(PARALLEL_MODELS)

@@ -15,8 +15,8 @@ if jax.device_count() < 8:
 from eqsat.ir import Graph
 from eqsat.parallel.mesh import parse_mesh
 from eqsat.parallel.plan import PlanResult, plan_graph
-from experiments.parallel import check_on_devices
-from experiments.parallel_models import cnn, gpt, moe
+from jax_backend.checks import check_on_devices
+from eqsat.models.parallel_cases import cnn, gpt, moe
 
 
 def _forward_kinds(result: PlanResult) -> list[str]:

@@ -17,7 +17,7 @@ from eqsat.parallel.plan import (
     saturate_and_price,
 )
 from eqsat.pipeline import numerics_match
-from experiments.parallel_models import dlrm, gpt, unity_mlp
+from eqsat.models.parallel_cases import dlrm, gpt, unity_mlp
 
 
 def _forward_kinds(result: object) -> list[str]:
@@ -100,7 +100,7 @@ def test_step_memory_of_a_single_device_mlp_by_hand() -> None:
     (its derivative's mask), the output's cotangent and dh are live (none fits into a weight's 8x8
     output buffer). XLA's memory_analysis() of this step: 11,280 bytes, 16 more (the output tuple)."""
     from eqsat.parallel.memory import step_memory
-    from experiments.parallel_models import mlp
+    from eqsat.models.parallel_cases import mlp
 
     graph = mlp(2, 64, 8).live()
     mem = step_memory(graph, [()] * len(graph.nodes))

@@ -13,6 +13,13 @@ if jax.device_count() < 8:
     pytest.skip("needs 8 JAX devices: set XLA_FLAGS=--xla_force_host_platform_device_count=8", allow_module_level=True)
 
 from eqsat.ir import GraphBuilder
+from eqsat.models import PARALLEL_MODELS, build_parallel_model
+from eqsat.models.parallel_cases import (
+    cnn,
+    gpt,
+    mlp_bottleneck,
+    unity_mlp,
+)
 from eqsat.parallel.mesh import parse_mesh
 from eqsat.parallel.plan import (
     plan_graph,
@@ -21,15 +28,7 @@ from eqsat.parallel.plan import (
     saturate_and_price,
     step_products,
 )
-from experiments.parallel import check_on_devices
-from experiments.parallel_models import (
-    PARALLEL_MODELS,
-    build_parallel_model,
-    cnn,
-    gpt,
-    mlp_bottleneck,
-    unity_mlp,
-)
+from jax_backend.checks import check_on_devices
 from jax_backend.shard import compiled_collectives, shard_plan
 
 
@@ -139,7 +138,7 @@ def test_predicted_step_memory_within_15pct_on_small_plans(mesh_spec: str) -> No
     """The simulated step memory of the found plan and of random plans is what XLA allocates for
     the training step (memory_analysis: arguments + outputs + temporaries) within 15%, and the ILP
     row's value bounds it from above."""
-    from experiments.parallel import reference_gradients
+    from jax_backend.checks import reference_gradients
 
     graph = gpt(1, d=32, heads=4, seq=8)
     mesh = parse_mesh(mesh_spec)
@@ -163,7 +162,7 @@ def test_predicted_step_memory_within_15pct_on_relu_and_conv_plans(case: str) ->
     """What XLA keeps beyond the values themselves: the product under a fused relu (its
     derivative's mask) next to the relu's output, a convolution's operands relaid channels-last,
     and the zeros a partition's gradient is padded into, made at the start of the step."""
-    from experiments.parallel import reference_gradients
+    from jax_backend.checks import reference_gradients
 
     graph = SMALL_MEMORY_CASES[case]()
     mesh = parse_mesh("8")
@@ -193,7 +192,7 @@ def test_predicted_step_memory_within_15pct(model: str, mesh_spec: str) -> None:
 def test_compiled_step_recomputes_no_product(case: str) -> None:
     """XLA's training step runs exactly the plan's products (each forward one, one more per operand
     taking a gradient): nothing rematerialized, for the extracted plan and random ones."""
-    from experiments.parallel import reference_gradients
+    from jax_backend.checks import reference_gradients
 
     graph = cnn(batch=2, channels=8, size=8, classes=8) if case == "conv" else gpt(1, d=32, heads=8, seq=8)
     mesh = parse_mesh("2x4")

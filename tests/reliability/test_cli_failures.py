@@ -14,7 +14,7 @@ import pytest
 
 from eqsat import cli
 from eqsat.errors import EqsatError
-from experiments.optimize import OptimizeOptions
+from eqsat.commands.optimize import OptimizeOptions
 
 
 def _one_error_line(code: int, err: str, command: str) -> None:
@@ -25,12 +25,12 @@ def _one_error_line(code: int, err: str, command: str) -> None:
 
 def test_save_graphs_onto_a_file_fails_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    import experiments.models
+    import eqsat.commands.optimize
 
     def no_work(name: str) -> None:
         raise AssertionError("the model was built before the target was checked")
 
-    monkeypatch.setattr(experiments.models, "build_model", no_work)
+    monkeypatch.setattr(eqsat.commands.optimize, "build_model", no_work)
     target = tmp_path / "a-file"
     target.write_text("")
     code = cli.main(["optimize", "nasrnn-small", "--save-graphs", str(target)])

@@ -10,8 +10,8 @@ import pytest
 
 from eqsat import cli
 from eqsat.pipeline import outputs_agree
-from experiments import optimize
-from experiments.optimize import Measurement
+from eqsat.commands import optimize
+from jax_backend.checks import Measurement
 
 
 def _float32_noise(reference: np.ndarray, seed: int = 0) -> np.ndarray:

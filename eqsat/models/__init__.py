@@ -1,7 +1,13 @@
-"""Benchmark models by name: `build_model("nasrnn")` → `Graph`.
+"""Every named model, one registry: `lookup(name, family)` → `ModelEntry`, one `UnknownModelError`.
+
+Families: "tensat" (`MODELS`: Tensat's and TASO's models, what `eqsat optimize` and `eqsat bench
+tensat` build), "parallel" (the cases `eqsat parallel` plans, `eqsat.models.parallel_cases`) and
+"jax" (the JAX target programs of `eqsat bench jax`, `eqsat.models.jax_programs`, imported on
+lookup: they import JAX). `build_model` and `build_parallel_model` are the two lookups that return
+a `Graph`.
 
 NasRNN is built here with the `GraphBuilder` (BERT, ResNeXt-50 and NasNet-A in
-`experiments/models_tensat.py`), following the cell Tensat benchmarks (5 steps,
+`eqsat/models/tensat.py`), following the cell Tensat benchmarks (5 steps,
 hidden size 512; each step makes eight `x·W + h·U` pairs and mixes them through sigmoid, tanh and
 relu gates). The five TASO models (Inception-v3, VGG-19, SqueezeNet, MobileNet-v2, BTS) are read
 from Tensat's `.model` files in the shared data directory.
@@ -14,14 +20,17 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from eqsat.errors import EqsatError, GraphFormatError
 from eqsat.ir import Graph, GraphBuilder, Tensor
 from eqsat.paths import tensat_models_dir
 from eqsat.taso import load_taso_model
-from experiments.models_tensat import bert, nasneta, resnext50
+from eqsat.models.parallel_cases import PARALLEL_MODELS
+from eqsat.models.tensat import bert, nasneta, resnext50
 
-__all__ = ["MODELS", "ModelEntry", "build_model", "nasrnn", "UnknownModelError"]
+__all__ = ["FAMILIES", "MODELS", "PARALLEL_MODELS", "ModelEntry", "UnknownModelError", "build_model",
+           "build_parallel_model", "lookup", "nasrnn"]
 
 
 class UnknownModelError(EqsatError):
@@ -64,14 +73,14 @@ def _taso(file_name: str) -> Graph:
 
 
 @dataclass(frozen=True)
-class ModelEntry:
-    """How to build one named model, and what it is."""
+class ModelEntry[T]:
+    """How to build one named model (a `Graph`; a `JaxProgram` in the "jax" family), and what it is."""
 
-    build: Callable[[], Graph]
+    build: Callable[[], T]
     description: str
 
 
-MODELS: Mapping[str, ModelEntry] = MappingProxyType({
+MODELS: Mapping[str, ModelEntry[Graph]] = MappingProxyType({
     "nasrnn": ModelEntry(nasrnn, "NasRNN, 5 steps, hidden 512 (Tensat's benchmark)"),
     "nasrnn-small": ModelEntry(partial(nasrnn, steps=2, hidden=64), "NasRNN, 2 steps, hidden 64 (for tests)"),
     "inceptionv3": ModelEntry(partial(_taso, "inceptionv3.model"), "Inception-v3 (TASO .model)"),
@@ -102,3 +111,42 @@ def build_model(name: str) -> Graph:
         return Graph.load(path)
     raise UnknownModelError(f"unknown model '{name}'; known models: {', '.join(MODELS)} "
                             "(or a path to a .model or Graph .json file)")
+
+
+FAMILIES = ("tensat", "parallel", "jax")
+
+
+def _jax_programs() -> Mapping[str, ModelEntry[Any]]:
+    from eqsat.models.jax_programs import PROGRAMS
+
+    return {p.name: ModelEntry(partial(_given, p), "JAX target program" if p.target else "JAX program (extra)")
+            for p in PROGRAMS}
+
+
+def _given[T](value: T) -> T:
+    return value
+
+
+def _family(family: str) -> Mapping[str, ModelEntry[Any]]:
+    if family == "tensat":
+        return MODELS
+    if family == "parallel":
+        return {name: ModelEntry(build, (build.__doc__ or name).splitlines()[0]) for name, build in PARALLEL_MODELS.items()}
+    if family == "jax":
+        return _jax_programs()
+    raise UnknownModelError(f"unknown model family '{family}'; known families: {', '.join(FAMILIES)}")
+
+
+def lookup(name: str, family: str = "tensat") -> ModelEntry[Any]:
+    """The entry of model `name` in `family`; an unknown name is an `UnknownModelError` that lists the known ones."""
+    table = _family(family)
+    entry = table.get(name)
+    if entry is None:
+        raise UnknownModelError(f"unknown model '{name}'; known models: {', '.join(table)}")
+    return entry
+
+
+def build_parallel_model(name: str) -> Graph:
+    """The graph of the parallel case `name` (`eqsat parallel MODEL`)."""
+    graph: Graph = lookup(name, "parallel").build()
+    return graph

@@ -2,7 +2,7 @@
 
 The plan (algebra and sharding from one ILP over the saturated e-graph, `eqsat.parallel.plan`) is
 compared with four baselines, each the best plan of its kind: pure data parallelism (the search
-restricted to the data-parallel rule), Megatron by hand (`experiments.parallel_hand`: one split per
+restricted to the data-parallel rule), Megatron by hand (`eqsat.models.parallel_hand`: one split per
 weight, written as a practitioner would), the Megatron-style search (column / row / head rules
 only) and algebra first (the program's algebra as a single-device optimizer leaves it, fused
 activations kept, then every sharding rule). Each plan runs as a `shard_map` program on the emulated
@@ -18,7 +18,8 @@ moves no bytes, is its fastest plan, as on moe). For
 such a baseline the joint search is asked again with the baseline's step bytes as a budget (a
 knapsack row of the same ILP, started from the baseline's plan where the joint e-graph holds it):
 `*_at_bytes` is that plan, and `joint_dominates_*` says whether the joint search has a plan no
-slower (predicted) and moving no more (compiled) than the baseline.
+slower (predicted) and moving no more (compiled) than the baseline. The device checks are
+`jax_backend.checks.check_on_devices`; the cases are `eqsat.models`' "parallel" family.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
 
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
+from eqsat.models import PARALLEL_MODELS, build_parallel_model, lookup
+from eqsat.models.parallel_hand import megatron_by_hand
 from eqsat.parallel.mesh import PRESETS, Mesh, parse_mesh
 from eqsat.parallel.plan import (
     PlanResult,
@@ -42,85 +44,13 @@ from eqsat.parallel.plan import (
     random_plans,
     saturate_and_price,
 )
-from experiments.parallel_hand import megatron_by_hand
-from experiments.parallel_models import PARALLEL_MODELS, build_parallel_model
+from jax_backend.checks import check_on_devices, reference_gradients
 
-__all__ = ["BASELINES", "add_arguments", "check_on_devices", "reference_gradients", "run", "run_case"]
+__all__ = ["BASELINES", "add_arguments", "hand_plan", "run", "run_case"]
 
 BASELINES = ("data-parallel", "megatron", "megatron-search", "algebra-first")
 SEARCHED = {"data-parallel": "data-parallel", "megatron-search": "megatron", "algebra-first": "algebra-first"}
 UNITY_BYTES = {"algebra_first_dp": 813_056, "joint": 131_072}  # Unity OSDI'22, 2-layer MLP on 2 GPUs, times d
-
-
-def _close(a: np.ndarray, b: np.ndarray, rtol: float = 2e-4) -> bool:
-    scale = max(1.0, float(np.max(np.abs(b)))) if b.size else 1.0
-    return bool(np.max(np.abs(np.asarray(a, np.float64) - b)) <= rtol * scale) if b.size else True
-
-
-def reference_gradients(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """The single-device program's gradients of sum(out**2)/2 per weight name (computed once per
-    case when many plans are checked against it)."""
-    import jax
-    import jax.numpy as jnp
-
-    from jax_backend.lower import to_jax_positional
-
-    values = _scaled_inputs(graph, seed)
-    weights = [n.attr["name"] for _, n in graph.leaves("weight")]
-    names, ref_fn = to_jax_positional(graph)
-
-    def ref_loss(*arrays: Any) -> Any:
-        return sum(jnp.sum(o ** 2) / 2 for o in ref_fn(*arrays))
-
-    ref_step = jax.jit(jax.grad(ref_loss, argnums=tuple(i for i, n in enumerate(names) if n in weights)))
-    ref_grads = ref_step(*[jnp.asarray(values[n]) for n in names])
-    return {n: np.asarray(g, np.float64) for n, g in zip([n for n in names if n in weights], ref_grads)}
-
-
-def check_on_devices(graph: Graph, plan: Graph, mesh: Mesh, seed: int = 0, gradients: bool = True,
-                     reference: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
-    """Run `plan` on JAX devices: outputs (and gradients of sum(out**2)/2) against the single-device
-    program (`reference`: its gradients, if already known), and what the compiled forward and step
-    programs communicate and allocate."""
-    from jax_backend.shard import compiled_report, shard_plan, step_program
-
-    program = shard_plan(plan, mesh)
-    values = _scaled_inputs(graph, seed)
-    args = program.place(values)
-    outs = program.fn(*args)
-    ref = graph.evaluate({k: v.astype(np.float64) for k, v in values.items()})
-    ok = all(_close(np.asarray(o), r) for o, r in zip(outs, ref))
-    fwd = compiled_report(program, args)
-    result: dict[str, Any] = {"outputs_ok": ok, "measured_comm_bytes": fwd.comm_bytes,
-                              "measured_collectives": fwd.kinds(), "measured_fwd_mem_bytes": fwd.mem_bytes}
-    if gradients:
-        weights = [n.attr["name"] for _, n in graph.leaves("weight")]
-        step = step_program(program, weights)
-        grads = step(*args)
-        by_name = reference if reference is not None else reference_gradients(graph, seed)
-        grads_ok = all(_close(np.asarray(g), by_name[n], 1e-3)
-                       for n, g in zip([n for n in program.names if n in weights], grads))
-        compiled = step.lower(*args).compile()
-        from jax_backend.shard import compiled_collectives, compiled_contractions
-
-        text = compiled.as_text()
-        step_colls = compiled_collectives(text)
-        mem = compiled.memory_analysis()
-        step_mem = float(mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
-                         - mem.alias_size_in_bytes)
-        result.update(gradients_ok=grads_ok, measured_step_comm_bytes=float(sum(c.bytes for c in step_colls)),
-                      measured_step_collectives=sorted(c.kind for c in step_colls), measured_mem_bytes=step_mem,
-                      measured_step_contractions=compiled_contractions(text))
-    result["numerics_ok"] = bool(result["outputs_ok"] and result.get("gradients_ok", True))
-    return result
-
-
-def _scaled_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
-    """Random inputs with weights scaled by 1/sqrt(fan-in), so deep stacks stay O(1) in float32."""
-    values = graph.random_inputs(seed)
-    weights = {n.attr["name"] for _, n in graph.leaves("weight")}
-    return {k: (v / np.sqrt(v.shape[-2]) if k in weights and v.ndim >= 2 else v).astype(np.float32)
-            for k, v in values.items()}
 
 
 def _within(pred: float, measured: float, tol: float) -> bool:
@@ -308,8 +238,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
-    if args.model not in PARALLEL_MODELS:
-        raise EqsatError(f"unknown model '{args.model}'; known: {', '.join(PARALLEL_MODELS)}")
+    lookup(args.model, "parallel")  # an unknown name fails here, before any work
     if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
         raise EqsatError(f"--budget is a fraction of the unparallelized footprint (> 0), not {args.budget}")
     if args.comm_budget is not None and not (math.isfinite(args.comm_budget) and args.comm_budget >= 0):

@@ -14,12 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from eqsat.errors import EqsatError
 from eqsat.ir import Graph, GraphBuilder, Tensor
-
-
-class UnknownParallelModelError(EqsatError):
-    """A model name `eqsat parallel` does not know."""
 
 
 def mlp(layers: int, batch: int, hidden: int) -> Graph:
@@ -148,10 +143,3 @@ PARALLEL_MODELS: Mapping[str, Callable[[], Graph]] = MappingProxyType({
     "cnn": cnn,
     "moe": moe,
 })
-
-
-def build_parallel_model(name: str) -> Graph:
-    try:
-        return PARALLEL_MODELS[name]()
-    except KeyError:
-        raise UnknownParallelModelError(f"unknown model '{name}'; known: {', '.join(PARALLEL_MODELS)}") from None

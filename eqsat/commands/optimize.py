@@ -2,31 +2,28 @@
 
 Build the model, saturate it with Tensat's rules, extract the cheapest graph under the cost model,
 lower the original and the optimized graph through JAX, check that they agree on random inputs,
-and time both here (jitted, warmed up, median of interleaved runs).
+and time both here (jitted, warmed up, median of interleaved runs: `jax_backend.checks.measure_pair`).
+The rules are `eqsat.rulesets.candidate_rules`, the models `eqsat.models`.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 import jax_backend  # noqa: F401 - registers the "measured" cost model for --cost-model
 from eqsat.cost import COST_MODEL_FACTORIES, cost_model
 from eqsat.errors import EqsatError, NumericsError
-from eqsat.ir import Graph
+from eqsat.models import MODELS, build_model
 from eqsat.output_targets import writable_dir
-from eqsat.rewrites.rule import Rule
-from eqsat.timer import sample_seconds
-from experiments.models import MODELS, build_model
+from eqsat.rulesets import candidate_rules
+from jax_backend.checks import measure_pair
 
-__all__ = ["OptimizeOptions", "add_arguments", "candidate_rules", "compare_outputs", "optimize_model", "run", "time_interleaved"]
+__all__ = ["OptimizeOptions", "add_arguments", "optimize_model", "run"]
 
 
 @dataclass(frozen=True)
@@ -84,91 +81,7 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
     yield optimize_model(args.model, options)
 
 
-# --- measuring ----------------------------------------------------------------------------------
-
-def time_interleaved(fns: Sequence[Callable[[], Any]], repeats: int, warmup: int = 3) -> list[float]:
-    """Median seconds of each thunk, run round-robin so drifts in machine load hit all alike.
-
-    Each thunk must block until its result is ready (e.g. call `block_until_ready`).
-    """
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-    samples: list[list[float]] = [[] for _ in fns]
-    for _ in range(max(repeats, 1)):
-        for k, fn in enumerate(fns):
-            samples[k].append(sample_seconds(fn))
-    return [statistics.median(s) for s in samples]
-
-
-def compare_outputs(expected: Sequence[np.ndarray], got: Sequence[np.ndarray], rtol: float, atol: float) -> bool:
-    """Same number of outputs, same shapes, within tolerance relative to each output's magnitude
-    (NaNs never pass): `eqsat.pipeline.outputs_agree`."""
-    from eqsat.pipeline import outputs_agree
-
-    return outputs_agree(expected, got, rtol, atol).ok
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """JAX numerics and timings of an original and an optimized graph."""
-
-    numerics_ok: bool
-    max_abs_diff: float
-    before_s: float
-    after_s: float
-    reason: str = ""  # why the numerics are not ok
-    original_abs_err: float = 0.0  # the original's own error in JAX against the float64 reference
-
-
-def measure_pair(original: Graph, optimized: Graph, inputs: Mapping[str, np.ndarray], repeats: int,
-                 rtol: float, atol: float) -> Measurement:
-    """Lower both graphs, check them against the float64 numpy reference, and time both.
-
-    The check is `outputs_agree`: the optimized graph's error against the float64 reference,
-    relative to each output's magnitude, must be within rtol, or within 4x the original's own
-    error where that is larger (an ill-conditioned graph in float32).
-    Values computed from weights alone (the concatenated weights of merged matmuls) are computed
-    once before timing, as a model does when it loads its weights; the cost model prices them
-    the same way (`eqsat.cost.weight_only_nodes`).
-    """
-    import jax
-
-    from eqsat.pipeline import outputs_agree
-    from jax_backend.lower import fold_weights, to_jax
-
-    runs = []
-    for graph in (original, optimized):
-        folded, values = fold_weights(graph, inputs)
-        runs.append((jax.jit(to_jax(folded)), {k: jax.device_put(v) for k, v in values.items()}))
-    (before, args_before), (after, args_after) = runs
-    with np.errstate(all="ignore"):
-        reference = original.evaluate({k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()})
-    out_before = [np.asarray(x) for x in jax.block_until_ready(before(args_before))]
-    out_after = [np.asarray(x) for x in jax.block_until_ready(after(args_after))]
-    own = outputs_agree(reference, out_before, rtol, atol)
-    own_err = [float(np.max(np.abs(np.asarray(r, np.float64) - np.asarray(b, np.float64)), initial=0.0))
-               if np.shape(r) == np.shape(b) else 0.0 for r, b in zip(reference, out_before)]
-    verdict = outputs_agree(reference, out_after, rtol, atol, allowed_abs=[4 * e for e in own_err])
-    if own.max_rel_err > 1e-2:  # the original's own error is no excuse once it is this large
-        verdict = replace(verdict, ok=False, reason=f"the original itself is off its float64 reference ({own.reason})")
-    before_s, after_s = time_interleaved(
-        [lambda: jax.block_until_ready(before(args_before)), lambda: jax.block_until_ready(after(args_after))],
-        repeats)
-    return Measurement(verdict.ok, verdict.max_abs_diff, before_s, after_s, verdict.reason, own.max_abs_diff)
-
-
 # --- the path -----------------------------------------------------------------------------------
-
-def candidate_rules() -> list[Rule]:
-    """Tensat's rules (unverified, as written) plus the library's `conv_merges` group: Tensat's conv
-    merges are refuted for grouped convs, and without their guarded versions (and the `enlarge`
-    merges) Inception's parallel convs could never merge."""
-    from eqsat.rewrites import library_rules
-    from eqsat.rulesets import tensat_rules
-
-    return tensat_rules() + library_rules(["conv_merges", "nary_merges"])
-
 
 def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> dict[str, Any]:
     """Run the whole path on `model` and return the report row (the CLI's JSON fields and a few more)."""

@@ -1,0 +1,213 @@
+"""The benchmarks `eqsat bench NAME` runs: each a `Benchmark` (its flags and how to call it), declared
+to eqsat under the entry-point group `eqsat.benchmarks` in pyproject.toml.
+
+This module stays light (no JAX, no plotting): `eqsat bench --help` loads it to list the benchmarks
+and their flags; a benchmark's own module is imported only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from eqsat.errors import EqsatError
+
+__all__ = ["BENCHMARKS", "Benchmark"]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """Where a benchmark lives, its flags, and how to call it with them (`eqsat.commands.bench`'s protocol)."""
+
+    module: str
+    call: Callable[[Any, argparse.Namespace], Iterable[dict[str, Any]]]
+    description: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        self.arguments(parser)
+
+    def run(self, args: argparse.Namespace) -> Iterable[dict[str, Any]]:
+        for name in ("time_limit", "memory_gib"):
+            if not getattr(args, name, 1.0) > 0:  # also NaN
+                raise EqsatError(f"bench: --{name.replace('_', '-')} must be a positive number")
+        return self.call(importlib.import_module(self.module), args)
+
+
+def _out(parser: argparse.ArgumentParser, default: str = "results") -> None:
+    parser.add_argument("--out", type=Path, default=Path(default), help="directory for tables and PNG plots")
+
+
+def _time_limit(parser: argparse.ArgumentParser, default: float = 60.0, what: str = "per solver run") -> None:
+    parser.add_argument("--time-limit", type=float, default=default, help=f"time limit {what}, seconds")
+
+
+# --- extraction ---------------------------------------------------------------------------------
+
+def _extraction_flags(parser: argparse.ArgumentParser) -> None:
+    _out(parser)
+    _time_limit(parser)
+    parser.add_argument("--files", nargs="*", default=None, help="input files (default: the benchmark's own set)")
+    parser.add_argument("--extractors", nargs="*", default=None, help="extractors to compare (default: all)")
+
+
+def _extraction(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    files = [Path(f) for f in args.files] if args.files else None
+    return module.run_bench(out_dir=args.out, time_limit=args.time_limit, files=files, extractors=args.extractors)
+
+
+def _scaling_flags(parser: argparse.ArgumentParser) -> None:
+    _out(parser)
+    _time_limit(parser)
+    parser.add_argument("--extractors", nargs="*", default=None, help="extractors to compare (default: all)")
+    parser.add_argument("--memory-gib", type=float, default=8.0, help="memory limit per run, GiB")
+    parser.add_argument("--max-classes", type=int, default=None, help="largest chain to try")
+
+
+def _scaling(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    sizes = tuple(module.SIZES if args.max_classes is None else (n for n in module.SIZES if n <= args.max_classes))
+    return module.run_bench(out_dir=args.out, time_limit=args.time_limit, extractors=args.extractors,
+                            memory_gib=args.memory_gib, sizes=sizes)
+
+
+def _lns_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--files", nargs="+", default=["tensat/nasrnn.json"], help="relative to the e-graph data folder")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    _time_limit(parser)
+
+
+def _lns(module: Any, args: argparse.Namespace) -> Iterable[dict[str, Any]]:
+    return module.run_bench(files=args.files, seeds=args.seeds, time_limit=args.time_limit)
+
+
+# --- JAX --------------------------------------------------------------------------------------------
+
+def _jax_flags(parser: argparse.ArgumentParser) -> None:
+    _out(parser)
+    _time_limit(parser, 10.0, "of the optimization per signature")
+    parser.add_argument("--rounds", type=int, default=40, help="paired timing rounds per program (at most)")
+    parser.add_argument("--budget", type=float, default=8.0, help="timing seconds per program (at most)")
+    parser.add_argument("--programs", nargs="*", default=None, help="programs to run (default: all)")
+    parser.add_argument("--no-ranking", action="store_true", help="skip the cost models' ranking check")
+    parser.add_argument("--no-first-call", action="store_true", help="skip the 12-layer first call in fresh processes")
+    groups = ("targets", "models", "overhead")
+    parser.add_argument("--groups", nargs="*", choices=groups, default=list(groups),
+                        help="targets: the JAX target programs; models: Flax / Equinox models; "
+                             "overhead: the wrapper's cost over jax.jit")
+
+
+def _jax(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    return list(module.run_bench(out_dir=args.out, rounds=args.rounds, time_limit=args.time_limit,
+                                 programs=args.programs, with_ranking=not args.no_ranking, budget_s=args.budget,
+                                 first_call=not args.no_first_call, groups=args.groups))
+
+
+def _ceiling_flags(parser: argparse.ArgumentParser) -> None:
+    _out(parser)
+    parser.add_argument("--rounds", type=int, default=40, help="paired timing rounds per variant (at most)")
+    parser.add_argument("--budget", type=float, default=8.0, help="timing seconds per program (at most)")
+    parser.add_argument("--programs", nargs="*", default=None, help="programs to run (default: all)")
+
+
+def _ceiling(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    return list(module.run_bench(out_dir=args.out, rounds=args.rounds, budget_s=args.budget, programs=args.programs))
+
+
+# --- Tensat and rules -------------------------------------------------------------------------------
+
+def _tensat_flags(parser: argparse.ArgumentParser) -> None:
+    _out(parser)
+    _time_limit(parser, what="per extraction")
+    parser.add_argument("--models", nargs="*", default=None, help="models (default: Tensat's seven)")
+    parser.add_argument("--k-multi", nargs="*", type=int, default=None, help="rounds of two-output rules (default: 1)")
+    parser.add_argument("--taso-seconds", type=float, default=20.0,
+                        help="cap on the TASO-style search at TASO's default budget (1000 graphs)")
+    parser.add_argument("--cost-models", nargs="*", default=None, metavar="MODEL/DEVICE",
+                        help="cost models, e.g. roofline/h100 measured/cpu (default: both of those)")
+    parser.add_argument("--taso-long-seconds", type=float, default=60.0,
+                        help="cap on the longer TASO-style search (10000 graphs, roofline column; 0 skips it)")
+
+
+def _tensat(module: Any, args: argparse.Namespace) -> Iterable[dict[str, Any]]:
+    return module.run_bench(out_dir=args.out, options=module.options_from_args(args))
+
+
+def _schedules_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="a model name (eqsat.models) or a .model / Graph .json path")
+    parser.add_argument("--k-multi", type=int, nargs="+", default=[1, 2], help="rounds of two-output rules")
+    parser.add_argument("--schedules", nargs="+", default=None, help="schedules to compare (default: all)")
+    parser.add_argument("--node-limit", type=int, default=50_000, help="saturation e-node limit")
+    _time_limit(parser, what="per extraction")
+
+
+def _schedules(module: Any, args: argparse.Namespace) -> Iterable[dict[str, Any]]:
+    return module.run_bench(args.model, k_multi=args.k_multi, schedules=args.schedules, node_limit=args.node_limit,
+                            time_limit=args.time_limit)
+
+
+def _rules_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--skip-synth", action="store_true", help="verify Tensat's rules only")
+    parser.add_argument("--out", type=Path, default=Path("results/synth.rules"), help="file for the synthesized rules")
+
+
+def _rules(module: Any, args: argparse.Namespace) -> Iterable[dict[str, Any]]:
+    return module.run_bench(out=args.out, skip_synth=args.skip_synth)
+
+
+# --- parallel ---------------------------------------------------------------------------------------
+
+def _parallel_flags(parser: argparse.ArgumentParser) -> None:
+    _out(parser)
+    _time_limit(parser, 20.0, "per plan's ILP")
+    parser.add_argument("--models", nargs="*", default=None, help="cases (default: all)")
+
+
+def _parallel(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    return list(module.run_bench(out_dir=args.out, time_limit=args.time_limit, models=args.models))
+
+
+def _multiprocess_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="a parallel case (eqsat parallel --help)")
+    parser.add_argument("--mesh", default="8", help="mesh shape over the 2 x 4 CPU devices")
+
+
+def _multiprocess(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    return [module.run(args.model, args.mesh)]
+
+
+EXTRACTION = Benchmark("experiments.bench_extraction", _extraction,
+                       "every extractor on the E-graph JSON benchmark set: cost, bound, seconds", _extraction_flags)
+SCALING = Benchmark("experiments.bench_scaling", _scaling,
+                    "every extractor on chain e-graphs of growing size: peak memory, seconds, largest handled", _scaling_flags)
+LNS = Benchmark("experiments.bench_lns", _lns,
+                "the ILP's large-neighbourhood phase: cost over time per seed", _lns_flags)
+JAX = Benchmark("experiments.bench_jax", _jax,
+                "@eqsat.optimize on JAX programs: speedup over jax.jit, first call, numerics", _jax_flags)
+CEILING = Benchmark("experiments.bench_ceiling", _ceiling,
+                    "hand-written rewrites of the JAX targets against jax.jit: what any rewrite could gain here",
+                    _ceiling_flags)
+TENSAT = Benchmark("experiments.bench_tensat", _tensat,
+                   "Tensat's seven models: equality saturation against a TASO-style search, paper's numbers beside",
+                   _tensat_flags)
+SCHEDULES = Benchmark("experiments.saturation_schedules", _schedules,
+                      "when two-output rules run: e-graph size, saturation time, extracted cost per schedule",
+                      _schedules_flags)
+RULES = Benchmark("experiments.bench_rules", _rules,
+                  "verify Tensat's rules, then synthesize rules of up to 3 operators", _rules_flags)
+PARALLEL = Benchmark("experiments.bench_parallel", _parallel,
+                     "eqsat parallel over the cases and meshes: predicted step, compiled bytes, memory", _parallel_flags)
+MULTIPROCESS = Benchmark("experiments.parallel_multiprocess", _multiprocess,
+                         "a parallel plan as 2 processes x 4 CPU devices (jax.distributed), checked against numpy",
+                         _multiprocess_flags)
+
+BENCHMARKS: Mapping[str, Benchmark] = MappingProxyType({
+    "jax": JAX, "ceiling": CEILING, "extraction": EXTRACTION, "scaling": SCALING, "lns": LNS, "tensat": TENSAT,
+    "schedules": SCHEDULES, "rules": RULES, "parallel": PARALLEL, "multiprocess": MULTIPROCESS,
+})
+"""Name → benchmark; pyproject.toml's `[project.entry-points."eqsat.benchmarks"]` names the same
+(tests/test_benchmarks.py keeps the two equal)."""
