@@ -235,10 +235,12 @@ VARIANTS: dict[str, tuple[Callable[..., Any], ...]] = {
 
 
 def _close(a: Any, b: Any) -> tuple[bool, float]:
-    a, b = np.asarray(a), np.asarray(b)
-    scale = max(1.0, float(np.max(np.abs(b))))
-    err = float(np.max(np.abs(a - b)) / scale)
-    return a.shape == b.shape and err <= RTOL, err
+    """`eqsat.compare.outputs_agree` of `a` against the reference `b` (within RTOL of its magnitude,
+    at least 1): (agrees, error relative to the magnitude)."""
+    from eqsat.compare import outputs_agree
+
+    verdict = outputs_agree([b], [a], RTOL, atol=RTOL)
+    return verdict.ok, verdict.max_rel_err
 
 
 def _xla_flops(fn: Callable[..., Any], args: Sequence[Any]) -> float | None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from eqsat import cli
-from eqsat.pipeline import outputs_agree
+from eqsat.compare import outputs_agree
 from experiments import optimize
 from experiments.optimize import Measurement
 
