@@ -19,7 +19,6 @@ import argparse
 import json
 import math
 import sys
-import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -30,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from eqsat.timer import best_of
 from experiments.jax_programs import PROGRAMS, JaxProgram
 
 __all__ = ["VARIANTS", "run_bench", "plot_ceiling"]
@@ -258,11 +258,7 @@ def matmul_peak_gflops(n: int = 1024, repeats: int = 30) -> float:
     a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
     square = jax.jit(lambda m: m @ m)
     square(a).block_until_ready()
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        square(a).block_until_ready()
-        best = min(best, time.perf_counter() - start)
+    best = best_of(lambda: square(a).block_until_ready(), repeats)
     return 2 * n ** 3 / best / 1e9
 
 

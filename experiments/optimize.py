@@ -24,7 +24,6 @@ from eqsat.errors import EqsatError, NumericsError
 from eqsat.ir import Graph
 from eqsat.output_targets import writable_dir
 from eqsat.rewrites.rule import Rule
-from eqsat.timer import sample_seconds
 from experiments.models import MODELS, build_model
 
 __all__ = ["OptimizeOptions", "add_arguments", "candidate_rules", "compare_outputs", "optimize_model", "run", "time_interleaved"]
@@ -88,18 +87,12 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
 # --- measuring ----------------------------------------------------------------------------------
 
 def time_interleaved(fns: Sequence[Callable[[], Any]], repeats: int, warmup: int = 3) -> list[float]:
-    """Median seconds of each thunk, run round-robin so drifts in machine load hit all alike.
+    """Median seconds per call of each thunk over `repeats` interleaved rounds: the one timing
+    policy, `jax_backend.timing.interleaved_rounds` (each thunk's results are blocked on)."""
+    from jax_backend.timing import interleaved_rounds
 
-    Each thunk must block until its result is ready (e.g. call `block_until_ready`).
-    """
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-    samples: list[list[float]] = [[] for _ in fns]
-    for _ in range(max(repeats, 1)):
-        for k, fn in enumerate(fns):
-            samples[k].append(sample_seconds(fn))
-    return [statistics.median(s) for s in samples]
+    times, _ = interleaved_rounds(fns, max(repeats, 1), min_rounds=max(repeats, 1), warmup=warmup)
+    return [statistics.median(t) for t in times]
 
 
 def compare_outputs(expected: Sequence[np.ndarray], got: Sequence[np.ndarray], rtol: float, atol: float) -> bool:
