@@ -570,7 +570,8 @@ def optimize(fun: Callable[..., Any] | None = None, *, rules: Any = None, extrac
 
     `cost_model`: None extracts one candidate under each of "roofline", "measured" and "merge"
     (roofline plus a cost per matmul/conv call) and keeps the fastest as timed; a name or names
-    extract under those models only."""
+    extract under those models only. `rtol`: a candidate is used only if its outputs agree with the
+    original's, of the same dtypes, within `rtol` of each output's magnitude (`eqsat.compare`)."""
     if lowering not in ("auto", "xla", "pallas"):
         raise EqsatError(f"optimize: lowering must be 'auto', 'xla' or 'pallas', got {lowering!r}")
     if time_limit <= 0:
