@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from jax_backend.timing import MAX_CALLS_PER_SAMPLE, MIN_SAMPLE_S, calls_per_sample, interleaved_rounds, rotation
 
@@ -27,7 +28,7 @@ def test_calls_per_sample_fill_the_minimum_sample_up_to_the_one_cap() -> None:
 def test_interleaved_rounds_samples_each_thunk_once_per_round_in_rotation() -> None:
     calls: list[str] = []
 
-    def thunk(name: str) -> object:
+    def thunk(name: str) -> Callable[[], None]:
         def run() -> None:
             calls.append(name)
             time.sleep(MIN_SAMPLE_S / 2)  # two calls a sample
