@@ -7,7 +7,6 @@ input (e.g. a solver that timed out), the input graph is returned and `selection
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -15,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from eqsat.compare import Agreement, outputs_agree
 from eqsat.cost import CostModel, graph_cost
 from eqsat.egraph import TensorEGraph, decode
 from eqsat.errors import EqsatError, NumericsError
@@ -80,53 +80,6 @@ def checkable_inputs(graph: Graph, seed: int) -> tuple[dict[str, np.ndarray], li
             inputs = {k: np.abs(v) + 0.5 for k, v in inputs.items()}
             outputs = graph.evaluate(inputs)
     return inputs, outputs
-
-
-@dataclass(frozen=True)
-class Agreement:
-    """The verdict of `outputs_agree`, with the figures a report needs."""
-
-    ok: bool
-    max_abs_diff: float  # largest |got - reference| over all finite elements
-    max_rel_err: float  # largest |got - reference| / magnitude of that output (see outputs_agree)
-    reason: str = ""  # why not ok, in words
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-
-def outputs_agree(reference: Sequence[np.ndarray], got: Sequence[np.ndarray], rtol: float,
-                  atol: float = 0.0, allowed_abs: Sequence[float] = ()) -> Agreement:
-    """THE output comparison: whether `got` computes `reference` (best computed in float64).
-
-    Scale-aware: the error of each output is measured against that output's magnitude (its
-    largest finite |value|), not element by element, so outputs around 200 computed in float32
-    pass, while a wrong graph (an O(1) relative change, even in one element) does not. An output
-    agrees when every finite element is within max(rtol * magnitude, atol, allowed_abs[i]) (the
-    last e.g. a few times the original's own float32 error, where it is ill-conditioned) and its
-    non-finite elements are exactly the reference's (a NaN never matches a number).
-    """
-    if len(reference) != len(got):
-        return Agreement(False, math.inf, math.inf, f"{len(got)} outputs, expected {len(reference)}")
-    worst_abs, worst_rel = 0.0, 0.0
-    for i, (r, g) in enumerate(zip(reference, got)):
-        r64, g64 = np.asarray(r, dtype=np.float64), np.asarray(g, dtype=np.float64)
-        if r64.shape != g64.shape:
-            return Agreement(False, math.inf, math.inf, f"output {i} has shape {g64.shape}, expected {r64.shape}")
-        finite = np.isfinite(r64)
-        if not np.array_equal(finite, np.isfinite(g64)) or not np.array_equal(r64[~finite], g64[~finite], equal_nan=True):
-            return Agreement(False, math.inf, math.inf, f"output {i} is not finite where the reference is (or vice versa)")
-        if not finite.any():
-            continue
-        magnitude = float(np.max(np.abs(r64[finite])))
-        diff = float(np.max(np.abs(r64[finite] - g64[finite])))
-        allowed = max(rtol * magnitude, atol, allowed_abs[i] if i < len(allowed_abs) else 0.0)
-        worst_abs = max(worst_abs, diff)
-        worst_rel = max(worst_rel, diff / magnitude if magnitude > 0 else (0.0 if diff == 0 else math.inf))
-        if not diff <= allowed:
-            return Agreement(False, worst_abs, worst_rel,
-                             f"output {i} differs by {diff:.3g} (magnitude {magnitude:.3g}; allowed {allowed:.3g})")
-    return Agreement(True, worst_abs, worst_rel)
 
 
 def numerics_match(a: Graph, b: Graph, seed: int = 0, rtol: float = 1e-7, trials: int = 2) -> tuple[bool, float]:

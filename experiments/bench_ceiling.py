@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -29,6 +28,7 @@ import numpy as np
 from jax import lax
 
 from eqsat.models.jax_programs import PROGRAMS, JaxProgram
+from eqsat.timer import best_of
 
 __all__ = ["VARIANTS", "run_bench", "plot_ceiling"]
 
@@ -233,10 +233,12 @@ VARIANTS: dict[str, tuple[Callable[..., Any], ...]] = {
 
 
 def _close(a: Any, b: Any) -> tuple[bool, float]:
-    a, b = np.asarray(a), np.asarray(b)
-    scale = max(1.0, float(np.max(np.abs(b))))
-    err = float(np.max(np.abs(a - b)) / scale)
-    return a.shape == b.shape and err <= RTOL, err
+    """`eqsat.compare.outputs_agree` of `a` against the reference `b` (within RTOL of its magnitude,
+    at least 1): (agrees, error relative to the magnitude)."""
+    from eqsat.compare import outputs_agree
+
+    verdict = outputs_agree([b], [a], RTOL, atol=RTOL)
+    return verdict.ok, verdict.max_rel_err
 
 
 def _xla_flops(fn: Callable[..., Any], args: Sequence[Any]) -> float | None:
@@ -254,11 +256,7 @@ def matmul_peak_gflops(n: int = 1024, repeats: int = 30) -> float:
     a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
     square = jax.jit(lambda m: m @ m)
     square(a).block_until_ready()
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        square(a).block_until_ready()
-        best = min(best, time.perf_counter() - start)
+    best = best_of(lambda: square(a).block_until_ready(), repeats)
     return 2 * n ** 3 / best / 1e9
 
 

@@ -38,10 +38,11 @@ RTOL = 2e-4
 
 
 def _close(a: Any, b: Any) -> bool:
-    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
-    return len(la) == len(lb) and all(
-        np.allclose(np.asarray(x), np.asarray(y), rtol=RTOL, atol=RTOL * max(1.0, float(np.max(np.abs(np.asarray(y))))))
-        for x, y in zip(la, lb))
+    """`eqsat.compare.outputs_agree` over the pytrees' leaves (`b` the reference), within RTOL of
+    each leaf's magnitude (at least 1)."""
+    from eqsat.compare import outputs_agree
+
+    return outputs_agree(jax.tree_util.tree_leaves(b), jax.tree_util.tree_leaves(a), RTOL, atol=RTOL).ok
 
 
 def _control(prog: JaxProgram, rounds: int, budget_s: float) -> dict[str, Any]:

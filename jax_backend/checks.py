@@ -8,6 +8,7 @@ the core (`eqsat/`) stays free of it.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -17,7 +18,6 @@ import numpy as np
 
 from eqsat.ir import Graph
 from eqsat.parallel.mesh import Mesh
-from eqsat.timer import sample_seconds
 
 __all__ = ["Measurement", "check_on_devices", "compare_outputs", "measure_pair", "reference_gradients",
            "time_interleaved"]
@@ -26,24 +26,18 @@ __all__ = ["Measurement", "check_on_devices", "compare_outputs", "measure_pair",
 # --- a graph against its optimized version (eqsat optimize) ---------------------------------------
 
 def time_interleaved(fns: Sequence[Callable[[], Any]], repeats: int, warmup: int = 3) -> list[float]:
-    """Median seconds of each thunk, run round-robin so drifts in machine load hit all alike.
+    """Median seconds per call of each thunk over `repeats` interleaved rounds: the one timing
+    policy, `jax_backend.timing.interleaved_rounds` (each thunk's results are blocked on)."""
+    from jax_backend.timing import interleaved_rounds
 
-    Each thunk must block until its result is ready (e.g. call `block_until_ready`).
-    """
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-    samples: list[list[float]] = [[] for _ in fns]
-    for _ in range(max(repeats, 1)):
-        for k, fn in enumerate(fns):
-            samples[k].append(sample_seconds(fn))
-    return [statistics.median(s) for s in samples]
+    times, _ = interleaved_rounds(fns, max(repeats, 1), min_rounds=max(repeats, 1), warmup=warmup)
+    return [statistics.median(t) for t in times]
 
 
 def compare_outputs(expected: Sequence[np.ndarray], got: Sequence[np.ndarray], rtol: float, atol: float) -> bool:
     """Same number of outputs, same shapes, within tolerance relative to each output's magnitude
-    (NaNs never pass): `eqsat.pipeline.outputs_agree`."""
-    from eqsat.pipeline import outputs_agree
+    (NaN only where the reference has NaN): `eqsat.compare.outputs_agree`."""
+    from eqsat.compare import outputs_agree
 
     return outputs_agree(expected, got, rtol, atol).ok
 
@@ -73,7 +67,7 @@ def measure_pair(original: Graph, optimized: Graph, inputs: Mapping[str, np.ndar
     """
     import jax
 
-    from eqsat.pipeline import outputs_agree
+    from eqsat.compare import outputs_agree
     from jax_backend.lower import fold_weights, to_jax
 
     runs = []
@@ -86,8 +80,7 @@ def measure_pair(original: Graph, optimized: Graph, inputs: Mapping[str, np.ndar
     out_before = [np.asarray(x) for x in jax.block_until_ready(before(args_before))]
     out_after = [np.asarray(x) for x in jax.block_until_ready(after(args_after))]
     own = outputs_agree(reference, out_before, rtol, atol)
-    own_err = [float(np.max(np.abs(np.asarray(r, np.float64) - np.asarray(b, np.float64)), initial=0.0))
-               if np.shape(r) == np.shape(b) else 0.0 for r, b in zip(reference, out_before)]
+    own_err = [e if math.isfinite(e) else 0.0 for e in own.abs_diffs]
     verdict = outputs_agree(reference, out_after, rtol, atol, allowed_abs=[4 * e for e in own_err])
     if own.max_rel_err > 1e-2:  # the original's own error is no excuse once it is this large
         verdict = replace(verdict, ok=False, reason=f"the original itself is off its float64 reference ({own.reason})")
@@ -100,8 +93,11 @@ def measure_pair(original: Graph, optimized: Graph, inputs: Mapping[str, np.ndar
 # --- a parallel plan on the devices (eqsat parallel) ----------------------------------------------
 
 def _close(a: np.ndarray, b: np.ndarray, rtol: float = 2e-4) -> bool:
-    scale = max(1.0, float(np.max(np.abs(b)))) if b.size else 1.0
-    return bool(np.max(np.abs(np.asarray(a, np.float64) - b)) <= rtol * scale) if b.size else True
+    """`eqsat.compare.outputs_agree` of `a` against the reference `b`, within `rtol` of its
+    magnitude (at least 1)."""
+    from eqsat.compare import outputs_agree
+
+    return outputs_agree([b], [a], rtol, atol=rtol).ok
 
 
 def reference_gradients(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:

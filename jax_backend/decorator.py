@@ -29,6 +29,7 @@ import numpy as np
 
 from eqsat import candidates
 from eqsat.candidates import SegmentReport
+from eqsat.compare import outputs_agree
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from jax_backend.capture import GraphStep, Program, capture, graph_leaf_name, replay
@@ -178,23 +179,13 @@ def _random_args(avals: Sequence[jax.ShapeDtypeStruct], seed: int) -> list[Any]:
 
 
 def _compare(ref: Sequence[Any], got: Sequence[Any], rtol: float, atol: float) -> tuple[bool, float]:
-    worst = 0.0
-    for r, g in zip(ref, got):
-        r, g = (np.asarray(jax.random.key_data(v) if jax.dtypes.issubdtype(v.dtype, jax.dtypes.prng_key) else v)
-                for v in (r, g))
-        if r.shape != g.shape or r.dtype != g.dtype:
-            return False, float("inf")
-        if not np.issubdtype(r.dtype, np.inexact):
-            if not np.array_equal(r, g):
-                return False, float("inf")
-            continue
-        r64, g64 = r.astype(np.float64), g.astype(np.float64)
-        scale = max(float(np.max(np.abs(r64), initial=0.0)), 1.0)
-        err = float(np.max(np.abs(r64 - g64), initial=0.0)) / scale
-        worst = max(worst, err)
-        if not np.allclose(g64, r64, rtol=rtol, atol=atol * scale, equal_nan=True):
-            return False, err
-    return True, worst
+    """`eqsat.compare.outputs_agree` with the same dtypes required (PRNG keys compared as their
+    key data): (agrees, largest error relative to an output's magnitude)."""
+    def data(v: Any) -> Any:
+        return jax.random.key_data(v) if jax.dtypes.issubdtype(v.dtype, jax.dtypes.prng_key) else v
+
+    verdict = outputs_agree([data(r) for r in ref], [data(g) for g in got], rtol, atol, same_dtype=True)
+    return verdict.ok, verdict.max_rel_err
 
 
 @dataclass(frozen=True)
@@ -579,7 +570,8 @@ def optimize(fun: Callable[..., Any] | None = None, *, rules: Any = None, extrac
 
     `cost_model`: None extracts one candidate under each of "roofline", "measured" and "merge"
     (roofline plus a cost per matmul/conv call) and keeps the fastest as timed; a name or names
-    extract under those models only."""
+    extract under those models only. `rtol`: a candidate is used only if its outputs agree with the
+    original's, of the same dtypes, within `rtol` of each output's magnitude (`eqsat.compare`)."""
     if lowering not in ("auto", "xla", "pallas"):
         raise EqsatError(f"optimize: lowering must be 'auto', 'xla' or 'pallas', got {lowering!r}")
     if time_limit <= 0:

@@ -30,6 +30,7 @@ from eqsat import ops
 from eqsat.cost import register_cost_model
 from eqsat.paths import cache_dir
 from eqsat.timer import sample_seconds
+from jax_backend.timing import calls_per_sample
 
 Shape = tuple[int, ...]
 
@@ -89,7 +90,7 @@ def _time_eagerly(fn: Callable[..., Any], args: Sequence[Any], repeats: int, war
 
     calls = 1
     if min_sample_s > 0:
-        calls = max(1, min(200, int(min_sample_s / max(sample_seconds(call, 1, jax.block_until_ready), 1e-7))))
+        calls = calls_per_sample(sample_seconds(call, 1, jax.block_until_ready), min_sample_s)
     samples = [sample_seconds(call, calls, jax.block_until_ready) for _ in range(repeats)]
     return min(samples) if statistic == "min" else statistics.median(samples)
 

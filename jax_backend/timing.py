@@ -1,13 +1,17 @@
-"""Paired, interleaved timing of two functions with a bootstrap confidence interval.
+"""The one timing policy: paired, interleaved rounds with a bootstrap confidence interval.
 
-Machine noise (other processes, frequency changes) drifts over seconds, so the two functions are
-timed in many short rounds, alternating which runs first, and each round gives one ratio
-optimized/original. The median of those ratios is the estimate; a percentile bootstrap of the
-median gives the interval. A version counts as faster only when the whole interval is below 1.
+Machine noise (other processes, frequency changes) drifts over seconds, so the functions are timed
+in many short rounds, every function once per round in a rotating order (each runs first, last and
+in between equally often), and each round gives one ratio optimized/original. The median of those
+ratios is the estimate; a percentile bootstrap of the median gives the (95%) interval. A version
+counts as faster only when the whole interval is below 1. A sample repeats a call until it lasts
+`MIN_SAMPLE_S` (timer and dispatch noise average out), at most `MAX_CALLS_PER_SAMPLE` calls: the
+decorator, `eqsat optimize`, the measured cost model and the benches all sample this way.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -19,9 +23,11 @@ import numpy as np
 
 from eqsat.timer import sample_seconds
 
-__all__ = ["PairedTiming", "paired_timing", "screen_timings", "bootstrap_median_ci"]
+__all__ = ["MAX_CALLS_PER_SAMPLE", "MIN_SAMPLE_S", "PairedTiming", "bootstrap_median_ci", "calls_per_sample",
+           "interleaved_rounds", "paired_timing", "rotation", "screen_timings"]
 
-_MIN_SAMPLE_S = 5e-3  # a sample shorter than this is mostly timer and dispatch noise: repeat calls
+MIN_SAMPLE_S = 5e-3  # a sample shorter than this is mostly timer and dispatch noise: repeat calls
+MAX_CALLS_PER_SAMPLE = 1000  # ...but a sample of a ~free call stays bounded (and the warm-up short)
 
 
 @dataclass(frozen=True)
@@ -75,16 +81,41 @@ def bootstrap_median_ci(values: Sequence[float], confidence: float = 0.95, resam
     return float(np.quantile(medians, alpha)), float(np.quantile(medians, 1 - alpha))
 
 
-def _sample(fn: Callable[..., Any], args: Sequence[Any], calls: int) -> float:
-    return sample_seconds(lambda: fn(*args), calls, jax.block_until_ready)
+def calls_per_sample(single_s: float, min_sample_s: float = MIN_SAMPLE_S) -> int:
+    """Calls one sample makes so that it lasts about `min_sample_s`, given one call's seconds."""
+    return max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(min_sample_s / max(single_s, 1e-7))))
 
 
-def _calls_per_sample(fns: Sequence[Callable[..., Any]], args: Sequence[Any]) -> int:
-    for _ in range(2):  # warm-up (and compilation)
-        for fn in fns:
-            jax.block_until_ready(fn(*args))
-    single = min(_sample(fn, args, 1) for fn in fns)
-    return max(1, min(1000, math.ceil(_MIN_SAMPLE_S / max(single, 1e-7))))
+def _sample(thunk: Callable[[], Any], calls: int) -> float:
+    return sample_seconds(thunk, calls, jax.block_until_ready)
+
+
+def rotation(k: int, n: int) -> list[int]:
+    """Round `k`'s order of `n` functions: rotated by k, reversed every other n rounds, so over
+    2n rounds each function runs in each position equally often (with two: AB, BA, BA, AB)."""
+    order = list(range(n))
+    shift = k % n
+    order = order[shift:] + order[:shift]
+    return order[::-1] if (k // n) % 2 else order
+
+
+def interleaved_rounds(thunks: Sequence[Callable[[], Any]], rounds: int, budget_s: float = math.inf,
+                       min_rounds: int = 8, warmup: int = 2) -> tuple[list[list[float]], int]:
+    """THE timing loop: seconds per call of each thunk, one sample each per round in `rotation`
+    order, and the calls per sample (from the fastest thunk's single call, after `warmup` calls of
+    each). Stops after `rounds` rounds or when `budget_s` is spent (never before `min_rounds`)."""
+    for _ in range(warmup):  # (and compilation)
+        for thunk in thunks:
+            jax.block_until_ready(thunk())
+    calls = calls_per_sample(min(_sample(thunk, 1) for thunk in thunks))
+    times: list[list[float]] = [[] for _ in thunks]
+    deadline = time.perf_counter() + budget_s
+    for k in range(rounds):
+        for i in rotation(k, len(thunks)):
+            times[i].append(_sample(thunks[i], calls))
+        if k + 1 >= min_rounds and time.perf_counter() > deadline:
+            break
+    return times, calls
 
 
 def _summary(tb: Sequence[float], to: Sequence[float], calls: int, confidence: float) -> PairedTiming:
@@ -109,18 +140,6 @@ def screen_timings(base: Callable[..., Any], others: Sequence[Callable[..., Any]
     """`paired_timing` of each of `others` against `base`, all in the same rounds: every round
     times `base` and each candidate once, in a rotating order, so all candidates see the same
     machine state and each ratio pairs a candidate with the `base` sample of its own round."""
-    fns = [base, *others]
-    calls = _calls_per_sample(fns, args)
-    times: list[list[float]] = [[] for _ in fns]
-    deadline = time.perf_counter() + budget_s
-    for k in range(rounds):
-        order = list(range(len(fns)))
-        shift = k % len(fns)
-        order = order[shift:] + order[:shift]
-        if k % 2:
-            order.reverse()
-        for i in order:
-            times[i].append(_sample(fns[i], args, calls))
-        if k + 1 >= min_rounds and time.perf_counter() > deadline:
-            break
-    return [_summary(times[0], times[i], calls, confidence) for i in range(1, len(fns))]
+    times, calls = interleaved_rounds([functools.partial(fn, *args) for fn in (base, *others)], rounds, budget_s,
+                                      min_rounds)
+    return [_summary(times[0], times[i], calls, confidence) for i in range(1, len(times))]

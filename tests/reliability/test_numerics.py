@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from eqsat import cli
-from eqsat.pipeline import outputs_agree
 from eqsat.commands import optimize
+from eqsat.compare import outputs_agree
 from jax_backend.checks import Measurement
 
 
