@@ -189,7 +189,7 @@ def _compare(ref: Sequence[Any], got: Sequence[Any], rtol: float, atol: float) -
                 return False, float("inf")
             continue
         r64, g64 = r.astype(np.float64), g.astype(np.float64)
-        scale = max(float(np.max(np.abs(r64), initial=0.0)), 1.0)
+        scale = max(float(np.max(np.abs(r64[np.isfinite(r64)]), initial=0.0)), 1.0)  # an all-NaN output: atol stays a number
         err = float(np.max(np.abs(r64 - g64), initial=0.0)) / scale
         worst = max(worst, err)
         if not np.allclose(g64, r64, rtol=rtol, atol=atol * scale, equal_nan=True):

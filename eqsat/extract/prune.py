@@ -3,12 +3,12 @@
 Removed: nodes that are their own descendant through a child in their own class (a self-loop can
 never be chosen acyclically), more generally nodes every term of whose children contains the node's
 own class (`necessarily_cyclic`), nodes with a child class that has no acyclic term at all (bottom-up
-fixpoint), classes and nodes the roots cannot reach, and dominated nodes: in one class, a node
+fixpoint), classes and nodes the roots cannot reach, and (when no cost is negative) dominated nodes: in one class, a node
 whose distinct child classes are a superset of another's and whose cost is not lower. Replacing a
 dominated node by its dominator in any valid choice keeps it valid (its children are already
 chosen, and it adds no edge, so no cycle) and does not raise the cost.
 
-Free classes (with dominance, when no cost is negative): a class with a zero-cost node whose child
+Dominance and free classes are off when some cost is negative. Free classes (with dominance): a class with a zero-cost node whose child
 classes are all free (least fixpoint; weights and everything folded from them, under TASO's
 convention) keeps only that node, the first found. Those witnesses point only at classes found
 before theirs, so any valid choice with every free class switched to its witness is still acyclic
@@ -89,7 +89,11 @@ def prune(
         stats["necessarily_cyclic"] += int(cyclic.sum())
         mask &= ~cyclic
     stats["free"] = 0
-    if dominance and float(egraph.cost.min(initial=0.0)) >= 0:
+    # Both reductions below drop nodes whose cost another node matches or beats, assuming that fewer
+    # reachable classes never cost more: false with negative costs (a dropped child class may be
+    # worth having), so they are off then.
+    dominance = dominance and not egraph.has_negative_costs
+    if dominance:
         before = int(mask.sum())
         for c, witness in free_class_witnesses(egraph, mask).items():
             mask[egraph.nodes_of(c)] = False
