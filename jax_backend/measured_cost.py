@@ -232,9 +232,10 @@ def check_measuring_device(device: str) -> None:
         named = [g for g in _KNOWN_GPUS if g in actual]
         mismatch = device.lower() not in actual and bool(named)
     if mismatch:
-        raise EqsatError(f"cost model measured/{device} times ops on JAX's default device, which is "
-                         f"{dev.platform}{'' if kind == dev.platform else f' ({kind})'}, not {device}: run it on that device, or use --device "
-                         f"{'cpu' if dev.platform == 'cpu' else 'current'} or --cost-model roofline")
+        here = dev.platform if kind == dev.platform else f"{dev.platform} ({kind})"
+        instead = "cpu" if dev.platform == "cpu" else "current"
+        raise EqsatError(f"cost model measured/{device} times ops on JAX's default device, which is {here}, not "
+                         f"{device}: run it on that device, or use --device {instead} or --cost-model roofline")
 
 
 def measured_model(device: str = "current", **options: Any) -> MeasuredModel:
