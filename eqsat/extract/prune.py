@@ -3,12 +3,14 @@
 Removed: nodes that are their own descendant through a child in their own class (a self-loop can
 never be chosen acyclically), more generally nodes every term of whose children contains the node's
 own class (`necessarily_cyclic`), nodes with a child class that has no acyclic term at all (bottom-up
-fixpoint), classes and nodes the roots cannot reach, and (when no cost is negative) dominated nodes: in one class, a node
+fixpoint), classes and nodes the roots cannot reach, and dominated nodes: in one class, a node
 whose distinct child classes are a superset of another's and whose cost is not lower. Replacing a
 dominated node by its dominator in any valid choice keeps it valid (its children are already
-chosen, and it adds no edge, so no cycle) and does not raise the cost.
+chosen, and it adds no edge, so no cycle) and does not raise the cost, as long as no cost is
+negative: with a negative cost somewhere (extraction-gym's maxsat suite) dominance and free
+classes are off, since a child class the dominator leaves out may be worth having.
 
-Dominance and free classes are off when some cost is negative. Free classes (with dominance): a class with a zero-cost node whose child
+Free classes (with dominance): a class with a zero-cost node whose child
 classes are all free (least fixpoint; weights and everything folded from them, under TASO's
 convention) keeps only that node, the first found. Those witnesses point only at classes found
 before theirs, so any valid choice with every free class switched to its witness is still acyclic
