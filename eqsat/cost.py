@@ -31,6 +31,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from eqsat import ops
+from eqsat.atomic_write import atomic_write_text
 from eqsat.errors import EqsatError
 from eqsat.paths import cache_dir
 from eqsat.timer import best_of
@@ -134,10 +135,7 @@ def calibrate_cpu(force: bool = False) -> DeviceSpec:
         # a corrupt cache (unreadable, or valid JSON with zeros, [] or null) is re-measured
     spec = _measure_cpu()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(spec)))
-        tmp.replace(path)
+        atomic_write_text(path, json.dumps(asdict(spec)))
     except OSError:
         pass  # a read-only home still gets a (re-measured) spec
     return spec

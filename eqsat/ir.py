@@ -22,6 +22,45 @@ from eqsat.ops import Activation, Padding, Shape
 __all__ = ["Value", "Node", "Graph", "GraphBuilder", "Tensor", "Activation", "Padding"]
 
 
+GRAPH_FORMAT = "eqsat-graph-1"
+"""The Graph JSON format version this code writes and reads; any other version is refused."""
+
+MAX_ELEMENTS = 2**40
+"""The largest integer attribute, dimension and tensor (in elements) Graph JSON may hold. 2**40
+elements is 4 TiB of float32, far beyond any device's memory, so no real program is refused; and
+it keeps egglog's i64 shape arithmetic (a tensor's element count, times a dimension or a
+stride in a rule) well inside 2**63, where a larger value would overflow into an egglog panic."""
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _node_ref(ref: object, where: str) -> tuple[int, int]:
+    """A `[node, output]` pair of integers: `[0.7, 0]` or `[true, 0]` is refused, not rounded."""
+    if not (isinstance(ref, (list, tuple)) and len(ref) == 2 and _is_int(ref[0]) and _is_int(ref[1])):
+        raise GraphFormatError(f"{where}: a node reference must be [node, output], two integers; got {ref!r}")
+    return int(ref[0]), int(ref[1])
+
+
+def _check_ints(value: object, where: str) -> None:
+    """Every integer in an attribute (nested in lists too) at most MAX_ELEMENTS in size."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > MAX_ELEMENTS:
+            raise GraphFormatError(f"{where}: integer {value} is larger than {MAX_ELEMENTS} (2**40)")
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _check_ints(item, where)
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            _check_ints(item, where)
+
+
+def _check_size(shape: Shape, where: str) -> None:
+    if math.prod(shape) > MAX_ELEMENTS:
+        raise GraphFormatError(f"{where}: a tensor of shape {list(shape)} has more than 2**40 elements")
+
+
 @dataclass(frozen=True, order=True)
 class Value:
     """Output `index` of node `node`."""
@@ -131,7 +170,7 @@ class Graph:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "format": "eqsat-graph-1",
+            "format": GRAPH_FORMAT,
             "nodes": [
                 {"op": n.op, "attrs": {k: list(v) if isinstance(v, tuple) else v for k, v in n.attrs},
                  "inputs": [[v.node, v.index] for v in n.inputs], "shapes": [list(s) for s in n.shapes]}
@@ -145,24 +184,34 @@ class Graph:
 
     @staticmethod
     def from_json(data: Mapping[str, Any], source: str = "<graph>") -> Graph:
-        """Rebuild through the builder, so shapes are re-inferred and checked against the file."""
+        """Rebuild through the builder, so shapes are re-inferred and checked against the file.
+        Refuses, before any work, a format version other than `GRAPH_FORMAT`, a node reference
+        that is not a pair of integers, and integers or tensors too large to be a real program
+        (see `MAX_ELEMENTS`)."""
         try:
+            version = data.get("format", GRAPH_FORMAT)
+            if version != GRAPH_FORMAT:
+                raise GraphFormatError(f"{source}: unknown graph format {version!r}; this eqsat reads {GRAPH_FORMAT!r}")
             builder = GraphBuilder()
             handles: list[tuple[Tensor, ...]] = []
             for i, entry in enumerate(data["nodes"]):
                 args = []
                 for ref in entry.get("inputs", []):
-                    node, index = int(ref[0]), int(ref[1])
+                    node, index = _node_ref(ref, f"{source}: node {i} input")
                     if not 0 <= node < i:
                         raise GraphFormatError(f"{source}: node {i} reads node {node}, which is not before it")
                     args.append(handles[node][index])
+                _check_ints(entry.get("attrs", {}), f"{source}: node {i} ({entry['op']})")
                 outs = builder.apply(entry["op"], args, entry.get("attrs", {}))
+                for t in outs:
+                    _check_size(t.shape, f"{source}: node {i} ({entry['op']})")
                 stored = [tuple(s) for s in entry.get("shapes", [t.shape for t in outs])]
                 if stored != [t.shape for t in outs]:
                     raise GraphFormatError(f"{source}: node {i} ({entry['op']}) stores shapes {stored}, "
                                            f"inferred {[t.shape for t in outs]}")
                 handles.append(outs)
-            outputs = [handles[int(n)][int(k)] for n, k in data["outputs"]]
+            refs = [_node_ref(ref, f"{source}: output") for ref in data["outputs"]]
+            outputs = [handles[n][k] for n, k in refs]
         except GraphFormatError:
             raise
         except ShapeError as exc:

@@ -252,7 +252,8 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
                                 "(compiled, once per call), nothing is checked or timed")
     steps = program.graphs
     try:
-        device = "cpu" if jax.default_backend() == "cpu" else "h100"
+        kind = str(getattr(jax.devices()[0], "device_kind", "")).lower()  # measured refuses a wrong GPU name
+        device = "cpu" if jax.default_backend() == "cpu" else ("h200" if "h200" in kind else "h100")
         search = candidates.make_search(opts.rules, opts.candidate_models or (opts.cost_model,),
                                         [s.graph for s in steps], device, opts.extractor, opts.iterations,
                                         opts.max_enodes)

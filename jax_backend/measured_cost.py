@@ -15,7 +15,6 @@ adds once XLA has fused it. Views (reshape, slice, split) move nothing under XLA
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,14 +26,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from eqsat import ops
+from eqsat.atomic_write import atomic_write_text
 from eqsat.cost import register_cost_model
+from eqsat.errors import EqsatError
 from eqsat.paths import cache_dir
 from eqsat.timer import sample_seconds
 from jax_backend.timing import calls_per_sample
 
 Shape = tuple[int, ...]
 
-__all__ = ["FUSIBLE_OPS", "MeasuredModel", "PerCallModel", "device_key", "measured_model", "merge_model", "time_callable"]
+__all__ = ["FUSIBLE_OPS", "MeasuredModel", "PerCallModel", "check_measuring_device", "device_key", "measured_model", "merge_model",
+           "time_callable"]
 
 FUSIBLE_OPS: frozenset[str] = frozenset(op for op, spec in ops.OPS.items() if spec.fusible)
 """Ops XLA fuses into their producer's loop (`OpSpec.fusible`): charged their marginal cost inside a
@@ -151,12 +153,9 @@ class MeasuredModel:
         if not self._dirty:
             return
         try:
-            self.cache_dir.mkdir(parents=True, exist_ok=True)
             merged = _cached_timings(self.cache_file)
             merged.update(self._table)
-            tmp = self.cache_file.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(merged, indent=0, sort_keys=True))
-            tmp.replace(self.cache_file)
+            atomic_write_text(self.cache_file, json.dumps(merged, indent=0, sort_keys=True))
             self._dirty = 0
         except OSError:
             pass  # a cache that cannot be written only costs re-measuring
@@ -214,8 +213,36 @@ class MeasuredModel:
         return max(marginal, _FLOOR_S)
 
 
+_CPU_LABELS = frozenset({"current", "cpu", "cpu-nominal"})
+_KNOWN_GPUS = ("h100", "h200")  # the GPU names eqsat.cost has specs for
+
+
+def check_measuring_device(device: str) -> None:
+    """Refuse to label timings with a device they were not taken on: a measured model times ops on
+    JAX's default device, so `measured/h100` on a CPU host would be CPU timings under an H100 label
+    (and H100 timings under an H200 one). A GPU of a kind eqsat has no spec for (an A100) is let
+    through: the decorator prices it as the nearest known GPU and the label is its own."""
+    if device in _CPU_LABELS:
+        return
+    dev = jax.devices()[0]
+    kind = str(getattr(dev, "device_kind", dev.platform))
+    actual = kind.lower().replace(" ", "")
+    if dev.platform == "cpu":
+        mismatch = True
+    else:
+        named = [g for g in _KNOWN_GPUS if g in actual]
+        mismatch = device.lower() not in actual and bool(named)
+    if mismatch:
+        here = dev.platform if kind == dev.platform else f"{dev.platform} ({kind})"
+        instead = "cpu" if dev.platform == "cpu" else "current"
+        raise EqsatError(f"cost model measured/{device} times ops on JAX's default device, which is {here}, not "
+                         f"{device}: run it on that device, or use --device {instead} or --cost-model roofline")
+
+
 def measured_model(device: str = "current", **options: Any) -> MeasuredModel:
-    """Factory for eqsat.cost's registry: `cost_model("measured")`."""
+    """Factory for eqsat.cost's registry: `cost_model("measured")`; refuses a `device` other than
+    the one JAX times on (see `check_measuring_device`)."""
+    check_measuring_device(device)
     return MeasuredModel(device=device, **options)
 
 

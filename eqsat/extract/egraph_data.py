@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from eqsat.errors import EGraphFormatError
+from eqsat.errors import EGraphFormatError, ExtractionError
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:
@@ -29,8 +29,10 @@ def _frozen(array: np.ndarray) -> np.ndarray:
 class EGraphData:
     """An e-graph as arrays: nodes and classes are numbered 0..n-1 in file order.
 
-    Costs must be finite and non-negative (the loader rejects anything else), so DAG cost is
-    monotone in the set of chosen nodes, which every extractor here relies on.
+    Costs must be finite (the loader rejects anything else). They may be negative (extraction-gym's
+    `maxsat` suite: a clause node costs -1), but then DAG cost is no longer monotone in the set of
+    chosen nodes, which the pruning's dominance and the heuristics rely on: only the strategies
+    with `Extractor.accepts_negative_costs` (the exact ILPs) take such an e-graph.
     """
 
     name: str
@@ -68,12 +70,25 @@ class EGraphData:
         return tuple(tuple(sorted(set(cc[ptr[n] : ptr[n + 1]]))) for n in range(self.n_nodes))
 
     @cached_property
+    def has_negative_costs(self) -> bool:
+        return bool(self.cost.min(initial=0.0) < 0)
+
+    @cached_property
     def class_index(self) -> Mapping[str, int]:
         return {c: i for i, c in enumerate(self.class_ids)}
 
     @cached_property
     def node_index(self) -> Mapping[str, int]:
         return {n: i for i, n in enumerate(self.node_ids)}
+
+
+def refuse_negative_costs(egraph: EGraphData, strategy: str) -> None:
+    """One-line refusal of a strategy whose reasoning assumes that a node only adds to the cost."""
+    if egraph.has_negative_costs:
+        n = int(np.argmin(egraph.cost))
+        raise ExtractionError(
+            f"{egraph.name}: {strategy} assumes non-negative costs (a node can only add to a term's cost), but node "
+            f"{egraph.node_ids[n]!r} costs {egraph.cost[n]:g}; use --extractor ilp or tensat-ilp, which stay exact")
 
 
 def load_egraph(source: str | Path | Mapping[str, Any]) -> EGraphData:
@@ -128,10 +143,8 @@ def _from_dict(data: Any, name: str) -> EGraphData:
             c = float(c)
         except OverflowError:
             raise EGraphFormatError(f"{name}: node {nid!r} has a cost too large for a float ({len(str(c))} digits)") from None
-        if not math.isfinite(c) or c < 0:
-            raise EGraphFormatError(
-                f"{name}: node {nid!r} has cost {c!r}; costs must be finite and non-negative"
-            )
+        if not math.isfinite(c):
+            raise EGraphFormatError(f"{name}: node {nid!r} has cost {c!r}; costs must be finite")
         cost[i] = c
         ops.append(str(node.get("op", "")))
         children = node.get("children", [])

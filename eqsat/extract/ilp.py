@@ -77,13 +77,14 @@ def ilp(egraph: EGraphData, time_limit: float = 60.0, options: IlpOptions = IlpO
     start = hinted_start(full, hints, options.budgets, deadline=clock.deadline(0.5))
     cycles: list[list[int]] = []
     phases: dict[str, Any] = {}
-    if len(full.nodes) >= options.reduce_above and not budgeted:
+    plain = not budgeted and not egraph.has_negative_costs  # the warm-start phases assume costs only add
+    if len(full.nodes) >= options.reduce_above and plain:
         sel, cycles, lp_bound = reduced_phase(full, Clock(options.reduce_share * clock.left()), options)
         if start is None or sel.dag_cost < start.cost:
             start = Incumbent(sel.choice, sel.dag_cost, "reduced")
         phases["reduced_phase"] = {"cost": sel.dag_cost, "seconds": sel.seconds, "cycles": len(cycles), "lp_bound": lp_bound}
     region = largest_cyclic_region(full)
-    if region >= options.lns_above and not budgeted and clock.left() > 0.2 * time_limit:
+    if region >= options.lns_above and plain and clock.left() > 0.2 * time_limit:
         _, warm = start_incumbent(full, start, deadline=clock.deadline(0.6))
         t = clock.elapsed()
         result = improve(full, warm, Clock(options.lns_share * clock.left()), LnsOptions(seed=options.lns_seed), options)

@@ -44,7 +44,7 @@ class Problem:
         tolerances are absolute (1e-7 and up): with costs in seconds (1e-6 for a small op) it took
         a choice 5e-9 s dearer as optimal (a roofline's merged resnext50 kernel), so divide a HiGHS
         objective or bound by this to get a cost."""
-        kept = self.egraph.cost[self.nodes]
+        kept = np.abs(self.egraph.cost[self.nodes])
         top = float(np.max(kept)) if len(kept) else 0.0
         return 1.0 / top if np.isfinite(top) and top > 0 else 1.0
 
@@ -164,7 +164,10 @@ def add_columns(h: highspy.Highs, costs: np.ndarray, lower: np.ndarray, upper: n
 
 def base_model(problem: Problem, h: highspy.Highs) -> None:
     """x, y binaries; class rows sum(x in c) = y_c; edge rows x_n <= y_k; roots y = 1; costs
-    times `problem.cost_scale`."""
+    times `problem.cost_scale`. With negative costs also need rows: a non-root class is chosen only
+    if a chosen node has it as a child (y_c <= sum of those x), since otherwise the solver would
+    choose every negative node, needed or not; with no cycle among the chosen nodes (cuts, or the
+    order model) everything chosen is then reachable and the objective is the DAG cost."""
     eg = problem.egraph
     k, m = len(problem.nodes), len(problem.classes)
     roots = set(eg.roots.tolist())
@@ -177,9 +180,16 @@ def base_model(problem: Problem, h: highspy.Highs) -> None:
         cols = [problem.node_col[n] for n in eg.nodes_of(c).tolist() if mask[n]]
         rows.add(cols + [problem.class_col[c]], [1.0] * len(cols) + [-1.0], 0.0, 0.0)
     uc = eg.unique_children
+    users: dict[int, list[int]] = {}
     for j, n in enumerate(problem.nodes.tolist()):
         for ch in uc[n]:
             rows.add([j, problem.class_col[ch]], [1.0, -1.0], -np.inf, 0.0)
+            users.setdefault(ch, []).append(j)
+    if eg.has_negative_costs:
+        for c in problem.classes.tolist():
+            if c not in roots:
+                cols = users.get(c, [])
+                rows.add([problem.class_col[c]] + cols, [1.0] + [-1.0] * len(cols), -np.inf, 0.0)
     rows.pass_to(h)
 
 
@@ -203,12 +213,16 @@ def solution_vector(problem: Problem, choice: np.ndarray, n_cols: int | None = N
 
 
 def needed_cycles(problem: Problem, choice: np.ndarray, per_component: int = 8) -> list[list[int]]:
-    """Short class cycles in the part of a (possibly cyclic) choice that the roots reach."""
+    """Short class cycles in the part of a (possibly cyclic) choice that the roots reach; with
+    negative costs in the whole choice (a chosen cycle the roots do not reach lowers the objective
+    below the DAG cost, so it must be cut too)."""
     eg = problem.egraph
     uc = eg.unique_children
     reach: list[int] = []
     seen = np.zeros(eg.n_classes, dtype=bool)
     stack = [int(r) for r in eg.roots]
+    if eg.has_negative_costs:
+        stack = np.flatnonzero(choice >= 0).tolist()
     for r in stack:
         seen[r] = True
     while stack:

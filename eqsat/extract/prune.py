@@ -6,9 +6,11 @@ own class (`necessarily_cyclic`), nodes with a child class that has no acyclic t
 fixpoint), classes and nodes the roots cannot reach, and dominated nodes: in one class, a node
 whose distinct child classes are a superset of another's and whose cost is not lower. Replacing a
 dominated node by its dominator in any valid choice keeps it valid (its children are already
-chosen, and it adds no edge, so no cycle) and does not raise the cost.
+chosen, and it adds no edge, so no cycle) and does not raise the cost, as long as no cost is
+negative: with a negative cost somewhere (extraction-gym's maxsat suite) dominance and free
+classes are off, since a child class the dominator leaves out may be worth having.
 
-Free classes (with dominance, when no cost is negative): a class with a zero-cost node whose child
+Free classes (with dominance): a class with a zero-cost node whose child
 classes are all free (least fixpoint; weights and everything folded from them, under TASO's
 convention) keeps only that node, the first found. Those witnesses point only at classes found
 before theirs, so any valid choice with every free class switched to its witness is still acyclic
@@ -89,7 +91,11 @@ def prune(
         stats["necessarily_cyclic"] += int(cyclic.sum())
         mask &= ~cyclic
     stats["free"] = 0
-    if dominance and float(egraph.cost.min(initial=0.0)) >= 0:
+    # Both reductions below drop nodes whose cost another node matches or beats, assuming that fewer
+    # reachable classes never cost more: false with negative costs (a dropped child class may be
+    # worth having), so they are off then.
+    dominance = dominance and not egraph.has_negative_costs
+    if dominance:
         before = int(mask.sum())
         for c, witness in free_class_witnesses(egraph, mask).items():
             mask[egraph.nodes_of(c)] = False

@@ -45,9 +45,9 @@ class Selection:
         """Relative gap (cost - bound) / cost, or None without a bound."""
         if self.lower_bound is None:
             return None
-        if self.dag_cost <= 0:
-            return 0.0
-        return max(0.0, (self.dag_cost - self.lower_bound) / self.dag_cost)
+        if self.dag_cost == 0:  # with non-negative costs a zero cost is optimal
+            return 0.0 if self.lower_bound >= -1e-6 else float("inf")
+        return max(0.0, (self.dag_cost - self.lower_bound) / abs(self.dag_cost))
 
     def chosen(self) -> dict[int, int]:
         """class index → node index, for the needed classes only."""

@@ -272,6 +272,9 @@ def _check_vars(rule: Rule, where: str) -> None:
     if derived:
         raise RuleParseError(f"{where}: {derived[0]} may only appear on a right side (a left side matches "
                              "literal attributes or ?variables)")
+    if len(rule.lhs) == 1 and any(t.op == "split_part" for p in (*rule.lhs, *rule.rhs) for t in subterms(p)):
+        raise RuleParseError(f"{where}: split_0/split_1 may only appear in a two-output rule (L0 ; L1 => R0 ; R1), "
+                             "whose two left sides give the split sizes")
 
 
 def parse_rules(lines: Iterable[str], source: str, multi: bool = False) -> list[Rule]:

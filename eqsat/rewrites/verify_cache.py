@@ -21,11 +21,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from eqsat.atomic_write import atomic_write_text
 from eqsat.paths import cache_dir
 from eqsat.rewrites.concrete import PROVED, VERIFIER_VERSION, VerificationResult, field_differs
 from eqsat.rewrites.printer import rule_text
@@ -116,16 +115,11 @@ class VerificationCache:
         path = self.path(rule, options, all_shapes)
         key = self._key(rule, options, all_shapes)
         data = result.to_json()
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        entry = {"key": key, "checksum": _checksum(key, data), "result": data}
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as handle:
-                json.dump({"key": key, "checksum": _checksum(key, data), "result": data}, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
+            atomic_write_text(path, json.dumps(entry), fsync=True)
         except OSError:
-            tmp.unlink(missing_ok=True)
+            pass  # an unwritable cache only costs verifying again
 
 
 def _checksum(key: str, result: object) -> str:

@@ -26,7 +26,7 @@ def test_bad_bytes_are_one_error(tmp_path: Path, loader: object, content: bytes)
         loader(path)  # type: ignore[operator]
 
 
-@pytest.mark.parametrize("cost", ["1" + "0" * 400, "1e400", "-1", "NaN"])
+@pytest.mark.parametrize("cost", ["1" + "0" * 400, "1e400", "-1e400", "NaN"])
 def test_unrepresentable_costs_are_one_error(cost: str) -> None:
     text = '{"nodes": {"a": {"op": "x", "cost": COST, "eclass": "c", "children": []}}, "root_eclasses": ["c"]}'
     text = text.replace("COST", cost)
