@@ -64,3 +64,55 @@ def test_op_facts_and_the_tables_built_from_them_agree() -> None:
         assert not spec.elementwise or spec.fusible, f"{name}: elementwise ops fuse"
         assert not (spec.is_leaf and (spec.elementwise or spec.fusible)), name
         assert not spec.positive_domain or spec.is_unary_elementwise, name
+
+
+def test_parallel_name_sets_keep_their_membership() -> None:
+    """The parallel tables derived from the registry hold what the hand-written sets held."""
+    from eqsat.parallel import cost, memory, plan
+    from jax_backend import shard
+
+    distribution = {"partition", "replicate", "combine", "reduce", "all_reduce", "all_gather", "reduce_scatter",
+                    "all_to_all"}
+    assert plan.ENTER == {"partition", "replicate"}
+    assert plan.LEAVE == {"combine", "reduce"}
+    assert plan.KEEP == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}
+    assert plan.CONTRACTIONS == {"matmul", "conv2d"}
+    assert set(plan.DISTRIBUTABLE) == {"matmul", "conv2d", "relu", "tanh", "sigmoid", "exp", "ewadd", "ewmul", "ewsub",
+                                       "ewdiv", "transpose", "broadcast", "reduce_sum", "reduce_max"}
+    assert memory.MOVERS == distribution
+    assert memory.ELEMENTWISE_SAVE_OUTPUT == {"tanh", "sigmoid", "exp"}
+    assert memory.ELEMENTWISE_SAVE_INPUT == {"relu"}
+    assert memory.GRADIENT_SYNC == {"replicate", "partition"}
+    assert memory.ALIASES == {"replicate", "reduce"}
+    assert memory.KEPT_OUTPUTS == {"matmul", "conv2d", "combine", "all_gather", "all_reduce", "reduce_scatter",
+                                   "all_to_all"}
+    assert shard.DISTRIBUTION_OPS == distribution
+    assert dict(cost.COLLECTIVES) == {
+        "partition": (None, "all-reduce", "in"),
+        "replicate": (None, "all-reduce", "in"),
+        "combine": ("all-gather", None, "out"),
+        "all_gather": ("all-gather", "reduce-scatter", "out"),
+        "reduce": ("all-reduce", None, "out"),
+        "all_reduce": ("all-reduce", "all-reduce", "out"),
+        "reduce_scatter": ("reduce-scatter", "all-gather", "in"),
+        "all_to_all": ("all-to-all", "all-to-all", "in"),
+    }
+
+
+@pytest.mark.parametrize(("op", "attrs", "k", "runs"), [
+    ("matmul", {"act": 0}, 2, True),
+    ("ewadd", {}, 1, True),
+    ("transpose", {"perm": (0, 2, 1)}, 1, True),
+    ("transpose", {"perm": (1, 0, 2)}, 1, False),
+    ("broadcast", {"shape": (2, 3, 4), "dims": (0, 1)}, 1, True),
+    ("broadcast", {"shape": (2, 3, 4), "dims": (1, 2)}, 1, False),
+    ("reduce_sum", {"axes": (1,)}, 1, True),
+    ("reduce_sum", {"axes": (0,)}, 1, False),
+    ("reduce_max", {"axes": ()}, 1, True),
+    ("reduce_max", {"axes": (2, 3)}, 2, True),
+    ("reduce_max", {"axes": (1, 2)}, 2, False),
+])
+def test_distributable_predicates(op: str, attrs: dict[str, object], k: int, runs: bool) -> None:
+    from eqsat.parallel import plan
+
+    assert plan.DISTRIBUTABLE[op](attrs, k) is runs
