@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from eqsat import ops
-from eqsat.parallel import ops as parallel_ops
 from eqsat.egglog_schema import ELEMENTWISE, ENCODED_AS, SHAPE_RULES
 from eqsat.rewrites.semantics import OP_IMPLS
 from jax_backend import capture
@@ -21,8 +20,8 @@ from jax_backend.lower import LOWERINGS
 from jax_backend.measured_cost import FUSIBLE_OPS
 from jax_backend.pallas import UNARY_CHAIN_OPS
 
-_DISTRIBUTION = {op: "a distribution op (eqsat.parallel): made by parallelization rules, lowered by jax_backend.shard"
-                 for op in parallel_ops.SPECS}
+_DISTRIBUTION = {op: "a distribution op (eqsat.distribution): made by parallelization rules, lowered by jax_backend.shard"
+                 for op in ops.DISTRIBUTION_OPS}
 _LEAVES = {op: "a leaf: an argument of every stage, not an operation" for op, s in ops.OPS.items() if s.is_leaf}
 
 
@@ -73,30 +72,43 @@ def test_parallel_name_sets_keep_their_membership() -> None:
 
     distribution = {"partition", "replicate", "combine", "reduce", "all_reduce", "all_gather", "reduce_scatter",
                     "all_to_all"}
-    assert plan.ENTER == {"partition", "replicate"}
-    assert plan.LEAVE == {"combine", "reduce"}
-    assert plan.KEEP == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}
-    assert plan.CONTRACTIONS == {"matmul", "conv2d"}
-    assert set(plan.DISTRIBUTABLE) == {"matmul", "conv2d", "relu", "tanh", "sigmoid", "exp", "ewadd", "ewmul", "ewsub",
-                                       "ewdiv", "transpose", "broadcast", "reduce_sum", "reduce_max"}
-    assert memory.MOVERS == distribution
-    assert memory.ELEMENTWISE_SAVE_OUTPUT == {"tanh", "sigmoid", "exp"}
-    assert memory.ELEMENTWISE_SAVE_INPUT == {"relu"}
-    assert memory.GRADIENT_SYNC == {"replicate", "partition"}
-    assert memory.ALIASES == {"replicate", "reduce"}
-    assert memory.KEPT_OUTPUTS == {"matmul", "conv2d", "combine", "all_gather", "all_reduce", "reduce_scatter",
-                                   "all_to_all"}
-    assert shard.DISTRIBUTION_OPS == distribution
-    assert dict(cost.COLLECTIVES) == {
-        "partition": (None, "all-reduce", "in"),
-        "replicate": (None, "all-reduce", "in"),
-        "combine": ("all-gather", None, "out"),
-        "all_gather": ("all-gather", "reduce-scatter", "out"),
-        "reduce": ("all-reduce", None, "out"),
-        "all_reduce": ("all-reduce", "all-reduce", "out"),
-        "reduce_scatter": ("reduce-scatter", "all-gather", "in"),
-        "all_to_all": ("all-to-all", "all-to-all", "in"),
+    expected: dict[str, object] = {
+        "plan.ENTER": {"partition", "replicate"},
+        "plan.LEAVE": {"combine", "reduce"},
+        "plan.KEEP": {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"},
+        "plan.CONTRACTIONS": {"matmul", "conv2d"},
+        "plan.DISTRIBUTABLE": {"matmul", "conv2d", "relu", "tanh", "sigmoid", "exp", "ewadd", "ewmul", "ewsub", "ewdiv",
+                               "transpose", "broadcast", "reduce_sum", "reduce_max"},
+        "ops.DISTRIBUTION_OPS": distribution,  # memory.MOVERS
+        "memory.ELEMENTWISE_SAVE_OUTPUT": {"tanh", "sigmoid", "exp"},
+        "memory.ELEMENTWISE_SAVE_INPUT": {"relu"},
+        "memory.GRADIENT_SYNC": {"replicate", "partition"},
+        "memory.ALIASES": {"replicate", "reduce"},
+        "memory.KEPT_OUTPUTS": {"matmul", "conv2d", "combine", "all_gather", "all_reduce", "reduce_scatter", "all_to_all"},
+        "shard.DISTRIBUTION_OPS": distribution,
+        "cost.COLLECTIVES": {
+            "partition": (None, "all-reduce", "in"),
+            "replicate": (None, "all-reduce", "in"),
+            "combine": ("all-gather", None, "out"),
+            "all_gather": ("all-gather", "reduce-scatter", "out"),
+            "reduce": ("all-reduce", None, "out"),
+            "all_reduce": ("all-reduce", "all-reduce", "out"),
+            "reduce_scatter": ("reduce-scatter", "all-gather", "in"),
+            "all_to_all": ("all-to-all", "all-to-all", "in"),
+        },
     }
+    derived: dict[str, object] = {
+        "plan.ENTER": set(plan.ENTER), "plan.LEAVE": set(plan.LEAVE), "plan.KEEP": set(plan.KEEP),
+        "plan.CONTRACTIONS": set(plan.CONTRACTIONS), "plan.DISTRIBUTABLE": set(plan.DISTRIBUTABLE),
+        "ops.DISTRIBUTION_OPS": set(ops.DISTRIBUTION_OPS),
+        "memory.ELEMENTWISE_SAVE_OUTPUT": set(memory.ELEMENTWISE_SAVE_OUTPUT),
+        "memory.ELEMENTWISE_SAVE_INPUT": set(memory.ELEMENTWISE_SAVE_INPUT),
+        "memory.GRADIENT_SYNC": set(memory.GRADIENT_SYNC), "memory.ALIASES": set(memory.ALIASES),
+        "memory.KEPT_OUTPUTS": set(memory.KEPT_OUTPUTS), "shard.DISTRIBUTION_OPS": set(shard.DISTRIBUTION_OPS),
+        "cost.COLLECTIVES": dict(cost.COLLECTIVES),
+    }
+    for name, want in expected.items():
+        assert derived[name] == want, name
 
 
 @pytest.mark.parametrize(("op", "attrs", "k", "runs"), [
