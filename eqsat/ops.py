@@ -4,8 +4,9 @@ Each entry gives the op's attribute schema, shape inference, reference semantics
 flops / bytes it moves, and the facts later stages ask about it (elementwise, fusible, its role in
 a parallel plan, what its gradient reads, how it relates to the weights). Encoders, verifiers, cost
 models, lowerings and the parallel planner look ops up here, or in tables derived from it
-(`ops_where`, `with_role`), instead of branching on op names. Layouts follow TASO/Tensat: tensors NCHW, conv weights OIHW, activations and
-paddings as small integers so that Tensat's rule files read unchanged.
+(`ops_where`, `with_role`), instead of branching on op names. Layouts follow TASO/Tensat: tensors
+NCHW, conv weights OIHW, activations and paddings as small integers so that Tensat's rule files
+read unchanged.
 """
 
 from __future__ import annotations
@@ -650,10 +651,10 @@ def with_role(role: Role) -> frozenset[str]:
 DISTRIBUTION_OPS = ops_where(lambda spec: spec.distribution != "none")
 """partition, combine, replicate, reduce and the collectives (`eqsat.distribution`)."""
 
-K = TypeVar("K", bound=Hashable)
+_Key = TypeVar("_Key", bound=Hashable)
 
 
-def weight_derived(nodes: Iterable[tuple[K, str, Sequence[K]]], moved_only: bool = False) -> frozenset[K]:
+def weight_derived(nodes: Iterable[tuple[_Key, str, Sequence[_Key]]], moved_only: bool = False) -> frozenset[_Key]:
     """Which values are derived from weights alone: the one definition of weight folding, used for
     free weight-only nodes (`eqsat.cost.weight_only_nodes`, Tensat's convention), zero-cost e-classes
     (`eqsat.egraph.constant_classes`), load-time folding (`jax_backend.lower.fold_weights`) and the
@@ -668,12 +669,12 @@ def weight_derived(nodes: Iterable[tuple[K, str, Sequence[K]]], moved_only: bool
     gradient is the weight's gradient and waits for the gradient sync), not through computing ops.
     The least fixpoint, by worklist: linear in nodes and edges, in any node order."""
     listed = list(nodes)
-    users: dict[K, list[int]] = {}
+    users: dict[_Key, list[int]] = {}
     for i, (_, _, kids) in enumerate(listed):
         for kid in set(kids):
             users.setdefault(kid, []).append(i)
     through = ("weight", "moves") if moved_only else ("weight", "moves", "computes")
-    derived: set[K] = set()
+    derived: set[_Key] = set()
     queue = deque(range(len(listed)))
     while queue:
         key, op, kids = listed[queue.popleft()]

@@ -128,6 +128,12 @@ def test_op_facts_and_the_tables_built_from_them_agree() -> None:
         assert not spec.elementwise or spec.fusible, f"{name}: elementwise ops fuse"
         assert not (spec.is_leaf and (spec.elementwise or spec.fusible)), name
         assert not spec.positive_domain or spec.is_unary_elementwise, name
+        distributes = spec.distribution != "none"
+        assert (spec.collectives is not None) == distributes, f"{name}: a distribution op names its collectives"
+        assert not spec.aliases or distributes, name
+        assert not (distributes and spec.on_devices), f"{name}: distribution ops set device axes, they run on none"
+        assert not spec.grad_reads or spec.is_unary_elementwise, name
+        assert not spec.contraction or spec.on_devices is not None, f"{name}: contractions run on pieces"
 
 
 def test_parallel_name_sets_keep_their_membership() -> None:

@@ -131,7 +131,7 @@ CASES: Mapping[str, list[Case]] = {
     "reduce_sum": [([(2, 3, 4)], {"axes": (0, 2)})],
     "reduce_max": [([(2, 3, 4)], {"axes": (1,)})],
     "broadcast": [([(3, 1)], {"shape": (2, 3, 4), "dims": (1, 2)})],
-    # distribution ops (eqsat.parallel.ops): single-device meaning over the stacked pieces
+    # distribution ops (eqsat.distribution): single-device meaning over the stacked pieces
     "partition": [([(4, 6)], {"dim": -1, "axis": 0, "parts": 2}), ([(4, 6)], {"dim": -2, "axis": 1, "parts": 4})],
     "combine": [([(2, 4, 3)], {"dim": -1, "axis": 0})],
     "replicate": [([(3, 5)], {"axis": 0, "parts": 4})],

@@ -132,7 +132,7 @@ class ParallelCostModel:
         if fwd is not None:
             found.append(self._collective(fwd, axis, size, "forward", op, f"{op} over axis {axis}"))
         if bwd is not None:
-            if grad_free or (op in ("partition", "replicate") and leaf == "input"):
+            if grad_free or (ops.OPS[op].distribution == "enter" and leaf == "input"):
                 pass  # no gradient flows into data, nor into values computed from data alone
             elif op == "partition" and leaf == "weight":
                 pass  # a sharded weight keeps a sharded gradient
