@@ -230,12 +230,9 @@ def cost_model(name: str = "roofline", device: str = "cpu", **options: Any) -> C
 
 def weight_only_nodes(graph: Graph) -> frozenset[int]:
     """Nodes computed from weights alone (e.g. the concat of two matmuls' weights): they can be
-    computed once when the weights are loaded, so they are no part of a run's cost (as in Tensat)."""
-    constant: set[int] = set()
-    for i, node in enumerate(graph.nodes):
-        if node.op == "weight" or (node.inputs and all(v.node in constant for v in node.inputs)):
-            constant.add(i)
-    return frozenset(constant)
+    computed once when the weights are loaded, so they are no part of a run's cost (as in Tensat).
+    The weights themselves are among them (`ops.weight_derived`)."""
+    return ops.weight_derived((i, node.op, [v.node for v in node.inputs]) for i, node in enumerate(graph.nodes))
 
 
 def graph_cost(graph: Graph, model: CostModel, fold_weights: bool = True) -> float:

@@ -335,7 +335,7 @@ def _broadcast(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase
     return tuple(cases)
 
 
-# --- distribution ops (eqsat.parallel.ops): dims counted from the end, a leading device axis ------
+# --- distribution ops (eqsat.distribution): dims counted from the end, a leading device axis -------
 
 def _from_end(s: Expr, dim: Expr) -> Expr:
     """Index from the front of the dim `dim` (< 0) of shape `s`."""

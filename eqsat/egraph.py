@@ -262,18 +262,10 @@ def _primitive_value(node: Mapping[str, Any], nodes: Mapping[str, Any]) -> Any:
 
 
 def constant_classes(nodes: Mapping[str, Mapping[str, Any]]) -> set[str]:
-    """Classes computable from weights alone: a weight, or any node whose children all are."""
-    constant: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for node in nodes.values():
-            if node["eclass"] in constant or node["op"] == "input":
-                continue
-            if all(nodes[c]["eclass"] in constant for c in node["children"]):
-                constant.add(node["eclass"])
-                changed = True
-    return constant
+    """Classes computable from weights alone: a weight, or any node whose children all are
+    (`ops.weight_derived`, as `eqsat.cost.weight_only_nodes` for a graph)."""
+    return set(ops.weight_derived((n["eclass"], n["op"], [nodes[c]["eclass"] for c in n["children"]])
+                                  for n in nodes.values()))
 
 
 def congruence_closed(raw: Mapping[str, Any]) -> Mapping[str, Any]:

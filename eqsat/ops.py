@@ -1,26 +1,37 @@
 """The operator registry: one `OpSpec` per op, the single source of truth for every stage.
 
-Each entry gives the op's attribute schema, shape inference, reference semantics in numpy, and the
-flops / bytes it moves. Encoders, verifiers, cost models and lowerings look ops up here instead of
-branching on op names. Layouts follow TASO/Tensat: tensors NCHW, conv weights OIHW, activations and
-paddings as small integers so that Tensat's rule files read unchanged.
+Each entry gives the op's attribute schema, shape inference, reference semantics in numpy, the
+flops / bytes it moves, and the facts later stages ask about it (elementwise, fusible, its role in
+a parallel plan, what its gradient reads, how it relates to the weights). Encoders, verifiers, cost
+models, lowerings and the parallel planner look ops up here, or in tables derived from it
+(`ops_where`, `with_role`), instead of branching on op names. Layouts follow TASO/Tensat: tensors
+NCHW, conv weights OIHW, activations and paddings as small integers so that Tensat's rule files
+read unchanged.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
+from eqsat import distribution
 from eqsat.errors import ShapeError, UnknownOpError
 
 Shape = tuple[int, ...]
 Attrs = Mapping[str, Any]
+Role = Literal["enter", "leave", "keep", "none"]
+"""A distribution op's effect on a value's leading device axes (`eqsat.distribution`): `enter` puts
+its mesh axis in front (partition, replicate), `leave` takes the leading one off (combine, reduce),
+`keep` is a collective that leaves them as they are; `none`: no distribution op."""
+GradReads = Literal["", "input", "output"]
+WeightDerivation = Literal["weight", "never", "moves", "computes"]
 
 
 class Activation(IntEnum):
@@ -54,6 +65,17 @@ class AttrSpec:
 
 
 @dataclass(frozen=True)
+class Collectives:
+    """What a distribution op runs on a mesh: its forward collective and its transpose's in the
+    backward (None: a local slice, or nothing), each moving the per-device bytes of its input or
+    output (`measured_on`: "in" | "out", as `compile().as_text()` shows the collective's buffer)."""
+
+    forward: str | None
+    backward: str | None
+    measured_on: str
+
+
+@dataclass(frozen=True)
 class OpSpec:
     """Everything the pipeline needs to know about one op."""
 
@@ -69,11 +91,29 @@ class OpSpec:
     elementwise: bool = False  # inputs and output of one shape, each element computed on its own
     fusible: bool = False  # XLA fuses it into its producer's loop (charged its marginal cost there)
     positive_domain: bool = False  # real-valued only for positive inputs (log, square roots)
+    # --- facts of parallel plans (eqsat.parallel) ---
+    distribution: Role = "none"  # see `Role`
+    collectives: Collectives | None = None  # a distribution op's collectives (eqsat.parallel.cost)
+    aliases: bool = False  # a distribution op whose output shares its input's buffer under shard_map
+    contraction: bool = False  # sums products (matmul, conv2d): a dot on the device
+    grad_reads: GradReads = ""  # the one buffer an elementwise op's derivative reads, as the memory model keeps it
+    on_devices: Callable[[Attrs, int], bool] | None = None  # runs on a value with k leading device axes, each
+    # device on its piece, for these attributes (None: never on distributed values)
 
     @property
     def is_unary_elementwise(self) -> bool:
         """One input, elementwise: a link of a unary chain (the Pallas backend fuses such chains)."""
         return self.elementwise and self.arity == 1
+
+    @property
+    def weight_derivation(self) -> WeightDerivation:
+        """How a node of this op relates to the weights (`weight_derived`): a `weight` is one, an
+        input leaf `never` is; a distribution op `moves` its input (a moved weight is still the
+        weight: its gradient is the weight's gradient); any other op `computes` a value from its
+        inputs (derived from weights, foldable, when every input is)."""
+        if self.is_leaf:
+            return "weight" if self.name == "weight" else "never"
+        return "computes" if self.distribution == "none" else "moves"
 
     def normalize_attrs(self, attrs: Attrs) -> dict[str, Any]:
         """Fill defaults, convert kinds, and reject unknown or missing attributes."""
@@ -180,15 +220,31 @@ def _pointwise_flops(per_element: float) -> Callable[[Sequence[Shape], Sequence[
     return lambda ins, outs, attrs: per_element * numel(outs[0])
 
 
-def _unary(name: str, fn: Callable[[np.ndarray], np.ndarray], flops_per: float, doc: str,
-           positive_domain: bool = False) -> OpSpec:
+def _unary(name: str, fn: Callable[[np.ndarray], np.ndarray], flops_per: float, doc: str, **facts: Any) -> OpSpec:
     return OpSpec(name, (), 1, _same_shape(name), lambda xs, a: (fn(xs[0]),), _pointwise_flops(flops_per), doc=doc,
-                  elementwise=True, fusible=True, positive_domain=positive_domain)
+                  elementwise=True, fusible=True, **facts)
 
 
-def _binary(name: str, fn: Callable[[np.ndarray, np.ndarray], np.ndarray], doc: str) -> OpSpec:
+def _binary(name: str, fn: Callable[[np.ndarray, np.ndarray], np.ndarray], doc: str, **facts: Any) -> OpSpec:
     return OpSpec(name, (), 2, _same_shape(name), lambda xs, a: (fn(xs[0], xs[1]),), _pointwise_flops(1), doc=doc,
-                  elementwise=True, fusible=True)
+                  elementwise=True, fusible=True, **facts)
+
+
+# --- on values with leading device axes (`OpSpec.on_devices`) --------------------------------------
+
+def _any_depth(attrs: Attrs, k: int) -> bool:
+    """Acts on trailing dims (elementwise, matmul, conv): each device runs it on its piece."""
+    return True
+
+
+def _keeps_leading(key: str) -> Callable[[Attrs, int], bool]:
+    """Its index list (counted from the front) keeps the k device axes in front, in place."""
+    return lambda attrs, k: tuple(attrs[key])[:k] == tuple(range(k))
+
+
+def _reduces_trailing(attrs: Attrs, k: int) -> bool:
+    """Sums / maxes over no device axis."""
+    return min(attrs["axes"], default=k) >= k
 
 
 def _smul_infer(shapes: Sequence[Shape], attrs: Attrs) -> tuple[Shape, ...]:
@@ -199,7 +255,7 @@ def _smul_infer(shapes: Sequence[Shape], attrs: Attrs) -> tuple[Shape, ...]:
 
 # --- matmul ---------------------------------------------------------------------------------------
 
-MATMUL_MAX_RANK = 5  # 3-D batched matmuls on a 2-D device mesh (eqsat.parallel.ops) stack to 5-D
+MATMUL_MAX_RANK = 5  # 3-D batched matmuls on a 2-D device mesh (eqsat.distribution) stack to 5-D
 
 def _matmul_infer(shapes: Sequence[Shape], attrs: Attrs) -> tuple[Shape, ...]:
     a, b = shapes
@@ -223,7 +279,7 @@ def _matmul_flops(ins: Sequence[Shape], outs: Sequence[Shape], attrs: Attrs) -> 
 
 # --- conv2d ---------------------------------------------------------------------------------------
 
-CONV_MAX_RANK = 6  # leading batch axes shared by input and weight: a conv per device of a 2-D mesh (eqsat.parallel.ops)
+CONV_MAX_RANK = 6  # leading batch axes shared by input and weight: a conv per device of a 2-D mesh (eqsat.distribution)
 
 
 def _conv_infer(shapes: Sequence[Shape], attrs: Attrs) -> tuple[Shape, ...]:
@@ -493,36 +549,33 @@ def _broadcast_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ..
 _LEAF_ATTRS = (AttrSpec("name", "str"), AttrSpec("shape", "ints"))
 
 
-def _parallel_specs() -> tuple[OpSpec, ...]:
-    """The distribution ops of `eqsat.parallel.ops` (partition, combine, collectives, ...)."""
-    from eqsat.parallel import ops as parallel
-
-    def one_output(fn: Callable[..., np.ndarray]) -> Callable[[Sequence[np.ndarray], Attrs], tuple[np.ndarray, ...]]:
-        return lambda xs, a: (fn(xs, a),)
-
-    return tuple(
-        OpSpec(name, tuple(AttrSpec(a, kind) for a, kind in attrs), 1, infer, one_output(parallel.NUMPY[name]), flops,
-               doc=doc)
-        for name, (attrs, infer, flops, doc) in parallel.SPECS.items()
-    )
+def _distribution_op(name: str, attrs: tuple[str, ...], infer: Callable[[Sequence[Shape], Attrs], tuple[Shape, ...]],
+                     role: Role, collectives: tuple[str | None, str | None, str], doc: str, sums: bool = False,
+                     aliases: bool = False) -> OpSpec:
+    """A distribution op (`eqsat.distribution`): integer attributes, one stacked input."""
+    fn = distribution.NUMPY[name]
+    return OpSpec(name, tuple(AttrSpec(a, "int") for a in attrs), 1, infer, lambda xs, a: (fn(xs, a),),
+                  distribution.sum_flops if sums else _zero_flops, doc=doc, distribution=role,
+                  collectives=Collectives(*collectives), aliases=aliases)
 
 
 OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("input", _LEAF_ATTRS, 0, _leaf_infer, _no_numpy, _zero_flops, is_leaf=True, doc="a graph input"),
     OpSpec("weight", _LEAF_ATTRS, 0, _leaf_infer, _no_numpy, _zero_flops, is_leaf=True, doc="a parameter"),
-    _binary("ewadd", np.add, "elementwise sum"),
-    _binary("ewmul", np.multiply, "elementwise product"),
+    _binary("ewadd", np.add, "elementwise sum", on_devices=_any_depth),
+    _binary("ewmul", np.multiply, "elementwise product", on_devices=_any_depth),
     OpSpec("smul", (), 2, _smul_infer, lambda xs, a: (xs[0] * xs[1].reshape(()),), _pointwise_flops(1),
            doc="multiply by a one-element tensor", fusible=True),
     OpSpec("matmul", (AttrSpec("act", "int", 0),), 2, _matmul_infer,
            lambda xs, a: (_activate(np.matmul(xs[0], xs[1]), a["act"]),), _matmul_flops,
-           doc="2-D or batched 3-D matrix product with a fused activation"),
+           doc="2-D or batched 3-D matrix product with a fused activation", contraction=True, on_devices=_any_depth),
     OpSpec("conv2d", (AttrSpec("stride_h", "int", 1), AttrSpec("stride_w", "int", 1), AttrSpec("pad", "int", 0),
                       AttrSpec("act", "int", 0)), 2, _conv_infer, _conv_numpy, _conv_flops,
-           doc="NCHW x OIHW convolution; groups = input channels / weight's input channels; shared leading axes batch it"),
-    _unary("relu", lambda x: np.maximum(x, 0), 1, "max(x, 0)"),
-    _unary("tanh", np.tanh, 4, "hyperbolic tangent"),
-    _unary("sigmoid", _sigmoid, 4, "logistic function"),
+           doc="NCHW x OIHW convolution; groups = input channels / weight's input channels; shared leading axes batch it",
+           contraction=True, on_devices=_any_depth),
+    _unary("relu", lambda x: np.maximum(x, 0), 1, "max(x, 0)", grad_reads="input", on_devices=_any_depth),
+    _unary("tanh", np.tanh, 4, "hyperbolic tangent", grad_reads="output", on_devices=_any_depth),
+    _unary("sigmoid", _sigmoid, 4, "logistic function", grad_reads="output", on_devices=_any_depth),
     OpSpec("poolmax", _POOL_ATTRS, 1, _pool_infer("poolmax"), _pool_numpy("max"), _pool_flops, doc="max pooling"),
     OpSpec("poolavg", _POOL_ATTRS, 1, _pool_infer("poolavg"), _pool_numpy("avg"), _pool_flops,
            doc="average pooling; padded positions count as zeros"),
@@ -533,7 +586,8 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("slice", (AttrSpec("axis", "int"), AttrSpec("start", "int"), AttrSpec("stop", "int")), 1,
            _slice_infer, _slice_numpy, _zero_flops, is_view=True, doc="one piece of a split"),
     OpSpec("transpose", (AttrSpec("perm", "ints"),), 1, _transpose_infer,
-           lambda xs, a: (np.transpose(xs[0], a["perm"]),), _zero_flops, doc="permute axes"),
+           lambda xs, a: (np.transpose(xs[0], a["perm"]),), _zero_flops, doc="permute axes",
+           on_devices=_keeps_leading("perm")),
     OpSpec("reshape", (AttrSpec("shape", "ints"),), 1, _reshape_infer,
            lambda xs, a: (xs[0].reshape(a["shape"]),), _zero_flops, is_view=True, doc="row-major reshape"),
     OpSpec("batchnorm", (AttrSpec("eps", "float", 1e-5),), 5, _batchnorm_infer, _batchnorm_numpy,
@@ -544,25 +598,91 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
            _merge_gconv_numpy, _zero_flops,
            doc="TASO's merge_gconv: the kernel of a grouped conv on an input of input_shape, as the kernel of the "
                "same conv with every count neighbouring groups joined into one (zeros off the block diagonal)"),
-    _binary("ewsub", np.subtract, "elementwise difference"),
-    _binary("ewdiv", np.divide, "elementwise quotient"),
+    _binary("ewsub", np.subtract, "elementwise difference", on_devices=_any_depth),
+    _binary("ewdiv", np.divide, "elementwise quotient", on_devices=_any_depth),
     _binary("ewmax", np.maximum, "elementwise maximum"),
-    _unary("exp", np.exp, 4, "e to the x"),
+    _unary("exp", np.exp, 4, "e to the x", grad_reads="output", on_devices=_any_depth),
     _unary("log", np.log, 4, "natural logarithm", positive_domain=True),
     _unary("neg", np.negative, 1, "-x"),
     _unary("sqrt", np.sqrt, 4, "square root", positive_domain=True),
     _unary("rsqrt", lambda x: 1.0 / np.sqrt(x), 4, "reciprocal square root", positive_domain=True),
     OpSpec("reduce_sum", (AttrSpec("axes", "ints"),), 1, _reduce_infer("reduce_sum"),
            lambda xs, a: (np.sum(xs[0], axis=tuple(a["axes"])).astype(xs[0].dtype),), _reduce_flops,
-           doc="sum over the listed axes (dropped)"),
+           doc="sum over the listed axes (dropped)", on_devices=_reduces_trailing),
     OpSpec("reduce_max", (AttrSpec("axes", "ints"),), 1, _reduce_infer("reduce_max"),
            lambda xs, a: (np.max(xs[0], axis=tuple(a["axes"])),), _reduce_flops,
-           doc="maximum over the listed axes (dropped)"),
+           doc="maximum over the listed axes (dropped)", on_devices=_reduces_trailing),
     OpSpec("broadcast", (AttrSpec("shape", "ints"), AttrSpec("dims", "ints")), 1, _broadcast_infer,
            _broadcast_numpy, _zero_flops, doc="lax.broadcast_in_dim: input axis i goes to output axis dims[i]",
-           fusible=True),
-    *_parallel_specs(),
+           fusible=True, on_devices=_keeps_leading("dims")),
+    # distribution ops: collectives (forward, backward) as `eqsat.parallel.cost` prices them
+    _distribution_op("partition", ("dim", "axis", "parts"), distribution.partition_infer, "enter",
+                     (None, "all-reduce", "in"),
+                     "split dim into `parts` blocks, one per device of mesh axis `axis` (a new leading axis)"),
+    _distribution_op("combine", ("dim", "axis"), distribution.combine_infer, "leave", ("all-gather", None, "out"),
+                     "concatenate the devices' blocks along dim (drops the leading device axis)"),
+    _distribution_op("replicate", ("axis", "parts"), distribution.replicate_infer, "enter", (None, "all-reduce", "in"),
+                     "every device of mesh axis `axis` holds the whole value", aliases=True),
+    _distribution_op("reduce", ("axis",), distribution.reduce_infer, "leave", ("all-reduce", None, "out"),
+                     "sum the devices' partial values", sums=True, aliases=True),
+    _distribution_op("all_reduce", ("axis",), distribution.all_reduce_infer, "keep", ("all-reduce", "all-reduce", "out"),
+                     "every device gets the sum (replicate . reduce)", sums=True),
+    _distribution_op("all_gather", ("dim", "axis"), distribution.all_gather_infer, "keep",
+                     ("all-gather", "reduce-scatter", "out"), "every device gets the concatenation (replicate . combine)"),
+    _distribution_op("reduce_scatter", ("dim", "axis"), distribution.reduce_scatter_infer, "keep",
+                     ("reduce-scatter", "all-gather", "in"), "device i gets block i of the sum (partition . reduce)",
+                     sums=True),
+    _distribution_op("all_to_all", ("split_dim", "concat_dim", "axis"), distribution.all_to_all_infer, "keep",
+                     ("all-to-all", "all-to-all", "in"),
+                     "re-partition: concatenate along concat_dim, split along split_dim (partition . combine)"),
 )}
+
+
+def ops_where(fact: Callable[[OpSpec], bool]) -> frozenset[str]:
+    """The registry ops with a fact: the one way op-name tables are made."""
+    return frozenset(name for name, spec in OPS.items() if fact(spec))
+
+
+def with_role(role: Role) -> frozenset[str]:
+    """The ops with this distribution role (`Role`)."""
+    return ops_where(lambda spec: spec.distribution == role)
+
+
+DISTRIBUTION_OPS = ops_where(lambda spec: spec.distribution != "none")
+"""partition, combine, replicate, reduce and the collectives (`eqsat.distribution`)."""
+
+_Key = TypeVar("_Key", bound=Hashable)
+
+
+def weight_derived(nodes: Iterable[tuple[_Key, str, Sequence[_Key]]], moved_only: bool = False) -> frozenset[_Key]:
+    """Which values are derived from weights alone: the one definition of weight folding, used for
+    free weight-only nodes (`eqsat.cost.weight_only_nodes`, Tensat's convention), zero-cost e-classes
+    (`eqsat.egraph.constant_classes`), load-time folding (`jax_backend.lower.fold_weights`) and the
+    parallel planner's weights moved across devices (`moved_only`).
+
+    `nodes`: (key, op, child keys); a key is a graph node, or an e-class that several nodes share
+    (derived when one of its nodes is). A weight is derived and an input never is
+    (`OpSpec.weight_derivation`); any other node is when all its children are. So a nullary op
+    that is no leaf (a constant made from its attributes; the registry has none today) is derived:
+    it reads nothing at run time and folds at load time like a computed weight.
+    `moved_only`: derived through distribution ops only (a weight's value moved across devices, whose
+    gradient is the weight's gradient and waits for the gradient sync), not through computing ops.
+    The least fixpoint, by worklist: linear in nodes and edges, in any node order."""
+    listed = list(nodes)
+    users: dict[_Key, list[int]] = {}
+    for i, (_, _, kids) in enumerate(listed):
+        for kid in set(kids):
+            users.setdefault(kid, []).append(i)
+    through = ("weight", "moves") if moved_only else ("weight", "moves", "computes")
+    derived: set[_Key] = set()
+    queue = deque(range(len(listed)))
+    while queue:
+        key, op, kids = listed[queue.popleft()]
+        if key in derived or op_spec(op).weight_derivation not in through or not all(k in derived for k in kids):
+            continue
+        derived.add(key)
+        queue.extend(users.get(key, ()))
+    return frozenset(derived)
 
 
 def op_spec(name: str) -> OpSpec:

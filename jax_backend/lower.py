@@ -148,7 +148,7 @@ LOWERINGS: Mapping[str, Lowering] = MappingProxyType({
     "reduce_sum": lambda xs, a, p: (jnp.sum(xs[0], axis=tuple(a["axes"])),),
     "reduce_max": lambda xs, a, p: (jnp.max(xs[0], axis=tuple(a["axes"])),),
     "broadcast": lambda xs, a, p: (lax.broadcast_in_dim(xs[0], tuple(a["shape"]), tuple(a["dims"])),),
-    # distribution ops (eqsat.parallel.ops) on one device: their stacked meaning; on a mesh they
+    # distribution ops (eqsat.distribution) on one device: their stacked meaning; on a mesh they
     # run as collectives (jax_backend/shard.py)
     "partition": lambda xs, a, p: (jnp.stack(jnp.split(xs[0], a["parts"], axis=xs[0].ndim + a["dim"])),),
     "combine": lambda xs, a, p: (jnp.concatenate(list(xs[0]), axis=xs[0].ndim - 1 + a["dim"]),),

@@ -40,11 +40,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from eqsat import ops
+from eqsat.distribution import local_attrs
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from eqsat.parallel.memory import sharded_leaves
 from eqsat.parallel.mesh import Mesh
-from eqsat.parallel.ops import local_attrs
 from eqsat.parallel.plan import graph_axes
 from jax_backend.lower import lower_node
 
@@ -98,8 +98,7 @@ def _collective(op: str, x: Array, a: Mapping[str, Any], name: str, parts: int) 
     raise ShardError(f"no collective for {op}")
 
 
-DISTRIBUTION_OPS = frozenset({"partition", "replicate", "combine", "all_gather", "reduce", "all_reduce",
-                              "reduce_scatter", "all_to_all"})
+DISTRIBUTION_OPS = ops.DISTRIBUTION_OPS
 
 
 @dataclass(frozen=True)

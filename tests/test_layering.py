@@ -66,3 +66,21 @@ def test_string_tables_count_as_imports(tmp_path: Path) -> None:
             (tmp_path / package / name).write_text(text)
     graph = _import_graph().edges(tmp_path)
     assert graph["eqsat.cli"] == {"experiments.cmd", "eqsat.lazy"}
+
+
+def test_the_parallel_package_imports_only_downward() -> None:
+    """`eqsat.parallel` sits above the core: nothing it imports, directly or not, imports it back
+    (its distribution ops are core vocabulary, `eqsat.distribution`)."""
+    graph = _import_graph().edges(ROOT)
+
+    def inside(m: str) -> bool:
+        return m == "eqsat.parallel" or m.startswith("eqsat.parallel.")
+
+    below: set[str] = set()
+    todo = [d for m, deps in graph.items() if inside(m) for d in deps if not inside(d)]
+    while todo:
+        m = todo.pop()
+        if m not in below:
+            below.add(m)
+            todo.extend(d for d in graph.get(m, ()) if not inside(d))
+    assert sorted(m for m in below if any(inside(d) for d in graph.get(m, ()))) == []

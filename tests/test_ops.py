@@ -131,7 +131,7 @@ CASES: Mapping[str, list[Case]] = {
     "reduce_sum": [([(2, 3, 4)], {"axes": (0, 2)})],
     "reduce_max": [([(2, 3, 4)], {"axes": (1,)})],
     "broadcast": [([(3, 1)], {"shape": (2, 3, 4), "dims": (1, 2)})],
-    # distribution ops (eqsat.parallel.ops): single-device meaning over the stacked pieces
+    # distribution ops (eqsat.distribution): single-device meaning over the stacked pieces
     "partition": [([(4, 6)], {"dim": -1, "axis": 0, "parts": 2}), ([(4, 6)], {"dim": -2, "axis": 1, "parts": 4})],
     "combine": [([(2, 4, 3)], {"dim": -1, "axis": 0})],
     "replicate": [([(3, 5)], {"axis": 0, "parts": 4})],
@@ -281,3 +281,32 @@ def test_to_jax_rejects_missing_or_misshapen_inputs() -> None:
         fn({})
     with pytest.raises(ShapeError, match=r"input 'x' has shape \(2, 3\), given \(3, 2\)"):
         fn({"x": np.zeros((3, 2), np.float32)})
+
+
+# --- weight derivation (the one definition of weight folding) --------------------------------------
+
+# key, op, child keys: w1, w2 weights, x an input; "wc" concat of weights, "wr" a weight replicated then
+# partitioned (moved only), "xw" a product with data, "rw" a relu of a moved weight
+_NODES = [("w1", "weight", []), ("w2", "weight", []), ("x", "input", []), ("wc", "concat", ["w1", "w2"]),
+          ("rep", "replicate", ["w1"]), ("wr", "partition", ["rep"]), ("xw", "matmul", ["x", "wc"]),
+          ("rw", "relu", ["wr"]), ("rx", "replicate", ["x"])]
+
+
+def test_weight_derived_folds_through_any_op_and_moves_only_through_distribution_ops() -> None:
+    assert ops.weight_derived(_NODES) == {"w1", "w2", "wc", "rep", "wr", "rw"}
+    assert ops.weight_derived(_NODES, moved_only=True) == {"w1", "w2", "rep", "wr"}
+    assert ops.weight_derived(reversed(_NODES)) == ops.weight_derived(_NODES)  # any order: a fixpoint
+
+
+def test_weight_derived_takes_a_class_when_one_of_its_nodes_is() -> None:
+    # e-class "c" holds relu(x) and concat(w1, w2): it folds; "d" = relu(c) then folds too
+    nodes = [("w1", "weight", []), ("w2", "weight", []), ("x", "input", []), ("d", "relu", ["c"]),
+             ("c", "relu", ["x"]), ("c", "concat", ["w1", "w2"])]
+    assert ops.weight_derived(nodes) == {"w1", "w2", "c", "d"}
+
+
+def test_weight_derivation_facts() -> None:
+    kinds = {name: spec.weight_derivation for name, spec in ops.OPS.items()}
+    assert kinds["weight"] == "weight" and kinds["input"] == "never"
+    assert {n for n, k in kinds.items() if k == "moves"} == ops.DISTRIBUTION_OPS
+    assert kinds["matmul"] == kinds["concat"] == "computes"

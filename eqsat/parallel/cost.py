@@ -2,7 +2,7 @@
 project's cost models, on the per-device shapes), the collectives it causes forward and backward
 (alpha-beta on the mesh axis they run over) and the per-device bytes it keeps alive.
 
-Device state of a value (the leading device axes of its stacked shape, `eqsat.parallel.ops`): a
+Device state of a value (the leading device axes of its stacked shape, `eqsat.distribution`): a
 value with no device axes is replicated on every device (SPMD: every device computes it), so
 `partition` is a local slice and `replicate` moves nothing. Collectives, forward / backward:
 
@@ -34,23 +34,17 @@ from typing import Any
 
 from eqsat import cost as cost_models
 from eqsat import ops
+from eqsat.distribution import local_attrs
 from eqsat.parallel.memory import node_bound, node_kept, per_device_bytes
 from eqsat.parallel.mesh import Mesh, parse_mesh
-from eqsat.parallel.ops import local_attrs
 
 Shape = tuple[int, ...]
 BACKWARD_FACTOR = 2.0
 
 # op → (forward collective, backward collective, which shape S is measured on: "in" or "out")
 COLLECTIVES: Mapping[str, tuple[str | None, str | None, str]] = {
-    "partition": (None, "all-reduce", "in"),
-    "replicate": (None, "all-reduce", "in"),
-    "combine": ("all-gather", None, "out"),
-    "all_gather": ("all-gather", "reduce-scatter", "out"),
-    "reduce": ("all-reduce", None, "out"),
-    "all_reduce": ("all-reduce", "all-reduce", "out"),
-    "reduce_scatter": ("reduce-scatter", "all-gather", "in"),
-    "all_to_all": ("all-to-all", "all-to-all", "in"),
+    name: (spec.collectives.forward, spec.collectives.backward, spec.collectives.measured_on)
+    for name, spec in ops.OPS.items() if spec.collectives is not None
 }
 
 
@@ -138,7 +132,7 @@ class ParallelCostModel:
         if fwd is not None:
             found.append(self._collective(fwd, axis, size, "forward", op, f"{op} over axis {axis}"))
         if bwd is not None:
-            if grad_free or (op in ("partition", "replicate") and leaf == "input"):
+            if grad_free or (ops.OPS[op].distribution == "enter" and leaf == "input"):
                 pass  # no gradient flows into data, nor into values computed from data alone
             elif op == "partition" and leaf == "weight":
                 pass  # a sharded weight keeps a sharded gradient

@@ -53,11 +53,10 @@ from eqsat.ir import Graph
 
 Axes = tuple[int, ...]
 ITEMSIZE = 4
-ELEMENTWISE_SAVE_OUTPUT = frozenset({"tanh", "sigmoid", "exp"})  # their derivative is a function of the output
-ELEMENTWISE_SAVE_INPUT = frozenset({"relu"})  # jax.nn.relu's derivative masks by the input's sign
-GRADIENT_SYNC = frozenset({"replicate", "partition"})  # their transpose is an all-reduce over the axis
-MOVERS = frozenset({"partition", "replicate", "combine", "reduce", "all_reduce", "all_gather", "reduce_scatter",
-                    "all_to_all"})
+ELEMENTWISE_SAVE_OUTPUT = ops.ops_where(lambda s: s.grad_reads == "output")  # tanh, sigmoid, exp: f'(x) from f(x)
+ELEMENTWISE_SAVE_INPUT = ops.ops_where(lambda s: s.grad_reads == "input")  # jax.nn.relu masks by the input's sign
+GRADIENT_SYNC = ops.with_role("enter")  # replicate, partition: their transpose is an all-reduce over the axis
+ALIASES = ops.ops_where(lambda s: s.aliases)  # replicate, reduce: forward, no buffer of their own
 
 
 OUT = -1  # a `Saved` index naming the node's output
@@ -243,14 +242,6 @@ def _best_fit(order: Sequence[int], size: Mapping[int, float], span: Mapping[int
     return top
 
 
-def _weight_derived(graph: Graph) -> list[bool]:
-    out: list[bool] = []
-    for n in graph.nodes:
-        ins = [out[v.node] for v in n.inputs]
-        out.append(n.op == "weight" or (n.op in MOVERS and bool(ins) and all(ins)))
-    return out
-
-
 def step_memory(graph: Graph, axes: Sequence[Axes]) -> StepMemory:
     """Simulate the training step of `graph` (device axes per node, `plan.graph_axes`); see the
     module docstring for what is live when."""
@@ -266,9 +257,10 @@ def step_memory(graph: Graph, axes: Sequence[Axes]) -> StepMemory:
     needs_grad: list[bool] = []
     for n in g.nodes:
         needs_grad.append(n.op == "weight" or any(needs_grad[v.node] for v in n.inputs))
-    derived = _weight_derived(g)
+    moved = ops.weight_derived(((i, n.op, [v.node for v in n.inputs]) for i, n in enumerate(g.nodes)), moved_only=True)
+    derived = [i in moved for i in range(n_nodes)]
     channels_last = _channels_last(g)
-    alias_of_input = [n.op in ("replicate", "reduce") or ops.OPS[n.op].is_view
+    alias_of_input = [n.op in ALIASES or ops.OPS[n.op].is_view
                       or (n.op == "partition" and n.inputs[0].node in sharded) for n in g.nodes]
     node_bytes = [0.0] * n_nodes
     heap = _Heap([size[i] for i in range(n_nodes) if g.nodes[i].op == "weight"])
@@ -377,10 +369,6 @@ def step_memory(graph: Graph, axes: Sequence[Axes]) -> StepMemory:
                       tuple(node_bytes))
 
 
-
-ALIASES = frozenset({"replicate", "reduce"})  # forward: no buffer of their own
-
-
 def saved_bytes(op: str, attrs: Mapping[str, object], in_bytes: Sequence[float], out_bytes: float,
                 grad_children: Sequence[bool], kinds: frozenset[str]) -> float:
     """Bytes of the buffers of the given `Saved` kinds that a node's forward makes for the backward."""
@@ -422,7 +410,9 @@ def node_bound(op: str, attrs: Mapping[str, object], in_bytes: Sequence[float], 
     return total
 
 
-KEPT_OUTPUTS = frozenset({"matmul", "conv2d", "combine", "all_gather", "all_reduce", "reduce_scatter", "all_to_all"})
+# matmul, conv2d, and the collectives that move data forward into a buffer of their own
+KEPT_OUTPUTS = ops.ops_where(lambda s: s.contraction or (s.collectives is not None and s.collectives.forward is not None
+                                                         and not s.aliases))
 
 
 def node_kept(op: str, attrs: Mapping[str, object], in_bytes: Sequence[float], out_bytes: float,

@@ -3,7 +3,7 @@ e-node as a training step on the mesh, extract algebra and plan with one ILP (op
 per-device memory budget and a budget of bytes moved per step, each a knapsack row), check the plan
 against the single-device program, and report it.
 
-Device axes: a value's leading device axes (`eqsat.parallel.ops`) follow from the ops that made
+Device axes: a value's leading device axes (`eqsat.distribution`) follow from the ops that made
 it (`node_axes`): `partition` / `replicate` over mesh axis a put a in front, `combine` / `reduce`
 over a take it off (it must be the leading one), collectives keep them, and any other op needs
 all its inputs on the same axes. E-nodes that break this (a mesh axis split twice, a combine over
@@ -31,7 +31,7 @@ from eqsat.extract.ilp import ilp
 from eqsat.extract.lazy import IlpOptions, NodeBudget
 from eqsat.extract.selection import is_valid_choice
 from eqsat.ir import Graph
-from eqsat.parallel.cost import COLLECTIVES, Collective, NodeCost, ParallelCostModel
+from eqsat.parallel.cost import Collective, NodeCost, ParallelCostModel
 from eqsat.parallel.memory import StepMemory, per_device_bytes, step_memory
 from eqsat.parallel.mesh import Mesh
 from eqsat.parallel.rules import applicable, instantiate, mesh_rules
@@ -40,26 +40,14 @@ from eqsat.rewrites.rule import Rule
 from eqsat.saturate import Limits, saturate
 
 Axes = tuple[int, ...]
-ENTER = frozenset({"partition", "replicate"})
-LEAVE = frozenset({"combine", "reduce"})
-KEEP = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all"})
-CONTRACTIONS = frozenset({"matmul", "conv2d"})
-def _leading(key: str) -> Callable[[Mapping[str, Any], int], bool]:
-    """The op's index list keeps the k device axes in front, in place."""
-    return lambda attrs, k: tuple(attrs[key])[:k] == tuple(range(k))
-
-
-# Ops that may run on values with k device axes, and when: each device runs the op on its piece.
-# Elementwise ops and matmul act on trailing dims; ops with front-counted index attributes must
-# leave the device axes alone.
+ENTER = ops.with_role("enter")  # the op roles (`ops.Role`), from the registry
+LEAVE = ops.with_role("leave")
+KEEP = ops.with_role("keep")
+CONTRACTIONS = ops.ops_where(lambda s: s.contraction)
+# Ops that may run on values with k device axes, and when (`OpSpec.on_devices`): each device runs
+# the op on its piece.
 DISTRIBUTABLE: Mapping[str, Callable[[Mapping[str, Any], int], bool]] = {
-    **{op: (lambda attrs, k: True) for op in ("matmul", "conv2d", "relu", "tanh", "sigmoid", "exp", "ewadd", "ewmul",
-                                                   "ewsub", "ewdiv")},
-    "transpose": _leading("perm"),
-    "broadcast": _leading("dims"),
-    "reduce_sum": lambda attrs, k: min(attrs["axes"], default=k) >= k,
-    "reduce_max": lambda attrs, k: min(attrs["axes"], default=k) >= k,
-}
+    name: spec.on_devices for name, spec in ops.OPS.items() if spec.on_devices is not None}
 DEFAULT_LIMITS = Limits(iterations=12, nodes=100_000, seconds=60.0)
 COST_SCALE = 1e6  # e-node costs in microseconds: keeps the MIP's absolute gaps meaningful
 BUDGET_ATTEMPTS = 3  # ILP solves under a memory budget, each with a tighter row if the plan's peak is over
@@ -210,10 +198,10 @@ def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
     compute = comm = row = bound = 0.0
     contractions = 0
     found: list[tuple[int, Collective]] = []
-    derived: list[bool] = []
+    moved = ops.weight_derived(((i, n.op, [v.node for v in n.inputs]) for i, n in enumerate(g.nodes)), moved_only=True)
+    derived = [i in moved for i in range(len(g.nodes))]
     grad: list[bool] = []
     for i, n in enumerate(g.nodes):
-        derived.append(_weight_derived(n.op, [derived[v.node] for v in n.inputs]))
         grad.append(n.op == "weight" or any(grad[v.node] for v in n.inputs))
         c = _price(model, n.op, n.attr, [g.shape(v) for v in n.inputs], [len(axes[v.node]) for v in n.inputs],
                    len(axes[i]), [g.nodes[v.node].op if ops.OPS[g.nodes[v.node].op].is_leaf else None for v in n.inputs],
@@ -233,11 +221,6 @@ def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
 def output_cotangent_bytes(shape: tuple[int, ...], depth: int) -> float:
     """The loss's cotangent of an output: a buffer `node_bound` charges to the root class."""
     return per_device_bytes(shape, depth)
-
-
-def _weight_derived(op: str, inputs: Sequence[bool]) -> bool:
-    """A weight, or a weight moved by distribution ops only: its gradient is a weight's gradient."""
-    return op == "weight" or (op in COLLECTIVES and bool(inputs) and all(inputs))
 
 
 def _price(model: ParallelCostModel, op: str, attrs: Mapping[str, Any], shapes: Sequence[tuple[int, ...]],
@@ -304,7 +287,8 @@ def price_egraph(egraph_json: Mapping[str, Any], model: ParallelCostModel) -> tu
         for nid in dead:
             del keep[nid]
     # a class is weight-derived / needs a gradient when one of its nodes is / depends on a weight
-    derived = _propagate(keep, nodes, lambda n, kids, known: _weight_derived(n["op"], [k in known for k in kids]) or None)
+    derived = ops.weight_derived(((n["eclass"], n["op"], [nodes[c]["eclass"] for c in n["children"]]) for n in keep.values()),
+                                 moved_only=True)
     grad = _propagate(keep, nodes, lambda n, kids, known: (n["op"] == "weight" or any(k in known for k in kids)) or None)
     mem: dict[str, float] = {}
     comm: dict[str, float] = {}

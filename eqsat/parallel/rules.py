@@ -1,4 +1,4 @@
-"""The parallelization rules (`rules/parallel.rules`), instantiated per mesh axis.
+"""The parallelization rules (`eqsat/rewrites/library/parallel.rules`), instantiated per mesh axis.
 
 The file is written for one generic axis with placeholders: `A` (the mesh axis index), `N` (its
 size), `ACT` (an activation code), `D` and `E` (dims -1..-4, counted from the end), `ST` and `PAD` (a conv's
@@ -6,7 +6,8 @@ square stride, 1 or 2, and its padding code). The rule parser has no
 integer attribute variables, so each line is expanded over the placeholders' values; every
 instance is named `rule[D=-1]@axis`. Rules are verified by the project's verifier
 (`eqsat.rewrites.verify`) at N = 2 and N = 4 (its shape grid reaches 4, so a larger N cannot be
-sampled); the rules are uniform in N.
+sampled); the rules are uniform in N. The file lives with the rule library but is no library group
+(`library_rules`): its lines are templates, not rules, until instantiated here.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from types import MappingProxyType
 
 from eqsat.ops import Activation, Padding
 from eqsat.parallel.mesh import Mesh
+from eqsat.rewrites import LIBRARY_DIR
 from eqsat.rewrites.parser import parse_rule_text
 from eqsat.rewrites.rule import Pattern, Rule, ops_used
 
-RULE_FILE = Path(__file__).with_name("rules") / "parallel.rules"
+RULE_FILE = LIBRARY_DIR / "parallel.rules"
 _PLACEHOLDER = re.compile(r"(?<![\w?-])(A|N|ACT|D|E|ST|PAD)(?![\w-])")
 DIMS: tuple[int, ...] = (-1, -2, -3, -4)  # -4: the batch of NCHW (verified on rank-5 stacks, shapes.WIDER_RANKS)
 EXPANSIONS: Mapping[str, tuple[int, ...]] = MappingProxyType({

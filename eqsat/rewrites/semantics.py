@@ -17,10 +17,9 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 
-from eqsat import ops
+from eqsat import distribution, ops
 from eqsat.errors import RuleError, ShapeError
 from eqsat.ops import Shape
-from eqsat.parallel import ops as parallel_ops
 from eqsat.rewrites.rule import (
     AttrVar,
     DimOf,
@@ -381,8 +380,8 @@ def _opaque(name: str) -> Impl:
 
 
 def _distributed(op: str) -> Impl:
-    """A distribution op (eqsat.parallel.ops): data movement plus sums taken in the algebra."""
-    return lambda alg, xs, a: parallel_ops.semantics(alg.add)[op](xs, a)
+    """A distribution op (eqsat.distribution): data movement plus sums taken in the algebra."""
+    return lambda alg, xs, a: distribution.semantics(alg.add)[op](xs, a)
 
 
 OP_IMPLS: Mapping[str, Impl] = {
@@ -414,7 +413,7 @@ OP_IMPLS: Mapping[str, Impl] = {
     "broadcast": _broadcast,
     "reduce_sum": _reduce("sum"),
     "reduce_max": _reduce("max"),
-    **{op: _distributed(op) for op in parallel_ops.SPECS},
+    **{op: _distributed(op) for op in ops.OPS if op in ops.DISTRIBUTION_OPS},
 }
 
 

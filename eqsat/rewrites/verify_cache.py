@@ -32,7 +32,7 @@ from eqsat.rewrites.rule import Rule
 from eqsat.rewrites.shapes import sample_assignments
 
 _DEPENDENCIES = ("semantics.py", "shapes.py", "concrete.py", "verify.py", "derive.py", "rule.py", "parser.py",
-                 "library/axioms.rules", "../ops.py")
+                 "library/axioms.rules", "../ops.py", "../distribution.py")
 
 
 def _code_digest() -> str:

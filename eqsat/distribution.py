@@ -1,4 +1,5 @@
-"""Distribution ops over one mesh axis, in the *stacked* representation.
+"""Distribution ops over one mesh axis, in the *stacked* representation: the shapes and numpy
+semantics of the registry's `partition`, `combine`, `replicate`, `reduce` and collectives.
 
 Representation: a value distributed over a mesh axis of size n is an ordinary tensor with one more
 leading axis of size n, whose slice i is what device i of that axis holds. Partitioned, replicated
@@ -13,11 +14,12 @@ any other rule, and a whole plan can be run by `Graph.evaluate` and compared wit
 single-device program bit for bit in float64. Per-device compute is the same op batched over the
 leading device axes (a 2-D matmul on a stack is a batched 3-D matmul), so no per-op "sharded"
 variants are needed; the planner knows from the ops along a path how many leading axes are device
-axes (`eqsat.parallel.plan.device_depth`).
+axes (`eqsat.parallel.plan.node_axes`).
 
 Tensor dimensions in attributes are counted from the end (-1 is the last), so one rule applies at
-any device depth. `axis` names the mesh axis (its index in the mesh); `parts` is its size. Every op
-here imports only numpy: `eqsat.ops` registers them, so this module must not import it.
+any device depth. `axis` names the mesh axis (its index in the mesh); `parts` is its size. This
+module is part of the core op vocabulary: `eqsat.ops` registers these ops (with their facts: role,
+collectives, aliasing) and imports it, so it imports only numpy and `eqsat.errors`.
 """
 
 from __future__ import annotations
@@ -155,32 +157,9 @@ def semantics(add: Add) -> Mapping[str, Callable[[Sequence[np.ndarray], Attrs], 
 NUMPY = semantics(np.add)
 
 
-def _sum_flops(ins: Sequence[Shape], outs: Sequence[Shape], a: Attrs) -> float:
+def sum_flops(ins: Sequence[Shape], outs: Sequence[Shape], a: Attrs) -> float:
+    """A collective that sums: one add per element of its stacked input."""
     return float(np.prod(ins[0]))
-
-
-def _no_flops(ins: Sequence[Shape], outs: Sequence[Shape], a: Attrs) -> float:
-    return 0.0
-
-
-# name → (attributes as (name, kind), inference, flops, what it is). Registered by eqsat.ops.
-SPECS: Mapping[str, tuple[tuple[tuple[str, str], ...], Callable[..., tuple[Shape, ...]],
-                          Callable[..., float], str]] = {
-    "partition": ((("dim", "int"), ("axis", "int"), ("parts", "int")), partition_infer, _no_flops,
-                  "split dim into `parts` blocks, one per device of mesh axis `axis` (a new leading axis)"),
-    "combine": ((("dim", "int"), ("axis", "int")), combine_infer, _no_flops,
-                "concatenate the devices' blocks along dim (drops the leading device axis)"),
-    "replicate": ((("axis", "int"), ("parts", "int")), replicate_infer, _no_flops,
-                  "every device of mesh axis `axis` holds the whole value"),
-    "reduce": ((("axis", "int"),), reduce_infer, _sum_flops, "sum the devices' partial values"),
-    "all_reduce": ((("axis", "int"),), all_reduce_infer, _sum_flops, "every device gets the sum (replicate . reduce)"),
-    "all_gather": ((("dim", "int"), ("axis", "int")), all_gather_infer, _no_flops,
-                   "every device gets the concatenation (replicate . combine)"),
-    "reduce_scatter": ((("dim", "int"), ("axis", "int")), reduce_scatter_infer, _sum_flops,
-                       "device i gets block i of the sum (partition . reduce)"),
-    "all_to_all": ((("split_dim", "int"), ("concat_dim", "int"), ("axis", "int")), all_to_all_infer, _no_flops,
-                   "re-partition: concatenate along concat_dim, split along split_dim (partition . combine)"),
-}
 
 
 # --- the op one device runs on its piece ---------------------------------------------------------
