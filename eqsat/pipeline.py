@@ -3,6 +3,11 @@
 No JAX here: the result is checked against the original with the numpy interpreter, and a graph
 that disagrees is never returned (NumericsError). If extraction finds nothing cheaper than the
 input (e.g. a solver that timed out), the input graph is returned and `selection_status` says so.
+
+The one door to extraction: an `Objective` (a cost model, possibly pricing nodes in context, with
+knapsack rows and starts) prices a saturated e-graph (`Priced.of`), and `Priced.extract` runs a
+strategy of the registry on it. `search` (`eqsat optimize`, the decorator) and the parallel planner
+(`eqsat.parallel.plan`, which adds its own staging, strategies and budgets) both go through it.
 """
 
 from __future__ import annotations
