@@ -17,6 +17,7 @@ from typing import Any
 from egglog import bindings
 
 from eqsat import ops
+from eqsat.context import ContextAnalysis, ENode, ENodes, InContextCostModel
 from eqsat.cost import CostModel
 from eqsat.egglog_schema import (
     BINARY_ONLY,
@@ -185,11 +186,15 @@ class TensorEGraph:
 
     # --- serialization ----------------------------------------------------------------------------
 
-    def serialize(self, cost_model: CostModel, fold_weights: bool = True) -> dict[str, Any]:
+    def serialize(self, cost_model: CostModel, fold_weights: bool = True, context: ContextAnalysis | None = None,
+                  scale: float = 1.0) -> dict[str, Any]:
         """E-graph JSON: tensor nodes only, roots filled, per-node cost, class shapes in class_data.
 
         `fold_weights` applies TASO/Tensat's convention that an op whose inputs are all weights
         (or computed from weights only) is precomputed once and costs nothing per run.
+        With `context` (see eqsat.context) the nodes it leaves out are not serialized, the others
+        are priced in context by `cost_model` (an `InContextCostModel`), with their row terms
+        (`rows`); `scale`: cost units per second.
 
         Extra keys (`format`, `outputs`, node `attrs`, class `shape`) let `decode` rebuild a Graph
         from the JSON alone; extractors ignore them.
@@ -200,7 +205,7 @@ class TensorEGraph:
             raw = json.loads(self.egglog.serialize(roots).to_json())
         except bindings.EggSmolError as exc:
             raise EqsatError(f"egglog could not serialize the e-graph: {exc}") from None
-        return convert_serialized(raw, cost_model, self.graph, fold_weights)
+        return convert_serialized(raw, cost_model, self.graph, fold_weights, context, scale)
 
 
 def tensor_enodes(function_sizes: Mapping[str, int]) -> int:
@@ -313,8 +318,8 @@ def congruence_closed(raw: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**raw, "nodes": merged, "root_eclasses": [find(c) for c in raw["root_eclasses"]]}
 
 
-def convert_serialized(raw: Mapping[str, Any], cost_model: CostModel, graph: Graph,
-                       fold_weights: bool = True) -> dict[str, Any]:
+def convert_serialized(raw: Mapping[str, Any], cost_model: CostModel, graph: Graph, fold_weights: bool = True,
+                       context: ContextAnalysis | None = None, scale: float = 1.0) -> dict[str, Any]:
     """egglog's serialize output → our E-graph JSON (see `TensorEGraph.serialize`)."""
     raw = congruence_closed(raw)
     nodes: Mapping[str, Any] = raw["nodes"]
@@ -356,10 +361,13 @@ def convert_serialized(raw: Mapping[str, Any], cost_model: CostModel, graph: Gra
         in_shapes = [class_shape[nodes[c]["eclass"]] for c in tensor_kids]
         key = (op, tuple(values), tuple(in_shapes))
         attrs: dict[str, Any] = {k: list(v) if isinstance(v, tuple) else v for k, v in zip(names[op], values)}
-        cost = costs.get(key)
+        cost = costs.get(key) if context is None else 0.0  # in context: priced below
         if cost is None:
-            cost = costs[key] = 0.0 if ops.OPS[op].is_leaf else float(cost_model.op_cost(op, attrs, in_shapes))
+            cost = costs[key] = 0.0 if ops.OPS[op].is_leaf else scale * float(cost_model.op_cost(op, attrs, in_shapes))
         out_nodes[nid] = {"op": op, "children": tensor_kids, "eclass": cls, "cost": cost, "attrs": attrs}
+    left_out: dict[str, int] = {}
+    if context is not None:
+        out_nodes, left_out = _in_context(out_nodes, class_shape, cost_model, context, scale)
     if fold_weights:
         constant = constant_classes(out_nodes)
         for node in out_nodes.values():
@@ -375,7 +383,30 @@ def convert_serialized(raw: Mapping[str, Any], cost_model: CostModel, graph: Gra
         "outputs": outputs,
         "class_data": class_data,
         "leaves": {name: list(shape) for name, shape in graph.leaf_shapes().items()},
+        **({"left_out": left_out} if context is not None else {}),
     }
+
+
+def _in_context(nodes: dict[str, dict[str, Any]], class_shape: Mapping[str, tuple[int, ...]], model: CostModel,
+                context: ContextAnalysis, scale: float) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
+    """The nodes `context` keeps, priced by `model` in context (cost and `rows`), children pointed at
+    a kept node of the same class; and how many nodes and classes were left out."""
+    if not isinstance(model, InContextCostModel):
+        raise EqsatError(f"cost model {model.name!r} cannot price nodes in context (it has no `price`)")
+    enodes = ENodes({nid: ENode(n["op"], n["attrs"], n["eclass"], tuple(nodes[c]["eclass"] for c in n["children"]))
+                     for nid, n in nodes.items()}, class_shape)
+    facts = context(enodes)
+    keep = {nid: dict(n) for nid, n in nodes.items() if nid in facts.kept}
+    member = {n["eclass"]: nid for nid, n in keep.items()}
+    for nid, n in keep.items():
+        if any(nodes[c]["eclass"] not in member for c in n["children"]):
+            raise EqsatError(f"the context analysis kept node {nid} ({n['op']}) but left out all of an input's class")
+        price = model.price(facts.node(enodes, nid))
+        n["cost"] = price.seconds * scale
+        n["rows"] = dict(price.rows)
+        n["children"] = [c if c in keep else member[nodes[c]["eclass"]] for c in n["children"]]
+    classes = {n["eclass"] for n in nodes.values()}
+    return keep, {"nodes": len(nodes) - len(keep), "classes": len(classes) - len(member)}
 
 
 def decode(egraph_json: Mapping[str, Any], selection: Mapping[str, str] | Any) -> Graph:

@@ -3,6 +3,11 @@
 No JAX here: the result is checked against the original with the numpy interpreter, and a graph
 that disagrees is never returned (NumericsError). If extraction finds nothing cheaper than the
 input (e.g. a solver that timed out), the input graph is returned and `selection_status` says so.
+
+The one door to extraction: an `Objective` (a cost model, possibly pricing nodes in context, with
+knapsack rows and starts) prices a saturated e-graph (`Priced.of`), and `Priced.extract` runs a
+strategy of the registry on it. `search` (`eqsat optimize`, the decorator) and the parallel planner
+(`eqsat.parallel.plan`, which adds its own staging, strategies and budgets) both go through it.
 """
 
 from __future__ import annotations
@@ -10,13 +15,14 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from eqsat.compare import Agreement, outputs_agree
+from eqsat.context import ContextAnalysis
 from eqsat.cost import CostModel, graph_cost
-from eqsat.egraph import TensorEGraph, decode
+from eqsat.egraph import TensorEGraph, carry_selection, decode
 from eqsat.errors import EqsatError, NumericsError
 from eqsat.gc_pause import gc_paused
 from eqsat.ir import Graph
@@ -24,8 +30,13 @@ from eqsat.rewrites.rule import Rule
 from eqsat.rewrites.to_egglog import rule_ops
 from eqsat.saturate import Limits, SaturationReport, saturate
 
+if TYPE_CHECKING:
+    from eqsat.extract.egraph_data import EGraphData
+    from eqsat.extract.lazy import NodeBudget
+    from eqsat.extract.selection import Selection
+
 __all__ = ["OptimizationResult", "optimize_graph", "search", "SearchResult", "Extraction", "does_extra_work",
-           "numerics_match", "Agreement", "outputs_agree"]
+           "numerics_match", "Agreement", "outputs_agree", "Objective", "Priced"]
 
 
 @dataclass(frozen=True)
@@ -136,11 +147,97 @@ def does_extra_work(before: Graph, after: Graph, slack: float = 1.01) -> bool:
     return after.live().total_flops() > slack * before.live().total_flops()
 
 
-def search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping[str, CostModel],
+@dataclass(frozen=True)
+class Objective:
+    """What an extraction minimises and within which limits. `model` prices every e-node (in
+    context where `context` is given: see eqsat.context; then `model` is an InContextCostModel);
+    `rows`: knapsack rows by name, each the limit of the sum of the chosen nodes' terms that the
+    model reports (e.g. "mem": bytes per device); `starts`: known graphs the extraction starts from
+    where the e-graph holds them (the answer is never worse than one that fits the rows); `scale`:
+    the extractor's cost units per second (e.g. 1e6 to solve in microseconds)."""
+
+    model: CostModel
+    rows: Mapping[str, float] = field(default_factory=dict)
+    starts: tuple[Graph, ...] = ()
+    context: ContextAnalysis | None = None
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class Priced:
+    """A saturated e-graph serialized under one objective's pricing: `json` (decode's input,
+    without the nodes the context left out), `data` (the extractors' arrays) and every node's row
+    terms (loader numbering); `enodes` / `eclasses` count the e-graph before the context left any out."""
+
+    json: Mapping[str, Any] = field(repr=False)
+    data: EGraphData = field(repr=False)
+    rows: Mapping[str, np.ndarray] = field(repr=False)
+    enodes: int
+    eclasses: int
+
+    @staticmethod
+    def of(egraph: TensorEGraph, objective: Objective, fold_weights: bool = True) -> Priced:
+        from eqsat.extract.egraph_data import load_egraph
+
+        data_json = egraph.serialize(objective.model, fold_weights, objective.context, objective.scale)
+        data = load_egraph(data_json)
+        nodes = data_json["nodes"]
+        names = sorted({r for n in nodes.values() for r in n.get("rows", ())})
+        rows = {r: np.array([float(nodes[nid]["rows"].get(r, 0.0)) for nid in data.node_ids]) for r in names}
+        left = data_json.get("left_out", {})
+        return Priced(data_json, data, rows, len(nodes) + left.get("nodes", 0),
+                            len(data_json["class_data"]) + left.get("classes", 0))
+
+    def with_costs(self, cost: np.ndarray) -> Priced:
+        """The same e-graph under other node costs (loader numbering), e.g. a Lagrangian price."""
+        return replace(self, data=replace(self.data, cost=cost))
+
+    def decode(self, selection: Selection) -> Graph:
+        return decode(self.json, selection.as_ids(self.data)).live()
+
+    def budget(self, row: str, limit: float) -> NodeBudget:
+        from eqsat.extract.lazy import NodeBudget
+
+        if row not in self.rows:
+            raise EqsatError(f"no node reports a term of row {row!r}; rows here: {', '.join(self.rows) or 'none'}")
+        return NodeBudget(tuple(self.rows[row].tolist()), limit)
+
+    def choice_of(self, graph: Graph, model: CostModel) -> np.ndarray | None:
+        """`graph` (e.g. one found on another e-graph, or written by hand) as a choice over this
+        e-graph when every one of its terms is here; None otherwise (`model` serializes it)."""
+        from eqsat.extract.selection import is_valid_choice
+
+        own = TensorEGraph.from_graph(graph).serialize(model, fold_weights=False)
+        ids = carry_selection(own, {str(n["eclass"]): nid for nid, n in own["nodes"].items()}, self.json)
+        if ids is None:
+            return None
+        choice = self.choice(ids)
+        return choice if is_valid_choice(self.data, choice) else None
+
+    def choice(self, ids: Mapping[str, str]) -> np.ndarray:
+        """A selection by ids (class id -> node id) as a choice in loader numbering."""
+        choice = np.full(self.data.n_classes, -1, dtype=np.int64)
+        for cid, nid in ids.items():
+            choice[self.data.class_index[cid]] = self.data.node_index[nid]
+        return choice
+
+    def extract(self, extractor: str, time_limit: float, rows: Mapping[str, float] | None = None,
+                starts: Sequence[np.ndarray] = (), seed: int = 0) -> tuple[Selection, Graph]:
+        """The door to the extractors: the cheapest choice within `rows` (name -> limit), starting
+        from `starts`, and its decoded graph."""
+        from eqsat.extract.registry import ExtractRequest, extract
+
+        budgets = tuple(self.budget(r, limit) for r, limit in (rows or {}).items())
+        selection = extract(self.data, extractor, time_limit, request=ExtractRequest(budgets, tuple(starts), seed))
+        return selection, self.decode(selection)
+
+
+def search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping[str, CostModel | Objective],
            extractor: str = "ilp", time_limit: float = 60.0, *, fold_weights: bool = True, seed: int = 0,
            progress: bool = False, avoid_extra_work: bool = False) -> SearchResult:
     """The one search of eqsat, JAX-free: saturate `graph` once, extract the cheapest equivalent
-    under each of `models` (the time limit shared between them), decode and check each result
+    under each of `models` (a cost model, or an `Objective`: a cost model with knapsack rows,
+    starts and a context; the time limit shared between them), decode and check each result
     against `graph` with the numpy interpreter (the result says whether it agreed; callers decide
     what a disagreement means). `fold_weights` (TASO/Tensat's convention, on by default): ops
     computed from weights alone are precomputed once, so they cost nothing.
@@ -152,11 +249,9 @@ def search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping[
         return _search(graph, rules, limits, models, extractor, time_limit, fold_weights, seed, progress, avoid_extra_work)
 
 
-def _search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping[str, CostModel], extractor: str,
-            time_limit: float, fold_weights: bool, seed: int, progress: bool, avoid_extra_work: bool) -> SearchResult:
-    from eqsat.extract.egraph_data import load_egraph
-    from eqsat.extract.registry import extract
-
+def _search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping[str, CostModel | Objective],
+            extractor: str, time_limit: float, fold_weights: bool, seed: int, progress: bool,
+            avoid_extra_work: bool) -> SearchResult:
     start = time.perf_counter()
     egraph = TensorEGraph.from_graph(graph, rule_ops(rules))
     report = saturate(egraph, rules, limits, progress=progress)
@@ -167,26 +262,26 @@ def _search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping
     checked: dict[Graph, tuple[bool, float]] = {graph.live(): (True, 0.0)}
     errors: list[str] = []
     sizes = (0, 0)
-    serialized: list[dict[str, Any]] = []  # the full e-graph under the first model, for callers that save it
+    serialized: list[Mapping[str, Any]] = []  # the full e-graph under the first model, for callers that save it
     spent = {"serialize": 0.0, "extract": 0.0}  # seconds, reported as saturation and extraction time
 
-    def extract_from(eg: TensorEGraph, model: CostModel, seconds: float) -> tuple[Graph, Any, tuple[int, int]]:
+    def extract_from(eg: TensorEGraph, objective: Objective, seconds: float) -> tuple[Graph, Selection, tuple[int, int]]:
         t0 = time.perf_counter()
-        data_json = eg.serialize(model, fold_weights=fold_weights)
+        priced = Priced.of(eg, objective, fold_weights)
         t1 = time.perf_counter()
-        data = load_egraph(data_json)
-        selection = extract(data, extractor=extractor, time_limit=seconds)
+        starts = [c for c in (priced.choice_of(g, objective.model) for g in objective.starts) if c is not None]
+        selection, graph_out = priced.extract(extractor, seconds, objective.rows, starts)
         spent["serialize"] += t1 - t0
         spent["extract"] += time.perf_counter() - t1
-        graph_out = decode(data_json, selection.as_ids(data)).live()
         if eg is egraph and not serialized:
-            serialized.append(data_json)
-        return graph_out, selection, (len(data_json["nodes"]), len(data_json["class_data"]))
+            serialized.append(priced.json)
+        return graph_out, selection, (priced.enodes, priced.eclasses)
 
     per_model = max(time_limit - saturate_s, 0.05) / max(len(models), 1) if avoid_extra_work else time_limit
-    for name, model in models.items():
+    for name, wanted in models.items():
+        objective = wanted if isinstance(wanted, Objective) else Objective(wanted)
         try:
-            extracted, selection, size = extract_from(egraph, model, per_model)
+            extracted, selection, size = extract_from(egraph, objective, per_model)
             sizes = sizes if sizes[0] else size
             from_single = False
             if avoid_extra_work and does_extra_work(graph, extracted) and len(single_rules) < len(rules):
@@ -194,7 +289,7 @@ def _search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping
                     single = TensorEGraph.from_graph(graph, rule_ops(single_rules))
                     left = max(limits.seconds - (time.perf_counter() - start), 0.05)
                     saturate(single, single_rules, replace(limits, seconds=left))
-                extracted, selection, _ = extract_from(single, model, per_model)
+                extracted, selection, _ = extract_from(single, objective, per_model)
                 from_single = True
         except EqsatError as exc:
             errors.append(f"{name}: {type(exc).__name__}: {exc}")

@@ -13,8 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from eqsat.extract import check_selection, load_egraph
-from eqsat.extract.ilp import IlpOptions, ilp
+from eqsat.extract import ExtractRequest, check_selection, extract, load_egraph
 from eqsat.paths import egraphs_dir
 from experiments.bench_extraction import best_known
 
@@ -23,7 +22,7 @@ def run_one(path: Path, seed: int, time_limit: float, best: float | None) -> dic
     start = time.perf_counter()
     egraph = load_egraph(path)
     load_s = time.perf_counter() - start
-    sel = ilp(egraph, time_limit - load_s, IlpOptions(lns_seed=seed))
+    sel = extract(egraph, "ilp", time_limit - load_s, request=ExtractRequest(seed=seed))
     total = time.perf_counter() - start
     lns = sel.info.get("lns", {})
     offset = load_s + float(lns.get("started_s", 0.0))

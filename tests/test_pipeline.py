@@ -8,7 +8,8 @@ from eqsat import ops
 from eqsat.errors import NumericsError
 from eqsat.ir import Graph, GraphBuilder
 from eqsat.cost import graph_cost
-from eqsat.pipeline import numerics_match, optimize_graph
+from eqsat.context import EGraphContext, ENodes, NodeInContext, NodePrice, ValueContext
+from eqsat.pipeline import Objective, numerics_match, optimize_graph, search
 from eqsat.rulesets import select_rules, tensat_rules
 from eqsat.rewrites.parser import parse_rule_text
 from eqsat.saturate import STOP_REASONS, Limits
@@ -88,3 +89,35 @@ def test_numerics_check_draws_inputs_where_the_original_is_defined() -> None:
     assert ok and diff == 0.0
     ok, _ = numerics_match(_normalize(False), _normalize(True))
     assert not ok
+
+
+class _CountedFlops(FlopsCost):
+    """An in-context stand-in: FlopsCost's price, and a row "nodes" (one per non-leaf node); the
+    context marks every class's value as replicated, so the price is the plain one."""
+
+    def price(self, node: NodeInContext) -> NodePrice:
+        leaf = ops.OPS[node.op].is_leaf
+        return NodePrice(0.0 if leaf else self.op_cost(node.op, node.attrs, node.input_shapes),
+                         {"nodes": 0.0 if leaf else 1.0})
+
+
+def _everything(enodes: ENodes) -> EGraphContext:
+    return EGraphContext(frozenset(enodes.nodes), {n.eclass: ValueContext() for n in enodes.nodes.values()})
+
+
+def test_one_door_takes_an_objective_with_rows_starts_and_context() -> None:
+    """A plain model and the same prices in context, with a loose row and the input as a start,
+    find equally cheap graphs; rows the model does not report, or a strategy that cannot honour
+    rows, are refused (one error each), never ignored."""
+    graph = tiny_nasrnn(1)
+    rules = select_rules("tensat").trusted
+    in_context = Objective(_CountedFlops(), rows={"nodes": 1e9}, starts=(graph,), context=_everything)
+    found = search(graph, rules, Limits(iterations=6, nodes=3_000, seconds=20),
+                   {"plain": FlopsCost(), "in-context": in_context,
+                    "unknown-row": Objective(FlopsCost(), rows={"bytes": 1.0})}, "ilp", time_limit=20)
+    plain, ctx = found.by_model["plain"], found.by_model["in-context"]
+    assert plain.numerics_ok and ctx.numerics_ok
+    assert ctx.dag_cost == pytest.approx(plain.dag_cost) and ctx.dag_cost <= graph_cost(graph, FlopsCost()) + 1e-9
+    assert "unknown-row" not in found.by_model and "row 'bytes'" in " ".join(found.errors)
+    greedy = search(graph, rules, Limits(iterations=2, nodes=1_000, seconds=10), {"m": in_context}, "greedy-dag")
+    assert not greedy.by_model and "cannot honour knapsack rows" in greedy.errors[0]

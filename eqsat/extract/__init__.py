@@ -6,12 +6,13 @@
 """
 
 from eqsat.extract.egraph_data import EGraphData, load_egraph
-from eqsat.extract.registry import EXTRACTORS, Extractor, extract
+from eqsat.extract.registry import EXTRACTORS, ExtractRequest, Extractor, extract
 from eqsat.extract.selection import Selection, Status, check_selection, dag_cost, make_selection
 
 __all__ = [
     "EXTRACTORS",
     "EGraphData",
+    "ExtractRequest",
     "Extractor",
     "Selection",
     "Status",

@@ -34,6 +34,7 @@ from typing import Any
 
 from eqsat import cost as cost_models
 from eqsat import ops
+from eqsat.context import NodeInContext, NodePrice
 from eqsat.distribution import local_attrs
 from eqsat.parallel.memory import node_bound, node_kept, per_device_bytes
 from eqsat.parallel.mesh import Mesh, parse_mesh
@@ -80,7 +81,8 @@ class NodeCost:
 
 @dataclass(frozen=True)
 class ParallelCostModel:
-    """Training-step cost of an op on a mesh; `compute` prices the per-device op."""
+    """Training-step cost of an op on a mesh, in context (an `InContextCostModel`); `compute`
+    prices the per-device op."""
 
     mesh: Mesh
     compute: cost_models.CostModel
@@ -92,30 +94,36 @@ class ParallelCostModel:
 
     def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]) -> float:
         """The `CostModel` protocol: an op on values with no device axes (replicated)."""
-        return self.node_cost(op, attrs, input_shapes, [0] * len(input_shapes), 0, [None] * len(input_shapes)).seconds
+        return self.node_cost(NodeInContext.plain(op, attrs, input_shapes)).seconds
 
-    def node_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape], input_depths: Sequence[int],
-                  depth: int, leaf_children: Sequence[str | None],
-                  weight_derived: Sequence[bool] | None = None, needs_grad: Sequence[bool] | None = None) -> NodeCost:
-        """`input_depths` / `depth`: device axes of the inputs / output; `leaf_children[i]` the
-        leaf op (`input` / `weight`) input i is, else None; `weight_derived[i]` whether input i is
-        a weight moved by distribution ops only (its backward buffer lives until the gradient sync);
-        `needs_grad[i]` whether input i depends on a weight (default: all do, an upper bound); a
-        distribution op on a value no weight reaches has no backward collective."""
+    def price(self, node: NodeInContext) -> NodePrice:
+        """The `InContextCostModel` protocol: the step's seconds; rows `mem` (per-device bytes kept
+        through the step) and `comm` (per-device bytes its collectives move in a step)."""
+        c = self.node_cost(node)
+        return NodePrice(c.seconds, {"mem": c.mem_bytes, "comm": float(sum(col.bytes for col in c.collectives))})
+
+    def node_cost(self, node: NodeInContext) -> NodeCost:
+        """A node's step cost in context: its inputs' and output's device axes (`axes`), which
+        input is a leaf (`leaf`), is a weight moved by distribution ops only (`weight_derived`: its
+        backward buffer lives until the gradient sync) or depends on a weight (`needs_grad`; a
+        distribution op on a value no weight reaches has no backward collective)."""
+        op, attrs, input_shapes = node.op, node.attrs, node.input_shapes
         spec = ops.op_spec(op)
         if spec.is_leaf:
             return NodeCost(0.0, 0.0, (), 0.0)
+        input_depths = [len(v.axes) for v in node.inputs]
+        depth = len(node.output.axes)
+        leaf_children = [v.leaf for v in node.inputs]
         out_shape = ops.infer_shapes(op, input_shapes, attrs)[0]
         in_bytes = [per_device_bytes(s, d) for s, d in zip(input_shapes, input_depths)]
         out_bytes = per_device_bytes(out_shape, depth)
-        derived = list(weight_derived) if weight_derived is not None else [False] * len(input_shapes)
-        grad = list(needs_grad) if needs_grad is not None else [True] * len(input_shapes)
+        derived = [v.weight_derived for v in node.inputs]
+        grad = [v.needs_grad for v in node.inputs]
         kept = node_kept(op, attrs, in_bytes, out_bytes, leaf_children, derived, grad)
         bound = node_bound(op, attrs, in_bytes, out_bytes, leaf_children, derived, grad)
         if op in COLLECTIVES:
-            grad_free = needs_grad is not None and not needs_grad[0]
             found = self._distribution(op, attrs, input_shapes[0], input_depths[0], out_shape, depth, leaf_children[0],
-                                       grad_free)
+                                       not grad[0])
             return NodeCost(0.0, 0.0, found, kept, bound)  # a collective's sums are priced in its alpha-beta time
         local = [tuple(s[d:]) for s, d in zip(input_shapes, input_depths)]
         forward = self.compute.op_cost(op, local_attrs(op, attrs, depth), local)

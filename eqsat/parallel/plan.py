@@ -23,19 +23,17 @@ from typing import Any
 import numpy as np
 
 from eqsat import ops
-from eqsat.egraph import TensorEGraph, carry_selection, decode
+from eqsat.context import EGraphContext, ENode, ENodes, NodeInContext, ValueContext
+from eqsat.egraph import TensorEGraph, carry_selection
 from eqsat.errors import EqsatError
-from eqsat.extract.egraph_data import EGraphData, load_egraph
-from eqsat.extract.greedy_dag import greedy_dag
-from eqsat.extract.ilp import ilp
-from eqsat.extract.lazy import IlpOptions, NodeBudget
-from eqsat.extract.selection import is_valid_choice
+from eqsat.extract.egraph_data import EGraphData
+from eqsat.extract.selection import Selection
 from eqsat.ir import Graph
-from eqsat.parallel.cost import Collective, NodeCost, ParallelCostModel
+from eqsat.parallel.cost import Collective, ParallelCostModel
 from eqsat.parallel.memory import StepMemory, per_device_bytes, step_memory
 from eqsat.parallel.mesh import Mesh
 from eqsat.parallel.rules import applicable, instantiate, mesh_rules
-from eqsat.pipeline import numerics_match
+from eqsat.pipeline import Objective, Priced, numerics_match
 from eqsat.rewrites.rule import Rule
 from eqsat.saturate import Limits, saturate
 
@@ -201,11 +199,12 @@ def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
     moved = ops.weight_derived(((i, n.op, [v.node for v in n.inputs]) for i, n in enumerate(g.nodes)), moved_only=True)
     derived = [i in moved for i in range(len(g.nodes))]
     grad: list[bool] = []
+    facts: list[ValueContext] = []
     for i, n in enumerate(g.nodes):
         grad.append(n.op == "weight" or any(grad[v.node] for v in n.inputs))
-        c = _price(model, n.op, n.attr, [g.shape(v) for v in n.inputs], [len(axes[v.node]) for v in n.inputs],
-                   len(axes[i]), [g.nodes[v.node].op if ops.OPS[g.nodes[v.node].op].is_leaf else None for v in n.inputs],
-                   [derived[v.node] for v in n.inputs], [grad[v.node] for v in n.inputs])
+        facts.append(ValueContext(axes[i], n.op if ops.OPS[n.op].is_leaf else None, derived[i], grad[i]))
+        c = model.node_cost(NodeInContext(n.op, n.attr, tuple(g.shape(v) for v in n.inputs),
+                                          tuple(facts[v.node] for v in n.inputs), facts[i]))
         compute += c.compute_s
         comm += c.comm_s
         row += c.mem_bytes
@@ -223,89 +222,60 @@ def output_cotangent_bytes(shape: tuple[int, ...], depth: int) -> float:
     return per_device_bytes(shape, depth)
 
 
-def _price(model: ParallelCostModel, op: str, attrs: Mapping[str, Any], shapes: Sequence[tuple[int, ...]],
-           depths: Sequence[int], depth: int, leaves: Sequence[str | None], derived: Sequence[bool],
-           grad: Sequence[bool]) -> NodeCost:
-    return model.node_cost(op, attrs, shapes, depths, depth, leaves, derived, grad)
-
-
-def _propagate(members: Mapping[str, dict[str, Any]], nodes: Mapping[str, dict[str, Any]],
-               value: Callable[[dict[str, Any], list[str], Mapping[str, Any]], Any]) -> dict[str, Any]:
-    """Least fixpoint over e-classes: a class takes the first non-None `value(node, child classes,
-    known)` of one of its nodes in `members`; a node is looked at again when a child class gets
-    its value (a worklist: each node is revisited at most once per child)."""
-    parents: dict[str, list[dict[str, Any]]] = {}
+def _fixpoint(members: Mapping[str, ENode], value: Callable[[ENode, Mapping[str, Any]], Any]) -> dict[str, Any]:
+    """Least fixpoint over e-classes: a class takes the first non-None `value(node, known)` of one
+    of its nodes in `members`; a node is looked at again when an input class gets its value (a
+    worklist: each node is revisited at most once per input)."""
+    parents: dict[str, list[ENode]] = {}
     for n in members.values():
-        for c in set(n["children"]):
-            parents.setdefault(nodes[c]["eclass"], []).append(n)
+        for c in set(n.children):
+            parents.setdefault(c, []).append(n)
     known: dict[str, Any] = {}
     queue = deque(members.values())
     while queue:
         n = queue.popleft()
-        if n["eclass"] in known:
+        if n.eclass in known:
             continue
-        v = value(n, [nodes[c]["eclass"] for c in n["children"]], known)
+        v = value(n, known)
         if v is not None:
-            known[n["eclass"]] = v
-            queue.extend(parents.get(n["eclass"], ()))
+            known[n.eclass] = v
+            queue.extend(parents.get(n.eclass, ()))
     return known
 
 
-@dataclass(frozen=True)
-class NodeRows:
-    """Per e-node terms of the ILP's knapsack rows, by node id."""
+def spmd_context(enodes: ENodes) -> EGraphContext:
+    """The planner's context analysis (eqsat.context): every class's device axes (`node_axes`),
+    the SPMD-valid e-nodes (their axes agree with their class's, and every input class keeps a
+    node), and which classes are weight-derived or carry a gradient (one of their nodes is, or
+    depends on a weight)."""
+    nodes = enodes.nodes
 
-    mem: Mapping[str, float]  # per-device bytes kept through the step (`memory.node_kept`)
-    comm: Mapping[str, float]  # per-device bytes its collectives move in a step (forward, backward, sync)
+    def axes_of(n: ENode, known: Mapping[str, Axes]) -> Axes | None:
+        return node_axes(n.op, n.attrs, [known[k] for k in n.children]) if all(k in known for k in n.children) else None
 
-    def weights(self, row: str, node_ids: Sequence[str]) -> tuple[float, ...]:
-        table: Mapping[str, float] = getattr(self, row)
-        return tuple(table.get(nid, 0.0) for nid in node_ids)
-
-
-def price_egraph(egraph_json: Mapping[str, Any], model: ParallelCostModel) -> tuple[dict[str, Any], NodeRows]:
-    """The e-graph with SPMD-invalid nodes left out and step costs (µs) per node; memory and
-    communication per node."""
-    nodes: dict[str, dict[str, Any]] = {k: dict(v) for k, v in egraph_json["nodes"].items()}
-    shape = {c: tuple(d["shape"]) for c, d in egraph_json["class_data"].items()}
-    leaf_of: dict[str, str] = {n["eclass"]: n["op"] for n in nodes.values() if ops.OPS[n["op"]].is_leaf}
-    def axes_of(n: dict[str, Any], kids: list[str], known: Mapping[str, Axes]) -> Axes | None:
-        return node_axes(n["op"], n["attrs"], [known[k] for k in kids]) if all(k in known for k in kids) else None
-
-    class_axes = _propagate(nodes, nodes, axes_of)  # a class's axes from any node whose children are known
-    keep: dict[str, dict[str, Any]] = {}
-    for nid, n in nodes.items():
-        kids = [nodes[c]["eclass"] for c in n["children"]]
-        if (n["eclass"] in class_axes and all(k in class_axes for k in kids)
-                and node_axes(n["op"], n["attrs"], [class_axes[k] for k in kids]) == class_axes[n["eclass"]]):
-            keep[nid] = n
-    while True:  # drop nodes whose child class lost all its nodes
-        alive = {n["eclass"] for n in keep.values()}
-        dead = [nid for nid, n in keep.items() if any(nodes[c]["eclass"] not in alive for c in n["children"])]
+    class_axes = _fixpoint(nodes, axes_of)  # a class's axes from any node whose children are known
+    keep = {nid: n for nid, n in nodes.items()
+            if n.eclass in class_axes and all(k in class_axes for k in n.children)
+            and node_axes(n.op, n.attrs, [class_axes[k] for k in n.children]) == class_axes[n.eclass]}
+    while True:  # drop nodes whose input class lost all its nodes
+        alive = {n.eclass for n in keep.values()}
+        dead = [nid for nid, n in keep.items() if any(k not in alive for k in n.children)]
         if not dead:
             break
         for nid in dead:
             del keep[nid]
-    # a class is weight-derived / needs a gradient when one of its nodes is / depends on a weight
-    derived = ops.weight_derived(((n["eclass"], n["op"], [nodes[c]["eclass"] for c in n["children"]]) for n in keep.values()),
-                                 moved_only=True)
-    grad = _propagate(keep, nodes, lambda n, kids, known: (n["op"] == "weight" or any(k in known for k in kids)) or None)
-    mem: dict[str, float] = {}
-    comm: dict[str, float] = {}
-    for nid, n in keep.items():
-        kids = [nodes[c]["eclass"] for c in n["children"]]
-        c = _price(model, n["op"], n["attrs"], [shape[k] for k in kids], [len(class_axes[k]) for k in kids],
-                   len(class_axes[n["eclass"]]), [leaf_of.get(k) for k in kids], [k in derived for k in kids],
-                   [k in grad for k in kids])
-        n["cost"] = c.seconds * COST_SCALE
-        mem[nid] = c.mem_bytes
-        comm[nid] = float(sum(col.bytes for col in c.collectives))
-    member = {n["eclass"]: nid for nid, n in keep.items()}
-    for n in keep.values():  # children name nodes; point them at a kept node of the same class
-        n["children"] = [c if c in keep else member[nodes[c]["eclass"]] for c in n["children"]]
-    used = {n["eclass"] for n in keep.values()}
-    priced = {**egraph_json, "nodes": keep, "class_data": {c: d for c, d in egraph_json["class_data"].items() if c in used}}
-    return priced, NodeRows(mem, comm)
+    # a class is weight-derived (moved by distribution ops only) / needs a gradient when one of its nodes does
+    derived = ops.weight_derived(((n.eclass, n.op, list(n.children)) for n in keep.values()), moved_only=True)
+    grad = _fixpoint(keep, lambda n, known: (n.op == "weight" or any(k in known for k in n.children)) or None)
+    leaf_of = {n.eclass: n.op for n in nodes.values() if ops.OPS[n.op].is_leaf}
+    classes = {n.eclass: ValueContext(class_axes[n.eclass], leaf_of.get(n.eclass), n.eclass in derived,
+                                      n.eclass in grad) for n in keep.values()}
+    return EGraphContext(frozenset(keep), classes)
+
+
+def objective(model: ParallelCostModel) -> Objective:
+    """What the planner minimises: `model`'s training step in context (`spmd_context`), in µs."""
+    return Objective(model, context=spmd_context, scale=COST_SCALE)
 
 
 # --- the planner ---------------------------------------------------------------------------------
@@ -344,45 +314,20 @@ class PricedEGraph:
 
     graph: Graph
     model: ParallelCostModel
-    raw: Mapping[str, Any]
-    priced: Mapping[str, Any]
-    rows: NodeRows
-    data: EGraphData
+    priced: Priced  # the e-graph under `objective(model)`, with rows "mem" and "comm"
     stop_reason: str
     rules: int
     seconds: float
     hints: tuple[np.ndarray, ...] = ()  # plans of the e-graphs this one grew from (`STAGES`), as choices over `data`
 
-    def decode(self, choice_ids: Mapping[str, str]) -> Graph:
-        return decode(self.priced, choice_ids).live()
-
-    def budget(self, row: str, limit: float) -> NodeBudget:
-        return NodeBudget(self.rows.weights(row, self.data.node_ids), limit)
+    @property
+    def data(self) -> EGraphData:
+        return self.priced.data
 
     def choice_of(self, plan: Graph) -> np.ndarray | None:
         """`plan` (e.g. one found on another e-graph, or written by hand) as a choice over this
         e-graph when every one of its terms is here; None otherwise."""
-        own = TensorEGraph.from_graph(plan).serialize(_UNPRICED, fold_weights=False)
-        ids = carry_selection(own, {str(n["eclass"]): nid for nid, n in own["nodes"].items()}, self.priced)
-        if ids is None:
-            return None
-        choice = _choice(self.data, ids)
-        return choice if is_valid_choice(self.data, choice) else None
-
-
-@dataclass(frozen=True)
-class _Unpriced:
-    """A cost model that prices nothing: the serializer's costs are replaced by `price_egraph`
-    (pricing every e-node with the compute model there cost a fifth of saturate-and-price)."""
-
-    name: str = "unpriced"
-    device: str = "none"
-
-    def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]) -> float:
-        return 0.0
-
-
-_UNPRICED = _Unpriced()
+        return self.priced.choice_of(plan, self.model)
 
 
 def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
@@ -401,26 +346,17 @@ def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits
         sat = saturate(egraph, rule_list, left)
         if i < len(stages) - 1:
             stage_plans.append(_greedy_plan(egraph, model))
-    raw = egraph.serialize(_UNPRICED, fold_weights=False)  # price_egraph sets every cost
-    priced, rows = price_egraph(raw, model)
-    data = load_egraph(priced)
-    hints = tuple(_choice(data, ids) for ids in (carry_selection(p, sel, priced) for p, sel in stage_plans) if ids)
-    return PricedEGraph(graph, model, raw, priced, rows, data, sat.stop_reason, len(rule_list),
-                        time.perf_counter() - t0, hints)
+    priced = Priced.of(egraph, objective(model), fold_weights=False)
+    carried = (carry_selection(p, sel, priced.json) for p, sel in stage_plans)
+    hints = tuple(priced.choice(ids) for ids in carried if ids)
+    return PricedEGraph(graph, model, priced, sat.stop_reason, len(rule_list), time.perf_counter() - t0, hints)
 
 
 def _greedy_plan(egraph: TensorEGraph, model: ParallelCostModel) -> tuple[Mapping[str, Any], dict[str, str]]:
     """A stage's priced e-graph and its greedy plan (class id -> node id)."""
-    priced, _ = price_egraph(egraph.serialize(_UNPRICED, fold_weights=False), model)
-    data = load_egraph(priced)
-    return priced, greedy_dag(data, 10.0).as_ids(data)
-
-
-def _choice(data: EGraphData, ids: Mapping[str, str]) -> np.ndarray:
-    choice = np.full(data.n_classes, -1, dtype=np.int64)
-    for cid, nid in ids.items():
-        choice[data.class_index[cid]] = data.node_index[nid]
-    return choice
+    priced = Priced.of(egraph, objective(model), fold_weights=False)
+    selection, _ = priced.extract("greedy-dag", 10.0)
+    return priced.json, selection.as_ids(priced.data)
 
 
 def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
@@ -441,16 +377,13 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
     t0 = time.perf_counter()
     pe = priced if priced is not None else saturate_and_price(graph, mesh, strategy, limits, model, rules)
     t1 = time.perf_counter()
-    data = pe.data
     carried = [c for c in map(pe.choice_of, starts) if c is not None]
     hints = (*pe.hints, *carried)
-    comm_rows = () if comm_budget is None else (pe.budget("comm", comm_budget),)
+    comm_rows = {} if comm_budget is None else {"comm": comm_budget}
     row_limit = mem_budget
     for attempt in range(BUDGET_ATTEMPTS):
-        mem_rows = () if row_limit is None else (pe.budget("mem", row_limit),)
-        options = IlpOptions(budgets=(*mem_rows, *comm_rows))
-        selection = ilp(data, time_limit if attempt == 0 else time_limit / 2, options, hints)
-        plan = pe.decode(selection.as_ids(data))
+        rows = {**({} if row_limit is None else {"mem": row_limit}), **comm_rows}
+        selection, plan = pe.priced.extract("ilp", time_limit if attempt == 0 else time_limit / 2, rows, hints)
         report = plan_report(plan, pe.model)
         if mem_budget is None or row_limit is None or report.mem_bytes <= mem_budget * (1 + 1e-9):
             break
@@ -469,7 +402,7 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
     t2 = time.perf_counter()
     ok, diff = numerics_match(graph, plan)
     return PlanResult(strategy, mesh, plan, report, ok, diff, pe.seconds + extract_s, pe.seconds, extract_s,
-                      len(pe.raw["nodes"]), len(pe.raw["class_data"]), str(selection.status), selection.gap,
+                      pe.priced.enodes, pe.priced.eclasses, str(selection.status), selection.gap,
                       pe.rules, pe.stop_reason, {"check_s": time.perf_counter() - t2, "total_s": time.perf_counter() - t0,
                                                  "starts_carried": len(carried)})
 
@@ -478,19 +411,18 @@ LAGRANGE_STEPS = (0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
 
 
 def _priced_memory(pe: PricedEGraph, over: PlanReport, budget: float, time_limit: float,
-                   rows: tuple[NodeBudget, ...] = ()) -> tuple[Any, Graph, PlanReport]:
+                   rows: Mapping[str, float] | None = None) -> tuple[Selection, Graph, PlanReport]:
     """When the MIP finds no plan under the budget row in time (its start, the cheapest plan, is
     over; HiGHS rarely finds another on these cyclic e-graphs), price memory instead: node cost +
     lambda x its row bytes, lambda rising until the extracted plan's simulated peak fits. Returns
     the fastest fitting plan, or the last one tried."""
-    weights = np.array(pe.rows.weights("mem", pe.data.node_ids))
+    weights = pe.priced.rows["mem"]
     scale = over.step_s * COST_SCALE / max(over.mem_row_bytes, 1.0)  # µs per byte at which both weigh the same
-    best: tuple[Any, Graph, PlanReport] | None = None
-    last: tuple[Any, Graph, PlanReport] | None = None
+    best: tuple[Selection, Graph, PlanReport] | None = None
+    last: tuple[Selection, Graph, PlanReport] | None = None
     for lam in LAGRANGE_STEPS:
-        data = replace(pe.data, cost=pe.data.cost + lam * scale * weights)
-        selection = ilp(data, time_limit / len(LAGRANGE_STEPS), IlpOptions(budgets=rows))
-        plan = pe.decode(selection.as_ids(data))
+        selection, plan = pe.priced.with_costs(pe.data.cost + lam * scale * weights).extract(
+            "ilp", time_limit / len(LAGRANGE_STEPS), rows)
         last = (selection, plan, plan_report(plan, pe.model))
         if last[2].mem_bytes <= budget * (1 + 1e-9):
             if best is None or last[2].step_s < best[2].step_s:
@@ -504,16 +436,12 @@ def random_plans(pe: PricedEGraph, count: int, seed: int = 0) -> list[Graph]:
     """`count` plans from the e-graph, each the greedy DAG extraction under random node costs: valid
     SPMD plans of every shape the rules allow, for differential testing."""
     rng = np.random.default_rng(seed)
-    plans = []
-    for _ in range(count):
-        data = replace(pe.data, cost=rng.uniform(0.0, 1.0, size=pe.data.n_nodes))
-        plans.append(pe.decode(greedy_dag(data, 10.0).as_ids(data)))
-    return plans
+    return [pe.priced.with_costs(rng.uniform(0.0, 1.0, size=pe.data.n_nodes)).extract("greedy-dag", 10.0)[1]
+            for _ in range(count)]
 
 
 __all__ = [
     "DEFAULT_LIMITS",
-    "NodeRows",
     "PlanError",
     "PlanReport",
     "PlanResult",
@@ -521,10 +449,11 @@ __all__ = [
     "graph_axes",
     "node_axes",
     "plan_graph",
+    "objective",
     "plan_report",
-    "price_egraph",
     "random_plans",
     "saturate_and_price",
+    "spmd_context",
     "strategy_rules",
     "verified_parallel_rules",
 ]

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from eqsat.errors import ExtractionError
-from eqsat.extract import EXTRACTORS, EGraphData, Status, check_selection, extract, load_egraph
+from eqsat.extract import EXTRACTORS, EGraphData, ExtractRequest, Status, check_selection, extract, load_egraph
 from eqsat.extract.ilp import hinted_start, ilp
 from eqsat.extract.lazy import IlpOptions, NodeBudget
 from eqsat.extract.mip import make_problem
@@ -201,3 +201,40 @@ def test_budget_rows_give_the_best_choice_within_every_budget(case: dict, rnd: R
     assert check_selection(eg, sel) == []
     assert all(b.allows(sel.choice) for b in budgets)
     assert sel.dag_cost == pytest.approx(best)
+
+
+@pytest.mark.parametrize("name", [n for n, e in EXTRACTORS.items() if not e.rows])
+def test_strategies_that_cannot_honour_rows_refuse_them(name: str) -> None:
+    eg = egraph({"A": [(1, ["B"]), (3, [])], "B": [(1, [])]}, ["A"])
+    with pytest.raises(ExtractionError, match="cannot honour knapsack rows") as err:
+        extract(eg, name, 10, request=ExtractRequest(rows=(NodeBudget((1.0,) * eg.n_nodes, 1.0),)))
+    assert "\n" not in str(err.value)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_egraph(), st.randoms(use_true_random=False))
+def test_every_strategy_is_never_worse_than_a_valid_start(case: dict, rnd: Random) -> None:
+    """Starts travel through the registry's request; each strategy keeps a cheaper valid one."""
+    eg = egraph(case["spec"], case["roots"])
+    valid = _valid_choices(eg)
+    assume(valid)
+    start = rnd.choice(valid)
+    start_cost = dag_cost(eg, reachable_choice(eg, start))
+    for name in ALL:
+        sel = extract(eg, name, 10, request=ExtractRequest(starts=(start, np.full(eg.n_classes, -1))))
+        assert check_selection(eg, sel) == [] and sel.dag_cost <= start_cost + 1e-9, name
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_egraph(), st.randoms(use_true_random=False))
+def test_rows_travel_through_the_registry(case: dict, rnd: Random) -> None:
+    """`extract(..., request=ExtractRequest(rows=...))` is the ILP with those knapsack rows."""
+    eg = egraph(case["spec"], case["roots"])
+    valid = [reachable_choice(eg, c) for c in _valid_choices(eg)]
+    assume(valid)
+    weight = tuple(rnd.uniform(0, 3) for _ in range(eg.n_nodes))
+    pick = rnd.choice(valid)
+    row = NodeBudget(weight, float(np.sum(np.asarray(weight)[pick[pick >= 0]])))
+    best = min(dag_cost(eg, c) for c in valid if row.allows(c))
+    sel = extract(eg, "ilp", 10, request=ExtractRequest(rows=(row,)))
+    assert row.allows(sel.choice) and sel.dag_cost == pytest.approx(best)

@@ -141,6 +141,6 @@ def test_joint_egraph_holds_the_megatron_search_and_every_class_has_a_shape() ->
     megatron = saturate_and_price(graph, mesh, "megatron")
     joint = saturate_and_price(graph, mesh, "joint")
     assert megatron.stop_reason == joint.stop_reason == "saturated"
-    assert len(joint.raw["nodes"]) > len(megatron.raw["nodes"])
-    assert all(data["shape"] is not None for data in joint.raw["class_data"].values())
+    assert joint.priced.enodes > megatron.priced.enodes
+    assert all(data["shape"] is not None for data in joint.priced.json["class_data"].values())
     assert len(joint.hints) == 2 and all(is_valid_choice(joint.data, h) for h in joint.hints)
