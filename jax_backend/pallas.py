@@ -35,7 +35,6 @@ _ACT_GRAD: Mapping[int, Callable[[Array], Array]] = {
 _ACT_OF_OP: Mapping[str, int] = {act.op_name: act for act in Activation if act.op_name}
 
 
-
 def _unary(op: str) -> Callable[[Array], Array]:
     """The op's one lowering (`lower.LOWERINGS`) as a function of one array, so a fused chain
     computes, and differentiates, exactly as the unfused ops do under jax.jit."""
