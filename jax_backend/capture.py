@@ -112,6 +112,7 @@ class _Capturer:
         self.consts: dict[int, Any] = {}
         self.items: list[_Instr | OpaqueStep] = []
         self.reshape_sources: dict[int, int] = {}  # output of a captured reshape -> its input
+        self.in_relu = False  # walking jax.nn.relu's custom_jvp body, where max(x, 0) is relu
 
     def new(self, shape: Shape, dtype: Any) -> int:
         vid = len(self.avals)
@@ -269,9 +270,11 @@ def _is_zero(c: _Capturer, vid: int) -> bool:
 
 
 def _max(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+    """ewmax; max(x, 0) is relu only inside jax.nn.relu, whose gradient at 0 is 0 (the relu
+    lowering's): a bare `jnp.maximum(x, 0)` splits the gradient at a tie, as ewmax does."""
     shape = _out_shape(eqn)
     for x, other in ((ins[0], ins[1]), (ins[1], ins[0])):
-        if _is_zero(c, other) and c.shape(x) == shape:
+        if c.in_relu and _is_zero(c, other) and c.shape(x) == shape:
             return [c.emit1("relu", [x])]
     return _binary("ewmax")(c, eqn, ins)
 
@@ -468,6 +471,7 @@ def _custom_jvp(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
     inner = _Capturer()
     inner.avals = dict(c.avals)
     inner.consts = dict(c.consts)
+    inner.in_relu = True
     outs = inner.walk(closed.jaxpr, closed.consts, ins)
     new_items = inner.items
     if len(new_items) == 1 and isinstance(new_items[0], _Instr) and new_items[0].op == "relu":
