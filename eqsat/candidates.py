@@ -15,16 +15,24 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
+
+if TYPE_CHECKING:  # the egglog stage loads on first use
+    from eqsat.cost import CostModel
+    from eqsat.rewrites.rule import Rule
+    from eqsat.saturate import Limits
+
+type RuleSource = str | tuple[Rule, ...] | None
+"""What `optimize(rules=...)` keeps: None (the default groups), "tensat", or the given rules."""
 
 __all__ = ["RegionCandidates", "candidate_models", "region_candidates", "structure_key"]
 
 
 
-def candidate_models(names: Sequence[str], device: str) -> dict[str, Any]:
+def candidate_models(names: Sequence[str], device: str) -> dict[str, CostModel]:
     """The cost models to extract under, by name ("roofline", "measured", "merge", ...)."""
     from eqsat.cost import cost_model
 
@@ -60,7 +68,7 @@ class RegionCandidates:
         return self.by_label.get(label, self.original)
 
 
-def region_candidates(region: Graph, rules: Sequence[Any], limits: Any, models: Mapping[str, Any],
+def region_candidates(region: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping[str, CostModel],
                       extractor: str = "ilp", time_limit: float = 2.0) -> RegionCandidates:
     """`eqsat.pipeline.search` on `region` (one saturation, one extraction per model, each
     checked; merges that add work retried without them), keeping what is worth timing: the
@@ -104,9 +112,10 @@ class SegmentReport:
     kernels: tuple[str, ...] = ()
     error: str = ""
     cost_model: str = ""  # the candidate model whose choice `after` is and whose costs are given
+    regions: str = ""  # how `before` was cut into e-graph regions (`eqsat.regions.Regions.report`)
 
 
-def rule_source(rules: Any) -> Any:
+def rule_source(rules: object) -> RuleSource:
     """None, "tensat", or the Rule values `rules` names (`eqsat.rulesets.given_rules`): rule files are
     parsed here, at decoration, so a missing or malformed file is an error then rather than a
     warning on the first call."""
@@ -117,7 +126,7 @@ def rule_source(rules: Any) -> Any:
     return tuple(given_rules(rules))
 
 
-def load_search_rules(rules: Any, ops: frozenset[str]) -> list[Any]:
+def load_search_rules(rules: RuleSource, ops: frozenset[str]) -> list[Rule]:
     """The rules of `rule_source(...)` that can match a graph of `ops` and that the one trust policy
     admits (`eqsat.rulesets.select_rules`). Filtering first means rules that could never fire are
     never verified (a cold cache's main first-call cost)."""
@@ -144,17 +153,17 @@ class RegionSearch:
     """What one signature's optimization shares across its graphs: rules, the candidate cost
     models, and the candidates of regions already optimized, keyed by structure (leaf names aside)."""
 
-    rules: list[Any]
-    models: dict[str, Any]
+    rules: Sequence[Rule]
+    models: Mapping[str, CostModel]
     extractor: str = "ilp"
     iterations: int = 8
     max_enodes: int = 20_000
-    candidates: dict[Graph, Any] = field(default_factory=dict)  # canonical region → RegionCandidates
+    candidates: dict[Graph, RegionCandidates] = field(default_factory=dict)  # canonical region → its candidates
     failed: dict[Graph, str] = field(default_factory=dict)  # canonical region → error
     reused: int = 0
 
 
-def make_search(rules: Any, model_names: Sequence[str], graphs: Sequence[Graph], device: str,
+def make_search(rules: RuleSource, model_names: Sequence[str], graphs: Sequence[Graph], device: str,
                 extractor: str = "ilp", iterations: int = 8, max_enodes: int = 20_000) -> RegionSearch:
     """The search state for `graphs`: the rules (of `rule_source(...)`) that can match them, and
     the cost models named `model_names` for `device`."""
@@ -170,7 +179,7 @@ def computed_nodes(graph: Graph) -> int:
 def collect_candidates(graph: Graph, time_limit: float, search: RegionSearch) -> float:
     """Saturate each region of `graph` not seen yet (by structure) and extract its candidates
     under `time_limit`; returns the seconds spent. A failing region keeps only the original."""
-    from eqsat.regions import egraph_ops, optimize_regions
+    from eqsat.regions import split
     from eqsat.saturate import Limits
     from eqsat.structure import canonicalize
 
@@ -178,55 +187,45 @@ def collect_candidates(graph: Graph, time_limit: float, search: RegionSearch) ->
     deadline = start + time_limit
     if computed_nodes(graph) < 2:
         return 0.0
-
-    def run_one(region: Graph) -> Graph:
-        if computed_nodes(region) < 2:
-            return region
-        canon = canonicalize(region).graph
+    for region in split(graph).regions:
+        if computed_nodes(region.graph) < 2:
+            continue
+        canon = canonicalize(region.graph).graph
         if canon in search.candidates or canon in search.failed:
             search.reused += 1
-            return region
+            continue
         left = deadline - time.perf_counter()
         if left <= 0.05:
-            return region
+            continue
         limits = Limits(iterations=search.iterations, nodes=search.max_enodes, seconds=left / 2, multi_rounds=2)
         try:
             search.candidates[canon] = region_candidates(canon, search.rules, limits, search.models, search.extractor,
                                                          time_limit=max(left * 0.9, 0.1))
-        except Exception as exc:  # noqa: BLE001 - keep this region as it was
+        except Exception as exc:  # noqa: BLE001 - keep this region as it was, and say why
             search.failed[canon] = f"{type(exc).__name__}: {exc}"
-        return region
-
-    try:
-        optimize_regions(graph, egraph_ops(), run_one)
-    except Exception:  # noqa: BLE001 - the original graph is always a valid answer
-        pass
     return time.perf_counter() - start
 
 
 def apply_label(graph: Graph, label: str, search: RegionSearch) -> tuple[Graph, tuple[Any, ...]]:
     """`graph` with every region replaced by the candidate `label` chose for its structure; also a
     key naming the choice made in each region (equal keys: the same program)."""
-    from eqsat.regions import egraph_ops, optimize_regions
+    from eqsat.regions import split
     from eqsat.structure import canonicalize
-
-    chosen: list[Any] = []
-
-    def pick(region: Graph) -> Graph:
-        canon = canonicalize(region)
-        found = search.candidates.get(canon.graph)
-        if found is None or label not in found.by_label:
-            return region
-        chosen.append(structure_key(found.by_label[label]))
-        return canon.restore(found.by_label[label])
 
     if computed_nodes(graph) < 2:
         return graph, ()
-    try:
-        after, _ = optimize_regions(graph, egraph_ops(), pick)
-    except Exception:  # noqa: BLE001
-        return graph, ()
-    return (after, tuple(chosen)) if chosen else (graph, ())
+    cut = split(graph)
+    chosen: list[Any] = []
+    graphs: list[Graph] = []
+    for region in cut.regions:
+        canon = canonicalize(region.graph)
+        found = search.candidates.get(canon.graph)
+        if found is None or label not in found.by_label:
+            graphs.append(region.graph)
+        else:
+            chosen.append(structure_key(found.by_label[label]))
+            graphs.append(canon.restore(found.by_label[label]))
+    return (cut.replace(graphs), tuple(chosen)) if chosen else (graph, ())
 
 
 def predicted_costs(before: Graph, after: Graph, search: RegionSearch,
@@ -248,24 +247,18 @@ def segment_report(before: Graph, after: Graph, search: RegionSearch, seconds: f
                     label: str | None = None) -> SegmentReport:
     """What the e-graph found for the regions of `before` (summed over its distinct regions), with
     costs predicted by the model of candidate `label` (default: the first model)."""
-    from eqsat.regions import egraph_ops, optimize_regions
+    from eqsat.regions import split
     from eqsat.structure import canonicalize
 
-    seen: list[Any] = []
+    seen: list[RegionCandidates] = []
     errors: list[str] = []
-
-    def look(region: Graph) -> Graph:
-        canon = canonicalize(region).graph
+    cut = split(before)
+    for region in cut.regions:
+        canon = canonicalize(region.graph).graph
         if canon in search.candidates:
             seen.append(search.candidates[canon])
         elif canon in search.failed:
             errors.append(search.failed[canon])
-        return region
-
-    try:
-        optimize_regions(before, egraph_ops(), look)
-    except Exception as exc:  # noqa: BLE001
-        errors.append(f"{type(exc).__name__}: {exc}")
     totals: dict[str, int] = {}
     for c in seen:
         for k, v in c.matches.items():
@@ -276,4 +269,4 @@ def segment_report(before: Graph, after: Graph, search: RegionSearch, seconds: f
     return SegmentReport(before, after, cost_before, cost_after, sum(c.enodes for c in seen) if seen else None,
                          sum(c.eclasses for c in seen) if seen else None, fired,
                          "; ".join(sorted({c.stop_reason for c in seen})) or "no region optimized", seconds,
-                         error="; ".join(sorted(set(errors))[:3]))
+                         error="; ".join(sorted(set(errors))[:3]), regions=cut.report())

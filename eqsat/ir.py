@@ -6,11 +6,13 @@ Nodes are stored in topological order (inputs before users), so every pass is a 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -96,6 +98,16 @@ class Graph:
 
     def shape(self, value: Value) -> Shape:
         return self.nodes[value.node].shapes[value.index]
+
+    @functools.cached_property
+    def users(self) -> Mapping[int, tuple[int, ...]]:
+        """Node → the nodes that read it, once per read (`ewmul(x, x)` reads x twice), in order;
+        nodes nobody reads are absent. Computed once per graph (graphs are immutable)."""
+        users: dict[int, list[int]] = {}
+        for i, n in enumerate(self.nodes):
+            for v in n.inputs:
+                users.setdefault(v.node, []).append(i)
+        return MappingProxyType({node: tuple(us) for node, us in users.items()})
 
     def leaves(self, op: str | None = None) -> list[tuple[int, Node]]:
         """Input and weight nodes (or only those of `op`) with their indices, in order."""

@@ -26,6 +26,7 @@ from eqsat import ops
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph, GraphBuilder, Tensor
 from eqsat.ops import Padding, Shape
+from eqsat.regions import levels
 
 __all__ = ["Program", "GraphStep", "OpaqueStep", "CaptureError", "capture_jaxpr", "capture", "replay",
            "graph_leaf_name", "CAPTURE_RULES"]
@@ -111,6 +112,7 @@ class _Capturer:
         self.consts: dict[int, Any] = {}
         self.items: list[_Instr | OpaqueStep] = []
         self.reshape_sources: dict[int, int] = {}  # output of a captured reshape -> its input
+        self.in_relu = False  # walking jax.nn.relu's custom_jvp body, where max(x, 0) is relu
 
     def new(self, shape: Shape, dtype: Any) -> int:
         vid = len(self.avals)
@@ -268,9 +270,11 @@ def _is_zero(c: _Capturer, vid: int) -> bool:
 
 
 def _max(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+    """ewmax; max(x, 0) is relu only inside jax.nn.relu, whose gradient at 0 is 0 (the relu
+    lowering's): a bare `jnp.maximum(x, 0)` splits the gradient at a tie, as ewmax does."""
     shape = _out_shape(eqn)
     for x, other in ((ins[0], ins[1]), (ins[1], ins[0])):
-        if _is_zero(c, other) and c.shape(x) == shape:
+        if c.in_relu and _is_zero(c, other) and c.shape(x) == shape:
             return [c.emit1("relu", [x])]
     return _binary("ewmax")(c, eqn, ins)
 
@@ -467,6 +471,7 @@ def _custom_jvp(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
     inner = _Capturer()
     inner.avals = dict(c.avals)
     inner.consts = dict(c.consts)
+    inner.in_relu = True
     outs = inner.walk(closed.jaxpr, closed.consts, ins)
     new_items = inner.items
     if len(new_items) == 1 and isinstance(new_items[0], _Instr) and new_items[0].op == "relu":
@@ -491,38 +496,28 @@ CAPTURE_RULES: Mapping[str, CaptureRule] = {
 
 # --- from instructions to steps ------------------------------------------------------------------
 
-def _levels(c: _Capturer, n_inputs: int) -> tuple[dict[int, int], list[int]]:
-    """Level of every value, and of every item (see the module docstring)."""
-    level = {vid: 0 for vid in range(n_inputs)}
-    level.update({vid: 0 for vid in c.consts})
-    item_levels = []
-    for item in c.items:
-        base = max((level[i] for i in item.inputs), default=0)
-        lv = base + 1 if isinstance(item, OpaqueStep) else base
-        item_levels.append(lv)
-        for o in item.outputs:
-            level[o] = lv
-    return level, item_levels
-
-
-def _build_steps(c: _Capturer, n_inputs: int, outputs: Sequence[int]) -> tuple[Step, ...]:
-    _, item_levels = _levels(c, n_inputs)
-    users: dict[int, set[int]] = {}
-    for k, item in enumerate(c.items):
-        for i in item.inputs:
-            users.setdefault(i, set()).add(k)
-    program_outputs = set(outputs)
+def _build_steps(c: _Capturer, outputs: Sequence[int]) -> tuple[Step, ...]:
+    """The items grouped by level (`eqsat.regions.levels`, the grouping regions use; opaque
+    equations are the barriers): per level its opaque steps, then one graph of its instructions."""
+    producer = {o: k for k, item in enumerate(c.items) for o in item.outputs}
+    opaque = [isinstance(item, OpaqueStep) for item in c.items]
+    item_levels = levels(([producer[i] for i in item.inputs if i in producer] for item in c.items), opaque)
+    group = list(zip(item_levels, opaque))
+    # values some item outside their producer's group reads (with the program's outputs: what a graph exports)
+    read_outside = {i for k, item in enumerate(c.items) for i in item.inputs
+                    if i in producer and group[producer[i]] != group[k]}
+    exported = read_outside | set(outputs)
     steps: list[Step] = []
     for lv in range(max(item_levels, default=-1) + 1):
         steps += [item for item, il in zip(c.items, item_levels) if il == lv and isinstance(item, OpaqueStep)]
         members = [k for k, il in enumerate(item_levels) if il == lv and isinstance(c.items[k], _Instr)]
         if members:
-            steps.append(_graph_step(c, members, users, program_outputs))
+            steps.append(_graph_step(c, members, exported))
     return tuple(steps)
 
 
-def _graph_step(c: _Capturer, members: list[int], users: dict[int, set[int]], program_outputs: set[int]) -> GraphStep:
-    member_set = set(members)
+def _graph_step(c: _Capturer, members: list[int], exported: set[int]) -> GraphStep:
+    """One graph of `members`, returning the values among `exported` they produce."""
     produced = {o for k in members for o in c.items[k].outputs}
     builder = GraphBuilder()
     tensors: dict[int, Tensor] = {}
@@ -538,9 +533,8 @@ def _graph_step(c: _Capturer, members: list[int], users: dict[int, set[int]], pr
         assert isinstance(item, _Instr)
         outs = builder.apply(item.op, [tensors[i] for i in item.inputs], dict(item.attrs))
         tensors.update(zip(item.outputs, outs))
-    exported = [o for o in sorted(produced)
-                if o in program_outputs or any(u not in member_set for u in users.get(o, ()))]
-    return GraphStep(builder.build([tensors[o] for o in exported]), tuple(inputs), tuple(exported))
+    returned = [o for o in sorted(produced) if o in exported]
+    return GraphStep(builder.build([tensors[o] for o in returned]), tuple(inputs), tuple(returned))
 
 
 def capture_jaxpr(closed: Any) -> Program:
@@ -548,7 +542,7 @@ def capture_jaxpr(closed: Any) -> Program:
     c = _Capturer()
     args = [c.new(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
     outputs = c.walk(closed.jaxpr, closed.consts, args)
-    steps = _build_steps(c, len(args), outputs)
+    steps = _build_steps(c, outputs)
     effects = tuple(sorted(str(e) for e in closed.effects))
     return Program(len(args), dict(c.consts), steps, tuple(outputs), dict(c.avals), effects)
 

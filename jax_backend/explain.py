@@ -28,7 +28,8 @@ class Explanation:
     def text(self) -> str:
         r = self.report
         lines = [f"signature: {r.signature}", f"used: {r.used} ({r.reason})", f"lowering: {r.lowering}",
-                 f"optimization took {r.optimize_s:.2f} s"]
+                 f"optimization took {r.optimize_s:.2f} s" + (f" (costs predicted for {r.cost_device})"
+                                                               if r.cost_device else "")]
         if r.numerics_ok is not None:
             lines.append(f"numerics ok: {r.numerics_ok} (max rel. error {r.max_rel_err})")
         if r.time_original_s is not None and r.time_optimized_s is not None:
@@ -41,6 +42,8 @@ class Explanation:
             lines.append(f"graph {k}: {_size(s.before)} → {_size(s.after)} ops; predicted {_us(s.cost_before)} → "
                          f"{_us(s.cost_after)} per call{model}; "
                          f"e-graph {s.enodes} nodes / {s.eclasses} classes; stop: {s.stop_reason or '-'}")
+            if s.regions:
+                lines.append(f"  e-graph regions: {s.regions}")
             if s.rules_fired:
                 lines.append(f"  rules fired: {', '.join(s.rules_fired)}")
             if s.kernels:

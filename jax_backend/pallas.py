@@ -21,7 +21,7 @@ from jax.experimental import pallas as pl
 from eqsat import ops
 from eqsat.ir import Graph, Value
 from eqsat.ops import Activation
-from jax_backend.lower import ACTIVATIONS
+from jax_backend.lower import ACTIVATIONS, LOWERINGS, PRECISIONS
 
 Array = jax.Array
 
@@ -34,10 +34,17 @@ _ACT_GRAD: Mapping[int, Callable[[Array], Array]] = {
 }
 _ACT_OF_OP: Mapping[str, int] = {act.op_name: act for act in Activation if act.op_name}
 
+
+def _unary(op: str) -> Callable[[Array], Array]:
+    """The op's one lowering (`lower.LOWERINGS`) as a function of one array, so a fused chain
+    computes, and differentiates, exactly as the unfused ops do under jax.jit."""
+    lowering = LOWERINGS[op]
+    return lambda x: lowering([x], {}, None)[0]
+
+
 UNARY_CHAIN_OPS: Mapping[str, Callable[[Array], Array]] = {
-    "relu": lambda x: jnp.maximum(x, 0.0), "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid, "exp": jnp.exp,
-    "log": jnp.log, "neg": jnp.negative, "sqrt": jnp.sqrt, "rsqrt": jax.lax.rsqrt,
-}
+    op: _unary(op) for op, spec in ops.OPS.items() if spec.is_unary_elementwise}
+"""Ops an elementwise kernel chains: the registry's unary elementwise ops, lowered as `LOWERINGS`."""
 
 
 def _block(dim: int, want: int = 128) -> int:
@@ -118,14 +125,6 @@ elementwise.defvjp(_ew_fwd, _ew_bwd)
 
 # --- lowering a graph ------------------------------------------------------------------------------------
 
-def _users(graph: Graph) -> dict[int, list[int]]:
-    users: dict[int, list[int]] = {}
-    for i, n in enumerate(graph.nodes):
-        for v in n.inputs:
-            users.setdefault(v.node, []).append(i)
-    return users
-
-
 def _row_bias(graph: Graph, value: Value, n: int) -> Value | None:
     """The (N,)-sized source of a chain of broadcasts that adds it to every row, if that is what it is."""
     while graph.nodes[value.node].op == "broadcast":
@@ -142,7 +141,7 @@ def _row_bias(graph: Graph, value: Value, n: int) -> Value | None:
 
 def _plan(graph: Graph) -> tuple[dict[int, tuple[str, tuple[Any, ...]]], set[int]]:
     """Fused groups keyed by their last node, and the nodes they absorb."""
-    users = _users(graph)
+    users = graph.users
     outputs = {v.node for v in graph.outputs}
     only_user = {i: us[0] for i, us in users.items() if len(us) == 1 and i not in outputs}
     groups: dict[int, tuple[str, tuple[Any, ...]]] = {}
@@ -186,8 +185,6 @@ def _chain_fn(op_names: tuple[str, ...]) -> Callable[[Array], Array]:
 def to_jax_pallas(graph: Graph, interpret: bool = False) -> tuple[Callable[[Mapping[str, Array]], list[Array]],
                                                                     tuple[str, ...]]:
     """Like `lower.to_jax(graph)` with fused patterns as Pallas kernels; also names the kernels used."""
-    from jax_backend.lower import LOWERINGS, PRECISIONS
-
     groups, absorbed = _plan(graph)
     kernels = tuple(sorted({f"pallas:{kind}" + (f"[{'+'.join(args[1])}]" if kind == "elementwise" else "")
                             for kind, args in groups.values()}))

@@ -122,3 +122,22 @@ def test_opaque_equations_say_why() -> None:
     program, _ = capture(f, *_args((4, 4)))
     why = {s.name: s.why for s in program.opaque}
     assert "gradients" in why["stop_gradient"] and "scan" in why["cumsum"] and "float32" in why["convert_element_type"]
+
+
+def test_relu_is_jax_nn_relu_and_a_bare_maximum_keeps_its_gradient() -> None:
+    """Only jax.nn.relu becomes the IR's relu (lowered as jax.nn.relu: gradient 0 at 0); a bare
+    `jnp.maximum(x, 0)` becomes ewmax, whose gradient splits at a tie as lax.max's does, so the
+    lowered program differentiates at 0 exactly as the original."""
+    from jax_backend.capture import graph_leaf_name
+    from jax_backend.lower import to_jax
+
+    x = jnp.asarray([0.0, 1.0, -1.0, 0.0])
+    for fn, op in ((lambda v: jax.nn.relu(v) * 2.0, "relu"), (lambda v: jnp.maximum(v, 0.0) * 2.0, "ewmax")):
+        program, _ = capture(fn, x)
+        (step,) = program.graphs
+        seen = {n.op for n in step.graph.nodes}
+        assert op in seen and ({"relu", "ewmax"} - {op}).isdisjoint(seen)
+        run = to_jax(step.graph)
+        consts = {graph_leaf_name(i): jnp.asarray(program.consts[i]) for i in step.inputs if i in program.consts}
+        lowered = jax.grad(lambda v, run=run, consts=consts: run({**consts, graph_leaf_name(0): v})[0].sum())(x)
+        np.testing.assert_array_equal(lowered, jax.grad(lambda v, fn=fn: fn(v).sum())(x))

@@ -33,6 +33,25 @@ def test_elementwise_chain_grad() -> None:
                                jax.grad(lambda t: chain(t).sum())(x), rtol=1e-5)
 
 
+def test_fused_unary_chains_compute_and_differentiate_as_the_unfused_ops() -> None:
+    """A chain fused into one Pallas kernel runs each op's one lowering (`lower.LOWERINGS`), so its
+    values and gradients equal the XLA lowering's, relu's at 0 included (jax.nn.relu's 0, as
+    under jax.jit, not jnp.maximum's 0.5)."""
+    from eqsat.ir import GraphBuilder
+    from jax_backend.lower import to_jax
+    from jax_backend.pallas import to_jax_pallas
+
+    b = GraphBuilder()
+    graph = b.build([b.tanh(b.relu(b.input("x", (4, 8))))])
+    x = _rand(4, 8).at[0].set(0.0)
+    fused, kernels = to_jax_pallas(graph, interpret=True)
+    assert kernels == ("pallas:elementwise[relu+tanh]",)
+    grad = lambda run: jax.grad(lambda v: run({"x": v})[0].sum())(x)  # noqa: E731
+    np.testing.assert_array_equal(fused({"x": x})[0], to_jax(graph)({"x": x})[0])
+    np.testing.assert_array_equal(grad(fused), grad(to_jax(graph)))
+    np.testing.assert_array_equal(grad(fused)[0], np.zeros(8))
+
+
 def test_measured_costs_are_real_and_cached(tmp_path) -> None:
     model = cost_model("measured", repeats=5, warmup=1, cache_dir=tmp_path)
     mm = model.op_cost("matmul", {"act": 0}, [(64, 64), (64, 64)])

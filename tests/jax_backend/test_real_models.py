@@ -1,5 +1,5 @@
 """Real Flax (nnx, linen) and Equinox models under `@eqsat.optimize`: outputs and gradients (with
-respect to parameters and data) equal `jax.jit`'s, vmap too, whatever version the decorator keeps."""
+respect to parameters and data) equal `jax.jit`'s, vmap too; the version kept is the one known."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ def _close(a: object, b: object, rtol: float = 2e-4) -> None:
 
 
 _SLOW = {"nnx_transformer_block", "linen_rnn_scan"}  # 10-15 s each on two cores
+_GAINS = {"nnx_transformer_block"}  # saturated, the merge model joins its Q/K/V projections; the others' saturated
+# e-graphs hold nothing cheaper than the program itself (so no time limit can make them change)
 
 
 @pytest.mark.parametrize("build", [pytest.param(b, marks=pytest.mark.slow) if b.__name__ in _SLOW else b
@@ -33,9 +35,10 @@ _SLOW = {"nnx_transformer_block", "linen_rnn_scan"}  # 10-15 s each on two cores
 def test_model_outputs_gradients_vmap_equal(build) -> None:
     prog = build()
     params, x = prog.make_args(0)
-    opt = optimize(prog.fn, check_speed=False, time_limit=2.0)
+    gains = build.__name__ in _GAINS
+    opt = optimize(prog.fn, check_speed=False, time_limit=30.0 if gains else 2.0)  # 30: time to saturate
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", EqsatFallbackWarning)
+        warnings.simplefilter("error", EqsatFallbackWarning)  # nothing may fail on the way
         _close(opt(params, x), jax.jit(prog.fn)(params, x))
         loss = lambda f: lambda p, v: jnp.sum(f(p, v) ** 2)  # noqa: E731
         want = jax.jit(jax.grad(loss(prog.fn), argnums=(0, 1)))(params, x)
@@ -43,4 +46,7 @@ def test_model_outputs_gradients_vmap_equal(build) -> None:
         xs = jnp.stack([x, prog.make_args(1)[1]])
         _close(jax.vmap(opt, in_axes=(None, 0))(params, xs), jax.vmap(prog.fn, in_axes=(None, 0))(params, xs))
     report = opt.report(params, x)
-    assert report.used in ("optimized", "original") and report.signature
+    if gains:
+        assert report.used == "optimized" and report.reason.endswith("checked equal (speed not checked)"), report.reason
+    else:
+        assert (report.used, report.reason) == ("original", "no rewrite changed the program")

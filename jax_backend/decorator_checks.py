@@ -1,0 +1,249 @@
+"""The work `@eqsat.optimize` does for one signature (`build_signature`): capture, search the
+regions, lower each distinct candidate (weights folded), check it against the original on random
+inputs, and time it, keeping the original unless a candidate is faster with confidence.
+
+Called by the wrapper (`jax_backend/decorator.py`) on a thread outside any trace; options and
+report types are in `jax_backend/decorator_options.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from eqsat import candidates
+from eqsat.candidates import RegionSearch, SegmentReport
+from eqsat.compare import outputs_agree
+from eqsat.errors import EqsatError
+from eqsat.ir import Graph
+from jax_backend.capture import GraphStep, Program, capture, graph_leaf_name, replay
+from jax_backend.decorator_options import Entry, Options, Outcome, cost_device
+from jax_backend.timing import PairedTiming, paired_timing, screen_timings
+
+__all__ = ["build_signature"]
+
+Built = tuple[str, Callable[..., Any], list[SegmentReport], float]
+"""A candidate that agreed with the original: label, compiled function, segment reports, max rel. error."""
+
+
+def _lowering_mode(opts: Options) -> str:
+    if opts.lowering != "auto":
+        return opts.lowering
+    return "pallas" if jax.default_backend() == "gpu" else "xla"
+
+
+def _fold_decision(graph: Graph, node: int) -> bool:
+    """Precompute a weight-only value unless it is bigger than what it is computed from (a
+    broadcast of a scalar is cheaper to recompute inside a fusion than to read from memory)."""
+    n = graph.nodes[node]
+    size = lambda shape: int(np.prod(shape, dtype=np.int64))  # noqa: E731
+    return sum(size(s) for s in n.shapes) <= sum(size(graph.shape(v)) for v in n.inputs)
+
+
+def _fold_program(program: Program) -> tuple[Program, dict[int, dict[str, Any]]]:
+    """Each graph with its weight-only values precomputed (the concatenated weights a merge built);
+    returns the new program and, per new graph (by id), the constants its new leaves read."""
+    from jax_backend.lower import fold_weights
+
+    graphs: list[Graph] = []
+    consts: dict[int, dict[str, Any]] = {}
+    for k, step in enumerate(program.graphs):
+        values = {graph_leaf_name(i): np.asarray(program.consts[i]) for i in step.inputs if i in program.consts}
+        graph, extra = step.graph, {}
+        if values and any(n.op == "weight" for n in graph.nodes):
+            placeholders: dict[str, Any] = {n.attr["name"]: None for _, n in graph.leaves("input")}  # read at run time
+            graph, folded = fold_weights(graph, {**placeholders, **values}, prefix=f"folded{k}_",
+                                         should_fold=_fold_decision)
+            extra = {name: np.asarray(v, dtype=np.float32) for name, v in folded.items()
+                     if name not in values and name not in placeholders}
+        graphs.append(graph)
+        consts[id(graph)] = extra
+    return program.with_graphs(graphs), consts
+
+
+def _graph_runner(graphs: Sequence[Graph], mode: str, consts: dict[int, dict[str, Any]] | None = None,
+                  ) -> tuple[Callable[[GraphStep, Sequence[Any]], Sequence[Any]], list[tuple[str, ...]]]:
+    """Lowered functions for each graph (by identity) and the kernels each one uses; `consts`
+    (per graph id) are extra leaf values, e.g. weights folded at optimization time."""
+    from jax_backend.lower import to_jax
+
+    lowered: dict[int, Callable[..., Any]] = {}
+    kernels: list[tuple[str, ...]] = []
+    for g in graphs:
+        if mode == "pallas":
+            from jax_backend.pallas import to_jax_pallas
+
+            fn, used = to_jax_pallas(g, interpret=jax.default_backend() != "gpu")
+        else:
+            fn, used = to_jax(g, precision="default"), ("xla",)
+        lowered[id(g)] = fn
+        kernels.append(tuple(used))
+    extra = consts or {}
+
+    def run(step: GraphStep, values: Sequence[Any]) -> Sequence[Any]:
+        named = {graph_leaf_name(i): v for i, v in zip(step.inputs, values)}
+        named.update(extra.get(id(step.graph), {}))
+        return lowered[id(step.graph)](named)
+
+    return run, kernels
+
+
+def _random_args(avals: Sequence[jax.ShapeDtypeStruct], seed: int) -> list[Any]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for a in avals:
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            impl = getattr(a.dtype, "_impl", None)
+            key = jax.random.key(seed) if impl is None else jax.random.key(seed, impl=impl)
+            out.append(jax.random.split(key, a.shape) if a.shape else key)
+            continue
+        dt = np.dtype(a.dtype)
+        if np.issubdtype(dt, np.floating):
+            out.append(jnp.asarray(rng.standard_normal(a.shape), dtype=a.dtype))
+        elif np.issubdtype(dt, np.integer):
+            out.append(jnp.asarray(rng.integers(0, 4, a.shape), dtype=a.dtype))
+        elif dt == np.bool_:
+            out.append(jnp.asarray(rng.integers(0, 2, a.shape).astype(bool)))
+        else:
+            out.append(jnp.zeros(a.shape, a.dtype))
+    return out
+
+
+def _compare(ref: Sequence[Any], got: Sequence[Any], rtol: float, atol: float) -> tuple[bool, float]:
+    """`eqsat.compare.outputs_agree` with the same dtypes required (PRNG keys compared as their
+    key data): (agrees, largest error relative to an output's magnitude)."""
+    def data(v: Any) -> Any:
+        return jax.random.key_data(v) if jax.dtypes.issubdtype(v.dtype, jax.dtypes.prng_key) else v
+
+    verdict = outputs_agree([data(r) for r in ref], [data(g) for g in got], rtol, atol, same_dtype=True)
+    return verdict.ok, verdict.max_rel_err
+
+
+def _variants(steps: Sequence[GraphStep], search: RegionSearch, mode: str) -> list[tuple[str, list[Graph]]]:
+    """The distinct programs the candidate models chose (each label once per distinct choice)."""
+    variants: list[tuple[str, list[Graph]]] = []
+    seen: set[tuple[Any, ...]] = set()
+    for label in search.models:
+        applied = [candidates.apply_label(s.graph, label, search) for s in steps]
+        key = tuple(k for _, k in applied)
+        if any(key) and key not in seen:
+            seen.add(key)
+            variants.append((label, [g for g, _ in applied]))
+    if mode == "pallas":  # the original graphs through Pallas kernels are a candidate too
+        variants.append(("original", [s.graph for s in steps]))
+    return variants
+
+
+def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.ShapeDtypeStruct], signature: str,
+                    opts: Options, device: str | None = None) -> Entry:
+    """Capture, optimize, lower, check and time one signature; `device`: the cost-model device to
+    extract for (default: `cost_device()`, read from the JAX device)."""
+    from eqsat.structure import canonicalize
+
+    start = time.perf_counter()
+    try:
+        program, out_tree = capture(flat_fun, *avals)
+    except EqsatError as exc:
+        return Outcome(signature, None, start, _lowering_mode(opts)).original(f"capture failed: {exc}")
+    outcome = Outcome(signature, out_tree, start, _lowering_mode(opts)).with_facts(
+        opaque=tuple(s.name for s in program.opaque),
+        opaque_why=tuple(sorted({f"{s.name}: {s.why}" for s in program.opaque})))
+    if any(isinstance(v, jax.core.Tracer) for v in program.consts.values()):
+        return outcome.original("the function closes over traced values; not optimized", warn=False)
+    if program.effects:  # checks and timings would run the user's callbacks and prints many times
+        return outcome.original(f"the function has side effects ({', '.join(program.effects)}); the original runs "
+                                "(compiled, once per call), nothing is checked or timed")
+    steps = program.graphs
+    device = cost_device()[0] if device is None else device
+    outcome = outcome.with_facts(cost_device=device)
+    try:
+        search = candidates.make_search(opts.rules, opts.candidate_models or (opts.cost_model,),
+                                        [s.graph for s in steps], device, opts.extractor, opts.iterations,
+                                        opts.max_enodes)
+    except Exception as exc:  # noqa: BLE001 - no rules or no cost model: nothing to optimize with
+        return outcome.original(f"setting up failed: {type(exc).__name__}: {exc}")
+    distinct = len({canonicalize(s.graph).graph for s in steps})
+    per_graph = opts.time_limit / max(distinct, 1)  # identical graphs reuse the first one's regions
+    seconds = [candidates.collect_candidates(s.graph, per_graph, search) for s in steps]
+    outcome = outcome.with_facts(distinct_regions=len(search.candidates) + len(search.failed),
+                                 reused_regions=search.reused)
+    variants = _variants(steps, search, outcome.mode)
+    unchanged = [candidates.segment_report(s.graph, s.graph, search, t) for s, t in zip(steps, seconds)]
+    if not variants:
+        return outcome.original("no rewrite changed the program", unchanged, warn=False)
+    original_flat = jax.jit(flat_fun)
+    try:
+        args = _random_args(avals, seed=0)
+        built, problems = _build_candidates(program, variants, original_flat(*args), args, opts, outcome.mode,
+                                            search, seconds)
+        if not built:
+            return outcome.original("; ".join(problems), unchanged, numerics_ok=False)
+        if not opts.check_speed:
+            label, fn, segs, err = built[0]
+            return outcome.optimized(fn, f"candidate '{label}' checked equal (speed not checked)", segs,
+                                     numerics_ok=True, max_rel_err=err)
+        (label, fn, segs, err), timing = _select_fastest(original_flat, built, args, opts)
+    except Exception as exc:  # noqa: BLE001 - any failure means: run the original
+        return outcome.original(f"checking the optimized version failed: {type(exc).__name__}: {exc}", unchanged)
+    ci = timing.speedup_ci
+    tried = ", ".join(b[0] for b in built)
+    measured = {"numerics_ok": True, "max_rel_err": err, "time_original_s": timing.base_s,
+                "time_optimized_s": timing.other_s, "speedup_ci": ci}
+    if not timing.faster_with_confidence:
+        return outcome.original(f"no candidate ({tried}) faster with {timing.confidence:.0%} confidence; best "
+                                f"'{label}': speedup {timing.speedup:.3f}, interval [{ci[0]:.3f}, {ci[1]:.3f}]",
+                                segs, warn=False, **measured)
+    return outcome.optimized(fn, f"candidate '{label}' (of {tried}) checked equal and faster with confidence", segs,
+                             **measured)
+
+
+def _build_candidates(program: Program, variants: Sequence[tuple[str, list[Graph]]], ref: Sequence[Any],
+                      args: Sequence[Any], opts: Options, mode: str, search: RegionSearch, seconds: Sequence[float],
+                      ) -> tuple[list[Built], list[str]]:
+    """Each variant folded, lowered, compiled and compared with the original's outputs `ref` on
+    `args`; returns the ones that agree (label, function, segment reports, error) and why the
+    others were dropped."""
+    built: list[Built] = []
+    problems: list[str] = []
+    for label, graphs in variants:
+        try:
+            optimized, consts = _fold_program(program.with_graphs(graphs))
+            runner, kernels = _graph_runner([s.graph for s in optimized.graphs], mode, consts)
+            fn = jax.jit(functools.partial(_run_program, optimized, runner))
+            ok, err = _compare(ref, fn(*args), opts.rtol, opts.atol)
+        except Exception as exc:  # noqa: BLE001 - this candidate is dropped
+            problems.append(f"{label}: lowering failed: {type(exc).__name__}: {exc}")
+            continue
+        if not ok:
+            problems.append(f"{label}: outputs differ from the original (max rel. error {err:.3g})")
+            continue
+        segs = [dataclasses.replace(candidates.segment_report(s.graph, g, search, t, label), kernels=k,
+                                    cost_model=label)
+                for s, g, t, k in zip(program.graphs, graphs, seconds, kernels)]
+        built.append((label, fn, segs, err))
+    return built, problems
+
+
+def _select_fastest(original: Callable[..., Any], built: Sequence[Built], args: Sequence[Any],
+                    opts: Options) -> tuple[Built, PairedTiming]:
+    """The candidate to keep and its timing against the original. With several candidates, all
+    are screened in the same interleaved rounds on half the budget, and the fastest is timed again
+    on fresh rounds with the other half, so picking the luckiest screen does not bias the interval
+    the decision uses."""
+    if len(built) == 1:
+        return built[0], paired_timing(original, built[0][1], args, opts.timing_rounds, opts.timing_budget_s)
+    screens = screen_timings(original, [b[1] for b in built], args, opts.timing_rounds, opts.timing_budget_s / 2,
+                             min_rounds=6)
+    best = max(range(len(built)), key=lambda k: screens[k].speedup)
+    return built[best], paired_timing(original, built[best][1], args, opts.timing_rounds, opts.timing_budget_s / 2)
+
+
+def _run_program(program: Program, runner: Callable[..., Any], *flat: Any) -> list[Any]:
+    return replay(program, runner, flat)
