@@ -11,22 +11,21 @@ Bounded and derandomized like tests/reliability/test_fuzz_inputs.py: EQSAT_FUZZ_
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
 from typing import Any
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eqsat.errors import EqsatError, ExtractionError, GraphFormatError
-from eqsat.extract import EGraphData, check_selection, load_egraph
+from eqsat.extract import check_selection, load_egraph
 from eqsat.extract.registry import EXTRACTORS, extract
 from eqsat.extract.selection import Status
 from eqsat.ir import GRAPH_FORMAT, MAX_ELEMENTS, Graph
+from .test_fuzz_inputs import _brute_force, egraph_dicts
 
 EXAMPLES = int(os.environ.get("EQSAT_FUZZ_EXAMPLES", "40"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
@@ -119,38 +118,8 @@ def test_loaded_graphs_round_trip_through_the_file_format(data: st.DataObject) -
 
 # --- negative costs --------------------------------------------------------------------------
 
-@st.composite
-def negative_egraphs(draw: st.DrawFn) -> dict[str, Any]:
-    n_classes = draw(st.integers(1, 5))
-    nodes: dict[str, Any] = {}
-    for c in range(n_classes):
-        for i in range(draw(st.integers(1, 3))):
-            kids = draw(st.lists(st.integers(0, n_classes - 1), max_size=3))
-            nodes[f"{c}.{i}"] = {"op": f"f{i}", "cost": draw(st.integers(-5, 9)), "eclass": str(c),
-                                 "children": [f"{k}.0" for k in kids]}
-    roots = draw(st.lists(st.integers(0, n_classes - 1), min_size=1, max_size=2))
-    return {"nodes": nodes, "root_eclasses": [str(r) for r in roots]}
-
-
-def _brute_force(eg: EGraphData) -> float | None:
-    best: float | None = None
-    for combo in itertools.product(*(eg.nodes_of(c).tolist() for c in range(eg.n_classes))):
-        choice = np.asarray(combo)
-        if check_selection(eg, choice):
-            continue
-        seen, stack = set(), eg.roots.tolist()
-        while stack:
-            c = stack.pop()
-            if c not in seen:
-                seen.add(c)
-                stack.extend(eg.unique_children[choice[c]])
-        cost = float(sum(eg.cost[choice[c]] for c in seen))
-        best = cost if best is None or cost < best else best
-    return best
-
-
 @FUZZ
-@given(negative_egraphs())
+@given(egraph_dicts(st.integers(-5, 9)))
 def test_exact_ilps_match_brute_force_under_negative_costs_and_the_rest_refuse(data: dict[str, Any]) -> None:
     eg = load_egraph(data)
     best = _brute_force(eg)

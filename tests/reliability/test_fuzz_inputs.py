@@ -58,13 +58,15 @@ def _mutate(data: Any, draw: st.DrawFn) -> Any:
 # --- E-graph JSON --------------------------------------------------------------------------------
 
 @st.composite
-def egraph_dicts(draw: st.DrawFn) -> dict[str, Any]:
+def egraph_dicts(draw: st.DrawFn, costs: st.SearchStrategy[float] = st.integers(0, 9) | st.floats(0, 10, allow_nan=False)
+                 ) -> dict[str, Any]:
+    """Small random e-graphs (cycles included) with node costs drawn from `costs`."""
     n_classes = draw(st.integers(1, 5))
     nodes: dict[str, Any] = {}
     for c in range(n_classes):
         for i in range(draw(st.integers(1, 3))):
             kids = draw(st.lists(st.integers(0, n_classes - 1), max_size=3))
-            cost = draw(st.integers(0, 9) | st.floats(0, 10, allow_nan=False))
+            cost = draw(costs)
             nodes[f"{c}.{i}"] = {"op": f"f{i}", "cost": cost, "eclass": str(c),
                                  "children": [f"{k}.0" for k in kids]}
     roots = draw(st.lists(st.integers(0, n_classes - 1), min_size=1, max_size=2))
