@@ -45,13 +45,13 @@ def test_merge_rules_verify_and_wrong_ones_are_refuted() -> None:
     rules = [r for r in library_rules(["conv_merges"]) if r.name in MERGE_RULES]
     assert sorted(r.name for r in rules) == sorted(MERGE_RULES)
     results = verify_rules(rules, all_shapes=False)
-    assert all(is_trusted(res) for res in results), [(r.name, r.status, r.guarded_status) for r in results]
+    assert all(is_trusted(res, trust_tested=True) for res in results), [(r.name, r.status, r.guarded_status) for r in results]
     # four groups joined in pairs: the merged conv keeps two groups, so which block each output
     # channel's kernel lands in matters (TASO's merge kernel places it by output-channel half)
     (four,) = parse_rule_text(next(line for line in _library_lines() if line.startswith("merge-gconv-relu:"))
                               + " (= (dim ?x 1) (* 4 (dim ?w 1)))", "test")
     (result,) = verify_rules([four], all_shapes=False)
-    assert is_trusted(result) and all(s["x"][1] == 4 * s["w"][1] for s in result.shapes)
+    assert is_trusted(result, trust_tested=True) and all(s["x"][1] == 4 * s["w"][1] for s in result.shapes)
     wrong = [
         *parse_rule_text("no-guard: (conv2d 1 1 0 0 ?x ?w) => (conv2d 1 1 0 0 ?x (merge_gconv (shape ?x) 2 ?w))",
                          "test"),

@@ -28,12 +28,12 @@ from experiments.models_tensat import bert
 def test_nary_merge_rules_verify_and_a_wrong_one_is_refuted() -> None:
     rules = library_rules(["nary_merges"])
     assert rules and all(is_merge_extension(r) for r in rules)
-    assert all(is_trusted(res) for res in verify_rules(rules, all_shapes=False))
+    assert all(is_trusted(res, trust_tested=True) for res in verify_rules(rules, all_shapes=False))
     wrong = parse_rule_text(  # the pieces swapped: piece 0 is the new product, not the merged one
         "bad: (matmul 0 ?a (concat 1 2 ?b ?c)) ; (matmul 0 ?a ?d) => (split_0 (split 1 (matmul 0 ?a (concat 1 2 ?d "
         "(concat 1 2 ?b ?c))))) ; (split_1 (split 1 (matmul 0 ?a (concat 1 2 ?d (concat 1 2 ?b ?c))))) "
         "if (= (rank ?a) 2) (order ?c ?d)", "test")
-    assert not any(is_trusted(res) for res in verify_rules(wrong, all_shapes=False))
+    assert not any(is_trusted(res, trust_tested=True) for res in verify_rules(wrong, all_shapes=False))
 
 
 def test_order_condition_parses_prints_and_reaches_egglog() -> None:

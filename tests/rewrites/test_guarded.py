@@ -61,7 +61,9 @@ def test_verified_rules_admits_guarded_rules_only_when_asked() -> None:
     good = rule("(ewadd ?a ?b) => (ewadd ?b ?a)")
     rules = [good, SWAP, GROUPED]
     assert verified_rules(rules) == [good]
-    assert verified_rules(rules, allow_guarded=True) == [good, SWAP]
+    assert verified_rules(rules, allow_guarded=True, allow_tested=True) == [good, SWAP]
+    swap_everywhere = verify_rule(SWAP).guarded_scope == "all shapes"
+    assert verified_rules(rules, allow_guarded=True) == ([good, SWAP] if swap_everywhere else [good])
 
 
 def test_cache_answers_warm_runs_without_verifying(monkeypatch: pytest.MonkeyPatch) -> None:
