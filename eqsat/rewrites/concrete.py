@@ -1,8 +1,10 @@
 """Decide a rule on concrete shapes: proved on the tested shapes (scope "tested on N shapes", a
 test, not a proof for every shape), refuted (with a counterexample), or unknown (with the reason).
 
-Per rule: sample well-typed left sides on a small grid of shapes; a right side that is then
-ill-typed or differently shaped refutes the rule. A prime-field evaluation on every sampled shape is
+Per rule: sample well-typed left sides on a small grid of shapes, and adversarial ones drawn from
+the rule's attributes (`shapes.adversarial_assignments`: strides that do not tile, unequal kernels,
+size-1 and prime dims, uneven pieces); a right side that is then ill-typed or differently shaped
+refutes the rule. A prime-field evaluation on every sampled shape is
 the fast filter; a disagreement is confirmed with the registry's numpy semantics on small integers.
 The proof on a few small shapes compares both sides as exact polynomials with activations as opaque
 atoms (equal polynomials are equal for every activation); only where they differ and relu / max is
@@ -31,7 +33,7 @@ from eqsat.ops import Shape
 from eqsat.rewrites.rule import Rule, ops_used
 from eqsat.rewrites.semantics import (OP_IMPLS, FieldAlgebra, Poly, PolyAlgebra, evaluate_numpy, evaluate_pattern,
                                       instantiate, pattern_shape, rule_split_sizes)
-from eqsat.rewrites.shapes import Env, ShapeChecker, describe, sample_assignments, total_elements
+from eqsat.rewrites.shapes import Env, ShapeChecker, adversarial_assignments, describe, sample_assignments, total_elements
 
 PROVED, REFUTED, UNKNOWN = "proved", "refuted", "unknown"
 TESTED = "tested"  # a verdict: proved on the tested shapes only (status "proved", scope "tested on N shapes")
@@ -42,6 +44,7 @@ VERIFIER_VERSION = 3  # bump when a change alters results in a way the cache key
 @dataclass(frozen=True)
 class VerifyOptions:
     samples: int = 24  # shape assignments tested (shape check and prime-field filter)
+    adversarial: int = 16  # and assignments drawn to break wrong rules (`shapes.adversarial_assignments`)
     proof_shapes: int = 3  # of them, how many are proved exactly
     max_proof_elements: int = 400  # total input elements of a shape assignment proved exactly
     z3_timeout_ms: int = 5000
@@ -300,13 +303,20 @@ def _decide(rule: Rule, options: VerifyOptions, guarded: bool) -> _Decision:
     if missing:
         return _Decision(UNKNOWN, "none", {"reason": f"no symbolic semantics for {', '.join(missing)}"})
     envs = sample_assignments(rule, options.samples, seed=options.seed, guarded=guarded)
+    adversarial: list[Env] = []
+    if envs and options.adversarial > 0:
+        seen = set(map(_freeze, envs))
+        adversarial = [e for e in adversarial_assignments(rule, options.adversarial, seed=options.seed,
+                                                          guarded=guarded, bases=envs) if _freeze(e) not in seen]
     if not envs:
         where = "both sides well-typed with one shape" if guarded else "a well-typed left side"
         return _Decision(UNKNOWN, "none", {"reason": f"no shape assignment on the grid gives {where}"})
     try:
-        for env in envs:
+        for env in envs + adversarial:
             check_shapes(rule, env)
-        suspicious = [e for e in envs if field_differs(rule, e, options.seed)]
+        # one field trial on an adversarial shape (a wrong rule differs there on most inputs)
+        suspicious = ([e for e in envs if field_differs(rule, e, options.seed)]
+                      + [e for e in adversarial if field_differs(rule, e, options.seed, trials=1)])
         for env in suspicious[:2]:
             found = numeric_counterexample(rule, env, options.seed)
             if found is not None:
@@ -318,8 +328,9 @@ def _decide(rule: Rule, options: VerifyOptions, guarded: bool) -> _Decision:
     except (_Unknown, EqsatError) as exc:
         return _Decision(UNKNOWN, "none", {"reason": str(exc)})
     method = (f"concrete shapes: {' + '.join(sorted(hows))} on {len(proof_envs)} shape(s), "
-              f"prime-field test on {len(envs)}")
-    return _Decision(PROVED, method, None, tested_scope(len(envs)), tuple(dict(e) for e in proof_envs))
+              f"prime-field test on {len(envs)} sampled and {len(adversarial)} adversarial")
+    return _Decision(PROVED, method, None, tested_scope(len(envs) + len(adversarial)),
+                     tuple(dict(e) for e in proof_envs))
 
 
 def verify_concrete(rule: Rule, options: VerifyOptions = VerifyOptions()) -> VerificationResult:
