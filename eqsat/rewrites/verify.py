@@ -3,7 +3,8 @@ not a proof), refuted (with a counterexample), or unknown (with the reason), and
 to optimize with (proved for all shapes, unless a caller opts in to tested ones).
 
 The concrete decision is `concrete.py`; a rule it proves that an e-graph derives from a base of
-axioms (each proved the same way) is proved for all shapes, see `derive.py`. Results are cached on
+axioms (each proved the same way) is proved for all shapes, see `derive.py`, as is one that z3
+proves over symbolic dims and indices (`symbolic.py`: concat, split, transpose, matmul, elementwise). Results are cached on
 disk (`verify_cache.py`). Imports run one way: concrete <- verify_cache <- derive <- verify.
 """
 
@@ -18,6 +19,7 @@ from eqsat.rewrites.concrete import (ALL_SHAPES, PROVED, REFUTED, TESTED, UNKNOW
                                      VerifyOptions, verify_concrete)
 from eqsat.rewrites.derive import axiom_base, derivable, derivable_guarded
 from eqsat.rewrites.rule import Rule
+from eqsat.rewrites.symbolic import prove_symbolic
 from eqsat.rewrites.verify_cache import VerificationCache
 
 def verify_rule(rule: Rule, options: VerifyOptions = VerifyOptions(), axioms: Sequence[Rule] | None = None) -> VerificationResult:
@@ -32,7 +34,7 @@ def verify_rule(rule: Rule, options: VerifyOptions = VerifyOptions(), axioms: Se
     if not base:
         return result
     start = time.perf_counter()
-    if result.status == PROVED:
+    if result.status == PROVED and result.scope != ALL_SHAPES:
         used = derivable(rule, base)
         if used is not None:
             how = f"all shapes: e-graph derivation from {len(used)} verified axiom(s) ({', '.join(sorted(used))})"
@@ -45,6 +47,16 @@ def verify_rule(rule: Rule, options: VerifyOptions = VerifyOptions(), axioms: Se
             result = replace(result, guarded_scope=ALL_SHAPES,
                              guarded_method=f"all shapes under the guard: {how} from {len(used)} verified axiom(s) "
                                             f"({', '.join(sorted(used))}); {result.guarded_method}")
+    if result.status == PROVED and result.scope != ALL_SHAPES:
+        symbolic = prove_symbolic(rule)
+        if symbolic is not None:
+            result = replace(result, method=f"all shapes: {symbolic}; {result.method}", scope=ALL_SHAPES,
+                             guarded_method="implied: holds without the guard", guarded_scope=ALL_SHAPES)
+    if result.guarded_status == PROVED and result.guarded_scope != ALL_SHAPES:
+        symbolic = prove_symbolic(rule, guarded=True)
+        if symbolic is not None:
+            result = replace(result, guarded_scope=ALL_SHAPES,
+                             guarded_method=f"all shapes under the guard: {symbolic}; {result.guarded_method}")
     return replace(result, seconds=result.seconds + time.perf_counter() - start)
 
 
