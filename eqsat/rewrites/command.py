@@ -84,5 +84,13 @@ def _verify(args: argparse.Namespace) -> dict[str, Any]:
             "trusted_all_shapes": sum(map(is_trusted, results)),
             "seconds": round(time.perf_counter() - start, 3),
             "rules": [{**r.to_json(), "verdict": r.verdict, "guarded_verdict": r.guarded_verdict,
-                       "policy_scope": scope(r), "trusted": is_trusted(r, trust_tested=args.trust_tested)}
-                      for r in results]}
+                       "policy_scope": scope(r), "trusted": is_trusted(r, trust_tested=args.trust_tested),
+                       **({"resists": _resists(rule, r)} if scope(r).startswith("tested") else {})}
+                      for rule, r in zip(rules, results)]}
+
+
+def _resists(rule: Rule, result: Any) -> str:
+    """Why a tested rule has no proof for all shapes."""
+    from eqsat.rewrites.symbolic import resists
+
+    return resists(rule, guarded=result.status == "refuted")

@@ -200,6 +200,17 @@ def _condition_ops(c: Any) -> set[str]:
     return {c.op} | {o for a in c.args for o in _condition_ops(a)}
 
 
+def resists(rule: Rule, guarded: bool = False) -> str:
+    """Why no proof for all shapes was found (for a rule the concrete prover only tested)."""
+    reason = why_not(rule)
+    if reason is not None:
+        return reason
+    wide = rank_choices(rule, guarded=guarded, ranks=tuple(range(1, MAX_RANK + 2)), limit=256)
+    if any(r > MAX_RANK for c in wide for r in c.values()):
+        return "rank-polymorphic (a variable may take any rank), and the axiom derivation did not reach it"
+    return "z3 found no proof over symbolic dims in time (sums over products reassociated or regrouped)"
+
+
 def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> str | None:
     """How the rule was proved for every shape (strictly, or under the guard), or None when the
     prover cannot show it (unsupported, unbounded rank, or z3 finds no proof within `timeout_ms` a
@@ -263,4 +274,4 @@ def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int)
     return solver.check() == z3.unsat
 
 
-__all__ = ["prove_symbolic", "why_not", "SUPPORTED", "Unsupported"]
+__all__ = ["prove_symbolic", "why_not", "resists", "SUPPORTED", "Unsupported"]

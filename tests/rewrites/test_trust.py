@@ -102,6 +102,7 @@ def test_rules_verify_reports_scope_method_time_and_counts(tmp_path: Path, capsy
     rows = {r["name"]: r for r in out["rules"]}
     assert rows["comm"]["policy_scope"] == "all shapes" and rows["comm"]["trusted"]
     assert rows["double"]["policy_scope"].startswith("tested on ") and not rows["double"]["trusted"]
+    assert "rank-polymorphic" in rows["double"]["resists"] and "resists" not in rows["comm"]
     assert all(r["method"] and r["seconds"] >= 0 for r in out["rules"])
     with pytest.warns(UserWarning, match="double"):
         assert main(["rules", "verify", str(path), "--json", "--trust-tested"]) == 0
