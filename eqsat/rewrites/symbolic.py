@@ -5,7 +5,8 @@ indices. Each op gives its output's dims, the constraints that make it well-type
 own: equal shapes for elementwise ops, agreeing dims and the summed axis for concat, a permutation
 for transpose, the inner dims for a (batched) matmul), and its element at a symbolic index (concat: an
 If on the axis offset; transpose: the permuted index; split pieces: the offset of Tensat's
-convention; matmul: an uninterpreted sum over an array of products, equal when the products are).
+convention; matmul: an uninterpreted sum over the products masked to the inner range, equal when they agree
+there, split in two over a concatenated inner dim).
 z3 then shows that a well-typed left side (and the rule's conditions) gives a well-typed right side
 of the same shape whose element equals the left side's at every in-range index: strictly, or under
 the applier's guard (both sides well-typed with one shape). relu is exact (If), other activations
@@ -119,8 +120,11 @@ class _Builder:
 
             def product(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
                 batch = list(i[:-2])
-                body = x.elem([*batch, i[-2], k]) * y.elem([*batch, k, i[-1]])
-                total = self.sum_fn(z3.Lambda([k], body), x.dims[-1])
+
+                def body(j: z3.ArithRef) -> z3.ArithRef:
+                    return x.elem([*batch, i[-2], j]) * y.elem([*batch, j, i[-1]])
+
+                total = self._sum(body, x.dims[-1], k)
                 return total if act is None else _act(act, total)
 
             return _Value((*x.dims[:-1], y.dims[-1]), product)
@@ -135,6 +139,17 @@ class _Builder:
             return _Value(x.dims[:ax] + (size,) + x.dims[ax + 1:],
                           lambda i: x.elem(list(i[:ax]) + [i[ax] + start] + list(i[ax + 1:])))
         raise Unsupported(f"no symbolic semantics for {t.op}")
+
+
+    def _sum(self, body: Callable[[z3.ArithRef], z3.ArithRef], n: z3.ArithRef, k: z3.ArithRef) -> z3.ArithRef:
+        """sum(body(k) for 0 <= k < n), as an uninterpreted sum of the body masked to its range (so
+        two sums are equal when their terms agree in range); a length a + b (a concatenated
+        inner dim) is split into the sums over [0, a) and [a, a + b)."""
+        if z3.is_add(n) and n.num_args() == 2:
+            a, b = n.arg(0), n.arg(1)
+            return self._sum(body, a, k) + self._sum(lambda j: body(j + a), b, k)
+        masked = z3.If(z3.And(k >= 0, k < n), body(k), z3.RealVal(0))
+        return self.sum_fn(z3.Lambda([k], masked))
 
 
 class _IllTyped(Exception):
@@ -237,7 +252,7 @@ def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> 
 def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int) -> bool:
     dims = {v: tuple(z3.Int(f"{v}_{k}") for k in range(r)) for v, r in ranks.items()}
     funcs = {v: z3.Function(f"T_{v}", *([z3.IntSort()] * r), z3.RealSort()) for v, r in ranks.items()}
-    sum_fn = z3.Function("SUM", z3.ArraySort(z3.IntSort(), z3.RealSort()), z3.IntSort(), z3.RealSort())
+    sum_fn = z3.Function("SUM", z3.ArraySort(z3.IntSort(), z3.RealSort()), z3.RealSort())
     builder = _Builder(ranks, dims, funcs, sum_fn)
     lhs_typed: list[z3.BoolRef] = []
     try:

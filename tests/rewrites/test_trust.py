@@ -141,8 +141,10 @@ SYMBOLIC_TRUE = [
     "(concat 1 2 (concat 1 2 ?a ?b) ?c) => (concat 1 2 ?a (concat 1 2 ?b ?c))",
     "(matmul 0 ?a ?b) ; (matmul 0 ?a ?c) => (split_0 (split 1 (matmul 0 ?a (concat 1 2 ?b ?c)))) ; "
     "(split_1 (split 1 (matmul 0 ?a (concat 1 2 ?b ?c)))) if (= (rank ?a) 2)",
+    "(ewadd (matmul 0 ?a ?b) (matmul 0 ?c ?d)) => (matmul 0 (concat 1 2 ?a ?c) (concat 0 2 ?b ?d)) if (= (rank ?a) 2)",
 ]
 SYMBOLIC_FALSE = [
+    "(ewadd (matmul 0 ?a ?b) (matmul 0 ?c ?d)) => (matmul 0 (concat 1 2 ?c ?a) (concat 0 2 ?b ?d)) if (= (rank ?a) 2)",
     "(transpose [1 0] (concat 0 2 ?a ?b)) => (concat 0 2 (transpose [1 0] ?a) (transpose [1 0] ?b))",
     "(sigmoid (matmul 0 ?a ?b)) => (matmul 3 ?a ?b)",
     "(concat 1 2 (concat 1 2 ?a ?b) ?c) => (concat 1 2 ?b (concat 1 2 ?a ?c))",
