@@ -1,16 +1,19 @@
 """Which rewrite rules an optimization uses: loaded, kept if they can match, and trusted.
 
 One policy for every caller (`eqsat optimize`, `eqsat rules verify`, the `@eqsat.optimize`
-decorator): a rule is trusted when the verifier proves it, or when it is refuted only on shapes and
-proved under the applier's guard (eqsat's egglog translation builds a right side only when its shape
-facts hold, so the guard always holds where eqsat applies a rule). Rules refuted on values are never
-trusted; unknown ones only with `allow_unproved`. The all-shapes derivation only widens a proof's
-scope, never admits or rejects a rule, so selection skips it. Results come from the on-disk
-verification cache, so selecting again costs milliseconds.
+decorator): a rule is trusted when the verifier proves it for every shape its guard admits, or when
+it is refuted only on shapes and proved for all shapes under the applier's guard (eqsat's egglog
+translation builds a right side only when its shape facts hold, so the guard always holds where
+eqsat applies a rule). A rule proved only on the tested shapes is `tested`: a test, not a proof (a
+rule wrong only at a stride, padding or size the sampler missed would pass), so it is trusted only
+with the explicit opt-in `trust_tested`, which warns naming the rules. Rules refuted on values are
+never trusted; unknown ones only with `allow_unproved` (which implies `trust_tested`). Results come
+from the on-disk verification cache, so selecting again costs milliseconds.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,18 +74,38 @@ def given_rules(source: Any) -> list[Rule]:
     return rules
 
 
-def is_trusted(result: VerificationResult, allow_unproved: bool = False) -> bool:
-    """The policy: proved, or refuted only on shapes and proved under the guard (unknown counts as
-    proved with `allow_unproved`; refuted on values never does)."""
-    return result.admits(allow_unproved, allow_guarded=True)
+def is_trusted(result: VerificationResult, allow_unproved: bool = False, trust_tested: bool = False) -> bool:
+    """The policy: proved for all shapes, or refuted only on shapes and proved for all shapes under
+    the guard (a proof on the tested shapes counts with `trust_tested`; unknown counts as proved
+    with `allow_unproved`; refuted on values never does)."""
+    return result.admits(allow_unproved, allow_guarded=True, allow_tested=trust_tested)
 
 
-def trusted_rules(rules: Sequence[Rule], allow_unproved: bool = False) -> list[Rule]:
-    """The rules of `rules` that the policy trusts, in their order."""
+def scope(result: VerificationResult) -> str:
+    """Where the rule holds as the policy sees it: "all shapes", "tested on N shapes" (strictly or
+    under the guard), or "" when it is neither proved nor tested."""
+    for verdict, where in ((result.verdict, result.scope), (result.guarded_verdict, result.guarded_scope)):
+        if verdict in ("proved", "tested"):
+            return where
+    return ""
+
+
+def trusted_rules(rules: Sequence[Rule], allow_unproved: bool = False, trust_tested: bool = False) -> list[Rule]:
+    """The rules of `rules` that the policy trusts, in their order. With `trust_tested`, a warning
+    names the rules trusted only because they were tested."""
     from eqsat.rewrites.verify import verify_rules
 
-    results = verify_rules(rules, all_shapes=False)
-    return [r for r, res in zip(rules, results) if is_trusted(res, allow_unproved)]
+    results = verify_rules(rules, all_shapes=True)
+    keep = [(r, res) for r, res in zip(rules, results) if is_trusted(res, allow_unproved, trust_tested)]
+    warn_tested([r.name for r, res in keep if not is_trusted(res)])
+    return [r for r, _ in keep]
+
+
+def warn_tested(names: Sequence[str]) -> None:
+    """The opt-in's warning: which rules are trusted only because they were tested."""
+    if names:
+        warnings.warn(f"trusting {len(names)} rule(s) proved only on tested shapes, not for all shapes "
+                      f"(--trust-tested / trust_tested=True): {', '.join(names)}", UserWarning, stacklevel=3)
 
 
 @dataclass(frozen=True)
@@ -99,14 +122,15 @@ class RuleSet:
                 "rules_used": len(self.trusted)}
 
 
-def select_rules(source: Any = TENSAT, ops: Iterable[str | Signature] | None = None, allow_unproved: bool = False) -> RuleSet:
+def select_rules(source: Any = TENSAT, ops: Iterable[str | Signature] | None = None, allow_unproved: bool = False,
+                 trust_tested: bool = False) -> RuleSet:
     """Load the rules `source` names (see `given_rules`), keep those that can match a graph of `ops`
     (op names, or signatures with attributes: `eqsat.egraph.encoded_signatures`)
     (all when None; the others are never verified), and trust them by the one policy."""
     given = given_rules(source)
     can_match = given if ops is None else rules_that_can_match(given, ops)
-    return RuleSet(tuple(given), tuple(can_match), tuple(trusted_rules(can_match, allow_unproved)))
+    return RuleSet(tuple(given), tuple(can_match), tuple(trusted_rules(can_match, allow_unproved, trust_tested)))
 
 
 __all__ = ["XLA_GROUPS", "TENSAT", "RuleSet", "candidate_rules", "select_rules", "given_rules", "tensat_rules",
-           "trusted_rules", "is_trusted"]
+           "trusted_rules", "is_trusted", "scope", "warn_tested"]

@@ -17,13 +17,28 @@ from eqsat.ir import Graph
 from eqsat.pipeline import optimize_graph
 from eqsat.rewrites import LIBRARY_DIR, library_rules
 from eqsat.rewrites.parser import parse_rule_text
+from eqsat.rewrites.rule import Rule
 from eqsat.rewrites.verify import verify_rules
 from eqsat.rulesets import is_trusted
 from eqsat.saturate import Limits
-from experiments.bench_tensat import bench_rules
 from eqsat.models.tensat import resnext50
 
 MERGE_RULES = ("merge-gconv", "merge-gconv-relu", "merge-gconv-s2", "merge-gconv-relu-s2")
+
+
+def bench_rules(graph: Graph) -> list[Rule]:
+    """`eqsat optimize`'s candidate rules that can match `graph`, with those proved only on tested
+    shapes opted in explicitly (this file tests the merges, which have no proof for all shapes yet;
+    issue 27: the default set no longer trusts them)."""
+    import warnings
+
+    from eqsat.egraph import encoded_signatures
+    from eqsat.rulesets import select_rules
+    from eqsat.rulesets import candidate_rules
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return list(select_rules(candidate_rules(), encoded_signatures(graph), trust_tested=True).trusted)
 
 
 @pytest.mark.parametrize("groups, count, stride", [(2, 2, 1), (4, 2, 2), (8, 2, 1), (6, 3, 1), (8, 4, 2), (4, 1, 1)])
@@ -45,13 +60,13 @@ def test_merge_rules_verify_and_wrong_ones_are_refuted() -> None:
     rules = [r for r in library_rules(["conv_merges"]) if r.name in MERGE_RULES]
     assert sorted(r.name for r in rules) == sorted(MERGE_RULES)
     results = verify_rules(rules, all_shapes=False)
-    assert all(is_trusted(res) for res in results), [(r.name, r.status, r.guarded_status) for r in results]
+    assert all(is_trusted(res, trust_tested=True) for res in results), [(r.name, r.status, r.guarded_status) for r in results]
     # four groups joined in pairs: the merged conv keeps two groups, so which block each output
     # channel's kernel lands in matters (TASO's merge kernel places it by output-channel half)
     (four,) = parse_rule_text(next(line for line in _library_lines() if line.startswith("merge-gconv-relu:"))
                               + " (= (dim ?x 1) (* 4 (dim ?w 1)))", "test")
     (result,) = verify_rules([four], all_shapes=False)
-    assert is_trusted(result) and all(s["x"][1] == 4 * s["w"][1] for s in result.shapes)
+    assert is_trusted(result, trust_tested=True) and all(s["x"][1] == 4 * s["w"][1] for s in result.shapes)
     wrong = [
         *parse_rule_text("no-guard: (conv2d 1 1 0 0 ?x ?w) => (conv2d 1 1 0 0 ?x (merge_gconv (shape ?x) 2 ?w))",
                          "test"),

@@ -17,23 +17,38 @@ from eqsat.rewrites import library_rules
 from eqsat.rewrites.parser import parse_rule_text
 from eqsat.rewrites.printer import condition_text
 from eqsat.rewrites.to_egglog import to_egglog
+from eqsat.rewrites.rule import Rule
 from eqsat.rewrites.verify import verify_rules
 from eqsat.rulesets import is_trusted
 from eqsat.saturate import Limits, is_merge_extension
-from experiments.bench_tensat import bench_rules
 from eqsat.models import build_model
 from eqsat.models.tensat import bert
+
+
+def bench_rules(graph: Graph) -> list[Rule]:
+    """`eqsat optimize`'s candidate rules that can match `graph`, with those proved only on tested
+    shapes opted in explicitly (this file tests the merges, which have no proof for all shapes yet;
+    issue 27: the default set no longer trusts them)."""
+    import warnings
+
+    from eqsat.egraph import encoded_signatures
+    from eqsat.rulesets import select_rules
+    from eqsat.rulesets import candidate_rules
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return list(select_rules(candidate_rules(), encoded_signatures(graph), trust_tested=True).trusted)
 
 
 def test_nary_merge_rules_verify_and_a_wrong_one_is_refuted() -> None:
     rules = library_rules(["nary_merges"])
     assert rules and all(is_merge_extension(r) for r in rules)
-    assert all(is_trusted(res) for res in verify_rules(rules, all_shapes=False))
+    assert all(is_trusted(res, trust_tested=True) for res in verify_rules(rules, all_shapes=False))
     wrong = parse_rule_text(  # the pieces swapped: piece 0 is the new product, not the merged one
         "bad: (matmul 0 ?a (concat 1 2 ?b ?c)) ; (matmul 0 ?a ?d) => (split_0 (split 1 (matmul 0 ?a (concat 1 2 ?d "
         "(concat 1 2 ?b ?c))))) ; (split_1 (split 1 (matmul 0 ?a (concat 1 2 ?d (concat 1 2 ?b ?c))))) "
         "if (= (rank ?a) 2) (order ?c ?d)", "test")
-    assert not any(is_trusted(res) for res in verify_rules(wrong, all_shapes=False))
+    assert not any(is_trusted(res, trust_tested=True) for res in verify_rules(wrong, all_shapes=False))
 
 
 def test_order_condition_parses_prints_and_reaches_egglog() -> None:

@@ -115,7 +115,7 @@ def verified_parallel_rules(mesh: Mesh, names: Sequence[str] | None = None) -> l
     from eqsat.rewrites.verify import verified_rules
 
     family = [r for n in (2, 4) for r in instantiate(0, n, names=names)]
-    accepted = {_base(r.name) for r in verified_rules(family, allow_guarded=True, all_shapes=False)}
+    accepted = {_base(r.name) for r in verified_rules(family, allow_guarded=True, all_shapes=False, allow_tested=True)}
     per_n = {n: {_base(r.name) for r in instantiate(0, n, names=names)} for n in (2, 4)}
     ok = {b for b in per_n[2] | per_n[4] if (b not in per_n[2] or b in accepted) and (b not in per_n[4] or b in accepted)}
     return [r for r in mesh_rules(mesh, names) if _base(r.name) in ok]

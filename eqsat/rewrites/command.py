@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     verify.add_argument("--proof-shapes", type=int, default=3, help="shape assignments proved exactly per rule")
     verify.add_argument("--seed", type=int, default=0)
     verify.add_argument("--no-all-shapes", action="store_true", help="skip the e-graph derivation from axioms")
+    verify.add_argument("--trust-tested", action="store_true", help="count rules proved only on the tested shapes "
+                        "as trusted (a test, not a proof for every shape; they are named in a warning)")
     verify.add_argument("--no-cache", action="store_true", help="verify every rule again, ignoring (and not "
                         "writing) the on-disk verification cache (see README: $EQSAT_CACHE_DIR)")
     verify.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -58,13 +60,15 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
 
 def _verify(args: argparse.Namespace) -> dict[str, Any]:
     from eqsat.rewrites.verify import VerifyOptions, verify_rules
-    from eqsat.rulesets import is_trusted
+    from eqsat.rulesets import is_trusted, scope, warn_tested
 
     start = time.perf_counter()
     rules = _load(args.files)
     options = VerifyOptions(samples=args.samples, proof_shapes=args.proof_shapes, seed=args.seed)
     results = verify_rules(rules, options, all_shapes=not args.no_all_shapes, progress=True,
                            cache=not args.no_cache)
+    if args.trust_tested:
+        warn_tested([r.name for r in results if is_trusted(r, trust_tested=True) and not is_trusted(r)])
     count = {s: sum(r.status == s for r in results) for s in ("proved", "refuted", "unknown")}
     refuted = [r for r in results if r.status == "refuted"]
     guarded = {f"refuted_guarded_{s}": sum(r.guarded_status == s for r in refuted) for s in ("proved", "refuted", "unknown")}
@@ -74,6 +78,19 @@ def _verify(args: argparse.Namespace) -> dict[str, Any]:
             "guarded_proved": sum(r.guarded_status == "proved" for r in results),
             "guarded_proved_all_shapes": sum(r.guarded_status == "proved" and r.guarded_scope == "all shapes"
                                              for r in results),
-            "trusted": sum(map(is_trusted, results)),
+            "tested": sum(r.verdict == "tested" or (r.status == "refuted" and r.guarded_verdict == "tested")
+                          for r in results),
+            "trusted": sum(is_trusted(r, trust_tested=args.trust_tested) for r in results),
+            "trusted_all_shapes": sum(map(is_trusted, results)),
             "seconds": round(time.perf_counter() - start, 3),
-            "rules": [{**r.to_json(), "trusted": is_trusted(r)} for r in results]}
+            "rules": [{**r.to_json(), "verdict": r.verdict, "guarded_verdict": r.guarded_verdict,
+                       "policy_scope": scope(r), "trusted": is_trusted(r, trust_tested=args.trust_tested),
+                       **({"resists": _resists(rule, r)} if scope(r).startswith("tested") else {})}
+                      for rule, r in zip(rules, results)]}
+
+
+def _resists(rule: Rule, result: Any) -> str:
+    """Why a tested rule has no proof for all shapes."""
+    from eqsat.rewrites.symbolic import resists
+
+    return resists(rule, guarded=result.status == "refuted")

@@ -1,8 +1,10 @@
-"""Decide a rule on concrete shapes: proved (for the listed shapes), refuted (with a
-counterexample), or unknown (with the reason).
+"""Decide a rule on concrete shapes: proved on the tested shapes (scope "tested on N shapes", a
+test, not a proof for every shape), refuted (with a counterexample), or unknown (with the reason).
 
-Per rule: sample well-typed left sides on a small grid of shapes; a right side that is then
-ill-typed or differently shaped refutes the rule. A prime-field evaluation on every sampled shape is
+Per rule: sample well-typed left sides on a small grid of shapes, and adversarial ones drawn from
+the rule's attributes (`shapes.adversarial_assignments`: strides that do not tile, unequal kernels,
+size-1 and prime dims, uneven pieces); a right side that is then ill-typed or differently shaped
+refutes the rule. A prime-field evaluation on every sampled shape is
 the fast filter; a disagreement is confirmed with the registry's numpy semantics on small integers.
 The proof on a few small shapes compares both sides as exact polynomials with activations as opaque
 atoms (equal polynomials are equal for every activation); only where they differ and relu / max is
@@ -31,15 +33,18 @@ from eqsat.ops import Shape
 from eqsat.rewrites.rule import Rule, ops_used
 from eqsat.rewrites.semantics import (OP_IMPLS, FieldAlgebra, Poly, PolyAlgebra, evaluate_numpy, evaluate_pattern,
                                       instantiate, pattern_shape, rule_split_sizes)
-from eqsat.rewrites.shapes import Env, ShapeChecker, describe, sample_assignments, total_elements
+from eqsat.rewrites.shapes import Env, ShapeChecker, adversarial_assignments, describe, sample_assignments, total_elements
 
 PROVED, REFUTED, UNKNOWN = "proved", "refuted", "unknown"
-VERIFIER_VERSION = 2  # bump when a change alters results in a way the cache key cannot see
+TESTED = "tested"  # a verdict: proved on the tested shapes only (status "proved", scope "tested on N shapes")
+ALL_SHAPES = "all shapes"  # the scope of a proof for every shape the rule (or its guard) admits
+VERIFIER_VERSION = 3  # bump when a change alters results in a way the cache key cannot see
 
 
 @dataclass(frozen=True)
 class VerifyOptions:
     samples: int = 24  # shape assignments tested (shape check and prime-field filter)
+    adversarial: int = 16  # and assignments drawn to break wrong rules (`shapes.adversarial_assignments`)
     proof_shapes: int = 3  # of them, how many are proved exactly
     max_proof_elements: int = 400  # total input elements of a shape assignment proved exactly
     z3_timeout_ms: int = 5000
@@ -52,7 +57,7 @@ class VerificationResult:
     status: str  # proved | refuted | unknown
     method: str
     counterexample: dict[str, Any] | None = None
-    scope: str = ""  # proved: "all shapes" or "listed shapes"
+    scope: str = ""  # proved: "all shapes" (ALL_SHAPES) or "tested on N shapes" (`tested_scope`)
     shapes: tuple[dict[str, Shape], ...] = ()  # proved on these concrete shapes
     source: str = ""
     seconds: float = 0.0
@@ -66,14 +71,26 @@ class VerificationResult:
 
     @property
     def proved(self) -> bool:
+        """Proved, on the tested shapes or for all shapes (see `verdict` for which)."""
         return self.status == PROVED
 
-    def admits(self, allow_unproved: bool = False, allow_guarded: bool = False) -> bool:
-        """Whether the rule may be used: proved; with `allow_guarded` also refuted only on shapes and
-        proved under the guard; with `allow_unproved` unknown counts as proved. Never when refuted
-        on values. (`eqsat.rulesets` fixes the flags into the project's one policy.)"""
-        keep = {PROVED, UNKNOWN} if allow_unproved else {PROVED}
-        return self.status in keep or (allow_guarded and self.status == REFUTED and self.guarded_status in keep)
+    @property
+    def verdict(self) -> str:
+        """proved (for all shapes) | tested (proved on the tested shapes only) | refuted | unknown."""
+        return _verdict(self.status, self.scope)
+
+    @property
+    def guarded_verdict(self) -> str:
+        """`verdict` of the question under the applier's guard ("" when not asked)."""
+        return _verdict(self.guarded_status, self.guarded_scope)
+
+    def admits(self, allow_unproved: bool = False, allow_guarded: bool = False, allow_tested: bool = False) -> bool:
+        """Whether the rule may be used: proved for all shapes; with `allow_guarded` also refuted only
+        on shapes and proved for all shapes under the guard; with `allow_tested` a proof on the
+        tested shapes counts; with `allow_unproved` unknown (and tested) counts too. Never when
+        refuted on values. (`eqsat.rulesets` fixes the flags into the project's one policy.)"""
+        keep = {PROVED, *((TESTED,) if allow_tested or allow_unproved else ()), *((UNKNOWN,) if allow_unproved else ())}
+        return self.verdict in keep or (allow_guarded and self.status == REFUTED and self.guarded_verdict in keep)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "status": self.status, "method": self.method,
@@ -91,6 +108,15 @@ class VerificationResult:
             data.get("source", ""),
             float(data.get("seconds", 0.0)), data.get("guarded_status", ""), data.get("guarded_method", ""),
             data.get("guarded_scope", ""), data.get("guarded_counterexample"))
+
+
+def _verdict(status: str, scope: str) -> str:
+    return TESTED if status == PROVED and scope != ALL_SHAPES else status
+
+
+def tested_scope(count: int) -> str:
+    """The scope of a proof on `count` tested shapes (not a proof for every shape)."""
+    return f"tested on {count} shape{'s' if count != 1 else ''}"
 
 
 class _Refuted(Exception):
@@ -277,13 +303,20 @@ def _decide(rule: Rule, options: VerifyOptions, guarded: bool) -> _Decision:
     if missing:
         return _Decision(UNKNOWN, "none", {"reason": f"no symbolic semantics for {', '.join(missing)}"})
     envs = sample_assignments(rule, options.samples, seed=options.seed, guarded=guarded)
+    adversarial: list[Env] = []
+    if envs and options.adversarial > 0:
+        seen = set(map(_freeze, envs))
+        adversarial = [e for e in adversarial_assignments(rule, options.adversarial, seed=options.seed,
+                                                          guarded=guarded, bases=envs) if _freeze(e) not in seen]
     if not envs:
         where = "both sides well-typed with one shape" if guarded else "a well-typed left side"
         return _Decision(UNKNOWN, "none", {"reason": f"no shape assignment on the grid gives {where}"})
     try:
-        for env in envs:
+        for env in envs + adversarial:
             check_shapes(rule, env)
-        suspicious = [e for e in envs if field_differs(rule, e, options.seed)]
+        # one field trial on an adversarial shape (a wrong rule differs there on most inputs)
+        suspicious = ([e for e in envs if field_differs(rule, e, options.seed)]
+                      + [e for e in adversarial if field_differs(rule, e, options.seed, trials=1)])
         for env in suspicious[:2]:
             found = numeric_counterexample(rule, env, options.seed)
             if found is not None:
@@ -295,12 +328,13 @@ def _decide(rule: Rule, options: VerifyOptions, guarded: bool) -> _Decision:
     except (_Unknown, EqsatError) as exc:
         return _Decision(UNKNOWN, "none", {"reason": str(exc)})
     method = (f"concrete shapes: {' + '.join(sorted(hows))} on {len(proof_envs)} shape(s), "
-              f"prime-field test on {len(envs)}")
-    return _Decision(PROVED, method, None, "listed shapes", tuple(dict(e) for e in proof_envs))
+              f"prime-field test on {len(envs)} sampled and {len(adversarial)} adversarial")
+    return _Decision(PROVED, method, None, tested_scope(len(envs) + len(adversarial)),
+                     tuple(dict(e) for e in proof_envs))
 
 
 def verify_concrete(rule: Rule, options: VerifyOptions = VerifyOptions()) -> VerificationResult:
-    """Decide `rule` on concrete shapes (proved for the listed shapes / refuted / unknown), strictly
+    """Decide `rule` on concrete shapes (proved on the tested shapes / refuted / unknown), strictly
     and under the applier's guard (see `VerificationResult.guarded_status`)."""
     start = time.perf_counter()
     strict = _decide(rule, options, guarded=False)
@@ -317,5 +351,5 @@ def verify_concrete(rule: Rule, options: VerifyOptions = VerifyOptions()) -> Ver
                               guarded.method, guarded.scope, guarded.counterexample)
 
 
-__all__ = ["VerificationResult", "VerifyOptions", "verify_concrete", "PROVED", "REFUTED", "UNKNOWN",
-           "VERIFIER_VERSION"]
+__all__ = ["VerificationResult", "VerifyOptions", "verify_concrete", "tested_scope", "PROVED", "REFUTED", "UNKNOWN",
+           "TESTED", "ALL_SHAPES", "VERIFIER_VERSION"]

@@ -10,6 +10,12 @@ the same way. A list attribute matched as a variable (`?S`) is sampled like a sh
 
 In guarded mode (`guarded=True`) an assignment must also make the right sides well-typed with the
 left sides' shapes: the region where an applier that checks its right side's type fires the rule.
+
+`adversarial_assignments` draws the shapes where tensor rewrites go wrong instead of the likely
+ones: dims from the rule's own attributes (a stride s gives s + 1, 2s + 1, ...: clipped SAME
+padding, windows that do not tile), size-1 and prime dims, every variable's shape changed away from
+its siblings' first (unequal kernels under `enlarge`, uneven concat / split pieces, non-square
+transposes), so a rule true only where the likely shapes coincide is caught.
 """
 
 from __future__ import annotations
@@ -200,8 +206,9 @@ def rank_choices(rule: Rule, limit: int = 64, guarded: bool = False,
 class _Sampler:
     """Randomized depth-first search for well-typed assignments, checking each subterm once bound."""
 
-    def __init__(self, rule: Rule, seed: int, dims: Sequence[int], guarded: bool = False) -> None:
-        self.rule, self.dims = rule, tuple(dims)
+    def __init__(self, rule: Rule, seed: int, dims: Sequence[int], guarded: bool = False,
+                 adversarial: bool = False) -> None:
+        self.rule, self.dims, self.adversarial = rule, tuple(dims), adversarial
         self.checker = ShapeChecker(rule, guarded)
         self.order = self.checker.order
         self.rng = np.random.default_rng(seed)
@@ -253,7 +260,9 @@ class _Sampler:
         grid = np.asarray(self.dims)[self.rng.integers(0, len(self.dims), size=(min(4 ** rank, 24), rank))]
         randoms = [tuple(row) for row in grid.tolist()]
         pool = hints + nudged + randoms
-        bias = [0.0] * len(hints) + [0.35] * len(nudged) + [0.7] * len(randoms)
+        # adversarial: shapes unlike the siblings' first (the likely equal shapes last)
+        bias = ([0.7] * len(hints) + [0.0] * len(nudged) + [0.2] * len(randoms) if self.adversarial
+                else [0.0] * len(hints) + [0.35] * len(nudged) + [0.7] * len(randoms))
         ranked: dict[Shape, float] = {}
         for shape, b, r in zip(pool, bias, self.rng.random(len(pool)).tolist()):
             ranked[shape] = min(ranked.get(shape, 9.0), b + r)
@@ -321,6 +330,159 @@ def sample_assignments(rule: Rule, count: int, seed: int = 0, max_steps: int = 6
         if env is not None and sampler.checker.lhs_shapes(env) is not None:
             found.setdefault(tuple(env[v] for v in sampler.order), env)
     return list(found.values())
+
+
+ADVERSARIAL_DIMS: tuple[int, ...] = (1, 2, 3, 5, 7)  # size-1, even and prime dims
+MAX_ADVERSARIAL_DIM = 9
+
+
+def attribute_dims(rule: Rule) -> tuple[int, ...]:
+    """Dims that stress the rule's own attributes: for each stride or window size n in it, every
+    residue modulo n in n..2n+1 and 3n (inputs the window does not tile: clipped, asymmetric SAME
+    padding), with `ADVERSARIAL_DIMS`, capped at `MAX_ADVERSARIAL_DIM`."""
+    found: set[int] = set(ADVERSARIAL_DIMS)
+    for p in rule.lhs + rule.rhs:
+        for t in _post_order(p):
+            for key, value in t.attrs:
+                if key.startswith(("stride", "kernel")) and isinstance(value, int) and value > 1:
+                    found |= {*range(value, 2 * value + 2), 3 * value}
+    return tuple(sorted(d for d in found if d <= MAX_ADVERSARIAL_DIM))
+
+
+def adversarial_assignments(rule: Rule, count: int, seed: int = 0, max_steps: int = 8000,
+                            guarded: bool = False, max_elements: int = 1500,
+                            bases: Sequence[Env] = ()) -> list[Env]:
+    """Up to `count` well-typed assignments chosen to break a wrong rule (see the module doc): a
+    third drawn with dims from `attribute_dims`, each variable's shape away from its siblings'
+    first; `bases` and those with each op's corner written over them (`op_corners`: a 1-wide
+    kernel under a stride on an even input, `enlarge` of a 1-wide kernel, uneven concat pieces);
+    the rest random walks from those (`perturbations`). At most `max_elements` input elements each (so the field
+    test stays cheap)."""
+    ranks_list = (rank_choices(rule, guarded=guarded) or rank_choices(rule, guarded=guarded, ranks=WIDER_RANKS)
+                  or rank_choices(replace(rule, conditions=())))
+    if not ranks_list:
+        return []
+    dims = attribute_dims(rule)
+    sampler = _Sampler(rule, seed + 104_729, dims, guarded, adversarial=True)
+    found: dict[tuple[Shape, ...], Env] = {}
+    used = 0
+    for attempt in range(count):
+        if len(found) >= (count + 3) // 4 or used >= max_steps:
+            break
+        env = sampler.attempt(ranks_list[attempt % len(ranks_list)], 400)
+        used += 400 if env is None else 40
+        if env is not None and total_elements(env) <= max_elements and sampler.checker.lhs_shapes(env) is not None:
+            found.setdefault(tuple(env[v] for v in sampler.order), env)
+    drawn = list(found.values())
+    cornered = corner_assignments(sampler.checker, [*bases[:6], *drawn[:6]], max_elements,
+                                  exclude=set(found) | {tuple(b[v] for v in sampler.order) for b in bases})
+    cornered = cornered[:max(count // 3, count - len(drawn) - count // 3)]
+    found.update((tuple(e[v] for v in sampler.order), e) for e in cornered)
+    return [*drawn, *cornered] + perturbations(sampler.checker, [*cornered[:6], *bases[:3], *drawn[:3]], dims,
+                                               count - len(drawn) - len(cornered), sampler.rng, max_elements,
+                                               exclude=list(found))
+
+
+Corner = dict[str, dict[int, int]]  # variable -> {axis (negative: from the end): dim}
+
+
+def op_corners(rule: Rule) -> list[Corner]:
+    """The shapes where each op of the rule is at its edge, as dims for its variable arguments: a
+    conv or pool input a multiple of twice its stride under a 1-wide kernel (clipped, asymmetric
+    SAME padding), `enlarge` of a 1-wide kernel to a 3-wide one, concat pieces of 1 and 3 along the
+    axis (both ways round)."""
+    out: list[Corner] = []
+    for p in rule.lhs + rule.rhs:
+        for t in _post_order(p):
+            a, args = t.attr, t.args
+            var = [x.name if isinstance(x, Var) else None for x in args]
+            if t.op == "conv2d" and len(args) == 2:
+                sh, sw = a.get("stride_h", 1), a.get("stride_w", 1)
+                if isinstance(sh, int) and isinstance(sw, int):
+                    c: Corner = {}
+                    if var[0]:
+                        c[var[0]] = {-2: 2 * sh, -1: 2 * sw}
+                    if var[1]:
+                        c[var[1]] = {-2: 1, -1: 1}
+                    out.append(c)
+            elif t.op in ("poolmax", "poolavg") and var and var[0]:
+                kh, kw, sh, sw = (a.get(k, 1) for k in ("kernel_h", "kernel_w", "stride_h", "stride_w"))
+                if all(isinstance(v, int) for v in (kh, kw, sh, sw)):
+                    out.append({var[0]: {-2: 2 * sh + kh - 1, -1: 2 * sw + kw - 1}})
+                    out.append({var[0]: {-2: 2 * sh, -1: 2 * sw}})
+            elif t.op == "enlarge" and len(args) == 2:
+                out.append({n: {-2: d, -1: d} for n, d in zip(var, (1, 3)) if n})
+            elif t.op == "concat" and len(args) == 2 and isinstance(a.get("axis"), int):
+                ax = a["axis"]
+                for sizes in ((1, 3), (3, 1)):
+                    out.append({n: {ax: d} for n, d in zip(var, sizes) if n})
+    out = [c for c in out if c]
+    if len(out) > 1:
+        merged: Corner = {}
+        for c in out:
+            for n, axes in c.items():
+                merged.setdefault(n, {}).update(axes)
+        out.insert(0, merged)
+    return out
+
+
+def corner_assignments(checker: ShapeChecker, bases: Sequence[Env], max_elements: int,
+                       exclude: set[tuple[Shape, ...]] = frozenset()) -> list[Env]:  # type: ignore[assignment]
+    """`bases` with each of `op_corners` (all at once first) written over them, where well-typed."""
+    corners = op_corners(checker.rule)
+    seen = set(exclude)
+    out: list[Env] = []
+    for corner in corners:
+        for base in bases:
+            env = dict(base)
+            for n, axes in corner.items():
+                shape = env.get(n)
+                if isinstance(shape, tuple):
+                    dims = list(shape)
+                    for ax, d in axes.items():
+                        if -len(dims) <= ax < len(dims):
+                            dims[ax] = d
+                    env[n] = tuple(dims)
+            key = tuple(env.get(v) for v in checker.order)
+            if key in seen or total_elements(env) > max_elements:
+                continue
+            seen.add(key)  # type: ignore[arg-type]
+            if checker.lhs_shapes(env) is not None:
+                out.append(env)
+    return out
+
+
+def perturbations(checker: ShapeChecker, bases: Sequence[Env], dims: Sequence[int], count: int,
+                  rng: np.random.Generator, max_elements: int, exclude: Sequence[tuple[Shape, ...]] = (),
+                  steps: int = 3, tries: int = 6) -> list[Env]:
+    """Up to `count` well-typed assignments found by random walks from `bases`: each step redraws
+    about half the axes of one variable from `dims` (up to `tries` draws for a well-typed one), so
+    that after a few steps several dims differ from the likely ones at once (a 1-wide kernel beside
+    a 3-wide one on an even input)."""
+    order = [v for v in checker.order if bases and isinstance(bases[0].get(v), tuple)]
+    seen = set(exclude) | {tuple(b.get(v) for v in checker.order) for b in bases}
+    out: list[Env] = []
+    if not order or not bases:
+        return out
+    for walk in range(count * 2):
+        if len(out) >= count:
+            break
+        env = dict(bases[walk % len(bases)])
+        for _ in range(steps):
+            for _ in range(tries):  # redraw about half the axes of one variable
+                v = order[int(rng.integers(len(order)))]
+                shape = env[v]
+                redraw = rng.random(len(shape)) < 0.5
+                drawn = rng.choice(np.asarray((1, *dims)), size=len(shape)).tolist()  # size 1 twice as likely
+                trial = {**env, v: tuple(int(d) if r else s for s, d, r in zip(shape, drawn, redraw))}
+                if trial[v] != shape and total_elements(trial) <= max_elements and checker.lhs_shapes(trial) is not None:
+                    env = trial
+                    break
+            key = tuple(env.get(v) for v in checker.order)
+            if key not in seen:
+                seen.add(key)
+                out.append(dict(env))
+    return out[:count]
 
 
 def total_elements(env: Mapping[str, Shape]) -> int:

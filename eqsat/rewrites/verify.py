@@ -1,8 +1,10 @@
-"""Decide rules: proved (for all shapes, or for listed concrete shapes), refuted (with a
-counterexample), or unknown (with the reason), and pick the rules safe to optimize with.
+"""Decide rules: proved (for all shapes), tested (proved on the tested concrete shapes only: a test,
+not a proof), refuted (with a counterexample), or unknown (with the reason), and pick the rules safe
+to optimize with (proved for all shapes, unless a caller opts in to tested ones).
 
 The concrete decision is `concrete.py`; a rule it proves that an e-graph derives from a base of
-axioms (each proved the same way) is proved for all shapes, see `derive.py`. Results are cached on
+axioms (each proved the same way) is proved for all shapes, see `derive.py`, as is one that z3
+proves over symbolic dims and indices (`symbolic.py`: concat, split, transpose, matmul, elementwise). Results are cached on
 disk (`verify_cache.py`). Imports run one way: concrete <- verify_cache <- derive <- verify.
 """
 
@@ -13,10 +15,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from eqsat.rewrites.concrete import (PROVED, REFUTED, UNKNOWN, VERIFIER_VERSION, VerificationResult, VerifyOptions,
-                                     verify_concrete)
+from eqsat.rewrites.concrete import (ALL_SHAPES, PROVED, REFUTED, TESTED, UNKNOWN, VERIFIER_VERSION, VerificationResult,
+                                     VerifyOptions, verify_concrete)
 from eqsat.rewrites.derive import axiom_base, derivable, derivable_guarded
 from eqsat.rewrites.rule import Rule
+from eqsat.rewrites.symbolic import prove_symbolic
 from eqsat.rewrites.verify_cache import VerificationCache
 
 def verify_rule(rule: Rule, options: VerifyOptions = VerifyOptions(), axioms: Sequence[Rule] | None = None) -> VerificationResult:
@@ -31,19 +34,29 @@ def verify_rule(rule: Rule, options: VerifyOptions = VerifyOptions(), axioms: Se
     if not base:
         return result
     start = time.perf_counter()
-    if result.status == PROVED:
+    if result.status == PROVED and result.scope != ALL_SHAPES:
         used = derivable(rule, base)
         if used is not None:
             how = f"all shapes: e-graph derivation from {len(used)} verified axiom(s) ({', '.join(sorted(used))})"
-            result = replace(result, method=f"{how}; {result.method}", scope="all shapes",
-                             guarded_method="implied: holds without the guard", guarded_scope="all shapes")
-    if result.guarded_status == PROVED and result.guarded_scope != "all shapes":
+            result = replace(result, method=f"{how}; {result.method}", scope=ALL_SHAPES,
+                             guarded_method="implied: holds without the guard", guarded_scope=ALL_SHAPES)
+    if result.guarded_status == PROVED and result.guarded_scope != ALL_SHAPES:
         found = derivable_guarded(rule, base)
         if found is not None:
             how, used = found
-            result = replace(result, guarded_scope="all shapes",
+            result = replace(result, guarded_scope=ALL_SHAPES,
                              guarded_method=f"all shapes under the guard: {how} from {len(used)} verified axiom(s) "
                                             f"({', '.join(sorted(used))}); {result.guarded_method}")
+    if result.status == PROVED and result.scope != ALL_SHAPES:
+        symbolic = prove_symbolic(rule)
+        if symbolic is not None:
+            result = replace(result, method=f"all shapes: {symbolic}; {result.method}", scope=ALL_SHAPES,
+                             guarded_method="implied: holds without the guard", guarded_scope=ALL_SHAPES)
+    if result.guarded_status == PROVED and result.guarded_scope != ALL_SHAPES:
+        symbolic = prove_symbolic(rule, guarded=True)
+        if symbolic is not None:
+            result = replace(result, guarded_scope=ALL_SHAPES,
+                             guarded_method=f"all shapes under the guard: {symbolic}; {result.guarded_method}")
     return replace(result, seconds=result.seconds + time.perf_counter() - start)
 
 
@@ -88,23 +101,26 @@ def verify_rules(rules: Iterable[Rule], options: VerifyOptions = VerifyOptions()
 
 
 def verified_rules(rules: Iterable[Rule], allow_unproved: bool = False, allow_guarded: bool = False,
-                   options: VerifyOptions = VerifyOptions(), cache: bool = True, all_shapes: bool = True) -> list[Rule]:
-    """The rules safe to optimize with: proved ones by default.
+                   options: VerifyOptions = VerifyOptions(), cache: bool = True, all_shapes: bool = True,
+                   allow_tested: bool = False) -> list[Rule]:
+    """The rules safe to optimize with: those proved for all shapes by default.
 
+    `allow_tested=True` also admits rules proved only on the tested shapes (a test, not a proof:
+    a rule wrong at a stride, padding or size the sampler missed would pass).
     `allow_guarded=True` also admits rules that are refuted only on shapes but proved under the guard
     (`guarded_status == "proved"`: equal wherever the right side is well-typed with the left side's
     shape). Only a caller whose applier checks that guard may opt in: eqsat's egglog translation
     (`eqsat.rewrites.to_egglog`) builds a right side only when its shape facts hold, and stops on a
     shape conflict, which is why the pipeline opts in for Tensat's rule files. `allow_unproved=True`
-    also admits rules that are unknown (neither proved nor refuted), strictly or under the guard when
-    `allow_guarded` is set; refuted-on-values rules are never admitted. The all-shapes attempt only
-    widens a proof's scope, never admits or rejects a rule, so a caller that only filters may skip
-    it (`all_shapes=False`), which saves building the axiom base on a cold cache.
+    also admits rules that are unknown (neither proved nor refuted) or tested, strictly or under the
+    guard when `allow_guarded` is set; refuted-on-values rules are never admitted. Without the
+    all-shapes attempt (`all_shapes=False`) no rule is proved for all shapes unless the cache says
+    so, so only a caller that admits tested rules should skip it.
     """
     rules = list(rules)
     results = verify_rules(rules, options, all_shapes=all_shapes, cache=cache)
-    return [r for r, res in zip(rules, results) if res.admits(allow_unproved, allow_guarded)]
+    return [r for r, res in zip(rules, results) if res.admits(allow_unproved, allow_guarded, allow_tested)]
 
 
 __all__ = ["VerificationResult", "VerifyOptions", "verify_rule", "verify_rules", "verified_rules", "verify_concrete",
-           "PROVED", "REFUTED", "UNKNOWN", "VERIFIER_VERSION"]
+           "PROVED", "REFUTED", "UNKNOWN", "TESTED", "ALL_SHAPES", "VERIFIER_VERSION"]

@@ -31,7 +31,7 @@ from eqsat.rewrites.printer import rule_text
 from eqsat.rewrites.rule import Rule
 from eqsat.rewrites.shapes import sample_assignments
 
-_DEPENDENCIES = ("semantics.py", "shapes.py", "concrete.py", "verify.py", "derive.py", "rule.py", "parser.py",
+_DEPENDENCIES = ("semantics.py", "shapes.py", "concrete.py", "verify.py", "derive.py", "symbolic.py", "rule.py", "parser.py",
                  "library/axioms.rules", "../ops.py", "../distribution.py")
 
 

@@ -43,7 +43,7 @@ def _convs_and_pool() -> Graph:
 
 def test_merges_and_the_separable_pool_are_found() -> None:
     graph = _convs_and_pool()
-    rules = list(select_rules(None, {n.op for n in graph.nodes}).trusted)
+    rules = list(select_rules(None, {n.op for n in graph.nodes}, trust_tested=True).trusted)  # merges, pools: tested
     found = candidates.region_candidates(graph, rules, Limits(iterations=6, multi_rounds=2), {"calls": CallsAndWindows()},
                                          time_limit=30)
     after = found.get("calls")
@@ -55,7 +55,7 @@ def test_an_extraction_that_adds_work_falls_back_to_the_single_output_rules(monk
     """When the merged extraction computes some products twice, the model's candidate comes from
     the e-graph of the single-output rules: the separable pool survives, the merges do not."""
     graph = _convs_and_pool()
-    rules = list(select_rules(None, {n.op for n in graph.nodes}).trusted)
+    rules = list(select_rules(None, {n.op for n in graph.nodes}, trust_tested=True).trusted)  # merges, pools: tested
     from eqsat import pipeline
 
     real = pipeline.does_extra_work

@@ -1,0 +1,292 @@
+"""Prove a rule for every shape: dims as z3 integers, elements as index expressions.
+
+Each variable of rank r gets r positive integer dims and an uninterpreted element function of r
+indices. Each op gives its output's dims, the constraints that make it well-typed (the registry's
+own: equal shapes for elementwise ops, agreeing dims and the summed axis for concat, a permutation
+for transpose, the inner dims for a (batched) matmul), and its element at a symbolic index (concat: an
+If on the axis offset; transpose: the permuted index; split pieces: the offset of Tensat's
+convention; matmul: an uninterpreted sum over the products masked to the inner range, equal when they agree
+there, split in two over a concatenated inner dim).
+z3 then shows that a well-typed left side (and the rule's conditions) gives a well-typed right side
+of the same shape whose element equals the left side's at every in-range index: strictly, or under
+the applier's guard (both sides well-typed with one shape). relu is exact (If), other activations
+uninterpreted, as in the concrete prover.
+
+Ranks are enumerated (`shapes.rank_choices` up to rank 7); a rule whose variables may take rank 7
+is not bounded in rank (elementwise rules: the axiom derivation takes those) and is left to the
+other provers, as is any op outside the table (conv, pool, broadcast, reshape, enlarge...): these
+rules stay `tested`, with the reason in `why_not`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import z3
+
+from eqsat.rewrites.rule import CLASS_CONDITIONS, Pattern, Rule, Term, Var, ops_used
+from eqsat.rewrites.shapes import rank_choices
+
+SUPPORTED: frozenset[str] = frozenset({"ewadd", "ewmul", "relu", "sigmoid", "tanh", "transpose", "concat", "matmul",
+                                       "split_part"})
+MAX_RANK = 6  # ranks are enumerated up to MAX_RANK + 1; a variable typed at that rank means the rank is unbounded
+
+Dims = tuple[z3.ArithRef, ...]
+Elem = Callable[[Sequence[z3.ArithRef]], z3.ArithRef]
+
+
+class Unsupported(Exception):
+    """The rule is outside what the symbolic prover models (the message says why)."""
+
+
+@dataclass(frozen=True)
+class _Value:
+    dims: Dims
+    elem: Elem
+
+
+@dataclass
+class _Builder:
+    """Symbolic values of a rule's patterns for one rank assignment (the constraints it collects are
+    the well-typedness of what it built)."""
+
+    ranks: Mapping[str, int]
+    dims: dict[str, Dims]
+    funcs: dict[str, z3.FuncDeclRef]
+    sum_fn: z3.FuncDeclRef
+    split_dims: tuple[Dims, ...] = ()
+
+    def value(self, p: Pattern, typed: list[z3.BoolRef]) -> _Value:
+        if isinstance(p, Var):
+            f = self.funcs[p.name]
+
+            def element(idx: Sequence[z3.ArithRef]) -> z3.ArithRef:
+                return f(*idx)
+
+            return _Value(self.dims[p.name], element)
+        args = [self.value(a, typed) for a in p.args]
+        out = self._op(p, args, typed)
+        for kind, value in p.guards:
+            if kind == "ndim" and len(out.dims) != value:
+                raise _IllTyped(f"{p.op}: guard ndim {value} but rank {len(out.dims)}")
+        return out
+
+    def _op(self, t: Term, args: list[_Value], typed: list[z3.BoolRef]) -> _Value:
+        a = t.attr
+        if t.op in ("ewadd", "ewmul"):
+            x, y = args
+            _same_rank(t.op, x, y)
+            typed += [d == e for d, e in zip(x.dims, y.dims)]
+            if t.op == "ewadd":
+                return _Value(x.dims, lambda i: x.elem(i) + y.elem(i))
+            return _Value(x.dims, lambda i: x.elem(i) * y.elem(i))
+        if t.op in ("relu", "sigmoid", "tanh"):
+            (x,) = args
+            return _Value(x.dims, lambda i: _act(t.op, x.elem(i)))
+        if t.op == "transpose":
+            (x,) = args
+            perm = tuple(a["perm"])
+            if sorted(perm) != list(range(len(x.dims))):
+                raise _IllTyped("transpose: not a permutation of the rank")
+            inverse = [perm.index(k) for k in range(len(perm))]
+            return _Value(tuple(x.dims[p] for p in perm), lambda i: x.elem([i[inverse[k]] for k in range(len(perm))]))
+        if t.op == "concat":
+            x, y = args
+            _same_rank(t.op, x, y)
+            ax = a["axis"]
+            if not 0 <= ax < len(x.dims):
+                raise _IllTyped("concat: axis out of range")
+            typed += [d == e for k, (d, e) in enumerate(zip(x.dims, y.dims)) if k != ax]
+            dims = x.dims[:ax] + (x.dims[ax] + y.dims[ax],) + x.dims[ax + 1:]
+            cut = x.dims[ax]
+
+            def concat(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
+                shifted = list(i[:ax]) + [i[ax] - cut] + list(i[ax + 1:])
+                return z3.If(i[ax] < cut, x.elem(i), y.elem(shifted))
+
+            return _Value(dims, concat)
+        if t.op == "matmul":
+            x, y = args
+            r = len(x.dims)
+            if r < 2 or len(y.dims) != r or (r == 2) != (len(y.dims) == 2):
+                raise _IllTyped("matmul: ranks")
+            typed += [d == e for d, e in zip(x.dims[:-2], y.dims[:-2])] + [x.dims[-1] == y.dims[-2]]
+            k = z3.Int(f"k{id(t)}")
+            act = {0: None, 1: "sigmoid", 2: "relu", 3: "tanh"}.get(a.get("act", 0), "?")
+            if act == "?":
+                raise Unsupported("matmul activation code")
+
+            def product(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
+                batch = list(i[:-2])
+
+                def body(j: z3.ArithRef) -> z3.ArithRef:
+                    return x.elem([*batch, i[-2], j]) * y.elem([*batch, j, i[-1]])
+
+                total = self._sum(body, x.dims[-1], k)
+                return total if act is None else _act(act, total)
+
+            return _Value((*x.dims[:-1], y.dims[-1]), product)
+        if t.op == "split_part":
+            (x,) = args
+            ax, index = a["axis"], a["index"]
+            if not self.split_dims or not 0 <= ax < len(x.dims) or any(ax >= len(d) for d in self.split_dims):
+                raise _IllTyped("split: axis out of range")
+            first, second = self.split_dims[0][ax], self.split_dims[1][ax]
+            typed.append(first + second == x.dims[ax])
+            size, start = (first, 0) if index == 0 else (second, first)
+            return _Value(x.dims[:ax] + (size,) + x.dims[ax + 1:],
+                          lambda i: x.elem(list(i[:ax]) + [i[ax] + start] + list(i[ax + 1:])))
+        raise Unsupported(f"no symbolic semantics for {t.op}")
+
+
+    def _sum(self, body: Callable[[z3.ArithRef], z3.ArithRef], n: z3.ArithRef, k: z3.ArithRef) -> z3.ArithRef:
+        """sum(body(k) for 0 <= k < n), as an uninterpreted sum of the body masked to its range (so
+        two sums are equal when their terms agree in range); a length a + b (a concatenated
+        inner dim) is split into the sums over [0, a) and [a, a + b)."""
+        if z3.is_add(n) and n.num_args() == 2:
+            a, b = n.arg(0), n.arg(1)
+            return self._sum(body, a, k) + self._sum(lambda j: body(j + a), b, k)
+        masked = z3.If(z3.And(k >= 0, k < n), body(k), z3.RealVal(0))
+        return self.sum_fn(z3.Lambda([k], masked))
+
+
+class _IllTyped(Exception):
+    """Ill-typed for every choice of dims at this rank assignment."""
+
+
+def _same_rank(op: str, x: _Value, y: _Value) -> None:
+    if len(x.dims) != len(y.dims):
+        raise _IllTyped(f"{op}: ranks differ")
+
+
+def _act(name: str, v: z3.ArithRef) -> z3.ArithRef:
+    if name == "relu":
+        return z3.If(v > 0, v, z3.RealVal(0))
+    return z3.Function(name, z3.RealSort(), z3.RealSort())(v)
+
+
+def _condition(c: Any, dims: Mapping[str, Dims]) -> Any:
+    if isinstance(c, Var):
+        raise Unsupported("a bare variable in a condition")
+    if c.op == "const":
+        return z3.IntVal(c.attr["value"])
+    if c.op in CLASS_CONDITIONS:
+        return z3.BoolVal(True)
+    if c.op == "dim":
+        var, index = c.args[0], c.args[1]
+        i = _condition(index, dims)
+        if not isinstance(var, Var) or not z3.is_int_value(i):
+            raise Unsupported("dim of a non-variable")
+        shape = dims[var.name]
+        k = i.as_long()
+        return shape[k] if 0 <= k < len(shape) else z3.IntVal(-1)
+    if c.op == "rank":
+        if not isinstance(c.args[0], Var):
+            raise Unsupported("rank of a non-variable")
+        return z3.IntVal(len(dims[c.args[0].name]))
+    a, b = (_condition(x, dims) for x in c.args)
+    ops: dict[str, Callable[[Any, Any], Any]] = {
+        "=": lambda x, y: x == y, "!=": lambda x, y: x != y, "<": lambda x, y: x < y, "<=": lambda x, y: x <= y,
+        "+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y,
+        "%": lambda x, y: z3.If(y == 0, z3.IntVal(-1), x % y)}
+    if c.op not in ops:
+        raise Unsupported(f"condition op {c.op}")
+    return ops[c.op](a, b)
+
+
+def why_not(rule: Rule) -> str | None:
+    """Why the symbolic prover cannot take the rule (None when it can try)."""
+    other = sorted({o for p in rule.lhs + rule.rhs for o in ops_used(p)} - SUPPORTED)
+    if other:
+        return f"no symbolic semantics for {', '.join(other)} (index arithmetic of windows, broadcasts, reshapes)"
+    if any(_condition_ops(c) - _RANK_SAFE for c in rule.conditions):
+        return "a condition other than equalities of dims and ranks (rank enumeration assumes equal dims type it)"
+    return None
+
+
+_RANK_SAFE = frozenset({"=", "dim", "rank", "const", *CLASS_CONDITIONS})
+
+
+def _condition_ops(c: Any) -> set[str]:
+    if isinstance(c, Var):
+        return set()
+    return {c.op} | {o for a in c.args for o in _condition_ops(a)}
+
+
+def resists(rule: Rule, guarded: bool = False) -> str:
+    """Why no proof for all shapes was found (for a rule the concrete prover only tested)."""
+    reason = why_not(rule)
+    if reason is not None:
+        return reason
+    wide = rank_choices(rule, guarded=guarded, ranks=tuple(range(1, MAX_RANK + 2)), limit=256)
+    if any(r > MAX_RANK for c in wide for r in c.values()):
+        return "rank-polymorphic (a variable may take any rank), and the axiom derivation did not reach it"
+    return "z3 found no proof over symbolic dims in time (sums over products reassociated or regrouped)"
+
+
+def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> str | None:
+    """How the rule was proved for every shape (strictly, or under the guard), or None when the
+    prover cannot show it (unsupported, unbounded rank, or z3 finds no proof within `timeout_ms` a
+    rank assignment: sums over products reassociated, as in matmul associativity, need the
+    axioms' derivation, not z3)."""
+    if why_not(rule) is not None:
+        return None
+    wide = rank_choices(rule, guarded=guarded, ranks=tuple(range(1, MAX_RANK + 2)), limit=256)
+    if not wide or len(wide) >= 256 or any(r > MAX_RANK for c in wide for r in c.values()):
+        return None  # no rank types it, too many, or the rank is unbounded (rank-polymorphic rules)
+    try:
+        for ranks in wide:
+            if not _holds(rule, ranks, guarded, timeout_ms):
+                return None
+    except Unsupported:
+        return None
+    except (z3.Z3Exception, KeyError, TypeError, ValueError, IndexError):  # a shape the table misreads: no proof
+        return None
+    assignments = sorted({tuple(sorted(c.items())) for c in wide})
+    return (f"z3 over symbolic dims and indices, {'under the guard, ' if guarded else ''}"
+            f"{len(assignments)} rank assignment(s) (every rank that types the rule)")
+
+
+def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int) -> bool:
+    dims = {v: tuple(z3.Int(f"{v}_{k}") for k in range(r)) for v, r in ranks.items()}
+    funcs = {v: z3.Function(f"T_{v}", *([z3.IntSort()] * r), z3.RealSort()) for v, r in ranks.items()}
+    sum_fn = z3.Function("SUM", z3.ArraySort(z3.IntSort(), z3.RealSort()), z3.RealSort())
+    builder = _Builder(ranks, dims, funcs, sum_fn)
+    lhs_typed: list[z3.BoolRef] = []
+    try:
+        lhs = [builder.value(p, lhs_typed) for p in rule.lhs]
+    except _IllTyped:
+        return True  # no left side of these ranks is well-typed: nothing to show
+    builder.split_dims = tuple(v.dims for v in lhs) if rule.is_multi else ()
+    rhs_typed: list[z3.BoolRef] = []
+    try:
+        rhs = [builder.value(p, rhs_typed) for p in rule.rhs]
+    except _IllTyped:
+        rhs = None
+    facts = [d >= 1 for ds in dims.values() for d in ds] + lhs_typed
+    facts += [_condition(c, dims) for c in rule.conditions]
+    if rhs is None or any(len(a.dims) != len(b.dims) for a, b in zip(lhs, rhs)):
+        if guarded:
+            return True  # the guard never holds at these ranks
+        solver = z3.Solver()
+        solver.add(*facts)
+        return solver.check() == z3.unsat  # fine only if no left side of these ranks is well-typed
+    same_shape = [d == e for a, b in zip(lhs, rhs) for d, e in zip(a.dims, b.dims)]
+    solver = z3.Solver()
+    solver.set("timeout", timeout_ms)
+    solver.add(*facts)
+    if guarded:
+        solver.add(*rhs_typed, *same_shape)
+    goals = []
+    for n, (a, b) in enumerate(zip(lhs, rhs)):
+        idx = [z3.Int(f"i{n}_{k}") for k in range(len(a.dims))]
+        solver.add(*[z3.And(i >= 0, i < d) for i, d in zip(idx, a.dims)])
+        goals.append(a.elem(idx) == b.elem(idx))
+    goal = z3.And(*goals) if guarded else z3.And(*rhs_typed, *same_shape, *goals)
+    solver.add(z3.Not(goal))
+    return solver.check() == z3.unsat
+
+
+__all__ = ["prove_symbolic", "why_not", "resists", "SUPPORTED", "Unsupported"]
