@@ -15,7 +15,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from eqsat.arg_types import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, POSITIVE_INT
 from eqsat.errors import EqsatError
+from eqsat.output_targets import writable_dir, writable_file
 
 __all__ = ["BENCHMARKS", "Benchmark"]
 
@@ -36,6 +38,9 @@ class Benchmark:
         for name in ("time_limit", "memory_gib"):
             if not getattr(args, name, 1.0) > 0:  # also NaN
                 raise EqsatError(f"bench: --{name.replace('_', '-')} must be a positive number")
+        out = getattr(args, "out", None)
+        if out is not None:  # before any work: a bad target is one line, not a traceback at the end
+            (writable_file if getattr(args, "out_is_file", False) else writable_dir)(out, "--out")
         return self.call(importlib.import_module(self.module), args)
 
 
@@ -44,7 +49,7 @@ def _out(parser: argparse.ArgumentParser, default: str = "results") -> None:
 
 
 def _time_limit(parser: argparse.ArgumentParser, default: float = 60.0, what: str = "per solver run") -> None:
-    parser.add_argument("--time-limit", type=float, default=default, help=f"time limit {what}, seconds")
+    parser.add_argument("--time-limit", type=POSITIVE, default=default, help=f"time limit {what}, seconds")
 
 
 # --- extraction ---------------------------------------------------------------------------------
@@ -52,8 +57,8 @@ def _time_limit(parser: argparse.ArgumentParser, default: float = 60.0, what: st
 def _extraction_flags(parser: argparse.ArgumentParser) -> None:
     _out(parser)
     _time_limit(parser)
-    parser.add_argument("--files", nargs="*", default=None, help="input files (default: the benchmark's own set)")
-    parser.add_argument("--extractors", nargs="*", default=None, help="extractors to compare (default: all)")
+    parser.add_argument("--files", nargs="+", default=None, help="input files (default: the benchmark's own set)")
+    parser.add_argument("--extractors", nargs="+", default=None, help="extractors to compare (default: all)")
 
 
 def _extraction(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -64,9 +69,9 @@ def _extraction(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
 def _scaling_flags(parser: argparse.ArgumentParser) -> None:
     _out(parser)
     _time_limit(parser)
-    parser.add_argument("--extractors", nargs="*", default=None, help="extractors to compare (default: all)")
-    parser.add_argument("--memory-gib", type=float, default=8.0, help="memory limit per run, GiB")
-    parser.add_argument("--max-classes", type=int, default=None, help="largest chain to try")
+    parser.add_argument("--extractors", nargs="+", default=None, help="extractors to compare (default: all)")
+    parser.add_argument("--memory-gib", type=POSITIVE, default=8.0, help="memory limit per run, GiB")
+    parser.add_argument("--max-classes", type=POSITIVE_INT, default=None, help="largest chain to try")
 
 
 def _scaling(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -77,7 +82,7 @@ def _scaling(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def _lns_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--files", nargs="+", default=["tensat/nasrnn.json"], help="relative to the e-graph data folder")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--seeds", nargs="+", type=NON_NEGATIVE_INT, default=[0, 1, 2])
     _time_limit(parser)
 
 
@@ -90,13 +95,13 @@ def _lns(module: Any, args: argparse.Namespace) -> Iterable[dict[str, Any]]:
 def _jax_flags(parser: argparse.ArgumentParser) -> None:
     _out(parser)
     _time_limit(parser, 10.0, "of the optimization per signature")
-    parser.add_argument("--rounds", type=int, default=40, help="paired timing rounds per program (at most)")
-    parser.add_argument("--budget", type=float, default=8.0, help="timing seconds per program (at most)")
-    parser.add_argument("--programs", nargs="*", default=None, help="programs to run (default: all)")
+    parser.add_argument("--rounds", type=POSITIVE_INT, default=40, help="paired timing rounds per program (at most)")
+    parser.add_argument("--budget", type=POSITIVE, default=8.0, help="timing seconds per program (at most)")
+    parser.add_argument("--programs", nargs="+", default=None, help="programs to run (default: all)")
     parser.add_argument("--no-ranking", action="store_true", help="skip the cost models' ranking check")
     parser.add_argument("--no-first-call", action="store_true", help="skip the 12-layer first call in fresh processes")
     groups = ("targets", "models", "overhead")
-    parser.add_argument("--groups", nargs="*", choices=groups, default=list(groups),
+    parser.add_argument("--groups", nargs="+", choices=groups, default=list(groups),
                         help="targets: the JAX target programs; models: Flax / Equinox models; "
                              "overhead: the wrapper's cost over jax.jit")
 
@@ -109,9 +114,9 @@ def _jax(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def _ceiling_flags(parser: argparse.ArgumentParser) -> None:
     _out(parser)
-    parser.add_argument("--rounds", type=int, default=40, help="paired timing rounds per variant (at most)")
-    parser.add_argument("--budget", type=float, default=8.0, help="timing seconds per program (at most)")
-    parser.add_argument("--programs", nargs="*", default=None, help="programs to run (default: all)")
+    parser.add_argument("--rounds", type=POSITIVE_INT, default=40, help="paired timing rounds per variant (at most)")
+    parser.add_argument("--budget", type=POSITIVE, default=8.0, help="timing seconds per program (at most)")
+    parser.add_argument("--programs", nargs="+", default=None, help="programs to run (default: all)")
 
 
 def _ceiling(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -123,13 +128,13 @@ def _ceiling(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
 def _tensat_flags(parser: argparse.ArgumentParser) -> None:
     _out(parser)
     _time_limit(parser, what="per extraction")
-    parser.add_argument("--models", nargs="*", default=None, help="models (default: Tensat's seven)")
-    parser.add_argument("--k-multi", nargs="*", type=int, default=None, help="rounds of two-output rules (default: 1)")
-    parser.add_argument("--taso-seconds", type=float, default=20.0,
+    parser.add_argument("--models", nargs="+", default=None, help="models (default: Tensat's seven)")
+    parser.add_argument("--k-multi", nargs="+", type=NON_NEGATIVE_INT, default=None, help="rounds of two-output rules (default: 1)")
+    parser.add_argument("--taso-seconds", type=POSITIVE, default=20.0,
                         help="cap on the TASO-style search at TASO's default budget (1000 graphs)")
-    parser.add_argument("--cost-models", nargs="*", default=None, metavar="MODEL/DEVICE",
+    parser.add_argument("--cost-models", nargs="+", default=None, metavar="MODEL/DEVICE",
                         help="cost models, e.g. roofline/h100 measured/cpu (default: both of those)")
-    parser.add_argument("--taso-long-seconds", type=float, default=60.0,
+    parser.add_argument("--taso-long-seconds", type=NON_NEGATIVE, default=60.0,
                         help="cap on the longer TASO-style search (10000 graphs, roofline column; 0 skips it)")
 
 
@@ -139,9 +144,9 @@ def _tensat(module: Any, args: argparse.Namespace) -> Iterable[dict[str, Any]]:
 
 def _schedules_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="a model name (eqsat.models) or a .model / Graph .json path")
-    parser.add_argument("--k-multi", type=int, nargs="+", default=[1, 2], help="rounds of two-output rules")
+    parser.add_argument("--k-multi", type=NON_NEGATIVE_INT, nargs="+", default=[1, 2], help="rounds of two-output rules")
     parser.add_argument("--schedules", nargs="+", default=None, help="schedules to compare (default: all)")
-    parser.add_argument("--node-limit", type=int, default=50_000, help="saturation e-node limit")
+    parser.add_argument("--node-limit", type=POSITIVE_INT, default=50_000, help="saturation e-node limit")
     _time_limit(parser, what="per extraction")
 
 
@@ -153,6 +158,7 @@ def _schedules(module: Any, args: argparse.Namespace) -> Iterable[dict[str, Any]
 def _rules_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-synth", action="store_true", help="verify Tensat's rules only")
     parser.add_argument("--out", type=Path, default=Path("results/synth.rules"), help="file for the synthesized rules")
+    parser.set_defaults(out_is_file=True)
 
 
 def _rules(module: Any, args: argparse.Namespace) -> Iterable[dict[str, Any]]:
@@ -164,7 +170,7 @@ def _rules(module: Any, args: argparse.Namespace) -> Iterable[dict[str, Any]]:
 def _parallel_flags(parser: argparse.ArgumentParser) -> None:
     _out(parser)
     _time_limit(parser, 20.0, "per plan's ILP")
-    parser.add_argument("--models", nargs="*", default=None, help="cases (default: all)")
+    parser.add_argument("--models", nargs="+", default=None, help="cases (default: all)")
 
 
 def _parallel(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -72,7 +72,7 @@ def jax_mesh(mesh: Mesh, devices: Sequence[Any] | None = None) -> JaxMesh:
     devs = list(devices if devices is not None else jax.devices())
     if len(devs) < mesh.n_devices:
         raise ShardError(f"mesh {mesh.name} needs {mesh.n_devices} devices, JAX has {len(devs)} "
-                         "(on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+                         f"(on CPU set XLA_FLAGS=--xla_force_host_platform_device_count={mesh.n_devices})")
     return JaxMesh(np.asarray(devs[: mesh.n_devices]).reshape(mesh.shape), mesh.axis_names)
 
 

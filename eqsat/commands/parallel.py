@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 
+from eqsat.arg_types import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from eqsat.models import PARALLEL_MODELS, build_parallel_model, lookup
@@ -228,12 +229,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help=f"model: {', '.join(PARALLEL_MODELS)}")
     parser.add_argument("--mesh", default="8", help=f"mesh shape (8, 2x4, 4x2) or preset ({', '.join(PRESETS)})")
     parser.add_argument("--base", default="cpu8", help="preset whose devices and links a shape uses")
-    parser.add_argument("--time-limit", type=float, default=20.0, help="ILP time limit per plan, seconds")
-    parser.add_argument("--budget", type=float, default=None,
+    parser.add_argument("--time-limit", type=POSITIVE, default=20.0, help="ILP time limit per plan, seconds")
+    parser.add_argument("--budget", type=POSITIVE, default=None,
                         help="per-device memory budget as a fraction of the unparallelized footprint (e.g. 0.4)")
-    parser.add_argument("--comm-budget", type=float, default=None,
+    parser.add_argument("--comm-budget", type=NON_NEGATIVE, default=None,
                         help="bytes per device a training step may move (all collectives, forward, backward, sync)")
-    parser.add_argument("--random-plans", type=int, default=0, help="also check this many random plans on the devices")
+    parser.add_argument("--random-plans", type=NON_NEGATIVE_INT, default=0, help="also check this many random plans on the devices")
     parser.add_argument("--no-measure", action="store_true", help="plan only: no JAX run or compile")
 
 
@@ -245,6 +246,9 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
         raise EqsatError(f"--comm-budget is a number of bytes (>= 0), not {args.comm_budget}")
     if not (math.isfinite(args.time_limit) and args.time_limit > 0):
         raise EqsatError(f"--time-limit must be a number of seconds > 0, not {args.time_limit}")
+    if args.random_plans < 0:
+        raise EqsatError(f"--random-plans is a count of plans (>= 0), not {args.random_plans}")
+    parse_mesh(args.mesh, args.base)  # a bad mesh fails here, before any work
     t = time.perf_counter()
     row = run_case(args.model, args.mesh, args.time_limit, args.budget, args.random_plans, not args.no_measure, args.base,
                    args.comm_budget)

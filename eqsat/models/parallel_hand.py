@@ -218,7 +218,11 @@ class _Builder:
 
 
 def megatron_by_hand(model: str, graph: Graph, mesh: Mesh) -> Graph:
-    """The hand-written Megatron plan of `model` on the mesh's last axis."""
-    axis = len(mesh.shape) - 1
+    """The hand-written Megatron plan of `model` on the mesh's last axis of more than one device (a
+    size-1 axis splits nothing; with none, the program stays replicated)."""
+    real = [i for i, size in enumerate(mesh.shape) if size > 1]
+    if not real:
+        return graph
+    axis = real[-1]
     builder = _Builder(graph, megatron_spec(model, graph), axis, mesh.shape[axis])
     return builder.build().live()

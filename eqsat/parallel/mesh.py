@@ -79,8 +79,11 @@ class Mesh:
     def reshaped(self, shape: Sequence[int]) -> Mesh:
         """The same kind of devices and links on another shape, using the first prod(shape) of them
         (axes named a0, a1, ...; the link of a multi-axis shape is this mesh's slowest)."""
-        if math.prod(shape) > self.n_devices or any(s < 1 for s in shape):
-            raise MeshError(f"mesh shape {'x'.join(map(str, shape))} needs more than the {self.n_devices} devices of {self.name}")
+        if any(s < 1 for s in shape):
+            raise MeshError(f"mesh shape {'x'.join(map(str, shape))}: every axis size must be a positive whole number")
+        if math.prod(shape) > self.n_devices:
+            raise MeshError(f"mesh shape {'x'.join(map(str, shape))} needs {math.prod(shape)} devices, "
+                            f"more than the {self.n_devices} of {self.name}")
         bw = min(a.bandwidth for a in self.axes)
         lat = max(a.latency for a in self.axes)
         axes = tuple(MeshAxis(f"a{i}", s, bw, lat) for i, s in enumerate(shape))
@@ -98,12 +101,27 @@ PRESETS: Mapping[str, Mesh] = MappingProxyType({
 })
 
 
+def normalized_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    """`shape` without its size-1 axes (`8x1` is `8`): a size-1 axis splits nothing and moves
+    nothing, and a plan or baseline sharded over it would only pretend to. A shape that needs one
+    device in all is refused: on one device every plan is the replicated program, with no
+    communication to plan (that is `eqsat optimize`'s job), and a search would spend a minute to say so."""
+    if any(s < 1 for s in shape):
+        raise MeshError(f"mesh shape {'x'.join(map(str, shape))}: every axis size must be a positive whole number")
+    kept = tuple(s for s in shape if s > 1)
+    if not kept:
+        raise MeshError(f"mesh shape {'x'.join(map(str, shape))} has one device: there is nothing to parallelize "
+                        "(use eqsat optimize for a single device)")
+    return kept
+
+
 def parse_mesh(spec: str, base: str = "cpu8") -> Mesh:
-    """`8`, `2x4`, `4x2` (the `base` preset's devices on that shape) or a preset name."""
+    """`8`, `2x4`, `4x2` (the `base` preset's devices on that shape; size-1 axes dropped,
+    `normalized_shape`) or a preset name."""
     if spec in PRESETS:
         return PRESETS[spec]
     try:
-        shape = tuple(int(s) for s in spec.lower().split("x"))
+        shape = normalized_shape(tuple(int(s) for s in spec.lower().split("x")))
     except ValueError:
         raise MeshError(f"mesh '{spec}' is neither a preset ({', '.join(PRESETS)}) nor a shape like 8 or 2x4") from None
     if base not in PRESETS:
