@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,8 +29,10 @@ import numpy as np
 from eqsat.candidates import SegmentReport
 from jax_backend.decorator_checks import build_signature
 from jax_backend.decorator_options import (
+    RECOMPILE_STORM,
     EqsatDeviceWarning,
     EqsatFallbackWarning,
+    EqsatRecompileWarning,
     Entry,
     Options,
     SignatureReport,
@@ -39,7 +42,7 @@ from jax_backend.decorator_options import (
 from jax_backend.timing import paired_timing
 
 __all__ = ["optimize", "OptimizedFunction", "SignatureReport", "SegmentReport", "EqsatFallbackWarning",
-           "EqsatDeviceWarning", "paired_timing"]
+           "EqsatDeviceWarning", "EqsatRecompileWarning", "paired_timing"]
 
 
 _T = TypeVar("_T")
@@ -144,7 +147,8 @@ class OptimizedFunction:
     def __init__(self, fun: Callable[..., Any], opts: Options) -> None:
         self.fun = fun
         self.options = opts
-        self._cache: dict[Hashable, Entry] = {}
+        self._cache: OrderedDict[Hashable, Entry] = OrderedDict()  # least recently used first
+        self._built = 0  # signatures optimized in this wrapper's life (re-optimized after eviction included)
         self._traces = 0  # bodies entered: tells an argument error of jax.jit from the function's own
         self._split_calls = False  # set once jax.jit refuses this function's arguments as they are
         self._warned: set[str] = set()
@@ -239,12 +243,20 @@ class OptimizedFunction:
         if split.key is None:
             return Entry(None, None, SignatureReport(signature, "original", "unhashable static arguments")), split
         entry = self._cache.get(split.key)
-        if entry is None:
+        if entry is not None:
+            self._cache.move_to_end(split.key)
+        else:
             out_trees: list[Any] = []
+            user_errors: list[Exception] = []
 
             def flat_fun(*flat: Any) -> list[Any]:
                 full_args, full_kwargs = split.rebuild(flat)
-                leaves_out, out_tree = jax.tree_util.tree_flatten(self.fun(*full_args, **full_kwargs))
+                try:
+                    result = self.fun(*full_args, **full_kwargs)
+                except Exception as exc:
+                    user_errors.append(exc)
+                    raise
+                leaves_out, out_tree = jax.tree_util.tree_flatten(result)
                 out_trees.append(out_tree)
                 return leaves_out
 
@@ -257,8 +269,18 @@ class OptimizedFunction:
                 reason = f"optimizing failed: {type(exc).__name__}: {exc}"
                 entry = Entry(None, None, SignatureReport(signature, "original", reason),
                                f"eqsat.optimize: running the original function: {reason}")
+            if user_errors and not out_trees:  # the function's own error, raised as jax.jit would: no warning, no second trace
+                raise user_errors[0]
             entry.out_tree = out_trees[0] if out_trees else None
             self._cache[split.key] = entry
+            while len(self._cache) > self.options.max_signatures:
+                self._cache.popitem(last=False)
+            self._built += 1
+            if self._built > RECOMPILE_STORM:
+                self._warn_once("recompile", f"eqsat.optimize: {getattr(self.fun, '__name__', 'the function')} has been "
+                                f"optimized for {self._built} input signatures, each a full optimization; pad or "
+                                "bucket shapes that change per call, or mark such arguments static",
+                                EqsatRecompileWarning)
             if entry.warning:
                 warnings.warn(entry.warning, EqsatFallbackWarning, stacklevel=4)
         return entry, split
@@ -269,21 +291,32 @@ class OptimizedFunction:
 
     @property
     def reports(self) -> list[SignatureReport]:
+        """The kept signatures' reports (at most `max_signatures`, least recently used first)."""
         return [e.report for e in self._cache.values()]
 
 
 def optimize(fun: Callable[..., Any] | None = None, *, rules: object = None, extractor: str = "ilp",
              cost_model: str | Sequence[str] | None = None, time_limit: float = 5.0, static_argnums: int | Sequence[int] = (),
              static_argnames: str | Sequence[str] = (), rtol: float = 2e-4, check_speed: bool = True,
-             lowering: str = "auto") -> Any:
+             lowering: str = "auto", max_signatures: int = 32) -> Any:
     """Decorator: `@optimize` or `@optimize(rules=..., extractor=..., cost_model=..., time_limit=...)`.
 
     `cost_model`: None extracts one candidate under each of "roofline", "measured" and "merge"
     (roofline plus a cost per matmul/conv call) and keeps the fastest as timed; a name or names
     extract under those models only. `rtol`: a candidate is used only if its outputs agree with the
-    original's, of the same dtypes, within `rtol` of each output's magnitude (`eqsat.compare`)."""
+    original's, of the same dtypes, within `rtol` of each output's magnitude (`eqsat.compare`).
+    `max_signatures`: how many input signatures' results are kept (the least recently used is
+    dropped, and optimized again if it comes back); past `RECOMPILE_STORM` signatures optimized,
+    an `EqsatRecompileWarning` says so once. A `fun` that is not callable is a TypeError, as for
+    `jax.jit`."""
     opts = make_options(rules, extractor, cost_model, time_limit, static_argnums, static_argnames, rtol, check_speed,
-                        lowering)
+                        lowering, max_signatures)
     if fun is None:
-        return lambda f: OptimizedFunction(f, opts)
-    return OptimizedFunction(fun, opts)
+        return lambda f: OptimizedFunction(_callable(f), opts)
+    return OptimizedFunction(_callable(fun), opts)
+
+
+def _callable(fun: Any) -> Callable[..., Any]:
+    if not callable(fun):
+        raise TypeError(f"eqsat.optimize: expected a callable, got {fun!r}")
+    return fun

@@ -8,6 +8,7 @@ Kept apart from the wrapper (`jax_backend/decorator.py`) and the per-signature w
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,8 +20,13 @@ from eqsat import candidates
 from eqsat.candidates import RuleSource, SegmentReport
 from eqsat.errors import EqsatError
 
-__all__ = ["Options", "SignatureReport", "EqsatFallbackWarning", "EqsatDeviceWarning", "make_options", "cost_device",
-           "cost_device_for"]
+__all__ = ["Options", "SignatureReport", "EqsatFallbackWarning", "EqsatDeviceWarning", "EqsatRecompileWarning",
+           "RECOMPILE_STORM", "make_options", "cost_device", "cost_device_for"]
+
+RECOMPILE_STORM = 8
+"""Distinct signatures one wrapper may optimize before it warns (once) of a recompile storm:
+torch.compile's default recompile limit, the point past which a shape that changes every call
+(a sequence length, a batch remainder) is the likelier cause than a handful of real variants."""
 
 
 class EqsatFallbackWarning(UserWarning):
@@ -29,6 +35,10 @@ class EqsatFallbackWarning(UserWarning):
 
 class EqsatDeviceWarning(UserWarning):
     """The JAX device has no cost-model device of its own; costs are predicted for a stand-in."""
+
+
+class EqsatRecompileWarning(UserWarning):
+    """More than `RECOMPILE_STORM` input signatures: each new one costs a full optimization."""
 
 
 @dataclass(frozen=True)
@@ -72,18 +82,23 @@ class Options:
     iterations: int = 8
     max_enodes: int = 20_000
     candidate_models: tuple[str, ...] = ("roofline", "measured", "merge")  # extract under each, time the distinct
+    max_signatures: int = 32  # per-signature results kept (least recently used dropped; seen again: re-optimized)
 
 
 def make_options(rules: object = None, extractor: str = "ilp", cost_model: str | Sequence[str] | None = None,
                  time_limit: float = 5.0, static_argnums: int | Sequence[int] = (),
                  static_argnames: str | Sequence[str] = (), rtol: float = 2e-4, check_speed: bool = True,
-                 lowering: str = "auto") -> Options:
+                 lowering: str = "auto", max_signatures: int = 32) -> Options:
     """`optimize`'s keyword arguments as `Options`; a typo (an unknown lowering, extractor, cost
     model or rule file) fails here, at decoration, with the choices."""
     if lowering not in ("auto", "xla", "pallas"):
         raise EqsatError(f"optimize: lowering must be 'auto', 'xla' or 'pallas', got {lowering!r}")
-    if time_limit <= 0:
-        raise EqsatError(f"optimize: time_limit must be positive, got {time_limit}")
+    if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
+        raise EqsatError(f"optimize: time_limit must be a finite number of seconds > 0, got {time_limit!r}")
+    if not (isinstance(rtol, (int, float)) and math.isfinite(rtol) and rtol >= 0):
+        raise EqsatError(f"optimize: rtol must be a finite number >= 0, got {rtol!r}")
+    if isinstance(max_signatures, bool) or not (isinstance(max_signatures, int) and max_signatures >= 1):
+        raise EqsatError(f"optimize: max_signatures must be a whole number >= 1, got {max_signatures!r}")
     nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
     models = Options.candidate_models if cost_model is None else \
@@ -92,7 +107,7 @@ def make_options(rules: object = None, extractor: str = "ilp", cost_model: str |
         raise EqsatError("optimize: cost_model must name at least one cost model")
     candidates.check_names(extractor, models)
     return Options(candidates.rule_source(rules), extractor, models[0], float(time_limit), nums, names, rtol,
-                   check_speed=check_speed, lowering=lowering, candidate_models=models)
+                   check_speed=check_speed, lowering=lowering, candidate_models=models, max_signatures=max_signatures)
 
 
 def cost_device_for(platform: str, device_kind: str) -> tuple[str, str]:

@@ -137,3 +137,92 @@ def test_number_type_messages() -> None:
             POSITIVE(bad)
     with pytest.raises(argparse.ArgumentTypeError, match="whole number >= 0"):
         NON_NEGATIVE_INT("1.5")
+
+
+# --- the decorator ----------------------------------------------------------------------------------
+
+
+def test_optimize_refuses_a_non_callable_as_jax_jit_does() -> None:
+    import eqsat
+
+    with pytest.raises(TypeError):
+        jax.jit(42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="expected a callable, got 42"):
+        eqsat.optimize(42)
+    with pytest.raises(TypeError, match="expected a callable"):
+        eqsat.optimize(time_limit=1.0)("not a function")
+
+
+@pytest.mark.parametrize("kwargs", [{"rtol": math.nan}, {"rtol": -1.0}, {"rtol": math.inf}, {"time_limit": math.nan},
+                                    {"time_limit": math.inf}, {"max_signatures": 0}, {"max_signatures": 2.5}])
+def test_optimize_refuses_bad_tolerances_and_limits_at_decoration(kwargs: dict[str, Any]) -> None:
+    import eqsat
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy warning on the way to the error
+        with pytest.raises(EqsatError, match=next(iter(kwargs))):
+            eqsat.optimize(lambda x: x, **kwargs)
+
+
+def test_a_user_exception_propagates_once_traced_with_no_eqsat_warning() -> None:
+    import eqsat
+
+    calls: list[int] = []
+
+    def broken(x: jax.Array) -> jax.Array:
+        calls.append(1)
+        raise ValueError("the user's own bug")
+
+    fn = eqsat.optimize(broken, time_limit=1.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match="the user's own bug"):
+            fn(jnp.ones(3))
+    assert len(calls) == 1
+    assert not [w for w in caught if "eqsat" in str(w.message)], [str(w.message) for w in caught]
+
+
+def _stub_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Replace the optimization of a signature by a trace of the function and an "original" entry."""
+    from jax_backend import decorator
+    from jax_backend.decorator_options import Entry, SignatureReport
+
+    built: list[str] = []
+
+    def fake_build(flat_fun: Any, avals: Any, signature: str, opts: Any, device: Any = None) -> Entry:
+        jax.make_jaxpr(flat_fun)(*avals)
+        built.append(signature)
+        return Entry(None, None, SignatureReport(signature, "original", "stub"))
+
+    monkeypatch.setattr(decorator, "build_signature", fake_build)
+    return built
+
+
+def test_the_signature_cache_is_bounded_lru_and_an_evicted_signature_is_optimized_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import eqsat
+
+    built = _stub_builds(monkeypatch)
+    fn = eqsat.optimize(lambda x: x * 2.0, max_signatures=2)
+    for n in (1, 2, 1, 3):  # 1 is used again before 3 arrives: 2 is the least recently used
+        fn.report(jnp.ones(n))
+    assert [r.signature for r in fn.reports] == ["float32[1]", "float32[3]"]
+    fn.report(jnp.ones(2))  # evicted: optimized again
+    assert built == ["float32[1]", "float32[2]", "float32[3]", "float32[2]"]
+    assert len(fn.reports) == 2
+    assert float(fn(jnp.ones(4))[0]) == 2.0
+
+
+def test_a_recompile_storm_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import eqsat
+    from jax_backend.decorator_options import RECOMPILE_STORM, EqsatRecompileWarning
+
+    _stub_builds(monkeypatch)
+    fn = eqsat.optimize(lambda x: x + 1.0, max_signatures=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in range(1, RECOMPILE_STORM + 4):
+            fn.report(jnp.ones(n))
+    storms = [w for w in caught if issubclass(w.category, EqsatRecompileWarning)]
+    assert len(storms) == 1 and f"{RECOMPILE_STORM + 1} input signatures" in str(storms[0].message)
+    assert len(fn.reports) == 4
