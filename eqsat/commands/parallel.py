@@ -31,7 +31,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 
-from eqsat.arg_types import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from eqsat.models import PARALLEL_MODELS, build_parallel_model, lookup
@@ -229,12 +228,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help=f"model: {', '.join(PARALLEL_MODELS)}")
     parser.add_argument("--mesh", default="8", help=f"mesh shape (8, 2x4, 4x2) or preset ({', '.join(PRESETS)})")
     parser.add_argument("--base", default="cpu8", help="preset whose devices and links a shape uses")
-    parser.add_argument("--time-limit", type=POSITIVE, default=20.0, help="ILP time limit per plan, seconds")
-    parser.add_argument("--budget", type=POSITIVE, default=None,
+    parser.add_argument("--time-limit", type=float, default=20.0, help="ILP time limit per plan, seconds")
+    parser.add_argument("--budget", type=float, default=None,
                         help="per-device memory budget as a fraction of the unparallelized footprint (e.g. 0.4)")
-    parser.add_argument("--comm-budget", type=NON_NEGATIVE, default=None,
+    parser.add_argument("--comm-budget", type=float, default=None,
                         help="bytes per device a training step may move (all collectives, forward, backward, sync)")
-    parser.add_argument("--random-plans", type=NON_NEGATIVE_INT, default=0, help="also check this many random plans on the devices")
+    parser.add_argument("--random-plans", type=int, default=0, help="also check this many random plans on the devices")
     parser.add_argument("--no-measure", action="store_true", help="plan only: no JAX run or compile")
 
 

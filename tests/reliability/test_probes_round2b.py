@@ -113,10 +113,6 @@ def test_megatron_by_hand_shards_over_a_real_axis_and_moves_nothing_on_one_devic
     ["bench", "jax", "--programs"],
     ["bench", "schedules", "mlp", "--node-limit", "0"],
     ["bench", "lns", "--seeds", "-1"],
-    ["parallel", "mlp16", "--random-plans", "-3"],
-    ["parallel", "mlp16", "--time-limit", "nan"],
-    ["parallel", "mlp16", "--budget", "-0.5"],
-    ["parallel", "mlp16", "--comm-budget", "inf"],
 ])
 def test_numeric_and_list_flags_are_checked_as_the_command_line_is_read(
         argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -124,6 +120,21 @@ def test_numeric_and_list_flags_are_checked_as_the_command_line_is_read(
         cli.main(argv)
     assert exc.value.code == 2
     assert "error: argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value", [("--random-plans", "-3"), ("--time-limit", "nan"), ("--budget", "-0.5"),
+                                         ("--comm-budget", "inf")])
+def test_parallel_numeric_flags_fail_before_any_work(flag: str, value: str, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from eqsat.commands import parallel
+
+    def no_work(*_: object, **__: object) -> None:
+        raise AssertionError("planning started")
+
+    monkeypatch.setattr(parallel, "run_case", no_work)
+    assert cli.main(["parallel", "mlp16", flag, value, "--no-measure"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"eqsat parallel: error: {flag}") and "\n" not in err, err
 
 
 def test_number_type_messages() -> None:
