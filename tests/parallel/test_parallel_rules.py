@@ -12,7 +12,7 @@ from eqsat.rewrites.parser import parse_rule_text
 from eqsat.rewrites.verify import PROVED, REFUTED, verified_rules, verify_rule
 
 
-@pytest.mark.parametrize("parts", [2, 4])
+@pytest.mark.parametrize("parts", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_every_instance_is_accepted(parts: int) -> None:
     unknown = []
     for rule in instantiate(0, parts):
