@@ -78,6 +78,7 @@ def test_gpt_block_megatron_compiles_to_two_all_reduces() -> None:
     assert check["measured_step_comm_bytes"] == pytest.approx(result.report.comm_bytes(None), rel=0.05)
 
 
+@pytest.mark.slow  # ~20 s: compiles and runs random plans on 8 devices (bench parallel runs 20 per case)
 def test_random_plans_on_devices() -> None:
     """Plans of every shape the rules allow (random extractions) run equal to the program."""
     graph = gpt(1, d=32, heads=4, seq=8)
