@@ -44,7 +44,7 @@ SUPPORTED: frozenset[str] = frozenset({"ewadd", "ewmul", "relu", "sigmoid", "tan
                                        "split_part", "conv2d", "enlarge"})
 CONV_RANKS = (4, 5, 6)  # NCHW x OIHW, or both with the same leading batch axes (`ops.CONV_MAX_RANK`)
 WINDOW_OPS = frozenset({"conv2d", "enlarge"})
-WINDOW_TIMEOUT_MS = 1500  # sums over windows and channel groups: z3 needs longer than for matmul
+WINDOW_TIMEOUT_MS = 1000  # sums over windows and channel groups: z3 needs longer than for matmul
 GROUPED_TIMEOUT_MS = 400
 ACTIVATIONS = {0: None, 1: "sigmoid", 2: "relu", 3: "tanh"}  # `ops.Activation` codes
 MAX_RANK = 6  # ranks are enumerated up to MAX_RANK + 1; a variable typed at that rank means the rank is unbounded
