@@ -79,3 +79,14 @@ def test_no_mutant_of_a_conv_rule_that_numbers_refute_is_proved() -> None:
         # under the guard: never refuted (unknown where the sampler finds no shapes the guard admits,
         # e.g. a VALID piece that keeps its shape only for 1x1 kernels, where VALID is SAME)
         assert res.status == "proved" or res.guarded_status != "refuted", m.name
+
+
+def test_a_merge_whose_right_side_is_ill_typed_at_rank_5_is_proved_under_the_guard_only() -> None:
+    """conv2d takes batched rank-5 operands, but `(concat 0 4 ?w ?v)` demands rank 4: strictly the
+    rule fails there (the shape check says so), under the applier's guard it holds for every shape."""
+    from eqsat.rewrites.concrete import _Refuted, check_shapes
+
+    (r,) = [r for r in library_rules() if r.name == "conv-merge-weights"]
+    assert prove_symbolic(r) is None and prove_symbolic(r, guarded=True) is not None
+    with pytest.raises(_Refuted, match="shapes"):
+        check_shapes(r, {"x": (2, 2, 2, 3, 3), "w": (2, 2, 2, 1, 1), "v": (2, 2, 2, 1, 1)})
