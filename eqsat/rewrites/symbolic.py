@@ -6,7 +6,10 @@ own: equal shapes for elementwise ops, agreeing dims and the summed axis for con
 for transpose, the inner dims for a (batched) matmul), and its element at a symbolic index (concat: an
 If on the axis offset; transpose: the permuted index; split pieces: the offset of Tensat's
 convention; matmul: an uninterpreted sum over the products masked to the inner range, equal when they agree
-there, split in two over a concatenated inner dim).
+there, split in two over a concatenated inner dim; conv2d: the same sum over the group's input channels
+and the input positions its window covers, SAME/VALID padding as `ops.window_out_and_pads` writes it,
+channel groups as the registry infers them (C / Ci groups), a fused activation on top; enlarge: the
+kernel zero-padded around, centred).
 z3 then shows that a well-typed left side (and the rule's conditions) gives a well-typed right side
 of the same shape whose element equals the left side's at every in-range index: strictly, or under
 the applier's guard (both sides well-typed with one shape). relu is exact (If), other activations
@@ -14,14 +17,22 @@ uninterpreted, as in the concrete prover.
 
 Ranks are enumerated (`shapes.rank_choices` up to rank 7); a rule whose variables may take rank 7
 is not bounded in rank (elementwise rules: the axiom derivation takes those) and is left to the
-other provers, as is any op outside the table (conv, pool, broadcast, reshape, enlarge...): these
-rules stay `tested`, with the reason in `why_not`.
+other provers, as is any op outside the table (pools, broadcast, reshape, batchnorm, merge_gconv...):
+these rules stay `tested`, with the reason in `why_not`.
+
+Summing a conv over input positions rather than kernel offsets is what makes `enlarge` provable: at
+stride 1 SAME the enlarged kernel's padding grows by exactly the zeros added, so both sums have the
+same terms; at stride 2 or 3 the clipped SAME padding differs and z3 finds the shifted window. The
+prover only declines, never guesses: a timeout (sums over channel groups make the index arithmetic
+non-linear; those get a shorter one) leaves the rule `tested`. Ranks come from `shapes.rank_choices`
+(equal dims); a condition that may hold only for unequal dims (an inequality, a parity) is dropped
+for that enumeration, never for the proof.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import z3
@@ -30,7 +41,12 @@ from eqsat.rewrites.rule import CLASS_CONDITIONS, Pattern, Rule, Term, Var, ops_
 from eqsat.rewrites.shapes import rank_choices
 
 SUPPORTED: frozenset[str] = frozenset({"ewadd", "ewmul", "relu", "sigmoid", "tanh", "transpose", "concat", "matmul",
-                                       "split_part"})
+                                       "split_part", "conv2d", "enlarge"})
+CONV_RANKS = (4, 5, 6)  # NCHW x OIHW, or both with the same leading batch axes (`ops.CONV_MAX_RANK`)
+WINDOW_OPS = frozenset({"conv2d", "enlarge"})
+WINDOW_TIMEOUT_MS = 1000  # sums over windows and channel groups: z3 needs longer than for matmul
+GROUPED_TIMEOUT_MS = 400
+ACTIVATIONS = {0: None, 1: "sigmoid", 2: "relu", 3: "tanh"}  # `ops.Activation` codes
 MAX_RANK = 6  # ranks are enumerated up to MAX_RANK + 1; a variable typed at that rank means the rank is unbounded
 
 Dims = tuple[z3.ArithRef, ...]
@@ -56,6 +72,10 @@ class _Builder:
     dims: dict[str, Dims]
     funcs: dict[str, z3.FuncDeclRef]
     sum_fn: z3.FuncDeclRef
+    sum_fns: dict[int, z3.FuncDeclRef] = field(default_factory=dict)
+    assumed: list[z3.BoolRef] = field(default_factory=list)  # hypotheses: dims, conditions, the left side's typing
+    typed_is_assumed: bool = True  # building the left side: its own typing so far is a hypothesis too
+    grouped: bool = False  # a conv whose group count is not known to be 1 (index arithmetic beyond linear)
     split_dims: tuple[Dims, ...] = ()
 
     def value(self, p: Pattern, typed: list[z3.BoolRef]) -> _Value:
@@ -114,9 +134,7 @@ class _Builder:
                 raise _IllTyped("matmul: ranks")
             typed += [d == e for d, e in zip(x.dims[:-2], y.dims[:-2])] + [x.dims[-1] == y.dims[-2]]
             k = z3.Int(f"k{id(t)}")
-            act = {0: None, 1: "sigmoid", 2: "relu", 3: "tanh"}.get(a.get("act", 0), "?")
-            if act == "?":
-                raise Unsupported("matmul activation code")
+            act = _activation(t.op, a.get("act", 0))
 
             def product(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
                 batch = list(i[:-2])
@@ -138,7 +156,89 @@ class _Builder:
             size, start = (first, 0) if index == 0 else (second, first)
             return _Value(x.dims[:ax] + (size,) + x.dims[ax + 1:],
                           lambda i: x.elem(list(i[:ax]) + [i[ax] + start] + list(i[ax + 1:])))
+        if t.op == "conv2d":
+            return self._conv(t, args, typed)
+        if t.op == "enlarge":
+            w, ref = args
+            if len(w.dims) != 4 or len(ref.dims) != 4:
+                raise _IllTyped("enlarge: needs two OIHW kernels")
+            typed += [w.dims[k] <= ref.dims[k] for k in (2, 3)] + [(ref.dims[k] - w.dims[k]) % 2 == 0 for k in (2, 3)]
+            ph, pw = (ref.dims[2] - w.dims[2]) / 2, (ref.dims[3] - w.dims[3]) / 2
+
+            def enlarge(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
+                o, c, p, q = i
+                inside = z3.And(ph <= p, p < ph + w.dims[2], pw <= q, q < pw + w.dims[3])
+                return z3.If(inside, w.elem([o, c, p - ph, q - pw]), z3.RealVal(0))
+
+            return _Value((w.dims[0], w.dims[1], ref.dims[2], ref.dims[3]), enlarge)
         raise Unsupported(f"no symbolic semantics for {t.op}")
+
+    def _conv(self, t: Term, args: list[_Value], typed: list[z3.BoolRef]) -> _Value:
+        """`ops.conv2d`: out[b.., n, o, i, j] = act(sum over c < Ci and input positions (r, s) of
+        x[b.., n, g(o) * Ci + c, r, s] * w[b.., o, c, r - i * sh + pt, s - j * sw + pl]), both reads
+        in range (padding reads 0), g(o) = o div (O / groups) the output's group, groups = C / Ci.
+        The spatial sum runs over input positions, not kernel offsets, so a kernel zero-padded
+        around (`enlarge`) sums the same terms exactly where its window lands on the same pixels."""
+        x, w = args
+        a = t.attr
+        sh, sw, pad = a.get("stride_h", 1), a.get("stride_w", 1), a.get("pad", 0)
+        if not all(type(v) is int for v in (sh, sw, pad, a.get("act", 0))):
+            raise Unsupported("conv2d: attributes that are not integer literals")
+        act = _activation(t.op, a.get("act", 0))
+        r = len(x.dims)
+        if len(w.dims) != r or r not in CONV_RANKS or sh < 1 or sw < 1 or pad not in (0, 1):
+            raise _IllTyped("conv2d: ranks, strides or padding")
+        *lead, _n, c, h, wd = x.dims
+        o, ci, kh, kw = w.dims[-4:]
+        typed += [d == e for d, e in zip(lead, w.dims[:-4])]
+        typed += [c % ci == 0, o % (c / ci) == 0]  # terms, not fresh unknowns: a right side's typing is a goal
+        if self._implied(c == ci, typed):
+            groups, og = z3.IntVal(1), o  # one group (the common case): keeps the index arithmetic linear
+        else:
+            groups = c / ci
+            og = o / groups
+            self.grouped = True
+        ho, pt = _window(h, kh, sh, pad, typed)
+        wo, pl = _window(wd, kw, sw, pad, typed)
+
+        def conv(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
+            outer, oc, oi, oj = list(i[:-3]), i[-3], i[-2], i[-1]
+            base = (oc / og) * ci
+
+            def body(ks: Sequence[z3.ArithRef]) -> z3.ArithRef:
+                k, rr, ss = ks
+                p, q = rr - oi * sh + pt, ss - oj * sw + pl
+                inside = z3.And(rr >= 0, rr < h, ss >= 0, ss < wd, p >= 0, p < kh, q >= 0, q < kw)
+                term = x.elem([*outer, base + k, rr, ss]) * w.elem([*outer[:-1], oc, k, p, q])
+                return z3.If(inside, term, z3.RealVal(0))
+
+            total = self._sum_n(body, ci, 3, f"c{id(t)}")
+            return total if act is None else _act(act, total)
+
+        return _Value((*x.dims[:-3], o, ho, wo), conv)
+
+    def _implied(self, claim: z3.BoolRef, typed: list[z3.BoolRef]) -> bool:
+        """Whether the hypotheses imply `claim` (z3, briefly; False when it cannot tell)."""
+        solver = z3.Solver()
+        solver.set("timeout", 200)
+        solver.add(*self.assumed, *(typed if self.typed_is_assumed else ()), z3.Not(claim))
+        return solver.check() == z3.unsat
+
+    def _sum_n(self, body: Callable[[Sequence[z3.ArithRef]], z3.ArithRef], n: z3.ArithRef, arity: int,
+               tag: str) -> z3.ArithRef:
+        """The sum of body(k, ...) over 0 <= k < n and every integer for the other `arity - 1`
+        indices (the body is zero outside a finite range), as an uninterpreted sum of a lambda: equal
+        when the terms agree; a length a + b (a concatenated dim) is split into [0, a) and [a, a + b)."""
+        if z3.is_add(n) and n.num_args() == 2:
+            first, second = n.arg(0), n.arg(1)
+            return (self._sum_n(body, first, arity, tag)
+                    + self._sum_n(lambda ks: body([ks[0] + first, *ks[1:]]), second, arity, tag))
+        ks = [z3.Int(f"{tag}_{m}") for m in range(arity)]
+        if arity not in self.sum_fns:
+            self.sum_fns[arity] = z3.Function(f"SUM{arity}", z3.ArraySort(*([z3.IntSort()] * arity), z3.RealSort()),
+                                              z3.RealSort())
+        masked = z3.If(z3.And(ks[0] >= 0, ks[0] < n), body(ks), z3.RealVal(0))
+        return self.sum_fns[arity](z3.Lambda(ks, masked))
 
 
     def _sum(self, body: Callable[[z3.ArithRef], z3.ArithRef], n: z3.ArithRef, k: z3.ArithRef) -> z3.ArithRef:
@@ -150,6 +250,25 @@ class _Builder:
             return self._sum(body, a, k) + self._sum(lambda j: body(j + a), b, k)
         masked = z3.If(z3.And(k >= 0, k < n), body(k), z3.RealVal(0))
         return self.sum_fn(z3.Lambda([k], masked))
+
+
+def _window(size: z3.ArithRef, k: z3.ArithRef, stride: int, pad: int,
+            typed: list[z3.BoolRef]) -> tuple[z3.ArithRef, z3.ArithRef]:
+    """`ops.window_out_and_pads`: the output length and the low padding (SAME: ceil(size / stride)
+    outputs, the total padding max((out - 1) * stride + k - size, 0), its lower half first; VALID:
+    (size - k) // stride + 1 outputs, no padding), with the op's demand of at least one output."""
+    if pad == 1:
+        typed.append(size >= k)
+        return (size - k) / stride + 1, z3.IntVal(0)
+    out = (size + stride - 1) / stride
+    total = (out - 1) * stride + k - size
+    return out, z3.If(total > 0, total, 0) / 2
+
+
+def _activation(op: str, code: Any) -> str | None:
+    if type(code) is not int or code not in ACTIVATIONS:
+        raise Unsupported(f"{op}: activation code {code!r}")
+    return ACTIVATIONS[code]
 
 
 class _IllTyped(Exception):
@@ -190,10 +309,19 @@ def _condition(c: Any, dims: Mapping[str, Dims]) -> Any:
     ops: dict[str, Callable[[Any, Any], Any]] = {
         "=": lambda x, y: x == y, "!=": lambda x, y: x != y, "<": lambda x, y: x < y, "<=": lambda x, y: x <= y,
         "+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y,
-        "%": lambda x, y: z3.If(y == 0, z3.IntVal(-1), x % y)}
+        "%": _python_mod}
     if c.op not in ops:
         raise Unsupported(f"condition op {c.op}")
     return ops[c.op](a, b)
+
+
+def ops_used_by(rule: Rule) -> set[str]:
+    return {o for p in rule.lhs + rule.rhs for o in ops_used(p)}
+
+
+def _python_mod(x: Any, y: Any) -> Any:
+    """Python's a % b (the sign of b; -1 for b = 0, as `shapes.condition_holds`); z3's mod is never negative."""
+    return z3.If(y == 0, z3.IntVal(-1), z3.If(y > 0, x % y, -((-x) % (-y))))
 
 
 def why_not(rule: Rule) -> str | None:
@@ -201,12 +329,23 @@ def why_not(rule: Rule) -> str | None:
     other = sorted({o for p in rule.lhs + rule.rhs for o in ops_used(p)} - SUPPORTED)
     if other:
         return f"no symbolic semantics for {', '.join(other)} (index arithmetic of windows, broadcasts, reshapes)"
-    if any(_condition_ops(c) - _RANK_SAFE for c in rule.conditions):
-        return "a condition other than equalities of dims and ranks (rank enumeration assumes equal dims type it)"
+    if any(_condition_ops(c) - _CONDITION_OPS for c in rule.conditions):
+        return "a condition op the symbolic prover does not model"
     return None
 
 
 _RANK_SAFE = frozenset({"=", "dim", "rank", "const", *CLASS_CONDITIONS})
+_CONDITION_OPS = _RANK_SAFE | {"!=", "<", "<=", "+", "-", "*", "%"}
+
+
+def _rank_assignments(rule: Rule, guarded: bool) -> list[dict[str, int]]:
+    """Every rank assignment that may type the rule (`shapes.rank_choices`, which tries equal dims).
+    A condition beyond equalities of dims and ranks (an inequality, a parity) may hold only for
+    unequal dims, so it is dropped for the enumeration: more assignments, each still proved under
+    the conditions."""
+    if any(_condition_ops(c) - _RANK_SAFE for c in rule.conditions):
+        rule = replace(rule, conditions=())
+    return rank_choices(rule, guarded=guarded, ranks=tuple(range(1, MAX_RANK + 2)), limit=256)
 
 
 def _condition_ops(c: Any) -> set[str]:
@@ -220,7 +359,7 @@ def resists(rule: Rule, guarded: bool = False) -> str:
     reason = why_not(rule)
     if reason is not None:
         return reason
-    wide = rank_choices(rule, guarded=guarded, ranks=tuple(range(1, MAX_RANK + 2)), limit=256)
+    wide = _rank_assignments(rule, guarded)
     if any(r > MAX_RANK for c in wide for r in c.values()):
         return "rank-polymorphic (a variable may take any rank), and the axiom derivation did not reach it"
     return "z3 found no proof over symbolic dims in time (sums over products reassociated or regrouped)"
@@ -233,11 +372,13 @@ def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> 
     axioms' derivation, not z3)."""
     if why_not(rule) is not None:
         return None
-    wide = rank_choices(rule, guarded=guarded, ranks=tuple(range(1, MAX_RANK + 2)), limit=256)
+    wide = _rank_assignments(rule, guarded)
     if not wide or len(wide) >= 256 or any(r > MAX_RANK for c in wide for r in c.values()):
         return None  # no rank types it, too many, or the rank is unbounded (rank-polymorphic rules)
+    if ops_used_by(rule) & WINDOW_OPS:
+        timeout_ms = max(timeout_ms, WINDOW_TIMEOUT_MS)
     try:
-        for ranks in wide:
+        for ranks in reversed(wide):  # higher ranks first: where a rule fails (a guard on rank 4), it fails fast
             if not _holds(rule, ranks, guarded, timeout_ms):
                 return None
     except Unsupported:
@@ -254,19 +395,23 @@ def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int)
     funcs = {v: z3.Function(f"T_{v}", *([z3.IntSort()] * r), z3.RealSort()) for v, r in ranks.items()}
     sum_fn = z3.Function("SUM", z3.ArraySort(z3.IntSort(), z3.RealSort()), z3.RealSort())
     builder = _Builder(ranks, dims, funcs, sum_fn)
+    conditions = [_condition(c, dims) for c in rule.conditions]
+    builder.assumed = [d >= 1 for ds in dims.values() for d in ds] + conditions
     lhs_typed: list[z3.BoolRef] = []
     try:
         lhs = [builder.value(p, lhs_typed) for p in rule.lhs]
     except _IllTyped:
         return True  # no left side of these ranks is well-typed: nothing to show
     builder.split_dims = tuple(v.dims for v in lhs) if rule.is_multi else ()
+    builder.assumed = builder.assumed + lhs_typed
+    builder.typed_is_assumed = False  # the right side's typing is what the strict question must show
     rhs_typed: list[z3.BoolRef] = []
     try:
         rhs = [builder.value(p, rhs_typed) for p in rule.rhs]
     except _IllTyped:
         rhs = None
     facts = [d >= 1 for ds in dims.values() for d in ds] + lhs_typed
-    facts += [_condition(c, dims) for c in rule.conditions]
+    facts += conditions
     if rhs is None or any(len(a.dims) != len(b.dims) for a, b in zip(lhs, rhs)):
         if guarded:
             return True  # the guard never holds at these ranks
@@ -275,7 +420,8 @@ def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int)
         return solver.check() == z3.unsat  # fine only if no left side of these ranks is well-typed
     same_shape = [d == e for a, b in zip(lhs, rhs) for d, e in zip(a.dims, b.dims)]
     solver = z3.Solver()
-    solver.set("timeout", timeout_ms)
+    # channel groups make the index arithmetic non-linear: z3 proves those quickly or not at all
+    solver.set("timeout", min(timeout_ms, GROUPED_TIMEOUT_MS) if builder.grouped else timeout_ms)
     solver.add(*facts)
     if guarded:
         solver.add(*rhs_typed, *same_shape)
