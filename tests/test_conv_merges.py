@@ -112,6 +112,7 @@ class _GroupPenalty:
         return self.base.op_cost(op, attrs, input_shapes) + extra
 
 
+@pytest.mark.slow  # ~40 s: verifies the conv merges cold, then saturates and extracts a ResNeXt block
 def test_small_resnext_block_merges_its_grouped_convs_where_groups_cost() -> None:
     graph = _small_resnext()
     assert _groups_of_convs(graph).count(4) == 2  # one grouped 3x3 conv per block

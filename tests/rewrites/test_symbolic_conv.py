@@ -63,6 +63,7 @@ def _window_mutants() -> list[Rule]:
     return [m for r in rules for m in mutants(r)]
 
 
+@pytest.mark.slow  # ~35 s: every mutant of the conv rules through both verifiers
 def test_no_mutant_of_a_conv_rule_that_numbers_refute_is_proved() -> None:
     """Every 12th mutant of the library's conv / enlarge rules (strides, pads, axes varied): whatever
     the symbolic prover proves, the concrete verifier does not refute (strictly, or under the guard);
