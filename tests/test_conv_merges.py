@@ -17,28 +17,13 @@ from eqsat.ir import Graph
 from eqsat.pipeline import optimize_graph
 from eqsat.rewrites import LIBRARY_DIR, library_rules
 from eqsat.rewrites.parser import parse_rule_text
-from eqsat.rewrites.rule import Rule
 from eqsat.rewrites.verify import verify_rules
 from eqsat.rulesets import is_trusted
 from eqsat.saturate import Limits
 from eqsat.models.tensat import resnext50
+from merge_rules import bench_rules
 
 MERGE_RULES = ("merge-gconv", "merge-gconv-relu", "merge-gconv-s2", "merge-gconv-relu-s2")
-
-
-def bench_rules(graph: Graph) -> list[Rule]:
-    """`eqsat optimize`'s candidate rules that can match `graph`, with those proved only on tested
-    shapes opted in explicitly (this file tests the merges, which have no proof for all shapes yet;
-    issue 27: the default set no longer trusts them)."""
-    import warnings
-
-    from eqsat.egraph import encoded_signatures
-    from eqsat.rulesets import select_rules
-    from eqsat.rulesets import candidate_rules
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return list(select_rules(candidate_rules(), encoded_signatures(graph), trust_tested=True).trusted)
 
 
 @pytest.mark.parametrize("groups, count, stride", [(2, 2, 1), (4, 2, 2), (8, 2, 1), (6, 3, 1), (8, 4, 2), (4, 1, 1)])

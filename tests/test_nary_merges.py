@@ -17,27 +17,12 @@ from eqsat.rewrites import library_rules
 from eqsat.rewrites.parser import parse_rule_text
 from eqsat.rewrites.printer import condition_text
 from eqsat.rewrites.to_egglog import to_egglog
-from eqsat.rewrites.rule import Rule
 from eqsat.rewrites.verify import verify_rules
 from eqsat.rulesets import is_trusted
 from eqsat.saturate import Limits, is_merge_extension
 from eqsat.models import build_model
 from eqsat.models.tensat import bert
-
-
-def bench_rules(graph: Graph) -> list[Rule]:
-    """`eqsat optimize`'s candidate rules that can match `graph`, with those proved only on tested
-    shapes opted in explicitly (this file tests the merges, which have no proof for all shapes yet;
-    issue 27: the default set no longer trusts them)."""
-    import warnings
-
-    from eqsat.egraph import encoded_signatures
-    from eqsat.rulesets import select_rules
-    from eqsat.rulesets import candidate_rules
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return list(select_rules(candidate_rules(), encoded_signatures(graph), trust_tested=True).trusted)
+from merge_rules import bench_rules
 
 
 def test_nary_merge_rules_verify_and_a_wrong_one_is_refuted() -> None:
