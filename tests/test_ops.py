@@ -190,7 +190,7 @@ def conv_cases(draw: st.DrawFn) -> tuple[list[tuple[int, ...]], dict[str, int]]:
     return [x, wt], dict(stride_h=sh, stride_w=sw, pad=pad, act=draw(st.integers(0, 3)))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conv_cases(), st.integers(0, 2**16))
 def test_conv_grouped_strided_same_valid_matches_numpy(case: tuple[list[tuple[int, ...]], dict[str, int]],
                                                        seed: int) -> None:
@@ -207,7 +207,7 @@ def pool_cases(draw: st.DrawFn) -> tuple[str, list[tuple[int, ...]], dict[str, i
     return draw(st.sampled_from(["poolmax", "poolavg"])), [(1, draw(st.integers(1, 3)), h, w)], attrs
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pool_cases(), st.integers(0, 2**16))
 def test_pooling_same_valid_matches_numpy(case: tuple[str, list[tuple[int, ...]], dict[str, int]], seed: int) -> None:
     op, shapes, attrs = case
