@@ -3,13 +3,16 @@ is provably no worse.
 
 Per input signature (tree structure, shapes, dtypes, static arguments) the wrapper captures the
 function once, optimizes each IR graph under a time limit, lowers the result to lax ops (or Pallas
-kernels on a GPU), checks it against the original on random inputs, and times both (paired,
-interleaved, bootstrap interval) and uses the optimized version only if it is faster with
-confidence. If anything fails, disagrees, or is not faster, it warns (once) and calls the original.
-The optimized function is plain traceable JAX, so jit / grad / vmap compose with it. The
-optimization itself runs on the abstract signature when the wrapper is first called (often while an
-outer jit traces), on a worker thread: JAX's trace state is per thread, so the concrete checks and
-timings there run compiled code the way a user's calls do.
+kernels on a GPU), checks it against the original on random inputs, and times both (interleaved
+rounds, a sequential test that stops once the bootstrap interval clears the threshold) and uses the
+optimized version only if it is faster with confidence; the decision is persisted per (program,
+signature, device), so another process reuses it (`jax_backend/decisions.py`). If anything fails,
+disagrees, or is not faster, it warns (once) and calls the original. The optimized function is
+plain traceable JAX, so jit / grad / vmap compose with it; it keeps `jax.jit`'s contract (methods,
+static and donated arguments, `.lower` / `.trace` / `.eval_shape` / `.clear_cache`, the function's
+metadata, `jax.jit`'s errors). The optimization itself runs on the abstract signature when the
+wrapper is first called (often while an outer jit traces), on a worker thread: JAX's trace state is
+per thread, so the concrete checks and timings there run compiled code the way a user's calls do.
 """
 
 from __future__ import annotations
