@@ -266,6 +266,7 @@ def _error_of(call: Callable[[], Any]) -> type[BaseException]:
     ((X, W, W), {}),  # one too many
     ((X,), {"v": W}),  # unknown keyword
     ((X, jnp.ones((8, 8), jnp.int32) > 0), {}),  # a mask where a float is expected: fine for both
+    ((X, "w"), {}),  # a string: jax.jit refuses it, eqsat makes it static and the matmul refuses it
 ])
 def test_errors_as_jax_jit_with_no_eqsat_warning(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     jitted, ours = _both(body)
