@@ -161,3 +161,31 @@ def test_a_persisted_discard_runs_the_original_without_timing(monkeypatch: pytes
         np.testing.assert_allclose(opt(*ARGS), two_heads(*ARGS), rtol=2e-4, atol=1e-5)
         assert opt.report(*ARGS).used == "original"
     assert timed == [1]
+
+
+_PROCESS = """
+import json, jax, jax.numpy as jnp, numpy as np
+from jax_backend.decorator import optimize
+def two_heads(x, w1, w2):
+    return jax.nn.relu(x @ w1), jax.nn.relu(x @ w2)
+args = [jnp.asarray(np.random.default_rng(i).standard_normal(s), jnp.float32)
+        for i, s in enumerate([(16, 32), (32, 32), (32, 32)])]
+opt = optimize(two_heads, cost_model="merge", time_limit=2.0, timing_budget=2.0)
+opt(*args)
+d = opt.report(*args).decision
+print(json.dumps([d.verdict, d.rounds, d.from_cache]))
+"""
+
+
+@pytest.mark.slow
+def test_a_second_process_reuses_the_decision(tmp_path: Path) -> None:
+    """Two processes, one cache folder: the second reads the first one's decision (~25 s)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "EQSAT_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", _PROCESS], env=env, check=True, capture_output=True,
+                                      text=True, timeout=300).stdout.strip().splitlines()[-1]) for _ in range(2)]
+    assert runs[0][2] is False and runs[1] == [runs[0][0], runs[0][1], True]
+    assert len(list((tmp_path / "decisions").glob("*.json"))) == 1
