@@ -178,6 +178,7 @@ def test_static_arguments_as_jax_jit(jit_kwargs: dict[str, Any], call_args: tupl
     _same(ours(*call_args, **call_kwargs), expected)
 
 
+@pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")  # (0, 1): one output, two buffers
 @pytest.mark.parametrize("jit_kwargs", [{"donate_argnums": 0}, {"donate_argnames": "x"}, {"donate_argnums": (0, 1)}])
 def test_donation_as_jax_jit(jit_kwargs: dict[str, Any], no_eqsat_warnings: None) -> None:
     def f(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -188,6 +189,20 @@ def test_donation_as_jax_jit(jit_kwargs: dict[str, Any], no_eqsat_warnings: None
     _same(ours(*mine), jitted(*theirs))
     assert [a.is_deleted() for a in mine] == [a.is_deleted() for a in theirs]
     assert mine[0].is_deleted()
+
+
+def test_bad_donations_as_jax_jit() -> None:
+    """A static argument cannot be donated (refused at decoration, as by `jax.jit`); a donated
+    Python number is not a buffer (the same JAX warning, the same result)."""
+    f = lambda x, n: x * n  # noqa: E731
+    for make in (lambda: jax.jit(f, static_argnums=1, donate_argnums=1),
+                 lambda: optimize(f, static_argnums=1, donate_argnums=1, **FAST)):
+        with pytest.raises(ValueError, match="cannot intersect"):
+            make()
+    jitted, ours = _both(f, donate_argnums=1)
+    for fn in (jitted, ours):
+        with pytest.warns(UserWarning, match="donated buffers were not usable"):
+            _same(fn(X, 3.0), X * 3.0)
 
 
 def test_donation_with_a_non_array_argument() -> None:
