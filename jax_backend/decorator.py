@@ -3,19 +3,23 @@ is provably no worse.
 
 Per input signature (tree structure, shapes, dtypes, static arguments) the wrapper captures the
 function once, optimizes each IR graph under a time limit, lowers the result to lax ops (or Pallas
-kernels on a GPU), checks it against the original on random inputs, and times both (paired,
-interleaved, bootstrap interval) and uses the optimized version only if it is faster with
-confidence. If anything fails, disagrees, or is not faster, it warns (once) and calls the original.
-The optimized function is plain traceable JAX, so jit / grad / vmap compose with it. The
-optimization itself runs on the abstract signature when the wrapper is first called (often while an
-outer jit traces), on a worker thread: JAX's trace state is per thread, so the concrete checks and
-timings there run compiled code the way a user's calls do.
+kernels on a GPU), checks it against the original on random inputs, and times both (interleaved
+rounds, a sequential test that stops once the bootstrap interval clears the threshold) and uses the
+optimized version only if it is faster with confidence; the decision is persisted per (program,
+signature, device), so another process reuses it (`jax_backend/decisions.py`). If anything fails,
+disagrees, or is not faster, it warns (once) and calls the original. The optimized function is
+plain traceable JAX, so jit / grad / vmap compose with it; it keeps `jax.jit`'s contract (methods,
+static and donated arguments, `.lower` / `.trace` / `.eval_shape` / `.clear_cache`, the function's
+metadata, `jax.jit`'s errors). The optimization itself runs on the abstract signature when the
+wrapper is first called (often while an outer jit traces), on a worker thread: JAX's trace state is
+per thread, so the concrete checks and timings there run compiled code the way a user's calls do.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -41,8 +45,8 @@ from jax_backend.decorator_options import (
 )
 from jax_backend.timing import paired_timing
 
-__all__ = ["optimize", "OptimizedFunction", "SignatureReport", "SegmentReport", "EqsatFallbackWarning",
-           "EqsatDeviceWarning", "EqsatRecompileWarning", "paired_timing"]
+__all__ = ["optimize", "OptimizedFunction", "BoundOptimizedFunction", "SignatureReport", "SegmentReport",
+           "EqsatFallbackWarning", "EqsatDeviceWarning", "EqsatRecompileWarning", "paired_timing"]
 
 
 _T = TypeVar("_T")
@@ -103,6 +107,7 @@ class _Split:
     static_leaves: tuple[Any, ...]
     declared: tuple[tuple[int | str, Any], ...]  # static_argnums / static_argnames values
     key: Hashable | None
+    donated: tuple[int, ...] = ()  # positions in `leaves` of donated arguments' leaves
 
     def rebuild(self, dynamic: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
         """The call's (args, kwargs) with `dynamic` in place of the traced leaves."""
@@ -137,6 +142,30 @@ class _SplitCall:
                                  and self.split.key == other.split.key)
 
 
+def _argnums_and_argnames(fun: Callable[..., Any], nums: tuple[int, ...], names: tuple[str, ...]
+                          ) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """`nums` and `names` completed through `fun`'s signature, as `jax.jit` completes its static
+    and donated arguments: given only names, the positions of those positional-or-keyword
+    parameters are added (and the reverse), so `f(x, 3)` with `static_argnames="n"` makes the 3
+    static as `jax.jit` does; both given (or no signature): as they are."""
+    try:
+        params = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        return nums, names
+    either = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    if names and not nums:
+        nums = tuple(i for i, p in enumerate(params) if p.kind == either and p.name in names)
+    elif nums and not names:
+        names = tuple(p.name for i, p in enumerate(params)
+                      if p.kind == either and (i in nums or i - len(params) in nums))
+    return nums, names
+
+
+def _positions(nums: Sequence[int], n: int) -> frozenset[int]:
+    """Argument positions `nums` (negative ones counted from the end) among `n` positional arguments."""
+    return frozenset(i + n if i < 0 else i for i in nums)
+
+
 class OptimizedFunction:
     """A function that runs the eqsat-optimized version of `fun` when it is safe to.
 
@@ -152,6 +181,9 @@ class OptimizedFunction:
         self._traces = 0  # bodies entered: tells an argument error of jax.jit from the function's own
         self._split_calls = False  # set once jax.jit refuses this function's arguments as they are
         self._warned: set[str] = set()
+        self._static = _argnums_and_argnames(fun, opts.static_argnums, opts.static_argnames)
+        self._donate = _argnums_and_argnames(fun, opts.donate_argnums, opts.donate_argnames)
+        self._jit_splits: dict[tuple[int, ...], Any] = {}  # per donated leaf positions
         functools.update_wrapper(self, fun)
 
         def direct(*args: Any, **kwargs: Any) -> Any:
@@ -163,32 +195,80 @@ class OptimizedFunction:
             args, kwargs = call.split.rebuild(dynamic)
             return self._traced(args, kwargs)
 
-        # `direct` carries fun's signature, so static_argnames/argnums map to each other as for jax.jit(fun)
-        self._jit_direct = jax.jit(functools.wraps(fun)(direct), static_argnums=opts.static_argnums,
-                                   static_argnames=opts.static_argnames)
-        self._jit_split = jax.jit(split, static_argnums=0)
+        def plain(*args: Any, **kwargs: Any) -> Any:  # the original, for eval_shape (no optimization needed)
+            self._traces += 1
+            return fun(*args, **kwargs)
+
+        self._split_fn = split
+        # (jax.jit completes names and positions only where one of them is None: given both, completed here)
+        self._jit_direct, self._jit_plain = (
+            jax.jit(functools.wraps(fun)(body), static_argnums=self._static[0], static_argnames=self._static[1],
+                    donate_argnums=self._donate[0], donate_argnames=self._donate[1])
+            for body in (direct, plain))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._split_calls:
-            return self._call_split(args, kwargs)
-        traces = self._traces
-        try:
-            return self._jit_direct(*args, **kwargs)
-        except (TypeError, ValueError):
-            if self._traces != traces:  # raised while tracing: the function's own error
-                raise
-        self._split_calls = True  # jax.jit refused the arguments themselves (its error is slow to build)
-        return self._call_split(args, kwargs)
+        return self._dispatch("", args, kwargs)
 
-    def _call_split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        """A method: `obj.method` is this function with `obj` as its first argument (as `jax.jit`
+        binds a method), keeping `.lower`, `.trace`, `.eval_shape` and `.report`."""
+        return self if instance is None else BoundOptimizedFunction(self, instance)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """`jax.jit(f).lower(...)` of what the call runs (the optimized version where it is kept)."""
+        return self._dispatch("lower", args, kwargs)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        """`jax.jit(f).trace(...)` of what the call runs (optimizing the signature if it was not yet)."""
+        return self._dispatch("trace", args, kwargs)
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """Output shapes and dtypes, as `jax.jit(f).eval_shape`: those of the original, which the
+        optimized version shares (nothing is optimized for this)."""
+        return self._dispatch("eval_shape", args, kwargs)
+
+    def clear_cache(self) -> None:
+        """As `jax.jit(f).clear_cache()`: compiled code is dropped and the next call traces anew
+        (re-reading globals), with this wrapper's per-signature results (a persisted keep/discard
+        decision is still reused)."""
+        for jitted in (self._jit_direct, self._jit_plain, *self._jit_splits.values()):
+            jitted.clear_cache()
+        self._cache.clear()
+
+    def _dispatch(self, stage: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call (`stage` "") or a `jax.jit` stage ("lower", "trace", "eval_shape") of the direct
+        jit; where jax.jit refuses the arguments themselves, of the split one."""
+        if not self._split_calls:
+            jitted = self._jit_plain if stage == "eval_shape" else self._jit_direct
+            traces = self._traces
+            try:
+                return getattr(jitted, stage)(*args, **kwargs) if stage else jitted(*args, **kwargs)
+            except (TypeError, ValueError):
+                if self._traces != traces:  # raised while tracing: the function's own error
+                    raise
+            self._split_calls = True  # jax.jit refused the arguments themselves (its error is slow to build)
+        return self._call_split(stage, args, kwargs)
+
+    def _call_split(self, stage: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Non-array leaves become static values; unhashable static arguments are keyed by content."""
         split = self._split(list(args), kwargs, with_avals=False)
-        if split.key is None:
-            self._warn_once("unhashable", "eqsat.optimize: a static argument has no content-based key; the "
-                            "original function runs compiled for each call (not optimized)")
-            return jax.jit(lambda *dynamic: self.fun(*split.rebuild(dynamic)[0], **split.rebuild(dynamic)[1]))(
-                *split.leaves)
-        return self._jit_split(_SplitCall.of(split), *split.leaves)
+        if split.key is None or stage == "eval_shape":
+            if split.key is None:
+                self._warn_once("unhashable", "eqsat.optimize: a static argument has no content-based key; the "
+                                "original function runs compiled for each call (not optimized)")
+
+            def original(*dynamic: Any) -> Any:
+                call_args, call_kwargs = split.rebuild(dynamic)
+                return self.fun(*call_args, **call_kwargs)
+
+            jitted: Any = jax.jit(original, donate_argnums=split.donated)
+            return getattr(jitted, stage)(*split.leaves) if stage else jitted(*split.leaves)
+        donate = tuple(1 + i for i in split.donated)
+        if donate not in self._jit_splits:
+            self._jit_splits[donate] = jax.jit(self._split_fn, static_argnums=0, donate_argnums=donate)
+        jitted = self._jit_splits[donate]
+        call = _SplitCall.of(split)
+        return getattr(jitted, stage)(call, *split.leaves) if stage else jitted(call, *split.leaves)
 
     def _warn_once(self, tag: str, message: str, category: type[Warning] = EqsatFallbackWarning) -> None:
         if tag not in self._warned:
@@ -212,12 +292,12 @@ class OptimizedFunction:
 
     def _split(self, args: list[Any], kwargs: dict[str, Any], with_avals: bool = True) -> _Split:
         """`with_avals`: the key also holds the traced leaves' shapes and dtypes (the signature)."""
-        nums, names = self.options.static_argnums, self.options.static_argnames
+        nums, names = _positions(self._static[0], len(args)), self._static[1]
         declared: tuple[tuple[int | str, Any], ...] = ()
         dyn_args: tuple[Any, ...] = tuple(args)
         dyn_kwargs = kwargs
         if nums or names:
-            declared = tuple((i, args[i]) for i in nums if i < len(args))
+            declared = tuple((i, args[i]) for i in sorted(nums) if i < len(args))
             declared += tuple((k, kwargs[k]) for k in names if k in kwargs)
             dyn_args = tuple(None if i in nums else a for i, a in enumerate(args))
             dyn_kwargs = {k: v for k, v in kwargs.items() if k not in names}
@@ -225,13 +305,21 @@ class OptimizedFunction:
         positions = tuple(i for i, x in enumerate(all_leaves) if not _is_array_leaf(x))
         static_leaves = tuple(all_leaves[i] for i in positions)
         leaves = tuple(x for i, x in enumerate(all_leaves) if i not in positions) if positions else tuple(all_leaves)
+        donated: tuple[int, ...] = ()
+        if self._donate[0] or self._donate[1]:
+            dnums, dnames = _positions(self._donate[0], len(args)), self._donate[1]
+            flags = jax.tree_util.tree_leaves((
+                tuple(jax.tree_util.tree_map(lambda _, d=i in dnums: d, a) for i, a in enumerate(dyn_args)),
+                {k: jax.tree_util.tree_map(lambda _, d=k in dnames: d, v) for k, v in dyn_kwargs.items()}))
+            traced_flags = [f for i, f in enumerate(flags) if i not in positions]
+            donated = tuple(j for j, f in enumerate(traced_flags) if f)
         avals = tuple((a.shape, str(a.dtype), a.weak_type) for a in map(jax.typeof, leaves)) if with_avals else ()
         try:
             key: Hashable | None = (tree, avals, positions, _frozen(static_leaves) if static_leaves else (),
                                     tuple((k, _frozen(v)) for k, v in declared) if declared else ())
         except _Unfreezable:
             key = None
-        return _Split(leaves, tree, positions, static_leaves, declared, key)
+        return _Split(leaves, tree, positions, static_leaves, declared, key, donated)
 
     def _entry(self, args: list[Any], kwargs: dict[str, Any]) -> tuple[Entry, _Split]:
         split = self._split(args, kwargs)
@@ -295,10 +383,44 @@ class OptimizedFunction:
         return [e.report for e in self._cache.values()]
 
 
+class BoundOptimizedFunction:
+    """An `OptimizedFunction` read as a method of `instance`: calls, stages and reports get the
+    instance as their first argument (the instance is traced, or static where `static_argnums`
+    says so or it is not an array pytree, e.g. a plain object)."""
+
+    def __init__(self, function: OptimizedFunction, instance: Any) -> None:
+        self.__func__ = function
+        self.__self__ = instance
+        functools.update_wrapper(self, function.fun, updated=())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__func__(self.__self__, *args, **kwargs)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__func__.lower(self.__self__, *args, **kwargs)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__func__.trace(self.__self__, *args, **kwargs)
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__func__.eval_shape(self.__self__, *args, **kwargs)
+
+    def report(self, *args: Any, **kwargs: Any) -> SignatureReport:
+        return self.__func__.report(self.__self__, *args, **kwargs)
+
+    def clear_cache(self) -> None:
+        self.__func__.clear_cache()
+
+    @property
+    def reports(self) -> list[SignatureReport]:
+        return self.__func__.reports
+
+
 def optimize(fun: Callable[..., Any] | None = None, *, rules: object = None, extractor: str = "ilp",
              cost_model: str | Sequence[str] | None = None, time_limit: float = 5.0, static_argnums: int | Sequence[int] = (),
              static_argnames: str | Sequence[str] = (), rtol: float = 2e-4, check_speed: bool = True,
-             lowering: str = "auto", max_signatures: int = 32) -> Any:
+             lowering: str = "auto", max_signatures: int = 32, donate_argnums: int | Sequence[int] = (),
+             donate_argnames: str | Sequence[str] = (), timing_budget: float = 8.0, decision_cache: bool = True) -> Any:
     """Decorator: `@optimize` or `@optimize(rules=..., extractor=..., cost_model=..., time_limit=...)`.
 
     `cost_model`: None extracts one candidate under each of "roofline", "measured" and "merge"
@@ -307,10 +429,13 @@ def optimize(fun: Callable[..., Any] | None = None, *, rules: object = None, ext
     original's, of the same dtypes, within `rtol` of each output's magnitude (`eqsat.compare`).
     `max_signatures`: how many input signatures' results are kept (the least recently used is
     dropped, and optimized again if it comes back); past `RECOMPILE_STORM` signatures optimized,
-    an `EqsatRecompileWarning` says so once. A `fun` that is not callable is a TypeError, as for
-    `jax.jit`."""
+    an `EqsatRecompileWarning` says so once. `static_argnums`/`static_argnames` and
+    `donate_argnums`/`donate_argnames` are `jax.jit`'s. `timing_budget`: the longest the sequential
+    keep/discard test times one signature (it stops as soon as it is decided); `decision_cache`:
+    persist decisions per (program, signature, device) and reuse them without timing. A `fun`
+    that is not callable is a TypeError, as for `jax.jit`."""
     opts = make_options(rules, extractor, cost_model, time_limit, static_argnums, static_argnames, rtol, check_speed,
-                        lowering, max_signatures)
+                        lowering, max_signatures, donate_argnums, donate_argnames, timing_budget, decision_cache)
     if fun is None:
         return lambda f: OptimizedFunction(_callable(f), opts)
     return OptimizedFunction(_callable(fun), opts)

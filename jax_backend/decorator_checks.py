@@ -25,7 +25,8 @@ from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from jax_backend.capture import GraphStep, Program, capture, graph_leaf_name, replay
 from jax_backend.decorator_options import Entry, Options, Outcome, cost_device
-from jax_backend.timing import PairedTiming, paired_timing, screen_timings
+from jax_backend.decisions import DecisionKey, device_name, load_decision, program_hash, save_decision
+from jax_backend.timing import Decision, screen_timings, sequential_decision
 
 __all__ = ["build_signature"]
 
@@ -189,19 +190,24 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
             label, fn, segs, err = built[0]
             return outcome.optimized(fn, f"candidate '{label}' checked equal (speed not checked)", segs,
                                      numerics_ok=True, max_rel_err=err)
-        (label, fn, segs, err), timing = _select_fastest(original_flat, built, args, opts)
+        key = DecisionKey(program_hash(program, variants, (outcome.mode, f"margin={opts.speed_margin}")), signature,
+                          device_name()) if opts.decision_cache else None
+        (label, fn, segs, err), decision = _decide(original_flat, built, args, opts, key)
     except Exception as exc:  # noqa: BLE001 - any failure means: run the original
         return outcome.original(f"checking the optimized version failed: {type(exc).__name__}: {exc}", unchanged)
-    ci = timing.speedup_ci
+    low, high = decision.speedup_ci
     tried = ", ".join(b[0] for b in built)
-    measured = {"numerics_ok": True, "max_rel_err": err, "time_original_s": timing.base_s,
-                "time_optimized_s": timing.other_s, "speedup_ci": ci}
-    if not timing.faster_with_confidence:
-        return outcome.original(f"no candidate ({tried}) faster with {timing.confidence:.0%} confidence; best "
-                                f"'{label}': speedup {timing.speedup:.3f}, interval [{ci[0]:.3f}, {ci[1]:.3f}]",
+    measured = {"numerics_ok": True, "max_rel_err": err, "time_original_s": decision.base_s,
+                "time_optimized_s": decision.other_s, "speedup_ci": decision.speedup_ci, "decision": decision}
+    how = (f"speedup {decision.speedup:.3f}, {decision.confidence:.0%} interval [{low:.3f}, {high:.3f}] vs threshold "
+           f"{decision.threshold:.3f}, {decision.rounds} rounds" + (", decision from the cache" if decision.from_cache else ""))
+    if not decision.keep:
+        why = ("slower or not faster enough" if decision.verdict == "slower" else
+               "inconclusive within the timing budget")
+        return outcome.original(f"no candidate ({tried}) faster with confidence ({why}); best '{label}': {how}",
                                 segs, warn=False, **measured)
-    return outcome.optimized(fn, f"candidate '{label}' (of {tried}) checked equal and faster with confidence", segs,
-                             **measured)
+    return outcome.optimized(fn, f"candidate '{label}' (of {tried}) checked equal and faster with confidence: {how}",
+                             segs, **measured)
 
 
 def _build_candidates(program: Program, variants: Sequence[tuple[str, list[Graph]]], ref: Sequence[Any],
@@ -231,18 +237,28 @@ def _build_candidates(program: Program, variants: Sequence[tuple[str, list[Graph
     return built, problems
 
 
-def _select_fastest(original: Callable[..., Any], built: Sequence[Built], args: Sequence[Any],
-                    opts: Options) -> tuple[Built, PairedTiming]:
-    """The candidate to keep and its timing against the original. With several candidates, all
-    are screened in the same interleaved rounds on half the budget, and the fastest is timed again
-    on fresh rounds with the other half, so picking the luckiest screen does not bias the interval
-    the decision uses."""
-    if len(built) == 1:
-        return built[0], paired_timing(original, built[0][1], args, opts.timing_rounds, opts.timing_budget_s)
-    screens = screen_timings(original, [b[1] for b in built], args, opts.timing_rounds, opts.timing_budget_s / 2,
-                             min_rounds=6)
-    best = max(range(len(built)), key=lambda k: screens[k].speedup)
-    return built[best], paired_timing(original, built[best][1], args, opts.timing_rounds, opts.timing_budget_s / 2)
+def _decide(original: Callable[..., Any], built: Sequence[Built], args: Sequence[Any], opts: Options,
+            key: DecisionKey | None) -> tuple[Built, Decision]:
+    """The candidate to keep or not, and the decision. A decision persisted for `key` (this
+    program, its candidates, signature and device) is reused without timing. Otherwise, with
+    several candidates, all are screened in the same interleaved rounds and the fastest goes
+    through the sequential test on fresh rounds (so the luckiest screen does not bias it)."""
+    stored = load_decision(key) if key is not None else None
+    if stored is not None:
+        label, decision = stored
+        chosen = [b for b in built if b[0] == label]
+        if chosen or not decision.keep:
+            return (chosen or list(built))[0], decision
+    best = 0
+    if len(built) > 1:
+        screens = screen_timings(original, [b[1] for b in built], args, opts.timing_rounds, opts.screen_budget_s,
+                                 min_rounds=6)
+        best = max(range(len(built)), key=lambda k: screens[k].speedup)
+    decision = sequential_decision(functools.partial(original, *args), functools.partial(built[best][1], *args),
+                                   margin=opts.speed_margin, budget_s=opts.timing_budget_s)
+    if key is not None:
+        save_decision(key, built[best][0], decision)
+    return built[best], decision
 
 
 def _run_program(program: Program, runner: Callable[..., Any], *flat: Any) -> list[Any]:

@@ -19,6 +19,7 @@ import jax
 from eqsat import candidates
 from eqsat.candidates import RuleSource, SegmentReport
 from eqsat.errors import EqsatError
+from jax_backend.timing import Decision
 
 __all__ = ["Options", "SignatureReport", "EqsatFallbackWarning", "EqsatDeviceWarning", "EqsatRecompileWarning",
            "RECOMPILE_STORM", "make_options", "cost_device", "cost_device_for"]
@@ -61,6 +62,7 @@ class SignatureReport:
     reused_regions: int = 0
     opaque_why: tuple[str, ...] = ()  # "primitive: why it was not captured", one per distinct pair
     cost_device: str = ""  # the cost-model device the candidates were extracted for (`cost_device`)
+    decision: Decision | None = None  # the sequential keep/discard test: interval, rounds, from the cache or not
 
 
 @dataclass(frozen=True)
@@ -73,11 +75,16 @@ class Options:
     time_limit: float = 5.0
     static_argnums: tuple[int, ...] = ()
     static_argnames: tuple[str, ...] = ()
+    donate_argnums: tuple[int, ...] = ()
+    donate_argnames: tuple[str, ...] = ()
     rtol: float = 2e-4
     atol: float = 1e-5
     check_speed: bool = True
-    timing_rounds: int = 40
-    timing_budget_s: float = 3.0
+    timing_rounds: int = 40  # rounds of the screen that picks the fastest of several candidates
+    timing_budget_s: float = 8.0  # the longest the sequential keep/discard test times (it stops when decided)
+    screen_budget_s: float = 1.5
+    speed_margin: float = 0.01  # kept only when faster than the original by more than this, with confidence
+    decision_cache: bool = True  # persist decisions per (program, signature, device); reuse them
     lowering: str = "auto"  # "auto" | "xla" | "pallas"
     iterations: int = 8
     max_enodes: int = 20_000
@@ -88,7 +95,9 @@ class Options:
 def make_options(rules: object = None, extractor: str = "ilp", cost_model: str | Sequence[str] | None = None,
                  time_limit: float = 5.0, static_argnums: int | Sequence[int] = (),
                  static_argnames: str | Sequence[str] = (), rtol: float = 2e-4, check_speed: bool = True,
-                 lowering: str = "auto", max_signatures: int = 32) -> Options:
+                 lowering: str = "auto", max_signatures: int = 32, donate_argnums: int | Sequence[int] = (),
+                 donate_argnames: str | Sequence[str] = (), timing_budget: float = 8.0,
+                 decision_cache: bool = True) -> Options:
     """`optimize`'s keyword arguments as `Options`; a typo (an unknown lowering, extractor, cost
     model or rule file) fails here, at decoration, with the choices."""
     if lowering not in ("auto", "xla", "pallas"):
@@ -97,17 +106,23 @@ def make_options(rules: object = None, extractor: str = "ilp", cost_model: str |
         raise EqsatError(f"optimize: time_limit must be a finite number of seconds > 0, got {time_limit!r}")
     if not (isinstance(rtol, (int, float)) and math.isfinite(rtol) and rtol >= 0):
         raise EqsatError(f"optimize: rtol must be a finite number >= 0, got {rtol!r}")
+    if not (isinstance(timing_budget, (int, float)) and math.isfinite(timing_budget) and timing_budget > 0):
+        raise EqsatError(f"optimize: timing_budget must be a finite number of seconds > 0, got {timing_budget!r}")
     if isinstance(max_signatures, bool) or not (isinstance(max_signatures, int) and max_signatures >= 1):
         raise EqsatError(f"optimize: max_signatures must be a whole number >= 1, got {max_signatures!r}")
     nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+    donate_nums = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
+    donate_names = (donate_argnames,) if isinstance(donate_argnames, str) else tuple(donate_argnames)
     models = Options.candidate_models if cost_model is None else \
         ((cost_model,) if isinstance(cost_model, str) else tuple(cost_model))
     if not models:
         raise EqsatError("optimize: cost_model must name at least one cost model")
     candidates.check_names(extractor, models)
-    return Options(candidates.rule_source(rules), extractor, models[0], float(time_limit), nums, names, rtol,
-                   check_speed=check_speed, lowering=lowering, candidate_models=models, max_signatures=max_signatures)
+    return Options(candidates.rule_source(rules), extractor, models[0], float(time_limit), nums, names, rtol=rtol,
+                   check_speed=check_speed, lowering=lowering, candidate_models=models, max_signatures=max_signatures,
+                   donate_argnums=donate_nums, donate_argnames=donate_names, timing_budget_s=float(timing_budget),
+                   decision_cache=bool(decision_cache))
 
 
 def cost_device_for(platform: str, device_kind: str) -> tuple[str, str]:

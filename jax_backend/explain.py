@@ -34,6 +34,11 @@ class Explanation:
             lines.append(f"numerics ok: {r.numerics_ok} (max rel. error {r.max_rel_err})")
         if r.time_original_s is not None and r.time_optimized_s is not None:
             lines.append(f"measured: original {r.time_original_s * 1e3:.3f} ms, optimized {r.time_optimized_s * 1e3:.3f} ms")
+        if r.decision is not None:
+            d = r.decision
+            lines.append(f"decision: {d.verdict} (speedup {d.speedup:.3f}, {d.confidence:.0%} interval "
+                         f"[{d.speedup_low:.3f}, {d.speedup_high:.3f}] vs threshold {d.threshold:.3f}; {d.rounds} rounds"
+                         + (", from the cache)" if d.from_cache else f" in {d.elapsed_s:.1f} s)"))
         if r.opaque:
             lines.append(f"replayed verbatim: {', '.join(r.opaque)}")
             lines += [f"  {why}" for why in r.opaque_why]

@@ -11,6 +11,7 @@ decorator, `eqsat optimize`, the measured cost model and the benches all sample 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -23,8 +24,8 @@ import numpy as np
 
 from eqsat.timer import sample_seconds
 
-__all__ = ["MAX_CALLS_PER_SAMPLE", "MIN_SAMPLE_S", "PairedTiming", "bootstrap_median_ci", "calls_per_sample",
-           "interleaved_rounds", "paired_timing", "rotation", "screen_timings"]
+__all__ = ["MAX_CALLS_PER_SAMPLE", "MIN_SAMPLE_S", "Decision", "PairedTiming", "bootstrap_median_ci", "calls_per_sample",
+           "interleaved_rounds", "paired_timing", "rotation", "screen_timings", "sequential_decision"]
 
 MIN_SAMPLE_S = 5e-3  # a sample shorter than this is mostly timer and dispatch noise: repeat calls
 MAX_CALLS_PER_SAMPLE = 1000  # ...but a sample of a ~free call stays bounded (and the warm-up short)
@@ -143,3 +144,95 @@ def screen_timings(base: Callable[..., Any], others: Sequence[Callable[..., Any]
     times, calls = interleaved_rounds([functools.partial(fn, *args) for fn in (base, *others)], rounds, budget_s,
                                       min_rounds)
     return [_summary(times[0], times[i], calls, confidence) for i in range(1, len(times))]
+
+
+# --- the keep/discard decision: a sequential test -------------------------------------------------------
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether `other` beats `base` by more than `threshold` (a speedup, base/other), decided by
+    `sequential_decision`: "faster" (keep), "slower" (discard) or "inconclusive" (the budget ended
+    first; treat as discard). `from_cache`: read back from a persisted decision, not timed now."""
+
+    verdict: str  # "faster" | "slower" | "inconclusive"
+    speedup: float  # median over rounds of base/other
+    speedup_low: float
+    speedup_high: float
+    threshold: float
+    rounds: int
+    base_s: float  # median seconds per call
+    other_s: float
+    confidence: float
+    elapsed_s: float
+    calls_per_sample: int
+    from_cache: bool = False
+
+    @property
+    def keep(self) -> bool:
+        return self.verdict == "faster"
+
+    @property
+    def speedup_ci(self) -> tuple[float, float]:
+        return self.speedup_low, self.speedup_high
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "from_cache"}
+
+    @staticmethod
+    def from_json(data: Any) -> Decision:
+        """The decision `to_json` wrote (`from_cache` set); ValueError for anything else."""
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        names = [f.name for f in dataclasses.fields(Decision) if f.name != "from_cache"]
+        if sorted(data) != sorted(names) or data["verdict"] not in ("faster", "slower", "inconclusive"):
+            raise ValueError(f"expected the fields {', '.join(names)}")
+        numbers = {k: data[k] for k in names if k != "verdict"}
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                   for v in numbers.values()):
+            raise ValueError("a field is not a finite number")
+        return Decision(data["verdict"], **{k: float(v) for k, v in numbers.items() if k not in ("rounds", "calls_per_sample")},
+                        rounds=int(data["rounds"]), calls_per_sample=int(data["calls_per_sample"]), from_cache=True)
+
+
+def sequential_decision(base: Callable[[], Any], other: Callable[[], Any], *, margin: float = 0.01,
+                        budget_s: float = 8.0, confidence: float = 0.99, min_rounds: int = 8,
+                        max_rounds: int = 5000, warmup: int = 2) -> Decision:
+    """Time the thunks `base` and `other` in interleaved rounds (`rotation` order, samples sized as
+    in `interleaved_rounds`) until the bootstrap interval of the median speedup base/other lies
+    wholly above `1 + margin` ("faster") or wholly below it ("slower"), or `budget_s` of timing is
+    spent ("inconclusive"). A fixed window either wastes time on a clear case or decides a close
+    one on noise; looking again as rounds come in stops early on the first and keeps measuring the
+    second. The interval is looked at after `min_rounds` and then every ~25% more rounds (a few
+    dozen looks at most), each at `confidence` (99%: repeated looks would otherwise let noise
+    cross the threshold by chance)."""
+    thunks = (base, other)
+    for _ in range(warmup):  # (and compilation)
+        for thunk in thunks:
+            jax.block_until_ready(thunk())
+    calls = calls_per_sample(min(_sample(thunk, 1) for thunk in thunks))
+    start = time.perf_counter()
+    times: tuple[list[float], list[float]] = ([], [])
+    threshold = 1.0 + margin
+    verdict, low, high = "inconclusive", 0.0, math.inf
+    next_look = min_rounds
+    for k in range(max_rounds):
+        for i in rotation(k, 2):
+            times[i].append(_sample(thunks[i], calls))
+        n = k + 1
+        out_of_time = time.perf_counter() - start > budget_s
+        if n >= next_look or out_of_time or n == max_rounds:
+            ratios = [o / b for o, b in zip(times[1], times[0])]  # other/base: < 1 is faster
+            ratio_low, ratio_high = bootstrap_median_ci(ratios, confidence, resamples=1000, seed=n)
+            low, high = 1.0 / ratio_high, 1.0 / ratio_low
+            if n >= min_rounds and low > threshold:
+                verdict = "faster"
+                break
+            if n >= min_rounds and high < threshold:
+                verdict = "slower"
+                break
+            if out_of_time and n >= min_rounds:
+                break
+            next_look = max(n + 2, math.ceil(n * 1.25))
+    ratio = float(np.median(np.asarray(times[1]) / np.asarray(times[0])))
+    return Decision(verdict, 1.0 / ratio, low, high, threshold, len(times[0]), float(np.median(times[0])),
+                    float(np.median(times[1])), confidence, time.perf_counter() - start, calls)
