@@ -1,6 +1,7 @@
 """The work `@eqsat.optimize` does for one signature (`build_signature`): capture, search the
 regions, lower each distinct candidate (weights folded), check it against the original on random
-inputs, and time it, keeping the original unless a candidate is faster with confidence.
+inputs, and time it, keeping the original unless a candidate is faster with confidence (the one
+decision, `jax_backend.timing.choose_faster`).
 
 Called by the wrapper (`jax_backend/decorator.py`) on a thread outside any trace; options and
 report types are in `jax_backend/decorator_options.py`.
@@ -25,7 +26,7 @@ from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from jax_backend.capture import GraphStep, Program, capture, graph_leaf_name, replay
 from jax_backend.decorator_options import Entry, Options, Outcome, cost_device
-from jax_backend.timing import PairedTiming, paired_timing, screen_timings
+from jax_backend.timing import choose_faster
 
 __all__ = ["build_signature"]
 
@@ -189,14 +190,15 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
             label, fn, segs, err = built[0]
             return outcome.optimized(fn, f"candidate '{label}' checked equal (speed not checked)", segs,
                                      numerics_ok=True, max_rel_err=err)
-        (label, fn, segs, err), timing = _select_fastest(original_flat, built, args, opts)
+        choice = choose_faster(original_flat, [b[1] for b in built], args, opts.timing_rounds, opts.timing_budget_s)
     except Exception as exc:  # noqa: BLE001 - any failure means: run the original
         return outcome.original(f"checking the optimized version failed: {type(exc).__name__}: {exc}", unchanged)
+    (label, fn, segs, err), timing = built[choice.best], choice.timing
     ci = timing.speedup_ci
     tried = ", ".join(b[0] for b in built)
     measured = {"numerics_ok": True, "max_rel_err": err, "time_original_s": timing.base_s,
                 "time_optimized_s": timing.other_s, "speedup_ci": ci}
-    if not timing.faster_with_confidence:
+    if choice.kept is None:
         return outcome.original(f"no candidate ({tried}) faster with {timing.confidence:.0%} confidence; best "
                                 f"'{label}': speedup {timing.speedup:.3f}, interval [{ci[0]:.3f}, {ci[1]:.3f}]",
                                 segs, warn=False, **measured)
@@ -229,20 +231,6 @@ def _build_candidates(program: Program, variants: Sequence[tuple[str, list[Graph
                 for s, g, t, k in zip(program.graphs, graphs, seconds, kernels)]
         built.append((label, fn, segs, err))
     return built, problems
-
-
-def _select_fastest(original: Callable[..., Any], built: Sequence[Built], args: Sequence[Any],
-                    opts: Options) -> tuple[Built, PairedTiming]:
-    """The candidate to keep and its timing against the original. With several candidates, all
-    are screened in the same interleaved rounds on half the budget, and the fastest is timed again
-    on fresh rounds with the other half, so picking the luckiest screen does not bias the interval
-    the decision uses."""
-    if len(built) == 1:
-        return built[0], paired_timing(original, built[0][1], args, opts.timing_rounds, opts.timing_budget_s)
-    screens = screen_timings(original, [b[1] for b in built], args, opts.timing_rounds, opts.timing_budget_s / 2,
-                             min_rounds=6)
-    best = max(range(len(built)), key=lambda k: screens[k].speedup)
-    return built[best], paired_timing(original, built[best][1], args, opts.timing_rounds, opts.timing_budget_s / 2)
 
 
 def _run_program(program: Program, runner: Callable[..., Any], *flat: Any) -> list[Any]:

@@ -23,8 +23,8 @@ import numpy as np
 
 from eqsat.timer import sample_seconds
 
-__all__ = ["MAX_CALLS_PER_SAMPLE", "MIN_SAMPLE_S", "PairedTiming", "bootstrap_median_ci", "calls_per_sample",
-           "interleaved_rounds", "paired_timing", "rotation", "screen_timings"]
+__all__ = ["MAX_CALLS_PER_SAMPLE", "MIN_SAMPLE_S", "Choice", "PairedTiming", "bootstrap_median_ci", "calls_per_sample",
+           "choose_faster", "interleaved_rounds", "paired_timing", "rotation", "screen_timings"]
 
 MIN_SAMPLE_S = 5e-3  # a sample shorter than this is mostly timer and dispatch noise: repeat calls
 MAX_CALLS_PER_SAMPLE = 1000  # ...but a sample of a ~free call stays bounded (and the warm-up short)
@@ -143,3 +143,36 @@ def screen_timings(base: Callable[..., Any], others: Sequence[Callable[..., Any]
     times, calls = interleaved_rounds([functools.partial(fn, *args) for fn in (base, *others)], rounds, budget_s,
                                       min_rounds)
     return [_summary(times[0], times[i], calls, confidence) for i in range(1, len(times))]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The one keep/discard decision: which candidate was timed against the base on fresh rounds
+    (`best`, the fastest in the shared screen), that timing, and every candidate's screen."""
+
+    best: int  # index into the candidates
+    timing: PairedTiming  # `best` against the base: the timing the decision uses
+    screens: tuple[PairedTiming, ...]  # each candidate against the base (one candidate: `timing` itself)
+
+    @property
+    def kept(self) -> int | None:
+        """The candidate to run instead of the base, or None: keep the base (not faster with confidence)."""
+        return self.best if self.timing.faster_with_confidence else None
+
+
+def choose_faster(base: Callable[..., Any], candidates: Sequence[Callable[..., Any]], args: Sequence[Any],
+                  rounds: int = 40, budget_s: float = 5.0, min_rounds: int = 8) -> Choice:
+    """Decide between `base` and `candidates` (the decorator, `eqsat optimize` and `bench tensat`
+    all decide here). One candidate is timed against the base on `rounds` rounds; several are first
+    screened together in the same rounds on half the budget, and the fastest is timed again on fresh
+    rounds with the other half, so picking the luckiest screen does not bias the interval the
+    decision uses. A candidate is kept only when its whole interval is faster (`Choice.kept`)."""
+    if not candidates:
+        raise ValueError("choose_faster: no candidates")
+    if len(candidates) == 1:
+        timing = paired_timing(base, candidates[0], args, rounds, budget_s, min_rounds=min_rounds)
+        return Choice(0, timing, (timing,))
+    screens = screen_timings(base, candidates, args, rounds, budget_s / 2, min_rounds=max(min_rounds - 2, 5))
+    best = max(range(len(candidates)), key=lambda k: screens[k].speedup)
+    timing = paired_timing(base, candidates[best], args, rounds, budget_s / 2, min_rounds=min_rounds)
+    return Choice(best, timing, tuple(screens))
