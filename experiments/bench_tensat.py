@@ -41,7 +41,8 @@ TENSAT_MODELS: tuple[str, ...] = ("bert", "resnext50", "nasneta", "nasrnn", "inc
 
 @dataclass(frozen=True)
 class PaperRow:
-    """Tensat's Table 2: optimizer seconds and speedup (%) on a V100, TASO and Tensat."""
+    """Tensat paper (Yang et al., MLSys 2021), Table 2: search time (s) and runtime speedup (%) of TASO and
+    Tensat, measured by the paper on its GPU (not re-run here; `PAPER_SOURCE`)."""
 
     taso_s: float
     tensat_s: float
