@@ -210,7 +210,8 @@ def _model_rows(name: str, options: BenchOptions, out_dir: Path, progress: Any) 
                 one = optimize_and_judge(graph, rules, limits, costs, extractor="ilp",
                                          time_limit=options.extract_time_limit, seed=options.seed,
                                          candidates=options.candidates, rounds=options.repeats,
-                                         budget_s=options.timing_budget, rtol=1e-4, atol=1e-5 * scale)
+                                         budget_s=options.timing_budget, rtol=1e-4, atol=1e-5 * scale,
+                                         strict=False)
                 judged.append(one)
                 fields.append(one.fields(costs))
                 progress.advance(task)
@@ -229,8 +230,8 @@ def _model_rows(name: str, options: BenchOptions, out_dir: Path, progress: Any) 
                 "cost_model": label,
                 "measured_original_s": _mean_se([f["measured_before_s"] for f in fields])[0],
                 "measured_eqsat_s": _mean_se([f["measured_after_s"] for f in fields])[0],
-                "numerics_ok": bool(result.numerics_ok and taso_ok),
-                "numerics_numpy_ok": result.numerics_ok, "numerics_jax_ok": True,  # a JAX disagreement raises
+                "numerics_ok": bool(result.numerics_ok and taso_ok and all(j.numerics_ok for j in judged)),
+                "numerics_numpy_ok": result.numerics_ok, "numerics_jax_ok": all(j.numerics_ok for j in judged),
                 "numerics_taso_ok": taso_ok,
                 "device": _device_name(), "rules_fired": dict(result.saturation.total_matches),
                 "speedup_eqsat": _speedup(result.cost_before, cost_eqsat),
