@@ -242,7 +242,8 @@ def optimize_and_judge(graph: Graph, rules: Sequence[Rule], limits: Limits, cost
         greedy, greedy_s = _greedy(result, time_limit)
         if greedy is not None:
             plans.append(("greedy-dag", greedy))
-    plans += [(f"{extractor}/{name}", found.graph) for name, found in result.alternatives.items() if found.numerics_ok]
+    plans += [(f"{extractor}/{name}", found.graph) for name, found in result.alternatives.items()
+              if found.numerics_ok and f"{extractor}/{name}" != main]  # one name per plan
     before = graph_cost(graph, costs)
     predicted = {name: (before / after if after > 0 else float("nan"))
                  for name, after in ((n, graph_cost(g, costs)) for n, g in plans)}
