@@ -202,3 +202,22 @@ def test_table_puts_measured_first_and_cites_the_paper(tmp_path: Any) -> None:
     assert "| squeezenet |" in text and "original (0/3)" in text
     write_plots(rows, tmp_path)
     assert (tmp_path / "speedup.roofline-h100.png").stat().st_size > 1000
+
+
+def test_the_commands_and_the_decorator_share_one_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`judge_plans` decides through `jax_backend.timing.choose_faster`, the function the decorator
+    calls: a stub that never keeps makes even a much faster plan lose."""
+    from jax_backend import decorator_checks, timing
+
+    assert decorator_checks.choose_faster is timing.choose_faster
+    real = timing.choose_faster
+
+    def never(*args: Any, **kwargs: Any) -> timing.Choice:
+        choice = real(*args, **kwargs)
+        worse = timing.PairedTiming(1.0, 1.0, 1.0, 0.9, 1.1, 5, 1, 0.95)
+        return timing.Choice(choice.best, worse, choice.screens)
+
+    monkeypatch.setattr(timing, "choose_faster", never)
+    fast, slow = _pair()
+    judged = judge_plans(slow, [("fast", fast)], slow.random_inputs(0), 1e-4, 1e-5, rounds=5, budget_s=1.0)
+    assert judged.kept == "original"
