@@ -26,7 +26,7 @@ import json
 import os
 import platform
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -192,8 +192,10 @@ class RooflineModel:
         return max(work / self.spec.peak_flops(self.dtype), traffic / self.spec.bandwidth) + self.spec.launch_s
 
 
-def _roofline(device: str, **options: Any) -> CostModel:
-    return RooflineModel(device_spec(device), **options)
+def _roofline(device: str, launch_s: float | None = None, **options: Any) -> CostModel:
+    """`launch_s`: the per-kernel launch cost instead of the device's (the launch-sensitivity columns)."""
+    spec = device_spec(device)
+    return RooflineModel(spec if launch_s is None else replace(spec, launch_s=launch_s), **options)
 
 
 _FACTORIES: dict[str, Callable[..., CostModel]] = {"roofline": _roofline}

@@ -178,6 +178,24 @@ class Graph:
         return sum(ops.flops(n.op, [self.shape(v) for v in n.inputs], n.attr)
                    for n in self.nodes if not ops.OPS[n.op].is_leaf)
 
+    def runtime_nodes(self) -> list[int]:
+        """The live nodes a call runs: not leaves, not computed from weights alone (those are folded
+        once at load time, `ops.weight_derived`, as the cost models and the lowering fold them)."""
+        live = self.live()
+        folded = ops.weight_derived((i, n.op, [v.node for v in n.inputs]) for i, n in enumerate(live.nodes))
+        return [i for i, n in enumerate(live.nodes) if i not in folded and not ops.OPS[n.op].is_leaf]
+
+    def runtime_kernels(self) -> int:
+        """Kernels a call launches before any fusion: runtime nodes whose op `launches_kernel`."""
+        live = self.live()
+        return sum(ops.OPS[live.nodes[i].op].launches_kernel for i in live.runtime_nodes())
+
+    def runtime_flops(self) -> float:
+        """FLOPs a call computes (weight-only values folded)."""
+        live = self.live()
+        return float(sum(ops.flops(live.nodes[i].op, [live.shape(v) for v in live.nodes[i].inputs], live.nodes[i].attr)
+                         for i in live.runtime_nodes()))
+
     # --- JSON ----------------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:

@@ -101,6 +101,12 @@ class OpSpec:
     # device on its piece, for these attributes (None: never on distributed values)
 
     @property
+    def launches_kernel(self) -> bool:
+        """Runs as a kernel of its own when not folded (the roofline charges it a launch): neither a
+        leaf nor a view. The kernel counts of `Graph.runtime_kernels` count these."""
+        return not (self.is_leaf or self.is_view)
+
+    @property
     def is_unary_elementwise(self) -> bool:
         """One input, elementwise: a link of a unary chain (the Pallas backend fuses such chains)."""
         return self.elementwise and self.arity == 1

@@ -60,6 +60,8 @@ class OptimizationResult:
     egraph_json: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)  # the saturated e-graph
     # greedy-dag's choice on `egraph_json` (loader numbering) where the extractor computed it (the ILP's start)
     greedy_choice: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # extractions of the same e-graph under `optimize_graph`'s `alternatives` (by name; included in extract_s)
+    alternatives: Mapping[str, Extraction] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def stop_reason(self) -> str:
@@ -123,6 +125,7 @@ class Extraction:
     max_abs_diff: float
     single_output: bool = False  # extracted from the e-graph grown by single-output rules only
     greedy_choice: np.ndarray | None = field(default=None, repr=False, compare=False)  # see OptimizationResult
+    seconds: float = 0.0  # this model's serialization and extraction
 
 
 @dataclass(frozen=True)
@@ -264,8 +267,10 @@ def _search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping
     sizes = (0, 0)
     serialized: list[Mapping[str, Any]] = []  # the full e-graph under the first model, for callers that save it
     spent = {"serialize": 0.0, "extract": 0.0}  # seconds, reported as saturation and extraction time
+    model_s = 0.0  # the current model's serialization and extraction seconds
 
     def extract_from(eg: TensorEGraph, objective: Objective, seconds: float) -> tuple[Graph, Selection, tuple[int, int]]:
+        nonlocal model_s
         t0 = time.perf_counter()
         priced = Priced.of(eg, objective, fold_weights)
         t1 = time.perf_counter()
@@ -273,6 +278,7 @@ def _search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping
         selection, graph_out = priced.extract(extractor, seconds, objective.rows, starts)
         spent["serialize"] += t1 - t0
         spent["extract"] += time.perf_counter() - t1
+        model_s += time.perf_counter() - t0
         if eg is egraph and not serialized:
             serialized.append(priced.json)
         return graph_out, selection, (priced.enodes, priced.eclasses)
@@ -280,6 +286,7 @@ def _search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping
     per_model = max(time_limit - saturate_s, 0.05) / max(len(models), 1) if avoid_extra_work else time_limit
     for name, wanted in models.items():
         objective = wanted if isinstance(wanted, Objective) else Objective(wanted)
+        model_s = 0.0
         try:
             extracted, selection, size = extract_from(egraph, objective, per_model)
             sizes = sizes if sizes[0] else size
@@ -298,20 +305,24 @@ def _search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping
             checked[extracted] = numerics_match(graph, extracted, seed)
         ok, diff = checked[extracted]
         found[name] = Extraction(extracted, str(selection.status), float(selection.dag_cost), ok, diff, from_single,
-                                 selection.info.get("greedy_choice"))
+                                 selection.info.get("greedy_choice"), model_s)
     return SearchResult(graph, report, found, sizes[0], sizes[1], saturate_s + spent["serialize"], spent["extract"],
                         tuple(errors), serialized[0] if serialized else None)
 
 
 def optimize_graph(graph: Graph, rules: Sequence[Rule], limits: Limits, cost_model: CostModel,
                    extractor: str = "ilp", time_limit: float = 60.0, seed: int = 0,
-                   progress: bool = False, fold_weights: bool = True) -> OptimizationResult:
+                   progress: bool = False, fold_weights: bool = True,
+                   alternatives: Mapping[str, CostModel] | None = None) -> OptimizationResult:
     """Saturate `graph` with `rules`, extract the cheapest equivalent under `cost_model`, check it
     (`search` with one model). A graph that disagrees with the input is never returned
     (NumericsError); if extraction finds nothing cheaper, the input is kept and the status says so.
+    `alternatives`: other cost models to extract the same e-graph under (candidate plans to time;
+    their results, checked or not, are in `OptimizationResult.alternatives`).
     """
-    found = search(graph, rules, limits, {"model": cost_model}, extractor, time_limit, fold_weights=fold_weights,
-                   seed=seed, progress=progress)
+    extra = {f"alt:{k}": v for k, v in (alternatives or {}).items()}
+    found = search(graph, rules, limits, {"model": cost_model, **extra}, extractor, time_limit,
+                   fold_weights=fold_weights, seed=seed, progress=progress)
     if "model" not in found.by_model:
         raise EqsatError(f"extraction failed: {'; '.join(found.errors)}")
     best = found.by_model["model"]
@@ -326,4 +337,5 @@ def optimize_graph(graph: Graph, rules: Sequence[Rule], limits: Limits, cost_mod
                             f"{diff:.3g}); a rule or the decoder is wrong")
     return OptimizationResult(graph, optimized, found.saturation, found.enodes, found.eclasses, found.saturate_s,
                               found.extract_s, cost_before, cost_after, status, extractor, ok, diff, best.dag_cost,
-                              found.egraph_json, None if best.single_output else best.greedy_choice)
+                              found.egraph_json, None if best.single_output else best.greedy_choice,
+                              {k[4:]: v for k, v in found.by_model.items() if k.startswith("alt:")})

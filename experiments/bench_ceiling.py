@@ -263,7 +263,7 @@ def matmul_peak_gflops(n: int = 1024, repeats: int = 30) -> float:
 def bench_ceiling(prog: JaxProgram, rounds: int, budget_s: float, peak_gflops: float | None = None) -> list[dict[str, Any]]:
     """Rows for each variant of `prog` (screened together), one for the best (timed again), and
     one for the original: its FLOPs and achieved GFLOP/s (as a fraction of `peak_gflops`)."""
-    from jax_backend.timing import paired_timing, screen_timings
+    from jax_backend.timing import choose_faster
 
     args = prog.make_args(0)
     original = jax.jit(prog.fn)
@@ -280,13 +280,13 @@ def bench_ceiling(prog: JaxProgram, rounds: int, budget_s: float, peak_gflops: f
             usable.append((variant.__name__, fn))
     if not usable:
         return rows
-    screens = screen_timings(original, [fn for _, fn in usable], args, rounds, budget_s / 2, min_rounds=6)
+    choice = choose_faster(original, [fn for _, fn in usable], args, rounds, budget_s)
     by_name = {r["variant"]: r for r in rows}
-    for (name, _), timing in zip(usable, screens):
-        by_name[name].update(timing.to_json())
-    best = max(range(len(usable)), key=lambda k: screens[k].speedup)
-    timing = paired_timing(original, usable[best][1], args, rounds, budget_s / 2)
-    rows.append({"program": prog.name, "variant": "BEST", "best": usable[best][0], **timing.to_json()})
+    for (name, _), screen in zip(usable, choice.screens):
+        by_name[name].update(screen.to_json())
+    best, timing = choice.best, choice.timing
+    rows.append({"program": prog.name, "variant": "BEST", "best": usable[best][0], **timing.as_paired().to_json(),
+                 "verdict": timing.verdict})
     flops = _xla_flops(prog.fn, args)
     if flops is not None:
         rate = flops / timing.base_s / 1e9

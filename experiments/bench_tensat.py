@@ -2,16 +2,19 @@
 
 For each of Tensat's seven models and each cost model (the measured per-op model on the device at
 hand, and the H100 roofline) it runs
-- equality saturation (Tensat's 133 rules as the verifier accepts them, plus the `conv_merges`
-  library group: the grouped-conv merges guarded to where they hold and the `enlarge` merges), for
-  each `k_multi`, extracted with the ILP (and with greedy-dag on the same e-graph, for the plot);
+- `eqsat optimize`'s own path (`eqsat.commands.optimize.optimize_and_judge`), `--passes` times:
+  equality saturation (Tensat's 133 rules as the verifier accepts them, plus the `conv_merges` and
+  `nary_merges` groups) for each `k_multi`, the ILP's answer and the cheap alternatives (greedy-dag
+  on the same e-graph, the ILP under the roofline without launch cost), every plan run end to end
+  through JAX against the original, and the plan kept only if faster with confidence (the one
+  decision, `jax_backend.timing.choose_faster`);
 - the TASO-style search (`experiments/taso_search.py`) with the same rules and the same cost model,
-  at TASO's default budget (1000 graphs) and, under the roofline, a longer one;
-then lowers the original and the optimized graph through JAX, checks numerics and times both.
+  at TASO's default budget (1000 graphs) and, under the roofline, a longer one.
 
-Writes one JSON row per (model, k_multi, cost model), `DIR/table.md` (the paper's numbers beside
-ours), PNG plots, and each model's saturated e-graph as E-graph JSON under `DIR/egraphs/`.
-Speedup means cost_original / cost_optimized - 1, as in the paper; the reduction is given beside it.
+Writes one JSON row per (model, k_multi, cost model), `DIR/table.md` (measured speedups first,
+predictions labelled, the paper's numbers in their own columns), PNG plots, and each model's
+saturated e-graph as E-graph JSON under `DIR/egraphs/`. Measured speedup = original time ÷ plan
+time (×); predicted % = cost_original / cost_optimized - 1, as in the paper.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ TENSAT_MODELS: tuple[str, ...] = ("bert", "resnext50", "nasneta", "nasrnn", "inc
 
 @dataclass(frozen=True)
 class PaperRow:
-    """Tensat's Table 2: optimizer seconds and speedup (%) on a V100, TASO and Tensat."""
+    """Tensat paper (Yang et al., MLSys 2021), Table 2: search time (s) and runtime speedup (%) of TASO and
+    Tensat, measured by the paper on its GPU (not re-run here; `PAPER_SOURCE`)."""
 
     taso_s: float
     tensat_s: float
@@ -71,8 +75,21 @@ class BenchOptions:
     taso_seconds: float = 20.0
     taso_long_budget: int = 10_000
     taso_long_seconds: float = 60.0
-    repeats: int = 10
+    repeats: int = 30  # timing rounds (at least 5) of the original against each plan, per pass
+    timing_budget: float = 30.0  # seconds of timing rounds per pass (past the 5 that always run)
+    passes: int = 3  # whole runs of `eqsat optimize`'s path per row (mean ± s.e. over them)
+    candidates: tuple[str, ...] = ("greedy", "roofline-launch0")
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        """Bad counts are one error line (exit 2), before any work."""
+        from eqsat.commands.optimize import check_candidates
+        from eqsat.errors import EqsatError
+
+        for flag, value, least in (("--passes", self.passes, 1), ("--repeats", self.repeats, 5)):
+            if not value >= least:
+                raise EqsatError(f"bench tensat: {flag} must be at least {least}, not {value}")
+        check_candidates(self.candidates)
 
 
 def _cost_model_arg(text: str) -> tuple[str, str]:
@@ -90,7 +107,10 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
     return BenchOptions(models=tuple(args.models or d.models), k_multi=tuple(args.k_multi or d.k_multi),
                         cost_models=tuple(map(_cost_model_arg, chosen)) if chosen else d.cost_models,
                         extract_time_limit=args.time_limit, taso_seconds=args.taso_seconds,
-                        taso_long_seconds=args.taso_long_seconds)
+                        taso_long_seconds=args.taso_long_seconds, passes=getattr(args, "passes", d.passes),
+                        repeats=getattr(args, "repeats", d.repeats),
+                        timing_budget=getattr(args, "timing_budget", d.timing_budget),
+                        candidates=d.candidates if getattr(args, "candidates", None) is None else tuple(args.candidates))
 
 
 def bench_rules(graph: Graph) -> list[Rule]:
@@ -107,20 +127,55 @@ def _speedup(before: float, after: float) -> float:
     return before / after - 1.0 if after > 0 else float("nan")
 
 
+def _mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (0 for one value)."""
+    xs = [float(v) for v in values]
+    mean = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return mean, 0.0
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+
+
+def pass_summary(passes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A row's measured and predicted fields from its passes (each `Judged.fields` of one run of
+    `eqsat optimize`'s path): the first pass's plan describes the row (kernels, FLOPs, launch
+    sensitivity); speedups and optimizer times are mean ± standard error over the passes; the
+    interval is the envelope of the passes' 95% intervals; `kept` is "optimized" only when every
+    pass kept its plan."""
+    first = passes[0]
+    speedup, speedup_se = _mean_se([p["measured_speedup"] for p in passes])
+    answer, answer_se = _mean_se([p["answer_speedup"] for p in passes])
+    predicted, predicted_se = _mean_se([p["predicted_speedup"] for p in passes])
+    optimizer, optimizer_se = _mean_se([p["optimizer_s"] for p in passes])
+    kept = sum(p["kept"] == "optimized" for p in passes)
+    return {
+        "measured_speedup": speedup, "measured_speedup_se": speedup_se,
+        "measured_speedup_ci": [min(p["measured_speedup_ci"][0] for p in passes),
+                                max(p["measured_speedup_ci"][1] for p in passes)],
+        "answer_speedup": answer, "answer_speedup_se": answer_se,
+        "predicted_speedup": predicted, "predicted_speedup_se": predicted_se,
+        "kept": "optimized" if kept == len(passes) else "original", "kept_passes": kept,
+        "plan": first["plan"], "launch_sensitivity": first["launch_sensitivity"],
+        "kernels_original": first["kernels_original"], "kernels_eqsat": first["kernels_eqsat"],
+        "flops_original": first["flops_original"], "flops_eqsat": first["flops_eqsat"],
+        "optimizer_s": optimizer, "optimizer_s_se": optimizer_se, "passes": len(passes),
+        "pass_results": [{k: p[k] for k in ("plan", "kept", "measured_speedup", "measured_speedup_ci",
+                                            "predicted_speedup", "optimizer_s", "passes", "candidates")}
+                         for p in passes],
+    }
+
+
 def _model_rows(name: str, options: BenchOptions, out_dir: Path, progress: Any) -> Iterable[dict[str, Any]]:
-    from eqsat.egraph import decode, flatten_concats
-    from eqsat.extract import extract, load_egraph
-    from eqsat.extract.selection import Status, make_selection
-    from eqsat.gc_pause import gc_paused
-    from eqsat.pipeline import numerics_match, optimize_graph
+    from eqsat.commands.optimize import optimize_and_judge
+    from eqsat.egraph import flatten_concats
+    from eqsat.pipeline import numerics_match
     from eqsat.saturate import Limits
     from eqsat.models import build_model
-    from jax_backend.checks import measure_pair
     from experiments.taso_search import TasoOptions, taso_search
 
     graph = build_model(name)
     rules = bench_rules(graph)
-    steps = len(options.cost_models) * (1 + len(options.k_multi)) + 1
+    steps = len(options.cost_models) * (1 + len(options.k_multi) * options.passes) + 1
     task = progress.add_task(f"{name}: rules", total=steps)
     inputs = graph.random_inputs(options.seed)
     # float32 through JAX against the numpy reference: outputs of BERT (no softmax) reach ~10^2, so
@@ -146,37 +201,37 @@ def _model_rows(name: str, options: BenchOptions, out_dir: Path, progress: Any) 
         cost_original_flat = graph_cost(flatten_concats(graph), costs)
         progress.advance(task)
         for k in options.k_multi:
-            progress.update(task, description=f"{name} [{label}]: saturate + extract, k_multi {k}")
             limits = Limits(nodes=options.node_limit, seconds=options.saturate_seconds, multi_rounds=k)
-            result = optimize_graph(graph, rules, limits, costs, extractor="ilp",
-                                    time_limit=options.extract_time_limit, seed=options.seed)
-            egraph_json = result.egraph_json or {}
+            judged, fields = [], []
+            for p in range(options.passes):
+                progress.update(task, description=f"{name} [{label}]: k_multi {k}, pass {p + 1}/{options.passes}: "
+                                                  "saturate, extract, run every plan")
+                # the same path and the same keep/discard decision as `eqsat optimize`
+                one = optimize_and_judge(graph, rules, limits, costs, extractor="ilp",
+                                         time_limit=options.extract_time_limit, seed=options.seed,
+                                         candidates=options.candidates, rounds=options.repeats,
+                                         budget_s=options.timing_budget, rtol=1e-4, atol=1e-5 * scale,
+                                         strict=False)
+                judged.append(one)
+                fields.append(one.fields(costs))
+                progress.advance(task)
+            result = judged[0].result
             egraph_file = out_dir / "egraphs" / f"{name}.k{k}.{cm_name}-{device}.json"
             egraph_file.parent.mkdir(parents=True, exist_ok=True)
-            egraph_file.write_text(json.dumps(egraph_json))
-            data = load_egraph(egraph_json)
-            t0 = time.perf_counter()
-            with gc_paused():  # as in the search: see eqsat.gc_pause
-                if result.greedy_choice is not None:  # the ILP started from greedy-dag's answer: not computed twice
-                    greedy = make_selection(data, result.greedy_choice, status=Status.FEASIBLE, extractor="greedy-dag",
-                                            seconds=0.0)
-                else:
-                    greedy = extract(data, "greedy-dag", time_limit=options.extract_time_limit)
-            greedy_s = time.perf_counter() - t0
-            greedy_graph = decode(egraph_json, greedy.as_ids(data)).live()
-            greedy_cost = graph_cost(greedy_graph, costs)
-            # ours = what `eqsat optimize` returns (greedy-dag's answer is for the plot only)
-            optimized, cost_eqsat, extractor_used = result.optimized, result.cost_after, "ilp"
-            extract_s = result.extract_s
-            progress.update(task, description=f"{name} [{label}]: JAX numerics and timing, k_multi {k}")
-            measured = measure_pair(graph, optimized, inputs, options.repeats, rtol=1e-4, atol=1e-5 * scale)
+            egraph_file.write_text(json.dumps(result.egraph_json or {}))
+            greedy = dict(judged[0].plans).get("greedy-dag")
+            cost_eqsat = result.cost_after  # the ILP's answer under the cost model (the predicted columns)
+            summary = pass_summary(fields)
             row = {
                 "model": name, "k_multi": k, "enodes": result.enodes, "eclasses": result.eclasses,
-                "saturate_s": result.saturate_s, "extract_s": extract_s, "taso_s": taso.seconds,
+                "saturate_s": _mean_se([j.result.saturate_s for j in judged])[0],
+                "extract_s": _mean_se([j.result.extract_s for j in judged])[0], "taso_s": taso.seconds,
                 "cost_original": result.cost_before, "cost_taso": cost_taso, "cost_eqsat": cost_eqsat,
-                "cost_model": label, "measured_original_s": measured.before_s, "measured_eqsat_s": measured.after_s,
-                "numerics_ok": bool(result.numerics_ok and measured.numerics_ok and taso_ok),
-                "numerics_numpy_ok": result.numerics_ok, "numerics_jax_ok": measured.numerics_ok,
+                "cost_model": label,
+                "measured_original_s": _mean_se([f["measured_before_s"] for f in fields])[0],
+                "measured_eqsat_s": _mean_se([f["measured_after_s"] for f in fields])[0],
+                "numerics_ok": bool(result.numerics_ok and taso_ok and all(j.numerics_ok for j in judged)),
+                "numerics_numpy_ok": result.numerics_ok, "numerics_jax_ok": all(j.numerics_ok for j in judged),
                 "numerics_taso_ok": taso_ok,
                 "device": _device_name(), "rules_fired": dict(result.saturation.total_matches),
                 "speedup_eqsat": _speedup(result.cost_before, cost_eqsat),
@@ -193,13 +248,15 @@ def _model_rows(name: str, options: BenchOptions, out_dir: Path, progress: Any) 
                 "taso_long_popped": taso_long.popped if taso_long else None,
                 "taso_long_stop": taso_long.stop_reason if taso_long else None,
                 "taso_long_trace": [list(p) for p in taso_long.trace] if taso_long else None,
-                "cost_greedy": greedy_cost, "greedy_s": greedy_s, "stop_reason": result.stop_reason,
-                "selection_status": result.selection_status, "extractor_used": extractor_used, "rules": len(rules),
-                "measured_speedup_eqsat": _speedup(measured.before_s, measured.after_s),
-                "nodes_original": len(graph.live().nodes), "nodes_eqsat": len(optimized.nodes),
+                "cost_greedy": graph_cost(greedy, costs) if greedy is not None else None,
+                "greedy_s": judged[0].candidates_s - sum(a.seconds for a in result.alternatives.values()),
+                "candidates_s": judged[0].candidates_s, "stop_reason": result.stop_reason,
+                "selection_status": result.selection_status, "extractor_used": "ilp", "rules": len(rules),
+                "measured_speedup_eqsat": summary["measured_speedup"] - 1.0,
+                "nodes_original": len(graph.live().nodes), "nodes_eqsat": len(judged[0].plan_graph.live().nodes),
                 "egraph_file": str(egraph_file),
+                **summary,
             }
-            progress.advance(task)
             yield row
     progress.update(task, description=f"{name}: done", completed=steps)
 
@@ -250,43 +307,94 @@ def _geomean(xs: Sequence[float]) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
+PAPER_SOURCE = ("Tensat paper (Yang et al., MLSys 2021), Table 2: search time (s) and runtime speedup (%) over "
+                "the original graph, measured by the paper on its GPU")
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None or not math.isfinite(x) else f"{x:.1f}"
+
+
+def _measured_cell(r: Mapping[str, Any]) -> str:
+    if r.get("measured_speedup") is None:
+        return ""
+    low, high = r["measured_speedup_ci"]
+    se = f" ± {r['measured_speedup_se']:.3f}" if r.get("passes", 1) > 1 else ""
+    return f"{r['measured_speedup']:.3f}{se} [{low:.3f}, {high:.3f}]"
+
+
+def _launch_cell(r: Mapping[str, Any]) -> str:
+    sens = r.get("launch_sensitivity")
+    return " / ".join(_pct(sens.get(k)) for k in ("0", "1", "5")) if sens else ""
+
+
 def render_table(rows: Sequence[Mapping[str, Any]], seconds: float) -> str:
-    """Markdown: per cost model, Tensat's Table 2 with the paper's numbers beside ours."""
+    """Markdown: per cost model, measured speedups first, predictions beside them (labelled), the
+    paper's Table 2 in its own columns."""
     k = _main_k(rows)
+    device = next((r.get("device", "") for r in rows), "")
     lines = [f"# Tensat's experiment here (k_multi {k}; whole run {seconds:.0f} s)", "",
-             ("Speedup = cost_original / cost_optimized - 1 under the cost model (the paper: V100 runtime); "
-              "'vs flat input': against the input with its nested concats written as n-ary ones, as our decoder "
-              "writes them (the TASO-style result is costed that way too). "
-              "Optimizer time: TASO-style search (its whole run, capped; in brackets the time it found its best), "
-              "ours = saturate + extract."), ""]
+             (f"**Measured** (this machine, {device}): the original and the plan `eqsat optimize` chooses, both run end "
+              "to end through JAX (jax.jit, weights folded at load), speedup = original time ÷ plan time, median of "
+              "interleaved rounds with a 95% bootstrap interval; mean ± s.e. over the passes, the interval is the "
+              "envelope of the passes' intervals. **kept**: `optimized` only if the plan was faster with confidence "
+              "in every pass, else `eqsat optimize` returns the original (its speedup is then 1). "
+              "**Predicted** columns are cost ratios under the cost model, not measurements: × for the plan, "
+              "% = cost_original ÷ cost_optimized − 1 for the ILP's answer and the TASO-style search's; launch "
+              "0 / 1 / 5 µs: the plan priced by the roofline for the cost model's device with that launch cost per "
+              "kernel. Kernels: ops that launch a kernel before XLA fuses (`OpSpec.launches_kernel`, weight-only "
+              "ops folded); GFLOP: the same ops' FLOPs. "
+              f"**Paper**: {PAPER_SOURCE}; not run here. "
+              "Optimizer time: ours = saturate + the ILP's extraction (mean ± s.e. over the passes); the TASO-style "
+              "search's whole run, capped (in brackets the time it found its best)."), ""]
     for label in dict.fromkeys(r["cost_model"] for r in rows):
         sel = [r for r in rows if r["cost_model"] == label and r["k_multi"] == k]
         lines += [f"## cost model {label}", "",
-                  ("| model | TASO s (paper) | Tensat s (paper) | TASO-style s (ours) | eqsat s (ours) | "
-                   "TASO % (paper) | Tensat % (paper) | TASO-style % (ours) | longer TASO-style % | eqsat % (ours) | "
-                   "eqsat % vs flat input | reduction | e-nodes | measured JAX orig → ours (ms) | numerics |"),
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  ("| model | measured speedup × [95% CI] | kept | predicted × (plan) | "
+                   "predicted % at launch 0 / 1 / 5 µs | kernels orig → plan | GFLOP orig → plan | "
+                   "measured orig → plan (ms) | eqsat s (ours) | TASO-style s (ours) | eqsat % (predicted) | "
+                   "eqsat % vs flat input (predicted) | TASO-style % (predicted) | longer TASO-style % (predicted) | "
+                   "Tensat % (paper) | TASO % (paper) | Tensat s (paper) | TASO s (paper) | e-nodes | numerics |"),
+                  "|" + "---|" * 20]
         for r in sel:
             p = PAPER.get(r["model"])
-            ours_s = r["saturate_s"] + r["extract_s"]
-            flat = "" if r.get("speedup_eqsat_vs_flat_original") is None else f"{100 * r['speedup_eqsat_vs_flat_original']:.1f}"
-            longer = "" if r["cost_taso_long"] is None else f"{100 * _speedup(r['cost_original'], r['cost_taso_long']):.1f}"
+            ours_s = r.get("optimizer_s", r["saturate_s"] + r["extract_s"])
+            ours_se = f" ± {r['optimizer_s_se']:.2f}" if r.get("passes", 1) > 1 else ""
+            flat = r.get("speedup_eqsat_vs_flat_original")
+            longer = None if r.get("cost_taso_long") is None else 100 * _speedup(r["cost_original"], r["cost_taso_long"])
+            kernels = (f"{r['kernels_original']} → {r['kernels_eqsat']}" if "kernels_original" in r else "")
+            gflop = (f"{r['flops_original'] / 1e9:.2f} → {r['flops_eqsat'] / 1e9:.2f}" if "flops_original" in r else "")
+            predicted = f"{r['predicted_speedup']:.3f}" if r.get("predicted_speedup") is not None else ""
+            kept = r.get("kept", "")
+            if kept and r.get("passes", 1) > 1:
+                kept += f" ({r.get('kept_passes', 0)}/{r['passes']})"
             lines.append(
-                f"| {r['model']} | {p.taso_s if p else ''} | {p.tensat_s if p else ''} | "
-                f"{r['taso_s']:.1f} ({r['taso_seconds_to_best']:.1f}) | {ours_s:.2f} | "
-                f"{p.taso_speedup if p else ''} | {p.tensat_speedup if p else ''} | {100 * r['speedup_taso']:.1f} | "
-                f"{longer} | {100 * r['speedup_eqsat']:.1f} | {flat} | {100 * r['reduction_eqsat']:.1f}% | {r['enodes']} | "
-                f"{1e3 * r['measured_original_s']:.2f} → {1e3 * r['measured_eqsat_s']:.2f} | {r['numerics_ok']} |")
-        ratio = _geomean([r["taso_s"] / (r["saturate_s"] + r["extract_s"]) for r in sel])
-        to_best = _geomean([max(r["taso_seconds_to_best"], 1e-3) / (r["saturate_s"] + r["extract_s"]) for r in sel])
+                f"| {r['model']} | {_measured_cell(r)} | {kept} | {predicted} | {_launch_cell(r)} | {kernels} | "
+                f"{gflop} | {1e3 * r['measured_original_s']:.2f} → {1e3 * r['measured_eqsat_s']:.2f} | "
+                f"{ours_s:.2f}{ours_se} | {r['taso_s']:.1f} ({r['taso_seconds_to_best']:.1f}) | "
+                f"{_pct(100 * r['speedup_eqsat'])} | {_pct(None if flat is None else 100 * flat)} | "
+                f"{_pct(100 * r['speedup_taso'])} | {_pct(longer)} | {p.tensat_speedup if p else ''} | "
+                f"{p.taso_speedup if p else ''} | {p.tensat_s if p else ''} | {p.taso_s if p else ''} | "
+                f"{r['enodes']} | {r['numerics_ok']} |")
+        measured = [r["measured_speedup"] for r in sel if r.get("measured_speedup") is not None]
+        answers = [r.get("answer_speedup", 1.0) for r in sel if r.get("measured_speedup") is not None]
+        ratio = _geomean([r["taso_s"] / r.get("optimizer_s", r["saturate_s"] + r["extract_s"]) for r in sel])
+        to_best = _geomean([max(r["taso_seconds_to_best"], 1e-3) / r.get("optimizer_s", r["saturate_s"] + r["extract_s"])
+                            for r in sel])
         le = sum(r["cost_eqsat"] <= r["cost_taso"] * (1 + 1e-9) for r in sel)
         lt = sum(r["cost_eqsat"] < r["cost_taso"] * (1 - 1e-9) for r in sel)
         longer_le = sum(r["cost_eqsat"] <= r["cost_taso_long"] * (1 + 1e-9) for r in sel if r["cost_taso_long"] is not None)
         longer_n = sum(r["cost_taso_long"] is not None for r in sel)
-        lines += ["", (f"Optimizer time, TASO-style ÷ ours, geomean: {ratio:.1f}x (paper: 48x); TASO-style's time to "
-                       f"its best ÷ ours: {to_best:.1f}x. Ours ≤ TASO-style on {le}/{len(sel)} models, strictly lower "
-                       f"on {lt}" + (f"; ≤ the longer TASO-style search on {longer_le}/{longer_n}." if longer_n else ".")),
-                  ""]
+        lines += [""]
+        if measured:
+            kept_n = sum(r.get("kept") == "optimized" for r in sel)
+            lines += [f"Measured speedup of the plan, geomean: {_geomean(measured):.3f}x; of what `eqsat optimize` "
+                      f"returns (the original where not kept): {_geomean(answers):.3f}x; plan kept on {kept_n}/"
+                      f"{len(measured)} models.", ""]
+        lines += [(f"Optimizer time, TASO-style ÷ ours, geomean: {ratio:.1f}x (paper: 48x); TASO-style's time to "
+                   f"its best ÷ ours: {to_best:.1f}x. Ours ≤ TASO-style (predicted cost) on {le}/{len(sel)} models, "
+                   f"strictly lower on {lt}" + (f"; ≤ the longer TASO-style search on {longer_le}/{longer_n}."
+                                                if longer_n else ".")), ""]
     return "\n".join(lines) + "\n"
 
 
@@ -309,6 +417,41 @@ def _grouped_bars(plt: Any, path: Path, names: Sequence[str], series: Sequence[t
     plt.close(fig)
 
 
+def _speedup_plot(plt: Any, path: Path, sel: Sequence[Mapping[str, Any]], label: str) -> None:
+    """Three panels, each labelled for what it is: speedups measured here (the plan, with its 95%
+    interval), speedups predicted under `label`, and the paper's (Table 2, measured on its GPU)."""
+    names = [r["model"] for r in sel]
+    x = list(range(len(sel)))
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 4))
+    measured = [r.get("measured_speedup") for r in sel]
+    if any(m is not None for m in measured):
+        ys = [100 * (m - 1) if m is not None else 0.0 for m in measured]
+        cis = [r.get("measured_speedup_ci") or [m or 1.0, m or 1.0] for r, m in zip(sel, measured)]
+        err = [[max(y - 100 * (c[0] - 1), 0.0) for y, c in zip(ys, cis)],
+               [max(100 * (c[1] - 1) - y, 0.0) for y, c in zip(ys, cis)]]
+        colors = ["tab:green" if r.get("kept") == "optimized" else "tab:gray" for r in sel]
+        a1.bar(x, ys, yerr=err, color=colors, capsize=3)
+    a1.axhline(0, color="black", linewidth=0.8)
+    a1.set_title(f"measured here ({sel[0].get('device', '')}), 95% CI\ngreen: kept, gray: original kept", fontsize=9)
+    a1.set_ylabel("speedup % (measured)")
+    for i, (name, key) in enumerate((("eqsat (ILP)", "speedup_eqsat"), ("TASO-style", "speedup_taso"))):
+        a2.bar([j + 0.4 * i - 0.2 for j in x], [100 * r[key] for r in sel], width=0.4, label=name)
+    a2.set_title(f"predicted under {label} (not measured)", fontsize=9)
+    a2.set_ylabel("speedup % (predicted)")
+    a2.legend(fontsize="small")
+    for i, (name, get) in enumerate((("Tensat", lambda p: p.tensat_speedup), ("TASO", lambda p: p.taso_speedup))):
+        a3.bar([j + 0.4 * i - 0.2 for j in x], [get(PAPER[n]) if n in PAPER else 0 for n in names], width=0.4,
+               label=name)
+    a3.set_title("the paper's (Tensat, MLSys 2021, Table 2),\nmeasured on the paper's GPU", fontsize=9)
+    a3.set_ylabel("runtime speedup % (paper)")
+    a3.legend(fontsize="small")
+    for ax in (a1, a2, a3):
+        ax.set_xticks(x, names, rotation=30, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def write_plots(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> None:
     import matplotlib
 
@@ -324,12 +467,7 @@ def write_plots(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> None:
         tag = label.replace("/", "-")
         names = [r["model"] for r in sel]
         x = range(len(sel))
-        speedups = [("eqsat (ours)", [100 * r["speedup_eqsat"] for r in sel]),
-                    ("TASO-style (ours)", [100 * r["speedup_taso"] for r in sel]),
-                    ("Tensat (paper)", [PAPER[n].tensat_speedup if n in PAPER else 0 for n in names]),
-                    ("TASO (paper)", [PAPER[n].taso_speedup if n in PAPER else 0 for n in names])]
-        _grouped_bars(plt, out_dir / f"speedup.{tag}.png", names, speedups, "speedup %",
-                      f"Speedup per model ({label}; paper: V100 runtime)")
+        _speedup_plot(plt, out_dir / f"speedup.{tag}.png", sel, label)
         times = [("eqsat (ours)", [r["saturate_s"] + r["extract_s"] for r in sel]),
                  ("TASO-style (ours)", [r["taso_s"] for r in sel]),
                  ("Tensat (paper)", [PAPER[n].tensat_s if n in PAPER else 0 for n in names]),
@@ -339,7 +477,8 @@ def write_plots(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> None:
 
         fig, ax = plt.subplots(figsize=(9, 4))
         ax.bar([j - 0.2 for j in x], [100 * r["reduction_eqsat"] for r in sel], width=0.4, label="ILP")
-        ax.bar([j + 0.2 for j in x], [100 * (1 - r["cost_greedy"] / r["cost_original"]) for r in sel], width=0.4,
+        ax.bar([j + 0.2 for j in x], [100 * (1 - r["cost_greedy"] / r["cost_original"]) if r.get("cost_greedy") else 0.0
+                                      for r in sel], width=0.4,
                label="greedy-dag")
         ax.set_xticks(list(x), names)
         ax.set_ylabel("cost reduction %")

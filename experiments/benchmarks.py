@@ -15,7 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from eqsat.arg_types import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, POSITIVE_INT
+from eqsat.arg_types import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, POSITIVE_INT, Number
 from eqsat.errors import EqsatError
 from eqsat.output_targets import writable_dir, writable_file
 
@@ -136,6 +136,16 @@ def _tensat_flags(parser: argparse.ArgumentParser) -> None:
                         help="cost models, e.g. roofline/h100 measured/cpu (default: both of those)")
     parser.add_argument("--taso-long-seconds", type=NON_NEGATIVE, default=60.0,
                         help="cap on the longer TASO-style search (10000 graphs, roofline column; 0 skips it)")
+    parser.add_argument("--passes", type=POSITIVE_INT, default=3,
+                        help="whole runs of eqsat optimize's path per row: optimizer times and speedups are mean ± "
+                             "s.e. over them (default: %(default)s)")
+    parser.add_argument("--repeats", type=Number(low=5, strict=False, integer=True), default=30,
+                        help="timing rounds of the original against each plan per pass, at most (at least 5)")
+    parser.add_argument("--timing-budget", type=POSITIVE, default=30.0,
+                        help="seconds of timing rounds per pass (past the 5 that always run)")
+    parser.add_argument("--candidates", nargs="*", default=None, metavar="NAME",
+                        help="plans timed beside the ILP's answer, as for eqsat optimize (default: greedy "
+                             "roofline-launch0)")
 
 
 def _tensat(module: Any, args: argparse.Namespace) -> Iterable[dict[str, Any]]:

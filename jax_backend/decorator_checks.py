@@ -1,6 +1,7 @@
 """The work `@eqsat.optimize` does for one signature (`build_signature`): capture, search the
 regions, lower each distinct candidate (weights folded), check it against the original on random
-inputs, and time it, keeping the original unless a candidate is faster with confidence.
+inputs, and time it, keeping the original unless a candidate is faster with confidence (the one
+decision, `jax_backend.timing.choose_faster`).
 
 Called by the wrapper (`jax_backend/decorator.py`) on a thread outside any trace; options and
 report types are in `jax_backend/decorator_options.py`.
@@ -26,7 +27,7 @@ from eqsat.ir import Graph
 from jax_backend.capture import GraphStep, Program, capture, graph_leaf_name, replay
 from jax_backend.decorator_options import Entry, Options, Outcome, cost_device
 from jax_backend.decisions import DecisionKey, device_name, load_decision, program_hash, save_decision
-from jax_backend.timing import Decision, screen_timings, sequential_decision
+from jax_backend.timing import Decision, choose_faster
 
 __all__ = ["build_signature"]
 
@@ -249,16 +250,11 @@ def _decide(original: Callable[..., Any], built: Sequence[Built], args: Sequence
         chosen = [b for b in built if b[0] == label]
         if chosen or not decision.keep:
             return (chosen or list(built))[0], decision
-    best = 0
-    if len(built) > 1:
-        screens = screen_timings(original, [b[1] for b in built], args, opts.timing_rounds, opts.screen_budget_s,
-                                 min_rounds=6)
-        best = max(range(len(built)), key=lambda k: screens[k].speedup)
-    decision = sequential_decision(functools.partial(original, *args), functools.partial(built[best][1], *args),
-                                   margin=opts.speed_margin, budget_s=opts.timing_budget_s)
+    choice = choose_faster(original, [b[1] for b in built], args, opts.timing_rounds, opts.timing_budget_s,
+                           screen_budget_s=opts.screen_budget_s, margin=opts.speed_margin)
     if key is not None:
-        save_decision(key, built[best][0], decision)
-    return built[best], decision
+        save_decision(key, built[choice.best][0], choice.decision)
+    return built[choice.best], choice.decision
 
 
 def _run_program(program: Program, runner: Callable[..., Any], *flat: Any) -> list[Any]:

@@ -24,8 +24,9 @@ import numpy as np
 
 from eqsat.timer import sample_seconds
 
-__all__ = ["MAX_CALLS_PER_SAMPLE", "MIN_SAMPLE_S", "Decision", "PairedTiming", "bootstrap_median_ci", "calls_per_sample",
-           "interleaved_rounds", "paired_timing", "rotation", "screen_timings", "sequential_decision"]
+__all__ = ["MAX_CALLS_PER_SAMPLE", "MIN_SAMPLE_S", "Choice", "Decision", "PairedTiming", "bootstrap_median_ci",
+           "calls_per_sample", "choose_faster", "interleaved_rounds", "paired_timing", "rotation", "screen_timings",
+           "sequential_decision"]
 
 MIN_SAMPLE_S = 5e-3  # a sample shorter than this is mostly timer and dispatch noise: repeat calls
 MAX_CALLS_PER_SAMPLE = 1000  # ...but a sample of a ~free call stays bounded (and the warm-up short)
@@ -178,6 +179,12 @@ class Decision:
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "from_cache"}
 
+    def as_paired(self) -> PairedTiming:
+        """The decision's rounds as a `PairedTiming` (ratios other/base)."""
+        return PairedTiming(self.base_s, self.other_s, 1.0 / self.speedup, 1.0 / self.speedup_high,
+                            1.0 / self.speedup_low if self.speedup_low > 0 else math.inf, self.rounds,
+                            self.calls_per_sample, self.confidence)
+
     @staticmethod
     def from_json(data: Any) -> Decision:
         """The decision `to_json` wrote (`from_cache` set); ValueError for anything else."""
@@ -236,3 +243,47 @@ def sequential_decision(base: Callable[[], Any], other: Callable[[], Any], *, ma
     ratio = float(np.median(np.asarray(times[1]) / np.asarray(times[0])))
     return Decision(verdict, 1.0 / ratio, low, high, threshold, len(times[0]), float(np.median(times[0])),
                     float(np.median(times[1])), confidence, time.perf_counter() - start, calls)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The one keep/discard decision: which candidate went through the sequential test against the
+    base (`best`, the fastest in the shared screen), that test's `decision`, and every candidate's
+    screen (one candidate: the decision's own rounds)."""
+
+    best: int  # index into the candidates
+    decision: Decision  # `best` against the base: what the keep/discard rests on
+    screens: tuple[PairedTiming, ...]
+
+    @property
+    def timing(self) -> Decision:
+        """The decision's timing (speedup, interval, rounds, medians)."""
+        return self.decision
+
+    @property
+    def kept(self) -> int | None:
+        """The candidate to run instead of the base, or None: keep the base (not faster with confidence)."""
+        return self.best if self.decision.keep else None
+
+
+def choose_faster(base: Callable[..., Any], candidates: Sequence[Callable[..., Any]], args: Sequence[Any],
+                  rounds: int = 40, budget_s: float = 8.0, min_rounds: int = 8, *, screen_budget_s: float | None = None,
+                  margin: float = 0.01) -> Choice:
+    """Decide between `base` and `candidates`: the decorator, `eqsat optimize`, `bench tensat` and
+    `bench ceiling` all decide here. Several candidates are first screened together in the same
+    interleaved rounds (`screen_budget_s`, by default half of `budget_s`); the fastest then goes
+    through `sequential_decision` on fresh rounds with the rest of the budget, so picking the
+    luckiest screen does not bias the interval the decision uses. A candidate is kept only when its
+    interval lies wholly above `1 + margin` (`Choice.kept`)."""
+    if not candidates:
+        raise ValueError("choose_faster: no candidates")
+    best, screens = 0, ()  # type: tuple[int, tuple[PairedTiming, ...]]
+    confirm_s = budget_s
+    if len(candidates) > 1:
+        screen_s = budget_s / 2 if screen_budget_s is None else screen_budget_s
+        screens = tuple(screen_timings(base, candidates, args, rounds, screen_s, min_rounds=max(min_rounds - 2, 5)))
+        best = max(range(len(candidates)), key=lambda k: screens[k].speedup)
+        confirm_s = max(budget_s - screen_s, 0.0) if screen_budget_s is None else budget_s
+    decision = sequential_decision(functools.partial(base, *args), functools.partial(candidates[best], *args),
+                                   margin=margin, budget_s=confirm_s, min_rounds=min_rounds)
+    return Choice(best, decision, screens or (decision.as_paired(),))

@@ -18,7 +18,8 @@ from experiments.bench_tensat import (
 
 CONTRACT = ("model", "k_multi", "enodes", "eclasses", "saturate_s", "extract_s", "taso_s", "cost_original",
             "cost_taso", "cost_eqsat", "cost_model", "measured_original_s", "measured_eqsat_s", "numerics_ok",
-            "device", "rules_fired")
+            "device", "rules_fired", "measured_speedup", "measured_speedup_ci", "predicted_speedup", "kept",
+            "launch_sensitivity", "kernels_original", "kernels_eqsat", "flops_original", "flops_eqsat", "passes")
 
 
 def _row(model: str, k: int, label: str, eqsat: float, taso: float) -> dict:  # type: ignore[type-arg]
@@ -46,8 +47,8 @@ def test_paper_numbers_cover_the_seven_models() -> None:
 def test_table_and_plots(tmp_path: Path) -> None:
     rows = [_row(m, k, "roofline/h100", 0.9 - 0.01 * k, 0.95) for m in ("vgg", "squeezenet") for k in (0, 1, 2)]
     text = render_table(rows, 12.0)
-    assert "| vgg | 8.9 | 0.4 |" in text and "| squeezenet | 16.4 | 0.3 |" in text
-    assert "Ours ≤ TASO-style on 2/2 models, strictly lower on 2" in text
+    assert "| 8.9 | 8.9 | 0.4 | 8.9 |" in text and "| 24.5 | 6.7 | 0.3 | 16.4 |" in text  # the paper's, cited
+    assert "Ours ≤ TASO-style (predicted cost) on 2/2 models, strictly lower on 2" in text
     write_plots(rows, tmp_path)
     for stem in ("speedup", "time", "extraction", "search_over_time", "k_multi"):
         assert (tmp_path / f"{stem}.roofline-h100.png").stat().st_size > 1000
@@ -56,11 +57,14 @@ def test_table_and_plots(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_small_run_writes_rows_table_and_egraphs(tmp_path: Path) -> None:
     options = BenchOptions(models=("nasrnn-small",), cost_models=(("roofline", "h100"),), taso_seconds=3,
-                           taso_long_seconds=0, repeats=2)
+                           taso_long_seconds=0, repeats=5, passes=2, timing_budget=2.0)
     rows = list(run_bench(tmp_path, options))
     assert len(rows) == 1
     row = rows[0]
     assert set(CONTRACT) <= set(row)
+    assert row["passes"] == 2 and row["kept"] in ("optimized", "original") and len(row["pass_results"]) == 2
+    low, high = row["measured_speedup_ci"]
+    assert low <= row["measured_speedup"] <= high
     assert row["numerics_ok"] and row["cost_eqsat"] < row["cost_original"]
     assert row["cost_eqsat"] <= row["cost_taso"]
     assert any(v > 0 for v in row["rules_fired"].values())

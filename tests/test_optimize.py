@@ -16,7 +16,8 @@ from eqsat.models import build_model
 from jax_backend.checks import compare_outputs, measure_pair, time_interleaved
 
 FIELDS = ("model", "enodes", "eclasses", "saturate_s", "extract_s", "cost_before", "cost_after",
-          "measured_before_s", "measured_after_s", "numerics_ok", "stop_reason")
+          "measured_before_s", "measured_after_s", "numerics_ok", "stop_reason", "measured_speedup",
+          "measured_speedup_ci", "predicted_speedup", "kept", "candidates", "passes")
 
 
 def test_time_interleaved_runs_round_robin_and_returns_medians() -> None:
@@ -58,8 +59,9 @@ def _run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
 
 
 def test_optimize_small_nasrnn_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, rows, err = _run_cli(["optimize", "nasrnn-small", "--json", "--repeats", "3", "--iterations", "5",
-                                "--time-limit", "20", "--device", "cpu-nominal", "--save-graphs", str(tmp_path)], capsys)
+    code, rows, err = _run_cli(["optimize", "nasrnn-small", "--json", "--repeats", "5", "--iterations", "5",
+                                "--time-limit", "20", "--timing-budget", "2", "--device", "cpu-nominal", "--save-graphs",
+                                str(tmp_path)], capsys)
     assert code == 0, err
     (row,) = rows
     assert all(field in row for field in FIELDS)
@@ -68,6 +70,8 @@ def test_optimize_small_nasrnn_end_to_end(tmp_path: Path, capsys: pytest.Capture
     assert 0 < row["enodes"] <= 50_000 and row["eclasses"] <= row["enodes"]
     assert row["cost_after"] <= row["cost_before"]
     assert row["measured_before_s"] > 0 and row["measured_after_s"] > 0
+    low, high = row["measured_speedup_ci"]
+    assert low <= row["measured_speedup"] <= high and row["kept"] in ("optimized", "original")
     before, after = Graph.load(tmp_path / "nasrnn-small.before.json"), Graph.load(tmp_path / "nasrnn-small.after.json")
     assert before == build_model("nasrnn-small")
     inputs = before.random_inputs(5)

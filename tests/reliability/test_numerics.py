@@ -11,7 +11,7 @@ import pytest
 from eqsat import cli
 from eqsat.commands import optimize
 from eqsat.compare import outputs_agree
-from jax_backend.checks import Measurement
+from jax_backend.checks import Judgement, PlanCheck
 
 
 def _float32_noise(reference: np.ndarray, seed: int = 0) -> np.ndarray:
@@ -63,12 +63,13 @@ def test_ill_conditioned_original_widens_the_tolerance_by_its_own_error_only() -
 
 def test_failed_jax_check_exits_2_without_a_result(monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    def disagree(*args: object, **kwargs: object) -> Measurement:
-        return Measurement(False, 1.0, 1e-3, 1e-3, "output 0 differs by 1 (magnitude 2; allowed 0.0002)")
+    def disagree(*args: object, **kwargs: object) -> Judgement:
+        check = PlanCheck("ilp/roofline", False, 1.0, "output 0 differs by 1 (magnitude 2; allowed 0.0002)")
+        return Judgement((check,), None, None, "original", 1e-3, 0.0)
 
-    monkeypatch.setattr(optimize, "measure_pair", disagree)
-    code = cli.main(["optimize", "nasrnn-small", "--json", "--repeats", "1", "--iterations", "2",
-                     "--time-limit", "5", "--device", "cpu-nominal"])
+    monkeypatch.setattr(optimize, "judge_plans", disagree)
+    code = cli.main(["optimize", "nasrnn-small", "--json", "--repeats", "5", "--iterations", "2",
+                     "--time-limit", "5", "--device", "cpu-nominal", "--candidates"])
     out, err = capsys.readouterr()
     assert code == 2
     assert out == ""
