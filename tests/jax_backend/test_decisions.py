@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jax_backend.decorator_checks as checks
 import jax_backend.timing as timing
 from jax_backend.decisions import DecisionKey, EqsatCacheWarning, load_decision, save_decision
 from jax_backend.decorator import optimize
@@ -110,7 +109,7 @@ def timed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         calls.append(1)
         return _decision()
 
-    monkeypatch.setattr(checks, "sequential_decision", fake)
+    monkeypatch.setattr(timing, "sequential_decision", fake)  # what choose_faster confirms with
     return calls
 
 
@@ -155,7 +154,7 @@ def test_a_damaged_decision_is_timed_again_with_a_warning(timed: list[int], _pri
 
 def test_a_persisted_discard_runs_the_original_without_timing(monkeypatch: pytest.MonkeyPatch,
                                                               timed: list[int]) -> None:
-    monkeypatch.setattr(checks, "sequential_decision", lambda *a, **k: timed.append(1) or _decision("slower"))
+    monkeypatch.setattr(timing, "sequential_decision", lambda *a, **k: timed.append(1) or _decision("slower"))
     for _ in range(2):
         opt = optimize(two_heads, cost_model="merge", time_limit=2.0)
         np.testing.assert_allclose(opt(*ARGS), two_heads(*ARGS), rtol=2e-4, atol=1e-5)
