@@ -277,7 +277,10 @@ def _forward_jaxpr(closed: Any, state_vars: set[Any]) -> tuple[Any, int] | None:
                 if any(v in needed for v in eqn.outvars if isinstance(v, jcore.Var)):
                     kept.append(eqn)
                     needed.update(v for v in eqn.invars if isinstance(v, jcore.Var))
-            forward = jcore.Jaxpr(jaxpr.constvars, jaxpr.invars, [out], list(reversed(kept)))
+            info = jaxpr.debug_info
+            if info is not None and isinstance(info.result_paths, tuple) and len(info.result_paths) > k:
+                info = info._replace(result_paths=(info.result_paths[k],))
+            forward = jcore.Jaxpr(jaxpr.constvars, jaxpr.invars, [out], list(reversed(kept)), debug_info=info)
             return jcore.ClosedJaxpr(forward, closed.consts), k
     return None
 
@@ -507,7 +510,8 @@ class _Planned:
 
 
 def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str], sizes: Mapping[str, int],
-                  memory_budget: float | None, comm_budget: float | None, time_limit: float) -> _Planned:
+                  memory_budget: float | None, comm_budget: float | None, time_limit: float,
+                  predict_dp: bool = False) -> _Planned:
     state_vars = {v for v, s in zip(closed.jaxpr.invars, leaves.state) if s}
     found = _forward_jaxpr(closed, state_vars)
     empty: list[Spec | None] = [None] * len(leaves.paths)
@@ -535,10 +539,11 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
         if not res.numerics_ok:
             raise PlanError(f"the plan of a captured graph differs from it in numpy (max |diff| {res.max_abs_diff:.3g})")
         results.append(res)
-        try:
-            dp_s += plan_graph(graph, pmesh, "data-parallel", limits=limits, time_limit=max(left / 8, 1.0)).report.step_s
-        except EqsatError:
-            pass
+        if predict_dp:  # the data-parallel baseline's prediction: the same search with the data-parallel rule only
+            try:
+                dp_s += plan_graph(graph, pmesh, "data-parallel", limits=limits, time_limit=max(left / 8, 1.0)).report.step_s
+            except EqsatError:
+                pass
         for name, splits in leaf_splits(res.plan).items():
             vid = int(name[1:])
             if vid < len(leaves.paths) and specs[vid] is None:
@@ -605,10 +610,12 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     if math.prod(sizes.values()) > 1:
         pmesh, names = planner_mesh(amesh)
         try:
-            planned = _plan_forward(closed, leaves, pmesh, names, sizes, memory_budget, comm_budget, time_limit)
+            planned = _plan_forward(closed, leaves, pmesh, names, sizes, memory_budget, comm_budget, time_limit,
+                                    baselines)
         except PlanError as exc:
             if memory_budget is not None or comm_budget is not None:
-                raise ApiError(f"no plan meets the budget: {exc}") from exc
+                raise ApiError(f"no plan of the step's planned part meets the budget ({exc}); "
+                               "raise memory_budget / comm_budget to at least the best found") from exc
             planned = _Planned([None] * len(leaves.paths), (), None, 0, f"the planner failed: {exc}", None)
     else:
         names = ()
