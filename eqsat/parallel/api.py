@@ -388,10 +388,12 @@ def _flat_leaves(args: Sequence[Any], state_argnums: Sequence[int]) -> tuple[_Le
     return _Leaves(tuple(paths), tuple(shapes), tuple(arg_of), tuple(state)), jax.tree_util.tree_structure(tuple(args))
 
 
-def _mirror(leaves: _Leaves, specs: list[Spec | None]) -> list[Spec]:
+def _mirror(leaves: _Leaves, specs: list[Spec | None], batch: Sequence[tuple[int, Any]] = ()) -> list[Spec]:
     """Fill the leaves the plan did not reach: state that mirrors a planned state leaf (same shape,
     that leaf's key path minus its argument a suffix of this one's: Adam's mu, nu) takes its spec;
-    data sharing a planned data leaf's leading dim takes its batch split; the rest is replicated."""
+    data sharing a planned data leaf's leading dim takes its batch split, else that of a planned
+    value made by opaque equations (`batch`: the tokens of an embedding gather whose output the plan
+    splits); the rest is replicated."""
     out: list[Spec] = []
     for i, spec in enumerate(specs):
         if spec is not None:
@@ -412,6 +414,8 @@ def _mirror(leaves: _Leaves, specs: list[Spec | None]) -> list[Spec]:
                         and leaves.shapes[j][0] == leaves.shapes[i][0]):
                     found = (other[0],)
                     break
+            else:
+                found = next(((split,) for size, split in batch if size == leaves.shapes[i][0]), ())
         out.append(found)
     return out
 
@@ -507,6 +511,7 @@ class _Planned:
     opaque: int
     why_not: str  # why nothing was planned ("" when something was)
     dp_predicted_s: float | None
+    batch: tuple[tuple[int, Any], ...] = ()  # (leading dim, its split) of planned leaves no argument is
 
 
 def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str], sizes: Mapping[str, int],
@@ -526,6 +531,7 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
     state_names = {graph_leaf_name(i) for i in range(len(leaves.paths)) if leaves.state[i]}
     specs: list[Spec | None] = list(empty)
     results: list[PlanResult] = []
+    batch: list[tuple[int, Any]] = []
     dp_s = 0.0
     t0 = time.perf_counter()
     for step in graphs:
@@ -533,8 +539,10 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
         if left <= 1.0:
             break
         graph = _as_weights(step.graph, state_names)
-        limits = replace(DEFAULT_LIMITS, seconds=min(DEFAULT_LIMITS.seconds, left / 2))
-        res = plan_graph(graph, pmesh, "joint", limits=limits, time_limit=max(left / 4, 1.0),
+        # saturation, pricing, the ILP and the numpy check of one graph take about twice the
+        # saturation and ILP limits: a third and a sixth of what is left keep the step near time_limit
+        limits = replace(DEFAULT_LIMITS, seconds=min(DEFAULT_LIMITS.seconds, left / 3))
+        res = plan_graph(graph, pmesh, "joint", limits=limits, time_limit=max(left / 6, 1.0),
                          mem_budget=memory_budget, comm_budget=comm_budget)
         if not res.numerics_ok:
             raise PlanError(f"the plan of a captured graph differs from it in numpy (max |diff| {res.max_abs_diff:.3g})")
@@ -544,11 +552,16 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
                 dp_s += plan_graph(graph, pmesh, "data-parallel", limits=limits, time_limit=max(left / 8, 1.0)).report.step_s
             except EqsatError:
                 pass
+        shapes = {str(n.attr["name"]): n.shapes[0] for _, n in res.plan.leaves()}
         for name, splits in leaf_splits(res.plan).items():
             vid = int(name[1:])
-            if vid < len(leaves.paths) and specs[vid] is None:
-                specs[vid] = _spec(_choose(splits), leaves.shapes[vid], names, sizes)
-    return _Planned(specs, tuple(results), program, len(program.opaque), "", dp_s or None)
+            spec = _spec(_choose(splits), shapes[name], names, sizes)
+            if vid < len(leaves.paths):
+                if specs[vid] is None:
+                    specs[vid] = spec
+            elif spec and spec[0] is not None:  # a value made by opaque equations (an embedding gather's output)
+                batch.append((shapes[name][0], spec[0]))
+    return _Planned(specs, tuple(results), program, len(program.opaque), "", dp_s or None, tuple(batch))
 
 
 def _flops(graph: Graph) -> float:
@@ -588,7 +601,10 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
         raise ApiError(f"time_limit must be a number of seconds > 0, not {time_limit!r}")
     leaves, treedef = _flat_leaves(args, state_argnums)
-    flat = jax.tree_util.tree_leaves(tuple(args))
+    # traced and compiled on shapes only: arrays committed to another mesh (an Explicit one) carry
+    # shardings into the jaxpr and clash with the plan's when lowered
+    abstract = tuple(jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jax.numpy.result_type(a)), args))
+    flat = jax.tree_util.tree_leaves(abstract)
     sizes = {str(n): int(s) for n, s in amesh.shape.items()}
     all_names = tuple(str(n) for n in amesh.axis_names)
     note = ("planned and lowered in Auto axis mode on the mesh's devices (GSPMD propagates through the parts "
@@ -622,7 +638,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
         warns.append("the mesh has one device: nothing to plan")
     program = planned.program if planned else None
     if planned is not None and planned.results:
-        specs = _mirror(leaves, planned.specs)
+        specs = _mirror(leaves, planned.specs, planned.batch)
         strategy = "eqsat"
     else:
         why = planned.why_not if planned is not None else "one device"
@@ -642,7 +658,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
         sum(r.report.mem_bytes for r in results) if results else None,
         _collective_rows(results, names), plan_s, len(results), planned.opaque if planned else 0, tuple(warns),
         tuple((_path_str(p), str(P(*s))) for p, s in zip(leaves.paths, specs)), None), results)
-    compiled = compile_figures(jax.jit(train_step, in_shardings=in_shardings, out_shardings=out_sh), args)
+    compiled = compile_figures(jax.jit(train_step, in_shardings=in_shardings, out_shardings=out_sh), abstract)
     rows: list[Baseline] = []
     if baselines and len(all_names) and math.prod(sizes.values()) > 1:
         for name in BASELINE_NAMES:
@@ -651,7 +667,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
             bspecs = baseline_specs(name, leaves, all_names, sizes, program)
             b_in = _shardings(amesh, treedef, bspecs)
             b_out = _out_shardings(out_shape, args, b_in, state_argnums, amesh)
-            fig = compile_figures(jax.jit(train_step, in_shardings=b_in, out_shardings=b_out), args)
+            fig = compile_figures(jax.jit(train_step, in_shardings=b_in, out_shardings=b_out), abstract)
             pred = planned.dp_predicted_s if (name == "data-parallel" and planned is not None) else None
             rows.append(Baseline(name, _describe(bspecs, leaves), fig, pred))
     summary = replace(step.report, compiled=compiled, baselines=tuple(rows))

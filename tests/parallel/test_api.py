@@ -152,9 +152,13 @@ def test_nothing_to_plan_falls_back_to_data_parallel_with_a_warning() -> None:
         loss, g = jax.value_and_grad(lambda w: jnp.mean((x * w) ** 2))(w)
         return w - LR * g, loss
 
-    w, x = jnp.ones((16,)), jax.random.normal(jax.random.key(0), (64, 16))
+    mesh = mesh_of((2, 4))  # Explicit axes (jax.make_mesh's default); the arrays committed to it
+    w = jax.device_put(jnp.ones((16,)), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("model")))
+    x = jax.device_put(jax.random.normal(jax.random.key(0), (64, 16)),
+                       jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
     with pytest.warns(UserWarning, match="data parallel because the loss captures to no matmul"):
-        plan = ep.plan(step, w, x, mesh=mesh_of((2, 4)), params_argnums=(0,), baselines=False)
+        plan = ep.plan(step, w, x, mesh=mesh, params_argnums=(0,), baselines=False)
+    assert "Auto" in plan.report.mesh_note and "Explicit" in plan.report.mesh_note
     assert plan.report.strategy == "data-parallel (fallback)"
     assert plan.in_shardings[1].spec == jax.sharding.PartitionSpec(("data", "model"))
     assert plan.in_shardings[0].spec == jax.sharding.PartitionSpec()
