@@ -213,3 +213,14 @@ def test_parallelize_plans_once_per_signature_and_budget_too_small_is_refused() 
     with pytest.raises(EqsatError, match="no plan of the step's planned part meets the budget"):
         ep.plan(train_step, params, opt_state, batch, mesh=mesh_of((8,)), params_argnums=(0, 1), memory_budget=1.0,
                 time_limit=20, baselines=False)
+
+
+def test_capture_takes_a_whole_adam_step() -> None:
+    """The whole step (backward and optax update too) captures: a level whose instructions are all
+    dead makes no graph (it used to fail with "a graph needs at least one output")."""
+    from jax_backend.capture import capture
+
+    args = problem()
+    flat, treedef = jax.tree_util.tree_flatten(args)
+    program, _ = capture(lambda *xs: train_step(*jax.tree_util.tree_unflatten(treedef, xs)), *flat)
+    assert program.graphs and all(s.graph.outputs for s in program.graphs)
