@@ -50,7 +50,7 @@ from eqsat.errors import EqsatError
 from eqsat.ir import Graph, Node
 from eqsat.parallel.mesh import CPU_LINK, INFINIBAND, NVLINK, Mesh, MeshAxis
 from eqsat.parallel.plan import DEFAULT_LIMITS, PlanError, PlanResult, graph_axes, plan_graph
-from jax_backend.capture import Program, capture_jaxpr, graph_leaf_name
+from jax_backend.capture import Program, bind_eqn, capture_jaxpr, graph_leaf_name
 from jax_backend.shard import compiled_collectives
 
 __all__ = ["ApiError", "Plan", "PlanSummary", "parallelize", "plan"]
@@ -130,6 +130,7 @@ class PlanSummary:
     leaf_specs: tuple[tuple[str, str], ...]  # (key path, PartitionSpec)
     compiled: Compiled | None
     baselines: tuple[Baseline, ...] = ()
+    constraints: tuple[tuple[str, str], ...] = ()  # (jaxpr value, PartitionSpec) held by with_sharding_constraint
 
     def to_json(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "mesh": self.mesh, "mesh_note": self.mesh_note,
@@ -137,7 +138,7 @@ class PlanSummary:
                 "predicted_mem_bytes": self.predicted_mem_bytes, "collectives": [dict(c) for c in self.collectives],
                 "plan_s": self.plan_s, "graphs_planned": self.graphs_planned,
                 "opaque_equations": self.opaque_equations, "warnings": list(self.warnings),
-                "leaf_specs": dict(self.leaf_specs),
+                "leaf_specs": dict(self.leaf_specs), "constraints": [list(c) for c in self.constraints],
                 **(self.compiled.to_json() if self.compiled is not None else {}),
                 "baselines": [b.to_json() for b in self.baselines]}
 
@@ -185,6 +186,7 @@ class Plan:
         lines.append("")
         lines.append(f"{'argument leaf':<48} PartitionSpec")
         lines += [f"{path:<48} {spec}" for path, spec in r.leaf_specs]
+        lines += [f"with_sharding_constraint on {var} (made by an opaque equation): {spec}" for var, spec in r.constraints]
         if r.collectives:
             lines.append("")
             lines.append(f"{'e-node':<20} {'kind':<15} {'axis':<8} {'bytes':>12} {'phase':<10} why")
@@ -512,6 +514,7 @@ class _Planned:
     why_not: str  # why nothing was planned ("" when something was)
     dp_predicted_s: float | None
     batch: tuple[tuple[int, Any], ...] = ()  # (leading dim, its split) of planned leaves no argument is
+    constraints: tuple[tuple[Any, Spec], ...] = ()  # (step jaxpr variable, spec): `_constraints`
 
 
 def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str], sizes: Mapping[str, int],
@@ -532,6 +535,7 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
     specs: list[Spec | None] = list(empty)
     results: list[PlanResult] = []
     batch: list[tuple[int, Any]] = []
+    boundary: dict[int, Spec] = {}
     dp_s = 0.0
     t0 = time.perf_counter()
     for step in graphs:
@@ -559,9 +563,51 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
             if vid < len(leaves.paths):
                 if specs[vid] is None:
                     specs[vid] = spec
-            elif spec and spec[0] is not None:  # a value made by opaque equations (an embedding gather's output)
-                batch.append((shapes[name][0], spec[0]))
-    return _Planned(specs, tuple(results), program, len(program.opaque), "", dp_s or None, tuple(batch))
+            elif spec:  # a value made by opaque equations (an embedding gather's output): constrained to the plan's split
+                boundary.setdefault(vid, spec)
+                if spec[0] is not None:
+                    batch.append((shapes[name][0], spec[0]))
+    return _Planned(specs, tuple(results), program, len(program.opaque), "", dp_s or None, tuple(batch),
+                    _constraints(program, boundary, closed))
+
+
+def _constraints(program: Program, boundary: Mapping[int, Spec], closed: Any) -> tuple[tuple[Any, Spec], ...]:
+    """(jaxpr variable of the step, spec) for the planned values that opaque equations of the step's
+    own jaxpr make (not those inside an inlined call): where the lowered step needs a
+    `with_sharding_constraint` to hold the plan's split at a boundary GSPMD would otherwise choose."""
+    top = {id(e) for e in closed.jaxpr.eqns}
+    out: list[tuple[Any, Spec]] = []
+    for step in program.opaque:
+        if id(step.eqn) not in top:
+            continue
+        for var, vid in zip(step.eqn.outvars, step.outputs):
+            if vid in boundary and isinstance(var, jcore.Var):
+                out.append((var, boundary[vid]))
+    return tuple(out)
+
+
+def constrained_step(closed: Any, out_tree: Any, constraints: Sequence[tuple[Any, Spec]], mesh: JaxMesh) -> Callable[..., Any]:
+    """The traced step, equation by equation (`bind_eqn`, as `jax.core.eval_jaxpr` runs them), with
+    `with_sharding_constraint` on the values in `constraints`: the same computation as the user's
+    step, holding the plan's splits where it crosses the parts it leaves opaque."""
+    jaxpr, consts = closed.jaxpr, closed.consts
+    wanted = {var: NamedSharding(mesh, P(*spec)) for var, spec in constraints}
+
+    def run(*args: Any) -> Any:
+        env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, jax.tree_util.tree_leaves(args)))
+
+        def read(atom: Any) -> Any:
+            return atom.val if isinstance(atom, jcore.Literal) else env[atom]
+
+        for eqn in jaxpr.eqns:
+            outs = bind_eqn(eqn, [read(a) for a in eqn.invars])
+            for var, value in zip(eqn.outvars, outs):
+                if isinstance(var, jcore.Var):
+                    env[var] = jax.lax.with_sharding_constraint(value, wanted[var]) if var in wanted else value
+        return jax.tree_util.tree_unflatten(out_tree, [read(v) for v in jaxpr.outvars])
+
+    return run
 
 
 def _flops(graph: Graph) -> float:
@@ -651,14 +697,18 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     out_sh = _out_shardings(out_shape, args, in_shardings, state_argnums, amesh)
     plan_s = time.perf_counter() - t0
     results = planned.results if planned is not None else ()
-    step = Plan(train_step, amesh, in_shardings, out_sh, PlanSummary(
+    constraints = planned.constraints if planned is not None and results else ()
+    fn = (constrained_step(closed, jax.tree_util.tree_structure(out_shape), constraints, amesh) if constraints
+          else train_step)
+    step = Plan(fn, amesh, in_shardings, out_sh, PlanSummary(
         strategy, "x".join(f"{n}={s}" for n, s in sizes.items()), note,
         sum(r.report.step_s for r in results) if results else None,
         sum(r.report.comm_bytes(None) for r in results) if results else None,
         sum(r.report.mem_bytes for r in results) if results else None,
         _collective_rows(results, names), plan_s, len(results), planned.opaque if planned else 0, tuple(warns),
-        tuple((_path_str(p), str(P(*s))) for p, s in zip(leaves.paths, specs)), None), results)
-    compiled = compile_figures(jax.jit(train_step, in_shardings=in_shardings, out_shardings=out_sh), abstract)
+        tuple((_path_str(p), str(P(*s))) for p, s in zip(leaves.paths, specs)), None,
+        constraints=tuple((str(var), str(P(*spec))) for var, spec in constraints)), results)
+    compiled = compile_figures(jax.jit(fn, in_shardings=in_shardings, out_shardings=out_sh), abstract)
     rows: list[Baseline] = []
     if baselines and len(all_names) and math.prod(sizes.values()) > 1:
         for name in BASELINE_NAMES:

@@ -224,3 +224,39 @@ def test_capture_takes_a_whole_adam_step() -> None:
     flat, treedef = jax.tree_util.tree_flatten(args)
     program, _ = capture(lambda *xs: train_step(*jax.tree_util.tree_unflatten(treedef, xs)), *flat)
     assert program.graphs and all(s.graph.outputs for s in program.graphs)
+
+
+@needs8
+@pytest.mark.slow
+def test_gpt_style_decoder_step_equals_single_device() -> None:
+    """A GPT-2-style decoder as a user writes it (pre-LN, fused QKV + split, causal mask, GELU,
+    embedding gather; experiments/parallel_user_programs.py) on 2x4: the same 3 steps."""
+    from experiments.parallel_user_programs import gpt_problem, same_as_single_device
+
+    step, args = gpt_problem(batch=8, seq=16, d=64, heads=4, vocab=128, layers=1)
+    plan = ep.plan(step, *args, mesh=mesh_of((2, 4)), params_argnums=(0, 1), time_limit=30, baselines=False)
+    assert plan.report.strategy == "eqsat", plan.report.warnings
+    assert jax.tree_util.tree_structure(plan.in_shardings) == jax.tree_util.tree_structure(args)
+    assert same_as_single_device(plan, step, args)["same_as_single_device"]
+
+
+@needs8
+def test_constrained_step_is_the_step_with_its_boundary_held() -> None:
+    """`constrained_step` replays the traced step with a `with_sharding_constraint` on a value an
+    opaque equation makes: same result, and the constraint is in the lowered program."""
+    def f(x: Any, w: Any) -> Any:
+        return jnp.sum(jnp.sin(x) @ w)
+
+    x, w = jax.random.normal(jax.random.key(0), (16, 8)), jax.random.normal(jax.random.key(1), (8, 4))
+    closed, out = jax.make_jaxpr(f, return_shape=True)(x, w)
+    sin = next(e for e in closed.jaxpr.eqns if str(e.primitive) == "sin")
+    mesh = api.auto_mesh(mesh_of((8,)))
+    g = api.constrained_step(closed, jax.tree_util.tree_structure(out), [(sin.outvars[0], ("data",))], mesh)
+    np.testing.assert_allclose(float(jax.jit(g)(x, w)), float(jax.jit(f)(x, w)), rtol=1e-5)
+    def constraints(fn: Any) -> list[str]:  # Shardy's sharding_constraint, or GSPMD's @Sharding custom call
+        text = jax.jit(fn).lower(x, w).as_text()
+        return [ln for ln in text.splitlines() if "sharding_constraint" in ln or "@Sharding" in ln]
+
+    found = constraints(g)
+    assert len(found) == 1 and ('"data"' in found[0] or "devices=[8" in found[0]), found
+    assert constraints(f) == []
