@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -260,10 +260,10 @@ def _check_argnums(args: Sequence[Any], params_argnums: Sequence[int]) -> tuple[
 
 # --- the forward of the step ----------------------------------------------------------------------
 
-def _forward_jaxpr(closed: Any, state_vars: set[Any]) -> tuple[Any, int] | None:
+def _forward_jaxpr(closed: Any, state_vars: set[Any], not_loss: Collection[int] = ()) -> tuple[Any, int] | None:
     """The step's forward: the equations its loss (the first float scalar output that depends on
-    the model state) is computed from, as a closed jaxpr over all the step's arguments; and that
-    output's index. None when no output is such a loss."""
+    the model state and is no new state, `not_loss`) is computed from, as a closed jaxpr over all
+    the step's arguments; and that output's index. None when no output is such a loss."""
     jaxpr = closed.jaxpr
     depends: set[Any] = set(state_vars)
     for eqn in jaxpr.eqns:
@@ -271,7 +271,7 @@ def _forward_jaxpr(closed: Any, state_vars: set[Any]) -> tuple[Any, int] | None:
             depends.update(eqn.outvars)
     for k, out in enumerate(jaxpr.outvars):
         aval = getattr(out, "aval", None)
-        if (isinstance(out, jcore.Var) and out in depends and aval is not None and aval.shape == ()
+        if (k not in not_loss and isinstance(out, jcore.Var) and out in depends and aval is not None and aval.shape == ()
                 and jax.numpy.issubdtype(aval.dtype, jax.numpy.floating)):
             needed: set[Any] = {out}
             kept = []
@@ -422,30 +422,52 @@ def _mirror(leaves: _Leaves, specs: list[Spec | None], batch: Sequence[tuple[int
     return out
 
 
-def _out_shardings(out_shape: Any, args: Sequence[Any], in_shardings: tuple[Any, ...], state_argnums: Sequence[int],
-                   mesh: JaxMesh) -> Any:
-    """New model state placed as the old: an output element shaped as a state argument (same tree,
-    shapes and dtypes) takes that argument's shardings; everything else is replicated."""
-    replicated = NamedSharding(mesh, P())
+def _state_elements(out_shape: Any, args: Sequence[Any], state_argnums: Sequence[int]) -> list[int | None]:
+    """Per top-level element of the step's output (a tuple or list), the state argument it is the
+    new value of (same tree, shapes and dtypes; each argument matched once, in order), or None."""
+    if not isinstance(out_shape, (tuple, list)):
+        return []
 
     def signature(tree: Any) -> Any:
         leaves, treedef = jax.tree_util.tree_flatten(tree)
-        return treedef, tuple((tuple(np.shape(x)), str(getattr(x, "dtype", ""))) for x in leaves)
+        return treedef, tuple((tuple(np.shape(x)), str(jax.numpy.result_type(x))) for x in leaves)
 
     wanted = {k: signature(args[k]) for k in state_argnums}
-    if isinstance(out_shape, (tuple, list)):
-        used: set[int] = set()
-        parts = []
-        for elem in out_shape:
-            sig = signature(elem)
-            match = next((k for k in state_argnums if k not in used and wanted[k] == sig), None)
-            if match is not None:
-                used.add(match)
-                parts.append(in_shardings[match])
-            else:
-                parts.append(jax.tree_util.tree_map(lambda _: replicated, elem))
-        return type(out_shape)(parts) if isinstance(out_shape, tuple) else parts
-    return jax.tree_util.tree_map(lambda _: replicated, out_shape)
+    used: set[int] = set()
+    found: list[int | None] = []
+    for elem in out_shape:
+        sig = signature(elem)
+        match = next((k for k in state_argnums if k not in used and wanted[k] == sig), None)
+        if match is not None:
+            used.add(match)
+        found.append(match)
+    return found
+
+
+def _state_outputs(out_shape: Any, args: Sequence[Any], state_argnums: Sequence[int]) -> set[int]:
+    """Flat output indices that are new model state (not a loss, whatever their shape)."""
+    out: set[int] = set()
+    start = 0
+    for elem, match in zip(out_shape, _state_elements(out_shape, args, state_argnums)):
+        n = len(jax.tree_util.tree_leaves(elem))
+        if match is not None:
+            out.update(range(start, start + n))
+        start += n
+    return out
+
+
+def _out_shardings(out_shape: Any, args: Sequence[Any], in_shardings: tuple[Any, ...], state_argnums: Sequence[int],
+                   mesh: JaxMesh) -> Any:
+    """New model state placed as the old (`_state_elements`); everything else is replicated."""
+    replicated = NamedSharding(mesh, P())
+    matches = _state_elements(out_shape, args, state_argnums)
+    if not matches:
+        return jax.tree_util.tree_map(lambda _: replicated, out_shape)
+    parts = [in_shardings[m] if m is not None else jax.tree_util.tree_map(lambda _: replicated, elem)
+             for elem, m in zip(out_shape, matches)]
+    if isinstance(out_shape, list):
+        return parts
+    return type(out_shape)(*parts) if hasattr(out_shape, "_fields") else tuple(parts)
 
 
 # --- baselines ------------------------------------------------------------------------------------
@@ -519,9 +541,9 @@ class _Planned:
 
 def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str], sizes: Mapping[str, int],
                   memory_budget: float | None, comm_budget: float | None, time_limit: float,
-                  predict_dp: bool = False) -> _Planned:
+                  predict_dp: bool = False, not_loss: Collection[int] = ()) -> _Planned:
     state_vars = {v for v, s in zip(closed.jaxpr.invars, leaves.state) if s}
-    found = _forward_jaxpr(closed, state_vars)
+    found = _forward_jaxpr(closed, state_vars, not_loss)
     empty: list[Spec | None] = [None] * len(leaves.paths)
     if found is None:
         return _Planned(empty, (), None, 0, "the step returns no float scalar (loss) computed from the model state", None)
@@ -673,7 +695,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
         pmesh, names = planner_mesh(amesh)
         try:
             planned = _plan_forward(closed, leaves, pmesh, names, sizes, memory_budget, comm_budget, time_limit,
-                                    baselines)
+                                    baselines, _state_outputs(out_shape, args, state_argnums))
         except PlanError as exc:
             if memory_budget is not None or comm_budget is not None:
                 raise ApiError(f"no plan of the step's planned part meets the budget ({exc}); "

@@ -260,3 +260,21 @@ def test_constrained_step_is_the_step_with_its_boundary_held() -> None:
     found = constraints(g)
     assert len(found) == 1 and ('"data"' in found[0] or "devices=[8" in found[0]), found
     assert constraints(f) == []
+
+
+def test_the_loss_is_no_new_state_even_when_a_parameter_is_a_scalar() -> None:
+    """A scalar parameter's new value is a float scalar computed from the state too; the forward is
+    cut at the loss (the output that is no new state), not there."""
+    def step(params: Any, x: Any) -> Any:
+        loss, g = jax.value_and_grad(lambda p: jnp.mean(jnp.tanh(x @ p["w"]) * p["t"]))(params)
+        return jax.tree_util.tree_map(lambda a, b: a - LR * b, params, g), loss
+
+    params, x = {"t": jnp.float32(1.0), "w": jnp.ones((8, 4))}, jnp.ones((16, 8))
+    closed, out = jax.make_jaxpr(step, return_shape=True)(params, x)
+    state = {v for v in closed.jaxpr.invars[:2]}
+    not_loss = api._state_outputs(out, (params, x), (0,))
+    assert not_loss == {0, 1}
+    forward, index = api._forward_jaxpr(closed, state, not_loss)
+    assert index == 2
+    assert api._forward_jaxpr(closed, state)[1] == 0  # without it, the new `t` would pass for the loss
+    assert len(forward.jaxpr.eqns) < len(closed.jaxpr.eqns)
