@@ -49,7 +49,7 @@ from eqsat import ops
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph, Node
 from eqsat.parallel.mesh import CPU_LINK, INFINIBAND, NVLINK, Mesh, MeshAxis
-from eqsat.parallel.plan import DEFAULT_LIMITS, PlanError, PlanResult, graph_axes, plan_graph
+from eqsat.parallel.plan import DEFAULT_LIMITS, PlanError, PlanResult, graph_axes, plan_graph, with_weights
 from jax_backend.capture import Program, bind_eqn, capture_jaxpr, graph_leaf_name
 from jax_backend.shard import compiled_collectives
 
@@ -85,6 +85,7 @@ class Compiled:
 
 
 def compile_figures(jitted: Any, args: Sequence[Any]) -> Compiled:
+    """Compile `jitted` on `args` (shapes) and read back what the program does (`Compiled`)."""
     compiled = jitted.lower(*args).compile()
     found = compiled_collectives(compiled.as_text())
     mem = compiled.memory_analysis()
@@ -207,6 +208,7 @@ class Plan:
 
 
 def _fmt_bytes(b: float | None) -> str:
+    """Bytes for a person (explain()'s table)."""
     if b is None:
         return "-"
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -285,17 +287,6 @@ def _forward_jaxpr(closed: Any, state_vars: set[Any], not_loss: Collection[int] 
             forward = jcore.Jaxpr(jaxpr.constvars, jaxpr.invars, [out], list(reversed(kept)), debug_info=info)
             return jcore.ClosedJaxpr(forward, closed.consts), k
     return None
-
-
-def _as_weights(graph: Graph, names: set[str]) -> Graph:
-    """`graph` with the leaves named in `names` (model state) as `weight`s and every other leaf as
-    `input` (data): what the planner prices gradients and their sync for."""
-    nodes = []
-    for n in graph.nodes:
-        if ops.OPS[n.op].is_leaf:
-            n = replace(n, op="weight" if n.attr["name"] in names else "input")
-        nodes.append(n)
-    return Graph(tuple(nodes), graph.outputs)
 
 
 # --- reading a plan's leaf splits -----------------------------------------------------------------
@@ -380,6 +371,7 @@ class _Leaves:
 
 
 def _flat_leaves(args: Sequence[Any], state_argnums: Sequence[int]) -> tuple[_Leaves, Any]:
+    """The arguments' leaves in `jax.tree_util` order (the traced jaxpr's invars), with their treedef."""
     paths, shapes, arg_of, state = [], [], [], []
     for k, a in enumerate(args):
         for path, leaf in jax.tree_util.tree_flatten_with_path(a)[0]:
@@ -448,6 +440,8 @@ def _state_outputs(out_shape: Any, args: Sequence[Any], state_argnums: Sequence[
     """Flat output indices that are new model state (not a loss, whatever their shape)."""
     out: set[int] = set()
     start = 0
+    if not isinstance(out_shape, (tuple, list)):
+        return out
     for elem, match in zip(out_shape, _state_elements(out_shape, args, state_argnums)):
         n = len(jax.tree_util.tree_leaves(elem))
         if match is not None:
@@ -564,7 +558,7 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
         left = time_limit - (time.perf_counter() - t0)
         if left <= 1.0:
             break
-        graph = _as_weights(step.graph, state_names)
+        graph = with_weights(step.graph, [str(n.attr["name"]) for _, n in step.graph.leaves() if n.attr["name"] in state_names])
         # saturation, pricing, the ILP and the numpy check of one graph take about twice the
         # saturation and ILP limits: a third and a sixth of what is left keep the step near time_limit
         limits = replace(DEFAULT_LIMITS, seconds=min(DEFAULT_LIMITS.seconds, left / 3))
@@ -633,6 +627,7 @@ def constrained_step(closed: Any, out_tree: Any, constraints: Sequence[tuple[Any
 
 
 def _flops(graph: Graph) -> float:
+    """Multiply-adds of a graph's products: the biggest graphs are planned first."""
     total = 0.0
     for n in graph.nodes:
         if n.op in ("matmul", "conv2d"):
@@ -641,6 +636,7 @@ def _flops(graph: Graph) -> float:
 
 
 def _collective_rows(results: Sequence[PlanResult], names: Sequence[str]) -> tuple[Mapping[str, Any], ...]:
+    """The planned collectives with the mesh's axis names, for the report."""
     rows = []
     for k, res in enumerate(results):
         g = res.plan.live()
@@ -751,15 +747,18 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
 
 
 def _describe(specs: Sequence[Spec], leaves: _Leaves) -> str:
+    """A baseline's shardings in one phrase for the report."""
     split = sum(1 for s in specs if any(e is not None for e in s))
     return f"{split} of {len(specs)} leaves split"
 
 
 def _path_str(path: tuple[Any, ...]) -> str:
+    """`arg1[0].mu['w1']`: which argument, then the key path inside it."""
     return f"arg{path[0]}" + jax.tree_util.keystr(tuple(path[1:]))
 
 
 def _shardings(mesh: JaxMesh, treedef: Any, specs: Sequence[Spec]) -> tuple[Any, ...]:
+    """Per-leaf specs as pytrees of NamedSharding shaped as the arguments."""
     return tuple(jax.tree_util.tree_unflatten(treedef, [NamedSharding(mesh, P(*s)) for s in specs]))
 
 

@@ -278,3 +278,53 @@ def test_the_loss_is_no_new_state_even_when_a_parameter_is_a_scalar() -> None:
     assert index == 2
     assert api._forward_jaxpr(closed, state)[1] == 0  # without it, the new `t` would pass for the loss
     assert len(forward.jaxpr.eqns) < len(closed.jaxpr.eqns)
+
+
+# --- the CLI for Graph JSON users ----------------------------------------------------------------
+
+def _mlp_graph_file(tmp_path: Any) -> str:
+    b = GraphBuilder()
+    x = b.input("x", (32, 16))
+    h = b.matmul(x, b.input("w1", (16, 64)), act=1)
+    g = b.build([b.matmul(h, b.input("w2", (64, 8)))])
+    path = tmp_path / "mine.json"
+    g.save(path)
+    return str(path)
+
+
+def test_cli_graph_file_bad_input_is_exit_2(tmp_path: Any, capsys: Any) -> None:
+    from eqsat import cli
+
+    path = _mlp_graph_file(tmp_path)
+    assert cli.main(["parallel", "--graph", path, "--weights", "w1,nope", "--mesh", "2", "--no-measure"]) == 2
+    assert "no leaf named nope" in capsys.readouterr().err
+    assert cli.main(["parallel", "--weights", "w1", "--mesh", "2", "--no-measure"]) == 2
+    assert cli.main(["parallel", "mlp16", "--graph", path, "--mesh", "2", "--no-measure"]) == 2
+    assert cli.main(["parallel", "--mesh", "2", "--no-measure"]) == 2
+
+
+@pytest.mark.slow
+def test_cli_plans_a_graph_file_with_its_weights(tmp_path: Any, capsys: Any) -> None:
+    """`eqsat parallel --graph FILE --weights ...` plans a user's graph (checked in numpy); there is
+    no Megatron-by-hand baseline for it."""
+    import json
+
+    from eqsat import cli
+
+    path = _mlp_graph_file(tmp_path)
+    assert cli.main(["parallel", "--graph", path, "--weights", "w1,w2", "--mesh", "2", "--no-measure", "--json",
+                     "--time-limit", "5"]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["model"] == "mine" and row["numerics_ok"]
+    assert "megatron_s" not in row and "data_parallel_s" in row
+
+
+def test_with_weights_marks_the_named_leaves() -> None:
+    from eqsat.parallel.plan import PlanError, with_weights
+
+    b = GraphBuilder()
+    g = b.build([b.matmul(b.weight("x", (4, 4)), b.input("w", (4, 4)))])
+    ops_of = {n.attr["name"]: n.op for _, n in with_weights(g, ["w"]).leaves()}
+    assert ops_of == {"x": "input", "w": "weight"}
+    with pytest.raises(PlanError, match="no leaf named v"):
+        with_weights(g, ["v"])
