@@ -719,7 +719,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     fn = (constrained_step(closed, jax.tree_util.tree_structure(out_shape), constraints, amesh) if constraints
           else train_step)
     step = Plan(fn, amesh, in_shardings, out_sh, PlanSummary(
-        strategy, "x".join(f"{n}={s}" for n, s in sizes.items()), note,
+        strategy, " x ".join(f"{n}={s}" for n, s in sizes.items()), note,
         sum(r.report.step_s for r in results) if results else None,
         sum(r.report.comm_bytes(None) for r in results) if results else None,
         sum(r.report.mem_bytes for r in results) if results else None,
