@@ -511,7 +511,7 @@ def _build_steps(c: _Capturer, outputs: Sequence[int]) -> tuple[Step, ...]:
     for lv in range(max(item_levels, default=-1) + 1):
         steps += [item for item, il in zip(c.items, item_levels) if il == lv and isinstance(item, OpaqueStep)]
         members = [k for k, il in enumerate(item_levels) if il == lv and isinstance(c.items[k], _Instr)]
-        if members:
+        if any(o in exported for k in members for o in c.items[k].outputs):  # (dead instructions: no graph)
             steps.append(_graph_step(c, members, exported))
     return tuple(steps)
 

@@ -28,6 +28,7 @@ import argparse
 import math
 import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 
@@ -43,6 +44,7 @@ from eqsat.parallel.plan import (
     plan_report,
     random_plans,
     saturate_and_price,
+    with_weights,
 )
 from jax_backend.checks import check_on_devices, reference_gradients
 
@@ -58,10 +60,12 @@ def _within(pred: float, measured: float, tol: float) -> bool:
 
 
 def run_case(model: str, mesh_spec: str, time_limit: float = 20.0, budget_fraction: float | None = None,
-             random: int = 0, measure: bool = True, base: str = "cpu8", comm_budget: float | None = None) -> dict[str, Any]:
+             random: int = 0, measure: bool = True, base: str = "cpu8", comm_budget: float | None = None,
+             graph: Graph | None = None) -> dict[str, Any]:
     """One row: the joint plan (within the memory and communication budgets if given), the
-    baselines, the joint plan at each baseline's bytes, and (with `measure`) the device checks."""
-    graph = build_parallel_model(model)
+    baselines, the joint plan at each baseline's bytes, and (with `measure`) the device checks.
+    `graph`: a program of the user's (`--graph`), named `model`; it has no Megatron by hand."""
+    graph = graph if graph is not None else build_parallel_model(model)
     mesh = parse_mesh(mesh_spec, base)
     budget = None
     if budget_fraction is not None:
@@ -70,7 +74,8 @@ def run_case(model: str, mesh_spec: str, time_limit: float = 20.0, budget_fracti
     joint = plan_graph(graph, mesh, "joint", time_limit=time_limit, mem_budget=budget, priced=priced,
                        comm_budget=comm_budget)
     baselines = {name: plan_graph(graph, mesh, s, time_limit=time_limit) for name, s in SEARCHED.items()}
-    baselines["megatron"] = hand_plan(model, graph, mesh)
+    if model in PARALLEL_MODELS:
+        baselines["megatron"] = hand_plan(model, graph, mesh)
     row: dict[str, Any] = {"model": model, **joint.to_json()}
     row.update(_baseline_fields(joint, baselines))
     if model == "unity-mlp":
@@ -225,7 +230,10 @@ def _random_checks(graph: Graph, mesh: Mesh, count: int, pe: PricedEGraph | None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help=f"model: {', '.join(PARALLEL_MODELS)}")
+    parser.add_argument("model", nargs="?", help=f"model: {', '.join(PARALLEL_MODELS)} (or --graph FILE)")
+    parser.add_argument("--graph", default=None, help="plan this Graph JSON file instead of a built-in model")
+    parser.add_argument("--weights", default=None,
+                        help="with --graph: the leaves that are weights (NAME,...); the others are data")
     parser.add_argument("--mesh", default="8", help=f"mesh shape (8, 2x4, 4x2) or preset ({', '.join(PRESETS)})")
     parser.add_argument("--base", default="cpu8", help="preset whose devices and links a shape uses")
     parser.add_argument("--time-limit", type=float, default=20.0, help="ILP time limit per plan, seconds")
@@ -238,7 +246,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
-    lookup(args.model, "parallel")  # an unknown name fails here, before any work
+    graph = None
+    if args.graph is not None:
+        if args.model is not None:
+            raise EqsatError("give a model name or --graph FILE, not both")
+        graph = Graph.load(args.graph)
+        if args.weights is not None:
+            graph = with_weights(graph, [w.strip() for w in args.weights.split(",") if w.strip()])
+        args.model = Path(args.graph).stem
+    elif args.weights is not None:
+        raise EqsatError("--weights names leaves of a --graph file")
+    elif args.model is None:
+        raise EqsatError(f"name a model ({', '.join(PARALLEL_MODELS)}) or give --graph FILE")
+    else:
+        lookup(args.model, "parallel")  # an unknown name fails here, before any work
     if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
         raise EqsatError(f"--budget is a fraction of the unparallelized footprint (> 0), not {args.budget}")
     if args.comm_budget is not None and not (math.isfinite(args.comm_budget) and args.comm_budget >= 0):
@@ -250,6 +271,6 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
     parse_mesh(args.mesh, args.base)  # a bad mesh fails here, before any work
     t = time.perf_counter()
     row = run_case(args.model, args.mesh, args.time_limit, args.budget, args.random_plans, not args.no_measure, args.base,
-                   args.comm_budget)
+                   args.comm_budget, graph)
     row["total_s"] = time.perf_counter() - t
     yield row

@@ -440,6 +440,19 @@ def random_plans(pe: PricedEGraph, count: int, seed: int = 0) -> list[Graph]:
             for _ in range(count)]
 
 
+def with_weights(graph: Graph, names: Sequence[str]) -> Graph:
+    """`graph` with the leaves named in `names` as `weight`s (model state: the planner prices their
+    gradients and gradient sync) and every other leaf as `input` (data)."""
+    leaves = {str(n.attr["name"]) for _, n in graph.leaves()}
+    unknown = sorted(set(names) - leaves)
+    if unknown:
+        raise PlanError(f"no leaf named {', '.join(unknown)}; the graph's leaves: {', '.join(sorted(leaves))}")
+    wanted = set(names)
+    nodes = tuple(replace(n, op="weight" if n.attr["name"] in wanted else "input") if ops.OPS[n.op].is_leaf else n
+                  for n in graph.nodes)
+    return Graph(nodes, graph.outputs)
+
+
 __all__ = [
     "DEFAULT_LIMITS",
     "PlanError",
@@ -456,4 +469,5 @@ __all__ = [
     "spmd_context",
     "strategy_rules",
     "verified_parallel_rules",
+    "with_weights",
 ]

@@ -1,0 +1,786 @@
+"""Parallel plans for the user's own JAX training step: `plan(train_step, *args, mesh=..., params_argnums=...)`.
+
+Design (docs/parallel.md, "Parallelize your training step"):
+
+1. The step is traced to a jaxpr. Its *forward* is the part the loss depends on: the equations the
+   first float scalar output that depends on the model state (the loss, as `jax.value_and_grad`
+   returns it) reaches, cut out of the step's jaxpr (dead-code elimination towards that output).
+   The forward is captured into IR graphs by the project's capture (`jax_backend.capture`); its
+   leaves that are model state (`params_argnums`) become `weight`s, so the planner prices their
+   gradients and gradient sync, the others stay data.
+2. Each captured graph with a product in it (matmul / conv) is planned by the e-graph planner
+   through its one door (`eqsat.parallel.plan.plan_graph`: one e-graph, one ILP with the memory
+   and bytes rows). Equations the capture leaves opaque (integer label gathers, the optimizer
+   update, ...) are not planned: they are the boundaries where GSPMD propagates.
+3. The plan's choices for its leaves (which dim of which argument is split over which mesh axis:
+   the `partition`s a leaf goes through, read back through `broadcast` and `transpose`) become a
+   `PartitionSpec` per pytree leaf. Optimizer state that mirrors a parameter (same shape, the
+   parameter's key path a suffix of its own: Adam's mu / nu) takes the parameter's; data leaves
+   the plan does not reach but that share a planned data leaf's leading dim (labels) take its
+   batch split.
+4. Lowering is JAX's own: `jax.jit(step, in_shardings, out_shardings)` with new model state
+   placed as the old (so the step iterates with donation) on the same devices in `Auto` axis
+   mode (a `jax.make_mesh` mesh has `Explicit` axes in current JAX; code not written for
+   explicit sharding fails there), and GSPMD propagates through everything else. The exact
+   `shard_map` lowering of a plan graph stays in `jax_backend.shard`.
+
+When nothing can be planned (no product captured, or the planner fails) the plan is data
+parallel, with a one-line warning that says why: never a guessed sharding. Baselines (data
+parallel, FSDP, Megatron TP, DP x TP) are the same API's shardings, compiled beside the plan.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import jax
+import jax.extend.core as jcore
+import numpy as np
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import Mesh as JaxMesh
+from jax.sharding import PartitionSpec as P
+
+from eqsat import ops
+from eqsat.errors import EqsatError
+from eqsat.ir import Graph, Node
+from eqsat.parallel.mesh import CPU_LINK, INFINIBAND, NVLINK, Mesh, MeshAxis
+from eqsat.parallel.plan import DEFAULT_LIMITS, PlanError, PlanResult, graph_axes, plan_graph, with_weights
+from jax_backend.capture import Program, bind_eqn, capture_jaxpr, graph_leaf_name
+from jax_backend.shard import compiled_collectives
+
+__all__ = ["ApiError", "Plan", "PlanSummary", "parallelize", "plan"]
+
+Spec = tuple[Any, ...]  # a PartitionSpec's entries: None, an axis name, or a tuple of names
+BASELINE_NAMES = ("data-parallel", "fsdp", "megatron", "dp-x-tp")
+
+
+class ApiError(EqsatError):
+    """Bad input to `eqsat.parallel.plan`: a mesh, argument or budget the plan cannot use."""
+
+
+# --- figures --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Compiled:
+    """What a compiled step does per device: its collectives (kind, bytes, replica groups, from
+    `compile().as_text()`, counted as `jax_backend.shard.compiled_collectives` counts) and memory."""
+
+    comm_bytes: float
+    collectives: tuple[tuple[str, float], ...]  # (kind, bytes per device)
+    mem_bytes: float  # arguments + outputs + temporaries - aliased (donation)
+    memory: Mapping[str, float]
+    flops: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        kinds: dict[str, int] = {}
+        for k, _ in self.collectives:
+            kinds[k] = kinds.get(k, 0) + 1
+        return {"compiled_comm_bytes": self.comm_bytes, "compiled_collectives": kinds,
+                "compiled_mem_bytes": self.mem_bytes, "compiled_memory": dict(self.memory), "compiled_flops": self.flops}
+
+
+def compile_figures(jitted: Any, args: Sequence[Any]) -> Compiled:
+    """Compile `jitted` on `args` (shapes) and read back what the program does (`Compiled`)."""
+    compiled = jitted.lower(*args).compile()
+    found = compiled_collectives(compiled.as_text())
+    mem = compiled.memory_analysis()
+    fields = {k: float(getattr(mem, k, 0) or 0) for k in
+              ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes", "alias_size_in_bytes")}
+    total = (fields["argument_size_in_bytes"] + fields["output_size_in_bytes"] + fields["temp_size_in_bytes"]
+             - fields["alias_size_in_bytes"])
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
+    flops = float(cost.get("flops", 0.0)) if isinstance(cost, Mapping) else None
+    return Compiled(float(sum(c.bytes for c in found)), tuple((c.kind, c.bytes) for c in found), total, fields, flops)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    name: str
+    specs: str  # a short description of its shardings
+    compiled: Compiled | None
+    predicted_s: float | None = None
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "specs": self.specs, "predicted_s": self.predicted_s, "note": self.note,
+                **(self.compiled.to_json() if self.compiled is not None else {})}
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """`Plan.report`: what the planner predicted, what the compiled step does, and the baselines.
+    Times are predictions of the `parallel` cost model for the planned (captured) part of the step."""
+
+    strategy: str  # "eqsat" or "data-parallel (fallback)"
+    mesh: str
+    mesh_note: str
+    predicted_step_s: float | None
+    predicted_comm_bytes: float | None
+    predicted_mem_bytes: float | None
+    collectives: tuple[Mapping[str, Any], ...]
+    plan_s: float
+    graphs_planned: int
+    opaque_equations: int
+    warnings: tuple[str, ...]
+    leaf_specs: tuple[tuple[str, str], ...]  # (key path, PartitionSpec)
+    compiled: Compiled | None
+    baselines: tuple[Baseline, ...] = ()
+    constraints: tuple[tuple[str, str], ...] = ()  # (jaxpr value, PartitionSpec) held by with_sharding_constraint
+
+    def to_json(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "mesh": self.mesh, "mesh_note": self.mesh_note,
+                "predicted_step_s": self.predicted_step_s, "predicted_comm_bytes": self.predicted_comm_bytes,
+                "predicted_mem_bytes": self.predicted_mem_bytes, "collectives": [dict(c) for c in self.collectives],
+                "plan_s": self.plan_s, "graphs_planned": self.graphs_planned,
+                "opaque_equations": self.opaque_equations, "warnings": list(self.warnings),
+                "leaf_specs": dict(self.leaf_specs), "constraints": [list(c) for c in self.constraints],
+                **(self.compiled.to_json() if self.compiled is not None else {}),
+                "baselines": [b.to_json() for b in self.baselines]}
+
+
+# --- the plan -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """A sharded training step: `in_shardings` / `out_shardings` (pytrees of NamedSharding shaped as
+    the arguments / outputs) on `mesh` (the user's devices, Auto axes), `jit()` the step."""
+
+    fn: Callable[..., Any]
+    mesh: JaxMesh
+    in_shardings: tuple[Any, ...]
+    out_shardings: Any
+    report: PlanSummary
+    results: tuple[PlanResult, ...] = field(default=(), repr=False)
+
+    def jit(self, donate_argnums: int | Sequence[int] = ()) -> Callable[..., Any]:
+        """`jax.jit` of the step with the plan's shardings; arguments are placed on the plan's
+        shardings first (a no-op for arrays already there, so donation still reuses them)."""
+        jitted = jax.jit(self.fn, in_shardings=self.in_shardings, out_shardings=self.out_shardings,
+                         donate_argnums=donate_argnums)
+
+        def step(*args: Any) -> Any:
+            return jitted(*self.place(*args))
+
+        step.lower = jitted.lower  # type: ignore[attr-defined]
+        return step
+
+    def place(self, *args: Any) -> tuple[Any, ...]:
+        """The arguments put on the plan's `in_shardings`."""
+        return tuple(jax.device_put(a, s) for a, s in zip(args, self.in_shardings))
+
+    def explain(self) -> str:
+        """A table of the shardings, the planned collectives and the baselines."""
+        r = self.report
+        lines = [f"eqsat parallel plan ({r.strategy}) on mesh {r.mesh} — {r.mesh_note}"]
+        if r.predicted_step_s is not None:
+            lines.append(f"predicted step (planned part): {r.predicted_step_s * 1e3:.3f} ms, "
+                         f"{_fmt_bytes(r.predicted_comm_bytes)} moved, {_fmt_bytes(r.predicted_mem_bytes)} per device; "
+                         f"planned {r.graphs_planned} graph(s) in {r.plan_s:.1f} s; {r.opaque_equations} opaque equations "
+                         "left to GSPMD")
+        lines += [f"warning: {w}" for w in r.warnings]
+        lines.append("")
+        lines.append(f"{'argument leaf':<48} PartitionSpec")
+        lines += [f"{path:<48} {spec}" for path, spec in r.leaf_specs]
+        lines += [f"with_sharding_constraint on {var} (made by an opaque equation): {spec}" for var, spec in r.constraints]
+        if r.collectives:
+            lines.append("")
+            lines.append(f"{'e-node':<20} {'kind':<15} {'axis':<8} {'bytes':>12} {'phase':<10} why")
+            lines += [f"{c['enode']:<20} {c['kind']:<15} {c['axis']:<8} {c['bytes']:>12,.0f} {c['phase']:<10} {c['why']}"
+                      for c in r.collectives]
+        rows = [("eqsat plan", r.predicted_step_s, r.compiled)] + [(b.name, b.predicted_s, b.compiled) for b in r.baselines]
+        lines.append("")
+        lines.append(f"{'step':<16} {'predicted ms':>13} {'compiled bytes':>15} {'memory':>12} collectives")
+        for name, pred, comp in rows:
+            p = f"{pred * 1e3:.3f}" if pred is not None else "-"
+            if comp is None:
+                lines.append(f"{name:<16} {p:>13} {'-':>15} {'-':>12}")
+            else:
+                kinds = comp.to_json()["compiled_collectives"]
+                lines.append(f"{name:<16} {p:>13} {comp.comm_bytes:>15,.0f} {_fmt_bytes(comp.mem_bytes):>12} "
+                             + ", ".join(f"{n}x {k}" for k, n in sorted(kinds.items())))
+        return "\n".join(lines)
+
+
+def _fmt_bytes(b: float | None) -> str:
+    """Bytes for a person (explain()'s table)."""
+    if b is None:
+        return "-"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= size:
+            return f"{b / size:.2f} {unit}"
+    return f"{b:.0f} B"
+
+
+# --- inputs ---------------------------------------------------------------------------------------
+
+def auto_mesh(mesh: Any) -> JaxMesh:
+    """The user's mesh on the same devices with every axis in Auto mode (GSPMD propagates)."""
+    if not isinstance(mesh, JaxMesh):
+        raise ApiError(f"mesh must be a jax.sharding.Mesh (e.g. jax.make_mesh((2, 4), ('data', 'model'))), "
+                       f"not {type(mesh).__name__}")
+    devices = np.asarray(mesh.devices)
+    have = len(jax.devices())
+    if devices.size != have:
+        raise ApiError(f"the mesh has {devices.size} devices but JAX has {have} "
+                       f"(on CPU set XLA_FLAGS=--xla_force_host_platform_device_count={devices.size})")
+    return JaxMesh(devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+
+
+def planner_mesh(mesh: JaxMesh) -> tuple[Mesh, tuple[str, ...]]:
+    """The planner's mesh for `mesh`: its axes of size > 1 (a size-1 axis splits nothing), links
+    from the presets of the device kind (`eqsat.parallel.mesh`). Also the JAX names of its axes."""
+    platform = np.asarray(mesh.devices).flat[0].platform
+    link, device = (NVLINK, "h100") if platform == "gpu" else (CPU_LINK, "cpu-nominal")
+    kept = [(str(n), int(s)) for n, s in mesh.shape.items() if s > 1]
+    axes = tuple(MeshAxis(n, s, *link) for n, s in kept)
+    if platform == "gpu" and len(axes) > 1:  # the outer axis across nodes (h100x32's layout)
+        axes = (MeshAxis(axes[0].name, axes[0].size, *INFINIBAND), *axes[1:])
+    shape = "x".join(str(s) for _, s in kept) or "1"
+    return Mesh(f"user[{shape}]", axes, device), tuple(n for n, _ in kept)
+
+
+def _check_argnums(args: Sequence[Any], params_argnums: Sequence[int]) -> tuple[int, ...]:
+    nums = tuple(int(i) for i in params_argnums)
+    for i in nums:
+        if not -len(args) <= i < len(args):
+            raise ApiError(f"params_argnums names argument {i}, but the step takes {len(args)} arguments")
+    nums = tuple(i % len(args) for i in nums)
+    for i in nums:
+        leaves = jax.tree_util.tree_leaves(args[i])
+        bad = [type(x).__name__ for x in leaves if not hasattr(x, "shape") or not hasattr(x, "dtype")]
+        if not leaves or bad:
+            raise ApiError(f"params_argnums names argument {i}, which is not a pytree of arrays"
+                           + (f" (it holds {', '.join(sorted(set(bad)))})" if bad else " (it has no leaves)"))
+    return nums
+
+
+# --- the forward of the step ----------------------------------------------------------------------
+
+def _forward_jaxpr(closed: Any, state_vars: set[Any], not_loss: Collection[int] = ()) -> tuple[Any, int] | None:
+    """The step's forward: the equations its loss (the first float scalar output that depends on
+    the model state and is no new state, `not_loss`) is computed from, as a closed jaxpr over all
+    the step's arguments; and that output's index. None when no output is such a loss."""
+    jaxpr = closed.jaxpr
+    depends: set[Any] = set(state_vars)
+    for eqn in jaxpr.eqns:
+        if any(isinstance(v, jcore.Var) and v in depends for v in eqn.invars):
+            depends.update(eqn.outvars)
+    for k, out in enumerate(jaxpr.outvars):
+        aval = getattr(out, "aval", None)
+        if (k not in not_loss and isinstance(out, jcore.Var) and out in depends and aval is not None and aval.shape == ()
+                and jax.numpy.issubdtype(aval.dtype, jax.numpy.floating)):
+            needed: set[Any] = {out}
+            kept = []
+            for eqn in reversed(jaxpr.eqns):
+                if any(v in needed for v in eqn.outvars if isinstance(v, jcore.Var)):
+                    kept.append(eqn)
+                    needed.update(v for v in eqn.invars if isinstance(v, jcore.Var))
+            info = jaxpr.debug_info
+            if info is not None and isinstance(info.result_paths, tuple) and len(info.result_paths) > k:
+                info = info._replace(result_paths=(info.result_paths[k],))
+            forward = jcore.Jaxpr(jaxpr.constvars, jaxpr.invars, [out], list(reversed(kept)), debug_info=info)
+            return jcore.ClosedJaxpr(forward, closed.consts), k
+    return None
+
+
+# --- reading a plan's leaf splits -----------------------------------------------------------------
+
+def leaf_splits(plan: Graph) -> dict[str, list[dict[int, list[int]]]]:
+    """Per leaf name, one split per use path: leaf dim (from the front) -> planner mesh axes in the
+    order they split it. A use path follows `partition`, `replicate`, `broadcast` and `transpose`
+    from the leaf to the first op that computes (a path through other ops ends there)."""
+    g = plan.live()
+    users = g.users
+    depth = graph_axes(g)
+    out: dict[str, list[dict[int, list[int]]]] = {}
+
+    def walk(i: int, dims: list[int | None], split: dict[int, list[int]], found: list[dict[int, list[int]]]) -> None:
+        nexts = users.get(i, ())
+        if not nexts:
+            found.append(split)
+        for u in nexts:
+            n = g.nodes[u]
+            a = n.attr
+            if n.op == "partition":
+                d = dims[len(dims) + int(a["dim"])]
+                s = {k: list(v) for k, v in split.items()}
+                if d is not None:
+                    s.setdefault(d, []).append(int(a["axis"]))
+                walk(u, dims, s, found)
+            elif n.op == "replicate":
+                walk(u, dims, split, found)
+            elif n.op == "broadcast":  # attributes are on the stacked shape: drop the k device axes
+                k = len(depth[u])
+                bd = [int(x) - k for x in a["dims"]][k:]
+                new: list[int | None] = [None] * (len(a["shape"]) - k)
+                for m, j in enumerate(bd):
+                    new[j] = dims[m] if m < len(dims) else None
+                walk(u, new, split, found)
+            elif n.op == "transpose":
+                k = len(depth[u])
+                walk(u, [dims[int(p) - k] for p in a["perm"][k:]], split, found)
+            else:
+                found.append(split)
+
+    for i, n in enumerate(g.nodes):
+        if ops.OPS[n.op].is_leaf:
+            found: list[dict[int, list[int]]] = []
+            walk(i, list(range(len(n.shapes[0]))), {}, found)
+            out[str(n.attr["name"])] = found
+    return out
+
+
+def _choose(splits: Sequence[dict[int, list[int]]]) -> dict[int, list[int]]:
+    """One split for a leaf from its use paths: the most common (ties: the first); any choice is
+    right, GSPMD reshards the other uses."""
+    if not splits:
+        return {}
+    keyed = [tuple(sorted((d, tuple(a)) for d, a in s.items())) for s in splits]
+    best = max(keyed, key=lambda k: (keyed.count(k), -keyed.index(k)))
+    return {d: list(a) for d, a in best}
+
+
+def _spec(split: Mapping[int, Sequence[int]], shape: Sequence[int], names: Sequence[str],
+          sizes: Mapping[str, int]) -> Spec:
+    entries: list[Any] = [None] * len(shape)
+    for d, axes in split.items():
+        axis_names = [names[a] for a in axes]
+        if d < len(shape) and axis_names and shape[d] % math.prod(sizes[n] for n in axis_names) == 0:
+            entries[d] = axis_names[0] if len(axis_names) == 1 else tuple(axis_names)
+    while entries and entries[-1] is None:
+        entries.pop()
+    return tuple(entries)
+
+
+# --- specs per argument leaf ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Leaves:
+    """The step's flat arguments: key paths, shapes, which argument each is from, and which are state."""
+
+    paths: tuple[tuple[Any, ...], ...]
+    shapes: tuple[tuple[int, ...], ...]
+    arg_of: tuple[int, ...]
+    state: tuple[bool, ...]
+
+
+def _flat_leaves(args: Sequence[Any], state_argnums: Sequence[int]) -> tuple[_Leaves, Any]:
+    """The arguments' leaves in `jax.tree_util` order (the traced jaxpr's invars), with their treedef."""
+    paths, shapes, arg_of, state = [], [], [], []
+    for k, a in enumerate(args):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(a)[0]:
+            paths.append((k, *path))
+            shapes.append(tuple(int(d) for d in np.shape(leaf)))
+            arg_of.append(k)
+            state.append(k in state_argnums)
+    return _Leaves(tuple(paths), tuple(shapes), tuple(arg_of), tuple(state)), jax.tree_util.tree_structure(tuple(args))
+
+
+def _mirror(leaves: _Leaves, specs: list[Spec | None], batch: Sequence[tuple[int, Any]] = ()) -> list[Spec]:
+    """Fill the leaves the plan did not reach: state that mirrors a planned state leaf (same shape,
+    that leaf's key path minus its argument a suffix of this one's: Adam's mu, nu) takes its spec;
+    data sharing a planned data leaf's leading dim takes its batch split, else that of a planned
+    value made by opaque equations (`batch`: the tokens of an embedding gather whose output the plan
+    splits); the rest is replicated."""
+    out: list[Spec] = []
+    for i, spec in enumerate(specs):
+        if spec is not None:
+            out.append(spec)
+            continue
+        found: Spec = ()
+        if leaves.state[i]:
+            tail = leaves.paths[i][1:]
+            for j, other in enumerate(specs):
+                if other and leaves.state[j] and leaves.shapes[j] == leaves.shapes[i]:
+                    key = leaves.paths[j][1:]
+                    if key and tail[len(tail) - len(key):] == key:
+                        found = other
+                        break
+        elif leaves.shapes[i]:
+            for j, other in enumerate(specs):
+                if (other and not leaves.state[j] and other[0] is not None and leaves.shapes[j]
+                        and leaves.shapes[j][0] == leaves.shapes[i][0]):
+                    found = (other[0],)
+                    break
+            else:
+                found = next(((split,) for size, split in batch if size == leaves.shapes[i][0]), ())
+        out.append(found)
+    return out
+
+
+def _state_elements(out_shape: Any, args: Sequence[Any], state_argnums: Sequence[int]) -> list[int | None]:
+    """Per top-level element of the step's output (a tuple or list), the state argument it is the
+    new value of (same tree, shapes and dtypes; each argument matched once, in order), or None."""
+    if not isinstance(out_shape, (tuple, list)):
+        return []
+
+    def signature(tree: Any) -> Any:
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        return treedef, tuple((tuple(np.shape(x)), str(jax.numpy.result_type(x))) for x in leaves)
+
+    wanted = {k: signature(args[k]) for k in state_argnums}
+    used: set[int] = set()
+    found: list[int | None] = []
+    for elem in out_shape:
+        sig = signature(elem)
+        match = next((k for k in state_argnums if k not in used and wanted[k] == sig), None)
+        if match is not None:
+            used.add(match)
+        found.append(match)
+    return found
+
+
+def _state_outputs(out_shape: Any, args: Sequence[Any], state_argnums: Sequence[int]) -> set[int]:
+    """Flat output indices that are new model state (not a loss, whatever their shape)."""
+    out: set[int] = set()
+    start = 0
+    if not isinstance(out_shape, (tuple, list)):
+        return out
+    for elem, match in zip(out_shape, _state_elements(out_shape, args, state_argnums)):
+        n = len(jax.tree_util.tree_leaves(elem))
+        if match is not None:
+            out.update(range(start, start + n))
+        start += n
+    return out
+
+
+def _out_shardings(out_shape: Any, args: Sequence[Any], in_shardings: tuple[Any, ...], state_argnums: Sequence[int],
+                   mesh: JaxMesh) -> Any:
+    """New model state placed as the old (`_state_elements`); everything else is replicated."""
+    replicated = NamedSharding(mesh, P())
+    matches = _state_elements(out_shape, args, state_argnums)
+    if not matches:
+        return jax.tree_util.tree_map(lambda _: replicated, out_shape)
+    parts = [in_shardings[m] if m is not None else jax.tree_util.tree_map(lambda _: replicated, elem)
+             for elem, m in zip(out_shape, matches)]
+    if isinstance(out_shape, list):
+        return parts
+    return type(out_shape)(*parts) if hasattr(out_shape, "_fields") else tuple(parts)
+
+
+# --- baselines ------------------------------------------------------------------------------------
+
+def _megatron_order(program: Program | None, leaves: _Leaves) -> list[int]:
+    """State leaves that are matrices, in the order the captured forward's products read them."""
+    order: list[int] = []
+    if program is not None:
+        for step in program.graphs:
+            g = step.graph
+            for n in g.nodes:
+                if n.op == "matmul" and len(n.inputs) == 2:
+                    src = g.nodes[n.inputs[1].node]
+                    if ops.OPS[src.op].is_leaf:
+                        vid = int(str(src.attr["name"])[1:])
+                        if vid < len(leaves.paths) and vid not in order and leaves.state[vid]:
+                            order.append(vid)
+    order += [i for i, s in enumerate(leaves.shapes) if leaves.state[i] and len(s) == 2 and i not in order]
+    return [i for i in order if len(leaves.shapes[i]) == 2]
+
+
+def baseline_specs(name: str, leaves: _Leaves, names: Sequence[str], sizes: Mapping[str, int],
+                   program: Program | None) -> list[Spec]:
+    """Hand-written shardings of each kind: data parallel (batch over every axis), FSDP (that, and
+    state sharded over every axis on its largest divisible dim), Megatron (matrices alternately
+    column / row split over the last axis, in forward order; the rest replicated), DP x TP (batch
+    over the other axes, Megatron over the last)."""
+    everything = tuple(names)
+    total = math.prod(sizes[n] for n in everything)
+
+    def batch(axes: tuple[str, ...]) -> list[Spec]:
+        n = math.prod(sizes[a] for a in axes) if axes else 1
+        return [(axes if len(axes) > 1 else axes[0],) if (not leaves.state[i] and axes and leaves.shapes[i]
+                                                          and leaves.shapes[i][0] % n == 0) else ()
+                for i in range(len(leaves.paths))]
+
+    if name == "data-parallel":
+        return batch(everything)
+    if name == "fsdp":
+        specs = batch(everything)
+        for i, shape in enumerate(leaves.shapes):
+            if leaves.state[i] and shape:
+                dims = sorted((d for d in range(len(shape)) if shape[d] % total == 0), key=lambda d: -shape[d])
+                if dims:
+                    e: list[Any] = [None] * len(shape)
+                    e[dims[0]] = everything if len(everything) > 1 else everything[0]
+                    specs[i] = tuple(e)
+        return specs
+    tp = names[-1]
+    specs = batch(tuple(names[:-1])) if name == "dp-x-tp" else [() for _ in leaves.paths]
+    for k, i in enumerate(_megatron_order(program, leaves)):
+        d = 1 if k % 2 == 0 else 0
+        if leaves.shapes[i][d] % sizes[tp] == 0:
+            specs[i] = (None, tp) if d == 1 else (tp,)
+    return _mirror(leaves, [s if s or not leaves.state[i] else None for i, s in enumerate(specs)])
+
+
+# --- the planner's part ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Planned:
+    specs: list[Spec | None]
+    results: tuple[PlanResult, ...]
+    program: Program | None
+    opaque: int
+    why_not: str  # why nothing was planned ("" when something was)
+    dp_predicted_s: float | None
+    batch: tuple[tuple[int, Any], ...] = ()  # (leading dim, its split) of planned leaves no argument is
+    constraints: tuple[tuple[Any, Spec], ...] = ()  # (step jaxpr variable, spec): `_constraints`
+
+
+def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str], sizes: Mapping[str, int],
+                  memory_budget: float | None, comm_budget: float | None, time_limit: float,
+                  predict_dp: bool = False, not_loss: Collection[int] = ()) -> _Planned:
+    state_vars = {v for v, s in zip(closed.jaxpr.invars, leaves.state) if s}
+    found = _forward_jaxpr(closed, state_vars, not_loss)
+    empty: list[Spec | None] = [None] * len(leaves.paths)
+    if found is None:
+        return _Planned(empty, (), None, 0, "the step returns no float scalar (loss) computed from the model state", None)
+    program = capture_jaxpr(found[0])
+    graphs = sorted(program.graphs, key=lambda s: -_flops(s.graph))
+    graphs = [s for s in graphs if any(n.op in ("matmul", "conv2d") for n in s.graph.nodes)]
+    if not graphs:
+        return _Planned(empty, (), program, len(program.opaque),
+                        "the loss captures to no matmul or convolution (nothing to split)", None)
+    state_names = {graph_leaf_name(i) for i in range(len(leaves.paths)) if leaves.state[i]}
+    specs: list[Spec | None] = list(empty)
+    results: list[PlanResult] = []
+    batch: list[tuple[int, Any]] = []
+    boundary: dict[int, Spec] = {}
+    dp_s = 0.0
+    t0 = time.perf_counter()
+    for step in graphs:
+        left = time_limit - (time.perf_counter() - t0)
+        if left <= 1.0:
+            break
+        graph = with_weights(step.graph, [str(n.attr["name"]) for _, n in step.graph.leaves() if n.attr["name"] in state_names])
+        # saturation, pricing, the ILP and the numpy check of one graph take about twice the
+        # saturation and ILP limits: a third and a sixth of what is left keep the step near time_limit
+        limits = replace(DEFAULT_LIMITS, seconds=min(DEFAULT_LIMITS.seconds, left / 3))
+        res = plan_graph(graph, pmesh, "joint", limits=limits, time_limit=max(left / 6, 1.0),
+                         mem_budget=memory_budget, comm_budget=comm_budget)
+        if not res.numerics_ok:
+            raise PlanError(f"the plan of a captured graph differs from it in numpy (max |diff| {res.max_abs_diff:.3g})")
+        results.append(res)
+        if predict_dp:  # the data-parallel baseline's prediction: the same search with the data-parallel rule only
+            try:
+                dp_s += plan_graph(graph, pmesh, "data-parallel", limits=limits, time_limit=max(left / 8, 1.0)).report.step_s
+            except EqsatError:
+                pass
+        shapes = {str(n.attr["name"]): n.shapes[0] for _, n in res.plan.leaves()}
+        for name, splits in leaf_splits(res.plan).items():
+            vid = int(name[1:])
+            spec = _spec(_choose(splits), shapes[name], names, sizes)
+            if vid < len(leaves.paths):
+                if specs[vid] is None:
+                    specs[vid] = spec
+            elif spec:  # a value made by opaque equations (an embedding gather's output): constrained to the plan's split
+                boundary.setdefault(vid, spec)
+                if spec[0] is not None:
+                    batch.append((shapes[name][0], spec[0]))
+    return _Planned(specs, tuple(results), program, len(program.opaque), "", dp_s or None, tuple(batch),
+                    _constraints(program, boundary, closed))
+
+
+def _constraints(program: Program, boundary: Mapping[int, Spec], closed: Any) -> tuple[tuple[Any, Spec], ...]:
+    """(jaxpr variable of the step, spec) for the planned values that opaque equations of the step's
+    own jaxpr make (not those inside an inlined call): where the lowered step needs a
+    `with_sharding_constraint` to hold the plan's split at a boundary GSPMD would otherwise choose."""
+    top = {id(e) for e in closed.jaxpr.eqns}
+    out: list[tuple[Any, Spec]] = []
+    for step in program.opaque:
+        if id(step.eqn) not in top:
+            continue
+        for var, vid in zip(step.eqn.outvars, step.outputs):
+            if vid in boundary and isinstance(var, jcore.Var):
+                out.append((var, boundary[vid]))
+    return tuple(out)
+
+
+def constrained_step(closed: Any, out_tree: Any, constraints: Sequence[tuple[Any, Spec]], mesh: JaxMesh) -> Callable[..., Any]:
+    """The traced step, equation by equation (`bind_eqn`, as `jax.core.eval_jaxpr` runs them), with
+    `with_sharding_constraint` on the values in `constraints`: the same computation as the user's
+    step, holding the plan's splits where it crosses the parts it leaves opaque."""
+    jaxpr, consts = closed.jaxpr, closed.consts
+    wanted = {var: NamedSharding(mesh, P(*spec)) for var, spec in constraints}
+
+    def run(*args: Any) -> Any:
+        env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, jax.tree_util.tree_leaves(args)))
+
+        def read(atom: Any) -> Any:
+            return atom.val if isinstance(atom, jcore.Literal) else env[atom]
+
+        for eqn in jaxpr.eqns:
+            outs = bind_eqn(eqn, [read(a) for a in eqn.invars])
+            for var, value in zip(eqn.outvars, outs):
+                if isinstance(var, jcore.Var):
+                    env[var] = jax.lax.with_sharding_constraint(value, wanted[var]) if var in wanted else value
+        return jax.tree_util.tree_unflatten(out_tree, [read(v) for v in jaxpr.outvars])
+
+    return run
+
+
+def _flops(graph: Graph) -> float:
+    """Multiply-adds of a graph's products: the biggest graphs are planned first."""
+    total = 0.0
+    for n in graph.nodes:
+        if n.op in ("matmul", "conv2d"):
+            total += float(np.prod(n.shapes[0])) * float(graph.shape(n.inputs[0])[-1])
+    return total
+
+
+def _collective_rows(results: Sequence[PlanResult], names: Sequence[str]) -> tuple[Mapping[str, Any], ...]:
+    """The planned collectives with the mesh's axis names, for the report."""
+    rows = []
+    for k, res in enumerate(results):
+        g = res.plan.live()
+        for i, c in res.report.collectives:
+            node: Node = g.nodes[i]
+            rows.append({"enode": f"g{k}:{i}:{node.op}", "kind": c.kind, "axis": names[c.axis], "bytes": c.bytes,
+                         "phase": c.phase, "why": c.why})
+    return tuple(rows)
+
+
+# --- the public functions -------------------------------------------------------------------------
+
+def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: Sequence[int] = (0,),
+         memory_budget: float | None = None, comm_budget: float | None = None, time_limit: float = 60.0,
+         baselines: bool = True) -> Plan:
+    """Plan `train_step(*args)` on `mesh` (see the module docstring). `params_argnums`: the
+    arguments that are model state (parameters, optimizer state). `memory_budget` (bytes per
+    device) and `comm_budget` (bytes a step moves per device) bound the planned part of the step;
+    `baselines` also compiles data parallel, FSDP, Megatron and DP x TP for the report."""
+    t0 = time.perf_counter()
+    amesh = auto_mesh(mesh)
+    state_argnums = _check_argnums(args, params_argnums)
+    for label, value in (("memory_budget", memory_budget), ("comm_budget", comm_budget)):
+        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ApiError(f"{label} must be a number of bytes per device >= 0, not {value!r}")
+    if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
+        raise ApiError(f"time_limit must be a number of seconds > 0, not {time_limit!r}")
+    leaves, treedef = _flat_leaves(args, state_argnums)
+    # traced and compiled on shapes only: arrays committed to another mesh (an Explicit one) carry
+    # shardings into the jaxpr and clash with the plan's when lowered
+    abstract = tuple(jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jax.numpy.result_type(a)), args))
+    flat = jax.tree_util.tree_leaves(abstract)
+    sizes = {str(n): int(s) for n, s in amesh.shape.items()}
+    all_names = tuple(str(n) for n in amesh.axis_names)
+    note = ("planned and lowered in Auto axis mode on the mesh's devices (GSPMD propagates through the parts "
+            "the planner leaves opaque)")
+    if any(t != AxisType.Auto for t in getattr(mesh, "axis_types", ())):
+        note += "; the given mesh's axes are Explicit, so an Auto copy of it is used"
+    warns: list[str] = []
+
+    def flat_fn(*xs: Any) -> Any:
+        return train_step(*jax.tree_util.tree_unflatten(treedef, xs))
+
+    try:
+        closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*flat)
+    except EqsatError:
+        raise
+    except Exception as exc:
+        raise ApiError(f"cannot trace {getattr(train_step, '__name__', 'the step')}: {type(exc).__name__}: {exc}") from exc
+    planned: _Planned | None = None
+    if math.prod(sizes.values()) > 1:
+        pmesh, names = planner_mesh(amesh)
+        try:
+            planned = _plan_forward(closed, leaves, pmesh, names, sizes, memory_budget, comm_budget, time_limit,
+                                    baselines, _state_outputs(out_shape, args, state_argnums))
+        except PlanError as exc:
+            if memory_budget is not None or comm_budget is not None:
+                raise ApiError(f"no plan of the step's planned part meets the budget ({exc}); "
+                               "raise memory_budget / comm_budget to at least the best found") from exc
+            planned = _Planned([None] * len(leaves.paths), (), None, 0, f"the planner failed: {exc}", None)
+    else:
+        names = ()
+        warns.append("the mesh has one device: nothing to plan")
+    program = planned.program if planned else None
+    if planned is not None and planned.results:
+        specs = _mirror(leaves, planned.specs, planned.batch)
+        strategy = "eqsat"
+    else:
+        why = planned.why_not if planned is not None else "one device"
+        if math.prod(sizes.values()) > 1:
+            warnings.warn(f"eqsat parallel plan: data parallel because {why}", stacklevel=2)
+            warns.append(f"data parallel because {why}")
+        specs = baseline_specs("data-parallel", leaves, all_names, sizes, program) if names else [() for _ in leaves.paths]
+        strategy = "data-parallel (fallback)"
+    in_shardings = _shardings(amesh, treedef, specs)
+    out_sh = _out_shardings(out_shape, args, in_shardings, state_argnums, amesh)
+    plan_s = time.perf_counter() - t0
+    results = planned.results if planned is not None else ()
+    constraints = planned.constraints if planned is not None and results else ()
+    fn = (constrained_step(closed, jax.tree_util.tree_structure(out_shape), constraints, amesh) if constraints
+          else train_step)
+    step = Plan(fn, amesh, in_shardings, out_sh, PlanSummary(
+        strategy, " x ".join(f"{n}={s}" for n, s in sizes.items()), note,
+        sum(r.report.step_s for r in results) if results else None,
+        sum(r.report.comm_bytes(None) for r in results) if results else None,
+        sum(r.report.mem_bytes for r in results) if results else None,
+        _collective_rows(results, names), plan_s, len(results), planned.opaque if planned else 0, tuple(warns),
+        tuple((_path_str(p), str(P(*s))) for p, s in zip(leaves.paths, specs)), None,
+        constraints=tuple((str(var), str(P(*spec))) for var, spec in constraints)), results)
+    compiled = compile_figures(jax.jit(fn, in_shardings=in_shardings, out_shardings=out_sh), abstract)
+    rows: list[Baseline] = []
+    if baselines and len(all_names) and math.prod(sizes.values()) > 1:
+        for name in BASELINE_NAMES:
+            if name == "dp-x-tp" and len([n for n in all_names if sizes[n] > 1]) < 2:
+                continue
+            bspecs = baseline_specs(name, leaves, all_names, sizes, program)
+            b_in = _shardings(amesh, treedef, bspecs)
+            b_out = _out_shardings(out_shape, args, b_in, state_argnums, amesh)
+            fig = compile_figures(jax.jit(train_step, in_shardings=b_in, out_shardings=b_out), abstract)
+            pred = planned.dp_predicted_s if (name == "data-parallel" and planned is not None) else None
+            rows.append(Baseline(name, _describe(bspecs, leaves), fig, pred))
+    summary = replace(step.report, compiled=compiled, baselines=tuple(rows))
+    if memory_budget is not None and compiled.mem_bytes > memory_budget:
+        summary = replace(summary, warnings=(*summary.warnings,
+                                             f"the compiled step needs {compiled.mem_bytes:,.0f} bytes per device, "
+                                             f"over the budget of {memory_budget:,.0f} (the budget bounds the planned part)"))
+    return replace(step, report=summary)
+
+
+def _describe(specs: Sequence[Spec], leaves: _Leaves) -> str:
+    """A baseline's shardings in one phrase for the report."""
+    split = sum(1 for s in specs if any(e is not None for e in s))
+    return f"{split} of {len(specs)} leaves split"
+
+
+def _path_str(path: tuple[Any, ...]) -> str:
+    """`arg1[0].mu['w1']`: which argument, then the key path inside it."""
+    return f"arg{path[0]}" + jax.tree_util.keystr(tuple(path[1:]))
+
+
+def _shardings(mesh: JaxMesh, treedef: Any, specs: Sequence[Spec]) -> tuple[Any, ...]:
+    """Per-leaf specs as pytrees of NamedSharding shaped as the arguments."""
+    return tuple(jax.tree_util.tree_unflatten(treedef, [NamedSharding(mesh, P(*s)) for s in specs]))
+
+
+def parallelize(fn: Callable[..., Any] | None = None, *, mesh: Any, params_argnums: Sequence[int] = (0,),
+                donate_argnums: int | Sequence[int] = (), **options: Any) -> Any:
+    """Decorator form of `plan`: plans on the first call per signature (shapes, dtypes, tree
+    structure) and runs the jitted step; `.plans` holds the plans made."""
+    def wrap(f: Callable[..., Any]) -> Any:
+        plans: dict[Any, Plan] = {}
+        steps: dict[Any, Callable[..., Any]] = {}
+
+        def run(*args: Any) -> Any:
+            flat, treedef = jax.tree_util.tree_flatten(tuple(args))
+            key = (treedef, tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x).__name__))) for x in flat))
+            if key not in steps:
+                plans[key] = plan(f, *args, mesh=mesh, params_argnums=params_argnums, **options)
+                steps[key] = plans[key].jit(donate_argnums=donate_argnums)
+            return steps[key](*args)
+
+        run.plans = plans  # type: ignore[attr-defined]
+        run.__wrapped__ = f  # type: ignore[attr-defined]
+        run.__name__ = getattr(f, "__name__", "step")
+        return run
+
+    return wrap if fn is None else wrap(fn)
