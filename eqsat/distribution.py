@@ -14,7 +14,7 @@ any other rule, and a whole plan can be run by `Graph.evaluate` and compared wit
 single-device program bit for bit in float64. Per-device compute is the same op batched over the
 leading device axes (a 2-D matmul on a stack is a batched 3-D matmul), so no per-op "sharded"
 variants are needed; the planner knows from the ops along a path how many leading axes are device
-axes (`eqsat.parallel.plan.node_axes`).
+axes (`eqsat.parallel.planner.node_axes`).
 
 Tensor dimensions in attributes are counted from the end (-1 is the last), so one rule applies at
 any device depth. `axis` names the mesh axis (its index in the mesh); `parts` is its size. This

@@ -7,7 +7,7 @@ input (e.g. a solver that timed out), the input graph is returned and `selection
 The one door to extraction: an `Objective` (a cost model, possibly pricing nodes in context, with
 knapsack rows and starts) prices a saturated e-graph (`Priced.of`), and `Priced.extract` runs a
 strategy of the registry on it. `search` (`eqsat optimize`, the decorator) and the parallel planner
-(`eqsat.parallel.plan`, which adds its own staging, strategies and budgets) both go through it.
+(`eqsat.parallel.planner`, which adds its own staging, strategies and budgets) both go through it.
 """
 
 from __future__ import annotations

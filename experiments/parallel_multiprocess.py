@@ -61,7 +61,7 @@ def child(plan_path: Path, model: str, mesh_spec: str, port: int, pid: int, out:
 def run(model: str, mesh_spec: str, timeout: float = 600.0) -> dict[str, Any]:
     from eqsat.compare import outputs_agree
     from eqsat.parallel.mesh import parse_mesh
-    from eqsat.parallel.plan import plan_graph
+    from eqsat.parallel.planner import plan_graph
     from eqsat.models import build_parallel_model
 
     graph = build_parallel_model(model)

@@ -2,7 +2,7 @@
 
 The plan becomes one `shard_map` over a `jax.sharding.Mesh` whose axes are the plan mesh's axes:
 each device holds, for every value, its own piece (a value's leading device axes are dropped,
-`eqsat.parallel.plan.graph_axes`), runs each compute op on its piece (lowered by the ordinary
+`eqsat.parallel.planner.graph_axes`), runs each compute op on its piece (lowered by the ordinary
 lowering table with per-device attributes) and the distribution ops as explicit collectives:
 
 | plan op | per device |
@@ -45,7 +45,7 @@ from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from eqsat.parallel.memory import sharded_leaves
 from eqsat.parallel.mesh import Mesh
-from eqsat.parallel.plan import graph_axes
+from eqsat.parallel.planner import graph_axes
 from jax_backend.lower import lower_node
 
 Array = Any
@@ -235,7 +235,7 @@ class CompiledReport:
 def compiled_contractions(hlo_text: str) -> int:
     """Products (dot, convolution) in a compiled HLO module, fused computations included: a
     training step of a plan with none recomputed has the forward's plus one per operand that takes
-    a gradient (`eqsat.parallel.plan.PlanReport.contractions`)."""
+    a gradient (`eqsat.parallel.planner.PlanReport.contractions`)."""
     return sum(1 for line in hlo_text.splitlines() if _CONTRACTION_LINE.search(line))
 
 

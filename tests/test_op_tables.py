@@ -138,7 +138,8 @@ def test_op_facts_and_the_tables_built_from_them_agree() -> None:
 
 def test_parallel_name_sets_keep_their_membership() -> None:
     """The parallel tables derived from the registry hold what the hand-written sets held."""
-    from eqsat.parallel import cost, memory, plan
+    from eqsat.parallel import cost, memory
+    from eqsat.parallel import planner as plan
     from jax_backend import shard
 
     distribution = {"partition", "replicate", "combine", "reduce", "all_reduce", "all_gather", "reduce_scatter",
@@ -196,6 +197,6 @@ def test_parallel_name_sets_keep_their_membership() -> None:
     ("reduce_max", {"axes": (1, 2)}, 2, False),
 ])
 def test_distributable_predicates(op: str, attrs: dict[str, object], k: int, runs: bool) -> None:
-    from eqsat.parallel import plan
+    from eqsat.parallel import planner as plan
 
     assert plan.DISTRIBUTABLE[op](attrs, k) is runs

@@ -1,6 +1,6 @@
 """`eqsat parallel MODEL --mesh 8 | 2x4`: plan a model on a device mesh and check the plan on JAX.
 
-The plan (algebra and sharding from one ILP over the saturated e-graph, `eqsat.parallel.plan`) is
+The plan (algebra and sharding from one ILP over the saturated e-graph, `eqsat.parallel.planner`) is
 compared with four baselines, each the best plan of its kind: pure data parallelism (the search
 restricted to the data-parallel rule), Megatron by hand (`eqsat.models.parallel_hand`: one split per
 weight, written as a practitioner would), the Megatron-style search (column / row / head rules
@@ -37,7 +37,7 @@ from eqsat.ir import Graph
 from eqsat.models import PARALLEL_MODELS, build_parallel_model, lookup
 from eqsat.models.parallel_hand import megatron_by_hand
 from eqsat.parallel.mesh import PRESETS, Mesh, parse_mesh
-from eqsat.parallel.plan import (
+from eqsat.parallel.planner import (
     PlanResult,
     PricedEGraph,
     plan_graph,

@@ -9,7 +9,7 @@ Design (docs/parallel.md, "Parallelize your training step"):
    leaves that are model state (`params_argnums`) become `weight`s, so the planner prices their
    gradients and gradient sync, the others stay data.
 2. Each captured graph with a product in it (matmul / conv) is planned by the e-graph planner
-   through its one door (`eqsat.parallel.plan.plan_graph`: one e-graph, one ILP with the memory
+   through its one door (`eqsat.parallel.planner.plan_graph`: one e-graph, one ILP with the memory
    and bytes rows). Equations the capture leaves opaque (integer label gathers, the optimizer
    update, ...) are not planned: they are the boundaries where GSPMD propagates.
 3. The plan's choices for its leaves (which dim of which argument is split over which mesh axis:
@@ -49,7 +49,7 @@ from eqsat import ops
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph, Node
 from eqsat.parallel.mesh import CPU_LINK, INFINIBAND, NVLINK, Mesh, MeshAxis
-from eqsat.parallel.plan import DEFAULT_LIMITS, PlanError, PlanResult, graph_axes, plan_graph, with_weights
+from eqsat.parallel.planner import DEFAULT_LIMITS, PlanError, PlanResult, graph_axes, plan_graph, with_weights
 from jax_backend.capture import Program, bind_eqn, capture_jaxpr, graph_leaf_name
 from jax_backend.shard import compiled_collectives
 

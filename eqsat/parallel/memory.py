@@ -38,7 +38,7 @@ the node (summed over a plan, `StepMemory.allocated`: an upper bound of the peak
 data-moving collectives, the buffers a node's forward makes for its backward, a weight's unreduced
 gradient): close to the peak, and the ILP's memory row. The planner checks the extracted plan's
 simulated peak against the budget and solves again with a tighter row when it is over
-(`eqsat.parallel.plan.plan_graph`).
+(`eqsat.parallel.planner.plan_graph`).
 """
 
 from __future__ import annotations

@@ -320,7 +320,7 @@ def test_cli_plans_a_graph_file_with_its_weights(tmp_path: Any, capsys: Any) -> 
 
 
 def test_with_weights_marks_the_named_leaves() -> None:
-    from eqsat.parallel.plan import PlanError, with_weights
+    from eqsat.parallel.planner import PlanError, with_weights
 
     b = GraphBuilder()
     g = b.build([b.matmul(b.weight("x", (4, 4)), b.input("w", (4, 4)))])

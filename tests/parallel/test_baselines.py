@@ -9,7 +9,7 @@ import pytest
 from eqsat.cost import cost_model
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import parse_mesh
-from eqsat.parallel.plan import COST_SCALE, PlanError, plan_graph, plan_report, saturate_and_price
+from eqsat.parallel.planner import COST_SCALE, PlanError, plan_graph, plan_report, saturate_and_price
 from eqsat.pipeline import numerics_match
 from eqsat.commands.parallel import SEARCHED, hand_plan
 from eqsat.models.parallel_hand import HandPlanError, megatron_by_hand

@@ -14,7 +14,7 @@ if jax.device_count() < 8:
 
 from eqsat.ir import Graph
 from eqsat.parallel.mesh import parse_mesh
-from eqsat.parallel.plan import PlanResult, plan_graph
+from eqsat.parallel.planner import PlanResult, plan_graph
 from jax_backend.checks import check_on_devices
 from eqsat.models.parallel_cases import cnn, gpt, moe
 

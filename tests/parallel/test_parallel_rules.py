@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from eqsat.parallel.mesh import parse_mesh
-from eqsat.parallel.plan import verified_parallel_rules
+from eqsat.parallel.planner import verified_parallel_rules
 from eqsat.parallel.rules import instantiate, mesh_rules
 from eqsat.rewrites.parser import parse_rule_text
 from eqsat.rewrites.verify import PROVED, REFUTED, verified_rules, verify_rule

@@ -9,7 +9,7 @@ from eqsat.cost import cost_model
 from eqsat.extract.selection import is_valid_choice
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import PRESETS, parse_mesh
-from eqsat.parallel.plan import (
+from eqsat.parallel.planner import (
     PlanError,
     plan_graph,
     plan_report,

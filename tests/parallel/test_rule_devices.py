@@ -22,7 +22,7 @@ if jax.device_count() < 2:
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph, GraphBuilder, Tensor
 from eqsat.parallel.mesh import parse_mesh
-from eqsat.parallel.plan import graph_axes
+from eqsat.parallel.planner import graph_axes
 from eqsat.parallel.rules import instantiate
 from eqsat.rewrites.rule import Pattern, Rule, Var, variables
 from eqsat.rewrites.semantics import bind_attrs

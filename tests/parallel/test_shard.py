@@ -21,7 +21,7 @@ from eqsat.models.parallel_cases import (
     unity_mlp,
 )
 from eqsat.parallel.mesh import parse_mesh
-from eqsat.parallel.plan import (
+from eqsat.parallel.planner import (
     plan_graph,
     plan_report,
     random_plans,

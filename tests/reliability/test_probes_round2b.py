@@ -19,7 +19,7 @@ from eqsat.models import build_parallel_model
 from eqsat.models.parallel_hand import megatron_by_hand
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import CPU_LINK, Mesh, MeshAxis, MeshError, parse_mesh
-from eqsat.parallel.plan import plan_report
+from eqsat.parallel.planner import plan_report
 
 # --- bench --out ------------------------------------------------------------------------------------
 
