@@ -12,6 +12,15 @@ variables) is not applied, exactly as the egglog applier refuses it.
 Concats are n-ary in the IR and binary in rules (and in the e-graph), so the search starts from the
 graph with its concats nested left to right, as the e-graph encodes them; the original graph is
 the first "best" so that the result is never worse than the input.
+
+The budget counts popped graphs, as TASO's does; `seconds` is a safety cap only (`stop_reason`
+"time" says it was hit). The search is incremental so that the budget is reached: a candidate is
+costed from its parent's cost and the edit (the new nodes minus the nodes that died, summed exactly),
+and is built as a graph, hashed and matched only when popped. A popped graph whose structural key
+was popped before is dropped uncounted (TASO drops a candidate whose hash it has seen when it is
+generated; the popped sequence of distinct graphs is the same, since a graph's copies share its cost
+and the first copy is enqueued first). `TasoOptions(check=True)` rebuilds every popped graph with
+`apply_match` and `graph_cost` and fails if the incremental one differs (for tests).
 """
 
 from __future__ import annotations
@@ -27,23 +36,28 @@ from typing import Any
 from eqsat import ops
 from eqsat.cost import CostModel, graph_cost
 from eqsat.errors import EqsatError, ShapeError
-from eqsat.ir import Graph, GraphBuilder, Tensor, Value
+from eqsat.ir import Graph, GraphBuilder, Node, Tensor, Value, _freeze
 from eqsat.rewrites.rule import AttrVar, Pattern, Rule, Term, Var
 from eqsat.rewrites.semantics import bind_attrs
 from eqsat.rewrites.shapes import condition_holds
 
-__all__ = ["Match", "TasoOptions", "TasoResult", "apply_match", "binary_concats", "find_matches", "taso_search"]
+__all__ = ["Match", "TasoOptions", "TasoResult", "apply_match", "binary_concats", "find_matches", "graph_key",
+           "seconds_to_cost", "taso_search"]
+
+Shape = tuple[int, ...]
 
 TASO_DEFAULT_BUDGET = 1000  # TASO's `optimize(graph, alpha=1.05, budget=1000)` default
 
 
 @dataclass(frozen=True)
 class TasoOptions:
-    """TASO's knobs, plus a wall-clock limit (checked after every candidate graph)."""
+    """TASO's knobs, plus a wall-clock safety cap (checked after every candidate graph) and a debug
+    check of every popped graph against a full rebuild."""
 
     alpha: float = 1.05
     budget: int = TASO_DEFAULT_BUDGET
-    seconds: float = 60.0
+    seconds: float = 600.0
+    check: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,10 +70,11 @@ class TasoResult:
     seconds: float
     seconds_to_best: float
     popped: int
-    generated: int
+    generated: int  # applicable rewrites costed (a graph reached twice counts twice)
     stop_reason: str  # "budget" | "time" | "exhausted"
     trace: tuple[tuple[float, float], ...]  # (seconds since start, best cost so far)
     rules_fired: Mapping[str, int] = field(default_factory=dict)  # along the path to the best graph
+    graphs_per_s: float = 0.0  # popped graphs per second of the whole run
 
 
 @dataclass(frozen=True)
@@ -241,7 +256,332 @@ def graph_key(graph: Graph) -> tuple[int, ...]:
     return tuple(hash((h[v.node], v.index)) for v in graph.outputs)
 
 
+# --- incremental candidates ----------------------------------------------------------------------
+# A candidate graph is its parent plus an edit: the right side's new nodes (typed once per op,
+# attributes and input shapes), the replaced values, the readers whose inputs changed (merged into an
+# identical node where one exists, as GraphBuilder's hash-consing does) and the nodes that died. Its
+# cost is the parent's minus the dead nodes' plus the new ones', summed exactly; it becomes a graph
+# (and gets its structural key) only when popped.
+
+_SCALE = 1100  # costs are summed as integers in units of 2**-1100: every finite double is one, exactly
+
+
+def _exact(c: float) -> int:
+    """`c` as an exact multiple of 2**-_SCALE, so a graph's cost does not depend on how it was reached."""
+    num, den = float(c).as_integer_ratio()
+    return num << (_SCALE + 1 - den.bit_length())
+
+
+def _inexact(total: int) -> float:
+    return total / (1 << _SCALE)
+
+
+_DERIVING = ("weight", "moves", "computes")  # OpSpec.weight_derivation values that fold (ops.weight_derived)
+_Typed = tuple[tuple[tuple[str, Any], ...], tuple[Shape, ...]]
+
+
+class _Memo:
+    """What one search learns once: node typings and op costs (pure functions of op, attributes and
+    input shapes)."""
+
+    def __init__(self, cost_model: CostModel) -> None:
+        self.cost_model = cost_model
+        self.typed: dict[tuple[Any, ...], _Typed | None] = {}
+        self.costs: dict[tuple[Any, ...], int] = {}
+
+    def node(self, op: str, attrs: tuple[tuple[str, Any], ...], inputs: tuple[Value, ...],
+             shapes: tuple[Shape, ...]) -> Node | None:
+        """The node GraphBuilder.apply makes (normalized attributes, inferred shapes); None where it raises."""
+        key = (op, attrs, shapes)
+        if key not in self.typed:
+            try:
+                normal = ops.op_spec(op).normalize_attrs(dict(attrs))
+                self.typed[key] = (_freeze(normal), ops.infer_shapes(op, list(shapes), normal))
+            except (ShapeError, EqsatError):
+                self.typed[key] = None
+        typed = self.typed[key]
+        return None if typed is None else Node(op, typed[0], inputs, typed[1])
+
+    def charge(self, node: Node, input_shapes: tuple[Shape, ...], derived: bool) -> int:
+        """What `graph_cost` charges for `node`: its op cost; 0 for a leaf or a weight-only node."""
+        if derived or ops.OPS[node.op].is_leaf:
+            return 0
+        key = (node.op, node.attrs, input_shapes)
+        c = self.costs.get(key)
+        if c is None:
+            c = self.costs[key] = _exact(self.cost_model.op_cost(node.op, node.attr, list(input_shapes)))
+        return c
+
+
+@dataclass(frozen=True, eq=False)
+class _State:
+    """A popped graph with what evaluating its candidates reads (built once per pop, linear)."""
+
+    graph: Graph
+    total: int  # exact cost, as graph_cost sums it
+    key: tuple[int, ...]  # graph_key(graph)
+    parent: _State | None
+    rule: str
+    table: Mapping[Node, int]
+    refs: tuple[int, ...]  # readers of each node, outputs counted
+    derived: tuple[bool, ...]  # weight-only (free)
+    charge: tuple[int, ...]
+    cone: tuple[int, ...]  # bit j set: node j is this node or feeds it
+
+
+def _state(memo: _Memo, graph: Graph, parent: _State | None = None, rule: str = "") -> _State:
+    nodes = graph.nodes
+    refs = [0] * len(nodes)
+    derived: list[bool] = []
+    charge: list[int] = []
+    cone: list[int] = []
+    h: list[int] = []
+    for i, n in enumerate(nodes):
+        spec = ops.OPS[n.op]
+        bits = 1 << i
+        for v in n.inputs:
+            refs[v.node] += 1
+            bits |= cone[v.node]
+        d = spec.weight_derivation in _DERIVING and all(derived[v.node] for v in n.inputs)
+        derived.append(d)
+        charge.append(memo.charge(n, tuple(nodes[v.node].shapes[v.index] for v in n.inputs), d))
+        cone.append(bits)
+        if spec.is_leaf:
+            h.append(hash((n.op, n.attr["name"])))
+        else:
+            h.append(hash((n.op, n.attrs, tuple((h[v.node], v.index) for v in n.inputs))))
+    for v in graph.outputs:
+        refs[v.node] += 1
+    key = tuple(hash((h[v.node], v.index)) for v in graph.outputs)  # as graph_key
+    return _State(graph, sum(charge), key, parent, rule, {n: i for i, n in enumerate(nodes)}, tuple(refs),
+                  tuple(derived), tuple(charge), tuple(cone))
+
+
+@dataclass(frozen=True)
+class _Edit:
+    """A child as a change to its parent: new nodes (ids from len(parent.nodes) on), replaced values,
+    readers with new inputs and the outputs; or, for a rewrite that is not local, the child itself."""
+
+    new: tuple[Node, ...] = ()
+    replaced: Mapping[Value, Value] = field(default_factory=dict)
+    modified: Mapping[int, Node] = field(default_factory=dict)
+    outputs: tuple[Value, ...] = ()
+    whole: Graph | None = None
+
+
+class _NotLocal(Exception):
+    """The rewrite reaches past its match (a right side reads another root's cone, a root's output
+    other than the first, ...): build the child in full."""
+
+
+def _materialize(parent: Graph, edit: _Edit) -> Graph:
+    """The child, in the node order `apply_match` gives it (leaves, then the outputs depth first)."""
+    if edit.whole is not None:
+        return edit.whole
+    base = parent.nodes
+    n = len(base)
+    new, modified, replaced = edit.new, edit.modified, edit.replaced
+    index: dict[int, int] = {}
+    out: list[Node] = []
+    for i, node in enumerate(base):
+        if ops.OPS[node.op].is_leaf:
+            index[i] = len(out)
+            out.append(node)
+    for root in edit.outputs:
+        stack = [root.node]
+        while stack:
+            i = stack[-1]
+            if i in index:
+                stack.pop()
+                continue
+            node = new[i - n] if i >= n else modified.get(i) or base[i]
+            ins = [replaced.get(v, v) for v in node.inputs]
+            pending = [v.node for v in ins if v.node not in index]
+            if pending:
+                stack.extend(reversed(pending))
+                continue
+            stack.pop()
+            index[i] = len(out)
+            out.append(Node(node.op, node.attrs, tuple(Value(index[v.node], v.index) for v in ins), node.shapes))
+    return Graph(tuple(out), tuple(Value(index[v.node], v.index) for v in edit.outputs))
+
+
+def _total(memo: _Memo, graph: Graph) -> int:
+    derived: list[bool] = []
+    total = 0
+    for n in graph.nodes:
+        d = ops.OPS[n.op].weight_derivation in _DERIVING and all(derived[v.node] for v in n.inputs)
+        derived.append(d)
+        total += memo.charge(n, tuple(graph.shape(v) for v in n.inputs), d)
+    return total
+
+
+def _evaluate(memo: _Memo, state: _State, match: Match) -> tuple[int, _Edit] | None:
+    """The child's exact cost and how to build it; None where `apply_match` gives no graph or the
+    parent itself."""
+    try:
+        return _local(memo, state, match)
+    except _NotApplicable:
+        return None
+    except _NotLocal:
+        child = apply_match(state.graph, match)
+        return None if child is None else (_total(memo, child), _Edit(whole=child))
+
+
+def _local(memo: _Memo, state: _State, match: Match) -> tuple[int, _Edit] | None:
+    g = state.graph
+    nodes = g.nodes
+    n = len(nodes)
+    env = dict(match.env)
+    roots = match.roots
+    root_ids = {r.node for r in roots}
+    if any(len(nodes[r].shapes) != 1 for r in root_ids):
+        raise _NotLocal
+    if len(roots) > 1:
+        mask = sum(1 << r for r in root_ids)
+        if any(isinstance(v, Value) and state.cone[v.node] & mask for v in env.values()):
+            raise _NotLocal  # a right side reads another root's cone: cycles and order matter
+    shapes_env = {k: nodes[v.node].shapes[v.index] if isinstance(v, Value) else v for k, v in env.items()}
+    sides = [nodes[r.node].shapes[0] for r in roots]
+    new: list[Node] = []
+    new_derived: list[bool] = []
+    local: dict[Node, int] = {}
+
+    def shape(v: Value) -> Shape:
+        return nodes[v.node].shapes[v.index] if v.node < n else new[v.node - n].shapes[v.index]
+
+    def split_sizes(axis: int) -> tuple[int, int]:
+        return sides[0][axis], sides[1][axis]
+
+    def make(op: str, attrs: tuple[tuple[str, Any], ...], args: list[Value]) -> Value:
+        node = memo.node(op, attrs, tuple(args), tuple(shape(a) for a in args))
+        if node is None:
+            raise _NotApplicable("ill-typed")
+        hit = local.get(node)
+        if hit is None:
+            hit = state.table.get(node)
+            if hit in root_ids:
+                raise _NotLocal
+        if hit is None:
+            hit = n + len(new)
+            new.append(node)
+            local[node] = hit
+            new_derived.append(ops.OPS[op].weight_derivation in _DERIVING
+                               and all(state.derived[a.node] if a.node < n else new_derived[a.node - n] for a in args))
+        return Value(hit, 0)
+
+    def instantiate(p: Pattern) -> Value:
+        if isinstance(p, Var):
+            return env[p.name]  # in no root's cone (checked above), so not rewritten
+        args = [instantiate(a) for a in p.args]
+        if p.op == "split_part":
+            axis, index = p.attr["axis"], p.attr["index"]
+            sizes = split_sizes(axis)
+            start = 0 if index == 0 else sizes[0]
+            if shape(args[0])[axis] != sizes[0] + sizes[1]:
+                raise _NotApplicable("split sizes")
+            return make("slice", (("axis", axis), ("start", start), ("stop", start + sizes[index])), args)
+        try:
+            bound = bind_attrs(p, shapes_env, split_sizes)
+        except (ShapeError, EqsatError) as e:
+            raise _NotApplicable(str(e)) from None
+        out = make(p.op, bound.attrs, args)
+        if any(guard == "ndim" and len(shape(out)) != k for guard, k in p.guards):
+            raise _NotApplicable("rank guard")
+        return out
+
+    tops = [instantiate(p) for p in match.rule.rhs]
+    if any(shape(t) != side for t, side in zip(tops, sides)):
+        return None  # a rule never changes a value's shape
+    unchanged = sum(t == r for t, r in zip(tops, roots))
+    if unchanged == len(roots):
+        return None  # the parent itself
+    if unchanged:
+        raise _NotLocal
+
+    def derived(v: Value) -> bool:
+        return state.derived[v.node] if v.node < n else new_derived[v.node - n]
+
+    if any(derived(t) != state.derived[r.node] for t, r in zip(tops, roots)):
+        raise _NotLocal  # weight folding changes downstream
+
+    # readers of replaced values get the new inputs, or merge into an identical node (in node order)
+    users = g.users
+    replaced: dict[Value, Value] = dict(zip(roots, tops))
+    modified: dict[int, Node] = {}
+    queue = sorted({u for r in root_ids for u in users.get(r, ())})
+    queued = set(queue)
+    while queue:
+        u = heapq.heappop(queue)
+        node = nodes[u]
+        changed = Node(node.op, node.attrs, tuple(replaced.get(v, v) for v in node.inputs), node.shapes)
+        hit = local.get(changed)
+        if hit is None:
+            hit = state.table.get(changed)
+            if hit in root_ids:
+                raise _NotLocal
+        if hit is None:
+            modified[u] = changed
+            local[changed] = u
+            continue
+        for k in range(len(node.shapes)):
+            replaced[Value(u, k)] = Value(hit, k)
+        for w in users.get(u, ()):
+            if w not in queued:
+                queued.add(w)
+                heapq.heappush(queue, w)
+    outputs = tuple(replaced.get(v, v) for v in g.outputs)
+
+    # reference counts, then the nodes nothing reads any more
+    delta: dict[int, int] = {}
+
+    def add(i: int, d: int) -> None:
+        delta[i] = delta.get(i, 0) + d
+
+    for node in new:
+        for v in node.inputs:
+            add(v.node, 1)
+    for u, node in modified.items():
+        for v in nodes[u].inputs:
+            add(v.node, -1)
+        for v in node.inputs:
+            add(v.node, 1)
+    gone = {v.node for v in replaced}
+    for x in gone:
+        for v in nodes[x].inputs:
+            add(v.node, -1)
+    for old, out in zip(g.outputs, outputs):
+        add(old.node, -1)
+        add(out.node, 1)
+
+    def refs(i: int) -> int:
+        return (state.refs[i] if i < n else 0) + delta.get(i, 0)
+
+    dead = set(gone)
+    stack = [i for i in delta if i not in dead and refs(i) == 0]
+    while stack:
+        i = stack.pop()
+        if i in dead or refs(i) != 0 or (i < n and ops.OPS[nodes[i].op].is_leaf):
+            continue
+        dead.add(i)
+        node = new[i - n] if i >= n else modified.get(i) or nodes[i]
+        for v in node.inputs:
+            add(v.node, -1)
+            if refs(v.node) == 0:
+                stack.append(v.node)
+    total = state.total - sum(state.charge[i] for i in dead if i < n)
+    for j, node in enumerate(new):
+        if n + j not in dead:
+            total += memo.charge(node, tuple(shape(v) for v in node.inputs), new_derived[j])
+    return total, _Edit(tuple(new), replaced, modified, outputs)
+
+
 # --- the search --------------------------------------------------------------------------------
+
+def seconds_to_cost(result: TasoResult, cost: float) -> float | None:
+    """When the search's best first reached `cost` or below (from its trace); None if it never did."""
+    return next((t for t, c in result.trace if c <= cost * (1 + 1e-9)), None)
+
 
 def taso_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, options: TasoOptions = TasoOptions(),
                 on_pop: Callable[[int, float], None] | None = None) -> TasoResult:
@@ -249,13 +589,15 @@ def taso_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, opti
     called after each popped graph (for progress bars)."""
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
     start = time.perf_counter()
+    memo = _Memo(cost_model)
     cost_original = graph_cost(graph, cost_model)
-    best, best_cost, best_key = graph, cost_original, graph_key(graph)
-    seed = binary_concats(graph)
-    seed_key = graph_key(seed)
-    parent: dict[tuple[int, ...], tuple[tuple[int, ...] | None, str]] = {seed_key: (None, "")}
+    seed = _state(memo, binary_concats(graph))
+    best_cost = cost_original
+    best: tuple[_State, _Edit | None, Match | None] | None = None  # None: the input graph
     counter = itertools.count()
-    queue: list[tuple[float, int, Graph, tuple[int, ...]]] = [(graph_cost(seed, cost_model), next(counter), seed, seed_key)]
+    Entry = tuple[float, int, _State, _Edit | None, Match | None, int]
+    queue: list[Entry] = [(_inexact(seed.total), next(counter), seed, None, None, seed.total)]
+    seen: set[tuple[int, ...]] = set()
     trace = [(0.0, best_cost)]
     popped = generated = 0
     seconds_to_best = 0.0
@@ -267,32 +609,38 @@ def taso_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, opti
         if time.perf_counter() - start > options.seconds:
             stop = "time"
             break
-        cost, _, g, key = heapq.heappop(queue)
+        cost, _, parent, edit, how, expected = heapq.heappop(queue)
+        if edit is None or how is None:
+            state = parent
+        else:
+            state = _state(memo, _materialize(parent.graph, edit), parent, how.rule.name)
+            if options.check:
+                _check(state, parent, how, expected, cost_model)
+        if state.key in seen:
+            continue  # reached before by another path (TASO drops a graph whose hash it has seen)
+        seen.add(state.key)
         popped += 1
         if cost < best_cost:
-            best, best_cost, best_key = g, cost, key
-        by_op = _by_op(g)
+            best, best_cost = (state, None, None), cost
+        by_op = _by_op(state.graph)
         timed_out = False
         for rule in rules:
-            for match in find_matches(rule, g, by_op):
+            for match in find_matches(rule, state.graph, by_op):
                 if time.perf_counter() - start > options.seconds:
                     timed_out = True
                     break
-                new = apply_match(g, match)
-                if new is None:
+                found = _evaluate(memo, state, match)
+                if found is None:
                     continue
-                new_key = graph_key(new)
-                if new_key in parent:
-                    continue
-                parent[new_key] = (key, rule.name)
+                total, change = found
                 generated += 1
-                new_cost = graph_cost(new, cost_model)
+                new_cost = _inexact(total)
                 if new_cost < best_cost:
-                    best, best_cost, best_key = new, new_cost, new_key
+                    best, best_cost = (state, change, match), new_cost
                     seconds_to_best = time.perf_counter() - start
                     trace.append((seconds_to_best, best_cost))
                 if new_cost < options.alpha * best_cost:
-                    heapq.heappush(queue, (new_cost, next(counter), new, new_key))
+                    heapq.heappush(queue, (new_cost, next(counter), state, change, match, total))
             if timed_out:
                 break
         if on_pop is not None:
@@ -303,10 +651,29 @@ def taso_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, opti
     elapsed = time.perf_counter() - start
     trace.append((elapsed, best_cost))
     fired: dict[str, int] = {}
-    k: tuple[int, ...] | None = best_key
-    while k is not None and k in parent:
-        k, name = parent[k]
-        if name:
-            fired[name] = fired.get(name, 0) + 1
-    return TasoResult(best, cost_original, best_cost, elapsed, seconds_to_best, popped, generated, stop,
-                      tuple(trace), fired)
+    if best is None:
+        best_graph = graph
+    else:
+        at, last, how = best
+        best_graph = at.graph if last is None else _materialize(at.graph, last)
+        if how is not None:
+            fired[how.rule.name] = 1
+        node: _State | None = at
+        while node is not None:
+            if node.rule:
+                fired[node.rule] = fired.get(node.rule, 0) + 1
+            node = node.parent
+    return TasoResult(best_graph, cost_original, best_cost, elapsed, seconds_to_best, popped, generated, stop,
+                      tuple(trace), fired, popped / elapsed if elapsed > 0 else float("inf"))
+
+
+def _check(state: _State, parent: _State, match: Match, expected: int, cost_model: CostModel) -> None:
+    """Debug mode: the incremental child is the one `apply_match` builds, with the cost `graph_cost` gives."""
+    reference = apply_match(parent.graph, match)
+    if reference != state.graph:
+        raise AssertionError(f"incremental rewrite by {match.rule.name} differs from apply_match")
+    if state.total != expected:
+        raise AssertionError(f"incremental cost {expected} != recomputed {state.total} after {match.rule.name}")
+    full = graph_cost(reference, cost_model)
+    if abs(full - _inexact(expected)) > 1e-9 * max(abs(full), 1e-30):
+        raise AssertionError(f"incremental cost {_inexact(expected)} != graph_cost {full} after {match.rule.name}")
