@@ -288,6 +288,25 @@ class _Memo:
         self.cost_model = cost_model
         self.typed: dict[tuple[Any, ...], _Typed | None] = {}
         self.costs: dict[tuple[Any, ...], int] = {}
+        self.fits: dict[tuple[Any, ...], bool] = {}
+        self.rhs_vars: dict[int, tuple[frozenset[str], ...]] = {}
+
+    def fit(self, rule: Rule, shapes: Mapping[str, Any], sides: Sequence[Shape]) -> bool:
+        """Whether `rule`'s side conditions hold and its right sides are well typed with the same shapes
+        as its roots, for these variable shapes: what decides applicability short of cycles."""
+        key = (id(rule), tuple(sorted(shapes.items())), tuple(sides))
+        ok = self.fits.get(key)
+        if ok is None:
+            ok = self.fits[key] = (all(condition_holds(c, shapes) for c in rule.conditions)
+                                   and _rhs_typed(self, rule, shapes, sides))
+        return ok
+
+    def vars_of(self, rule: Rule) -> tuple[frozenset[str], ...]:
+        """The tensor variables each right side reads."""
+        found = self.rhs_vars.get(id(rule))
+        if found is None:
+            found = self.rhs_vars[id(rule)] = tuple(frozenset(_pattern_vars(p)) for p in rule.rhs)
+        return found
 
     def node(self, op: str, attrs: tuple[tuple[str, Any], ...], inputs: tuple[Value, ...],
              shapes: tuple[Shape, ...]) -> Node | None:
@@ -313,6 +332,95 @@ class _Memo:
         return c
 
 
+def _pattern_vars(p: Pattern) -> Iterator[str]:
+    if isinstance(p, Var):
+        yield p.name
+    else:
+        for a in p.args:
+            yield from _pattern_vars(a)
+
+
+def _rhs_typed(memo: _Memo, rule: Rule, shapes: Mapping[str, Any], sides: Sequence[Shape]) -> bool:
+    """`apply_match`'s typing of the right sides, on shapes alone."""
+    def split_sizes(axis: int) -> tuple[int, int]:
+        return sides[0][axis], sides[1][axis]
+
+    def shape_of(p: Pattern) -> Shape:
+        if isinstance(p, Var):
+            return tuple(shapes[p.name])
+        args = tuple(shape_of(a) for a in p.args)
+        if p.op == "split_part":
+            axis, index = p.attr["axis"], p.attr["index"]
+            sizes = split_sizes(axis)
+            if args[0][axis] != sizes[0] + sizes[1]:
+                raise _NotApplicable("split sizes")
+            start = 0 if index == 0 else sizes[0]
+            attrs: tuple[tuple[str, Any], ...] = (("axis", axis), ("start", start), ("stop", start + sizes[index]))
+        else:
+            attrs = bind_attrs(p, shapes, split_sizes).attrs
+        typed = memo.node(p.op if p.op != "split_part" else "slice", attrs, (), args)
+        if typed is None:
+            raise _NotApplicable("ill-typed")
+        if any(guard == "ndim" and len(typed.shapes[0]) != k for guard, k in p.guards):
+            raise _NotApplicable("rank guard")
+        return typed.shapes[0]
+
+    try:
+        return all(shape_of(p) == side for p, side in zip(rule.rhs, sides))
+    except (_NotApplicable, ShapeError, EqsatError):
+        return False
+
+
+def _matches(memo: _Memo, rule: Rule, graph: Graph, by_op: Mapping[str, Sequence[int]]) -> Iterator[Match]:
+    """`find_matches` (same matches, same order) less those whose right side is ill-typed there: typing
+    and conditions depend on shapes alone, so each combination of shapes is decided once."""
+    if any(isinstance(p, Term) and p.op == "split_part" for p in rule.lhs):
+        return
+    per_side = []
+    for p in rule.lhs:
+        side = []
+        groups: dict[tuple[Any, ...], int] = {}
+        for found in _single_matches(p, graph, by_op):
+            root = found.pop("$root")
+            typed = tuple(sorted((k, graph.shape(v) if isinstance(v, Value) else v) for k, v in found.items()))
+            side.append((root, found, groups.setdefault((typed, graph.shape(root)), len(groups))))
+        per_side.append((side, {g: key for key, g in groups.items()}))
+    fits: dict[tuple[int, ...], bool] = {}  # per combination of shape groups
+
+    def fit(gids: tuple[int, ...]) -> bool:
+        ok = fits.get(gids)
+        if ok is None:
+            shapes: dict[str, Any] = {}
+            ok = True
+            for (_, keys), g in zip(per_side, gids):
+                for k, v in keys[g][0]:
+                    if shapes.setdefault(k, v) != v:
+                        ok = False
+            ok = fits[gids] = ok and memo.fit(rule, shapes, [keys[g][1] for (_, keys), g in zip(per_side, gids)])
+        return ok
+
+    if len(per_side) == 2:  # the common case, without a tuple per pair
+        (first, _), (second, groups1) = per_side
+        for root0, env0, g0 in first:
+            row = [fit((g0, g1)) for g1 in range(len(groups1))]
+            for root1, env1, g1 in second:
+                if row[g1] and root0 != root1 and all(env1.get(k, v) == v for k, v in env0.items()):
+                    yield Match(rule, (root0, root1), tuple(sorted({**env0, **env1}.items())))
+        return
+    for combo in itertools.product(*(side for side, _ in per_side)):
+        ok = fit(tuple(g for _, _, g in combo))
+        if not ok:
+            continue
+        env: dict[str, Any] = {}
+        for _, side_env, _ in combo:
+            for k, v in side_env.items():
+                if env.setdefault(k, v) != v:
+                    ok = False
+        roots = tuple(root for root, _, _ in combo)
+        if ok and len(set(roots)) == len(roots):
+            yield Match(rule, roots, tuple(sorted(env.items())))
+
+
 @dataclass(frozen=True, eq=False)
 class _State:
     """A popped graph with what evaluating its candidates reads (built once per pop, linear)."""
@@ -327,6 +435,7 @@ class _State:
     derived: tuple[bool, ...]  # weight-only (free)
     charge: tuple[int, ...]
     cone: tuple[int, ...]  # bit j set: node j is this node or feeds it
+    hashes: tuple[int, ...]  # structural hash of each node, as graph_key computes it
 
 
 def _state(memo: _Memo, graph: Graph, parent: _State | None = None, rule: str = "") -> _State:
@@ -354,7 +463,36 @@ def _state(memo: _Memo, graph: Graph, parent: _State | None = None, rule: str = 
         refs[v.node] += 1
     key = tuple(hash((h[v.node], v.index)) for v in graph.outputs)  # as graph_key
     return _State(graph, sum(charge), key, parent, rule, {n: i for i, n in enumerate(nodes)}, tuple(refs),
-                  tuple(derived), tuple(charge), tuple(cone))
+                  tuple(derived), tuple(charge), tuple(cone), tuple(h))
+
+
+def _child_key(state: _State, edit: _Edit) -> tuple[int, ...]:
+    """graph_key of the child, rehashing only the nodes the edit changed and what reads them."""
+    if edit.whole is not None:
+        return graph_key(edit.whole)
+    nodes, users, h = state.graph.nodes, state.graph.users, state.hashes
+    n = len(nodes)
+    new, modified, replaced = edit.new, edit.modified, edit.replaced
+    affected = set(modified)
+    frontier = list(modified)
+    while frontier:
+        for w in users.get(frontier.pop(), ()):
+            if w not in affected:
+                affected.add(w)
+                frontier.append(w)
+    rehashed: dict[int, int] = {}
+
+    def node_hash(i: int) -> int:
+        if i < n and i not in affected:
+            return h[i]
+        got = rehashed.get(i)
+        if got is None:
+            node = new[i - n] if i >= n else modified.get(i) or nodes[i]
+            ins = [replaced.get(v, v) for v in node.inputs]
+            got = rehashed[i] = hash((node.op, node.attrs, tuple((node_hash(v.node), v.index) for v in ins)))
+        return got
+
+    return tuple(hash((node_hash(v.node), v.index)) for v in edit.outputs)
 
 
 @dataclass(frozen=True)
@@ -437,10 +575,21 @@ def _local(memo: _Memo, state: _State, match: Match) -> tuple[int, _Edit] | None
     root_ids = {r.node for r in roots}
     if any(len(nodes[r].shapes) != 1 for r in root_ids):
         raise _NotLocal
+    order = list(range(len(roots)))
     if len(roots) > 1:
-        mask = sum(1 << r for r in root_ids)
-        if any(isinstance(v, Value) and state.cone[v.node] & mask for v in env.values()):
-            raise _NotLocal  # a right side reads another root's cone: cycles and order matter
+        # which roots each right side reads (through its variables' cones): a cycle among them is
+        # `apply_match`'s refusal; without one, the right sides are built readers-last
+        reads = [{j for j, r in enumerate(roots) for name in names
+                  if isinstance(env[name], Value) and state.cone[env[name].node] >> r.node & 1}
+                 for names in memo.vars_of(match.rule)]
+        if any(reads):
+            shared = frozenset.intersection(*memo.vars_of(match.rule))
+            mask = sum(1 << r for r in root_ids)
+            if any(isinstance(env[name], Value) and state.cone[env[name].node] & mask for name in shared):
+                return None  # every right side reads a root's cone through one variable: a cycle
+            if len(roots) != 2 or any(k in reads[k] for k in order) or (1 in reads[0] and 0 in reads[1]):
+                raise _NotLocal
+            order = [1, 0] if reads[0] else [0, 1]
     shapes_env = {k: nodes[v.node].shapes[v.index] if isinstance(v, Value) else v for k, v in env.items()}
     sides = [nodes[r.node].shapes[0] for r in roots]
     new: list[Node] = []
@@ -470,9 +619,17 @@ def _local(memo: _Memo, state: _State, match: Match) -> tuple[int, _Edit] | None
                                and all(state.derived[a.node] if a.node < n else new_derived[a.node - n] for a in args))
         return Value(hit, 0)
 
+    tops: list[Value | None] = [None] * len(roots)
+
     def instantiate(p: Pattern) -> Value:
         if isinstance(p, Var):
-            return env[p.name]  # in no root's cone (checked above), so not rewritten
+            v = env[p.name]
+            if v in roots:  # the other root, built first
+                top = tops[roots.index(v)]
+                if top is None:
+                    raise _NotLocal
+                return top
+            return v  # keeps its id; its inputs may be rewritten below
         args = [instantiate(a) for a in p.args]
         if p.op == "split_part":
             axis, index = p.attr["axis"], p.attr["index"]
@@ -490,10 +647,12 @@ def _local(memo: _Memo, state: _State, match: Match) -> tuple[int, _Edit] | None
             raise _NotApplicable("rank guard")
         return out
 
-    tops = [instantiate(p) for p in match.rule.rhs]
-    if any(shape(t) != side for t, side in zip(tops, sides)):
+    for k in order:
+        tops[k] = instantiate(match.rule.rhs[k])
+    built = [t for t in tops if t is not None]
+    if any(shape(t) != side for t, side in zip(built, sides)):
         return None  # a rule never changes a value's shape
-    unchanged = sum(t == r for t, r in zip(tops, roots))
+    unchanged = sum(t == r for t, r in zip(built, roots))
     if unchanged == len(roots):
         return None  # the parent itself
     if unchanged:
@@ -502,12 +661,12 @@ def _local(memo: _Memo, state: _State, match: Match) -> tuple[int, _Edit] | None
     def derived(v: Value) -> bool:
         return state.derived[v.node] if v.node < n else new_derived[v.node - n]
 
-    if any(derived(t) != state.derived[r.node] for t, r in zip(tops, roots)):
+    if any(derived(t) != state.derived[r.node] for t, r in zip(built, roots)):
         raise _NotLocal  # weight folding changes downstream
 
     # readers of replaced values get the new inputs, or merge into an identical node (in node order)
     users = g.users
-    replaced: dict[Value, Value] = dict(zip(roots, tops))
+    replaced: dict[Value, Value] = dict(zip(roots, built))
     modified: dict[int, Node] = {}
     queue = sorted({u for r in root_ids for u in users.get(r, ())})
     queued = set(queue)
@@ -530,6 +689,8 @@ def _local(memo: _Memo, state: _State, match: Match) -> tuple[int, _Edit] | None
             if w not in queued:
                 queued.add(w)
                 heapq.heappush(queue, w)
+    if any(t in replaced and t not in roots for t in built) or any(v in replaced for node in new for v in node.inputs):
+        raise _NotLocal  # a right side reads a node that merged into another
     outputs = tuple(replaced.get(v, v) for v in g.outputs)
 
     # reference counts, then the nodes nothing reads any more
@@ -613,11 +774,12 @@ def taso_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, opti
         if edit is None or how is None:
             state = parent
         else:
+            key = _child_key(parent, edit)
+            if key in seen:
+                continue  # reached before by another path (TASO drops a graph whose hash it has seen)
             state = _state(memo, _materialize(parent.graph, edit), parent, how.rule.name)
             if options.check:
-                _check(state, parent, how, expected, cost_model)
-        if state.key in seen:
-            continue  # reached before by another path (TASO drops a graph whose hash it has seen)
+                _check(state, parent, how, expected, key, cost_model)
         seen.add(state.key)
         popped += 1
         if cost < best_cost:
@@ -625,7 +787,7 @@ def taso_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, opti
         by_op = _by_op(state.graph)
         timed_out = False
         for rule in rules:
-            for match in find_matches(rule, state.graph, by_op):
+            for match in _matches(memo, rule, state.graph, by_op):
                 if time.perf_counter() - start > options.seconds:
                     timed_out = True
                     break
@@ -667,11 +829,14 @@ def taso_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, opti
                       tuple(trace), fired, popped / elapsed if elapsed > 0 else float("inf"))
 
 
-def _check(state: _State, parent: _State, match: Match, expected: int, cost_model: CostModel) -> None:
+def _check(state: _State, parent: _State, match: Match, expected: int, key: tuple[int, ...],
+           cost_model: CostModel) -> None:
     """Debug mode: the incremental child is the one `apply_match` builds, with the cost `graph_cost` gives."""
     reference = apply_match(parent.graph, match)
     if reference != state.graph:
         raise AssertionError(f"incremental rewrite by {match.rule.name} differs from apply_match")
+    if state.key != key:
+        raise AssertionError(f"incremental key differs from graph_key after {match.rule.name}")
     if state.total != expected:
         raise AssertionError(f"incremental cost {expected} != recomputed {state.total} after {match.rule.name}")
     full = graph_cost(reference, cost_model)
