@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -266,14 +267,22 @@ def graph_key(graph: Graph) -> tuple[int, ...]:
 _SCALE = 1100  # costs are summed as integers in units of 2**-1100: every finite double is one, exactly
 
 
+_INFINITE = 1 << (_SCALE + 1100)  # an op a cost model cannot price (inf or nan): never kept, as before
+
+
 def _exact(c: float) -> int:
     """`c` as an exact multiple of 2**-_SCALE, so a graph's cost does not depend on how it was reached."""
+    if not math.isfinite(c):
+        return _INFINITE
     num, den = float(c).as_integer_ratio()
     return num << (_SCALE + 1 - den.bit_length())
 
 
 def _inexact(total: int) -> float:
-    return total / (1 << _SCALE)
+    try:
+        return total / (1 << _SCALE)
+    except OverflowError:
+        return math.inf
 
 
 _DERIVING = ("weight", "moves", "computes")  # OpSpec.weight_derivation values that fold (ops.weight_derived)

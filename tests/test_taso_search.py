@@ -225,3 +225,13 @@ def test_the_time_cap_is_reported_and_seconds_to_cost_reads_the_trace() -> None:
     assert seconds_to_cost(full, full.cost_original) == 0.0
     assert seconds_to_cost(full, full.cost_best) == full.seconds_to_best
     assert seconds_to_cost(full, full.cost_best * 0.5) is None
+
+
+def test_exact_costs_do_not_depend_on_the_order_of_the_sum() -> None:
+    from experiments.taso_search import _exact, _inexact
+
+    parts = [0.1, 1e-17, 3e-6, 2.5e-12, 7.0]
+    assert sum(map(_exact, parts)) == sum(map(_exact, reversed(parts)))
+    assert _inexact(sum(map(_exact, parts))) == pytest.approx(sum(parts), rel=1e-15)
+    assert _inexact(_exact(float("inf")) + _exact(1.0)) == float("inf")
+    assert _inexact(_exact(float("nan"))) == float("inf")
