@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eqsat import ops
-from eqsat.cost import CostModel, graph_cost
+from eqsat.cost import CostModel, graph_cost, weight_only_nodes
 from eqsat.errors import EqsatError, ShapeError
 from eqsat.ir import Graph, GraphBuilder, Node, Tensor, Value, _freeze
 from eqsat.rewrites.rule import AttrVar, Pattern, Rule, Term, Var
@@ -285,7 +285,6 @@ def _inexact(total: int) -> float:
         return math.inf
 
 
-_DERIVING = ("weight", "moves", "computes")  # OpSpec.weight_derivation values that fold (ops.weight_derived)
 _Typed = tuple[tuple[tuple[str, Any], ...], tuple[Shape, ...]]
 
 
@@ -299,6 +298,15 @@ class _Memo:
         self.costs: dict[tuple[Any, ...], int] = {}
         self.fits: dict[tuple[Any, ...], bool] = {}
         self.rhs_vars: dict[int, tuple[frozenset[str], ...]] = {}
+        self.folding: dict[tuple[str, tuple[bool, ...]], bool] = {}
+
+    def folds(self, op: str, inputs: tuple[bool, ...]) -> bool:
+        """Whether a node of `op` whose inputs are (or are not) weight-only is (`ops.weight_derived`)."""
+        got = self.folding.get((op, inputs))
+        if got is None:
+            kids = [(k, "weight" if d else "input", ()) for k, d in enumerate(inputs)]
+            got = self.folding[(op, inputs)] = len(kids) in ops.weight_derived([*kids, (len(kids), op, range(len(kids)))])
+        return got
 
     def fit(self, rule: Rule, shapes: Mapping[str, Any], sides: Sequence[Shape]) -> bool:
         """Whether `rule`'s side conditions hold and its right sides are well typed with the same shapes
@@ -450,6 +458,7 @@ class _State:
 def _state(memo: _Memo, graph: Graph, parent: _State | None = None, rule: str = "") -> _State:
     nodes = graph.nodes
     refs = [0] * len(nodes)
+    folded = weight_only_nodes(graph)
     derived: list[bool] = []
     charge: list[int] = []
     cone: list[int] = []
@@ -460,7 +469,7 @@ def _state(memo: _Memo, graph: Graph, parent: _State | None = None, rule: str = 
         for v in n.inputs:
             refs[v.node] += 1
             bits |= cone[v.node]
-        d = spec.weight_derivation in _DERIVING and all(derived[v.node] for v in n.inputs)
+        d = i in folded
         derived.append(d)
         charge.append(memo.charge(n, tuple(nodes[v.node].shapes[v.index] for v in n.inputs), d))
         cone.append(bits)
@@ -554,13 +563,8 @@ def _materialize(parent: Graph, edit: _Edit) -> Graph:
 
 
 def _total(memo: _Memo, graph: Graph) -> int:
-    derived: list[bool] = []
-    total = 0
-    for n in graph.nodes:
-        d = ops.OPS[n.op].weight_derivation in _DERIVING and all(derived[v.node] for v in n.inputs)
-        derived.append(d)
-        total += memo.charge(n, tuple(graph.shape(v) for v in n.inputs), d)
-    return total
+    folded = weight_only_nodes(graph)
+    return sum(memo.charge(n, tuple(graph.shape(v) for v in n.inputs), i in folded) for i, n in enumerate(graph.nodes))
 
 
 def _evaluate(memo: _Memo, state: _State, match: Match) -> tuple[int, _Edit] | None:
@@ -624,8 +628,8 @@ def _local(memo: _Memo, state: _State, match: Match) -> tuple[int, _Edit] | None
             hit = n + len(new)
             new.append(node)
             local[node] = hit
-            new_derived.append(ops.OPS[op].weight_derivation in _DERIVING
-                               and all(state.derived[a.node] if a.node < n else new_derived[a.node - n] for a in args))
+            new_derived.append(memo.folds(op, tuple(state.derived[a.node] if a.node < n else new_derived[a.node - n]
+                                                    for a in args)))
         return Value(hit, 0)
 
     tops: list[Value | None] = [None] * len(roots)
