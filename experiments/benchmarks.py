@@ -130,8 +130,10 @@ def _tensat_flags(parser: argparse.ArgumentParser) -> None:
     _time_limit(parser, what="per extraction")
     parser.add_argument("--models", nargs="+", default=None, help="models (default: Tensat's seven)")
     parser.add_argument("--k-multi", nargs="+", type=NON_NEGATIVE_INT, default=None, help="rounds of two-output rules (default: 1)")
-    parser.add_argument("--taso-seconds", type=POSITIVE, default=20.0,
-                        help="cap on the TASO-style search at TASO's default budget (1000 graphs)")
+    parser.add_argument("--taso-budget", type=POSITIVE_INT, default=1000,
+                        help="graphs the TASO-style search pops (TASO's default: 1000)")
+    parser.add_argument("--taso-seconds", type=POSITIVE, default=600.0,
+                        help="safety cap on the TASO-style search (its stop reason says when it was hit)")
     parser.add_argument("--cost-models", nargs="+", default=None, metavar="MODEL/DEVICE",
                         help="cost models, e.g. roofline/h100 measured/cpu (default: both of those)")
     parser.add_argument("--taso-long-seconds", type=NON_NEGATIVE, default=60.0,

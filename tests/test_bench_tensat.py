@@ -56,8 +56,8 @@ def test_table_and_plots(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_small_run_writes_rows_table_and_egraphs(tmp_path: Path) -> None:
-    options = BenchOptions(models=("nasrnn-small",), cost_models=(("roofline", "h100"),), taso_seconds=3,
-                           taso_long_seconds=0, repeats=5, passes=2, timing_budget=2.0)
+    options = BenchOptions(models=("nasrnn-small",), cost_models=(("roofline", "h100"),), taso_seconds=30,
+                           taso_budget=20, taso_long_seconds=0, repeats=5, passes=2, timing_budget=2.0)
     rows = list(run_bench(tmp_path, options))
     assert len(rows) == 1
     row = rows[0]
@@ -67,6 +67,9 @@ def test_a_small_run_writes_rows_table_and_egraphs(tmp_path: Path) -> None:
     assert low <= row["measured_speedup"] <= high
     assert row["numerics_ok"] and row["cost_eqsat"] < row["cost_original"]
     assert row["cost_eqsat"] <= row["cost_taso"]
+    assert row["taso_popped"] == 20 and row["taso_stop"] == "budget" and row["taso_graphs_per_s"] > 0
+    seconds = row["taso_seconds_to_our_cost"]
+    assert seconds is None or 0 <= seconds <= row["taso_s"]
     assert any(v > 0 for v in row["rules_fired"].values())
     assert json.loads(Path(row["egraph_file"]).read_text())["nodes"]
     assert (tmp_path / "table.md").exists() and (tmp_path / "rows.jsonl").exists()
@@ -84,3 +87,19 @@ def test_cost_models_option_picks_the_columns() -> None:
     assert options_from_args(args).k_multi == (0, 1, 2)
     with pytest.raises(EqsatError):
         options_from_args(argparse.Namespace(**{**vars(args), "cost_models": ["roofline"]}))
+
+
+def test_taso_budget_flag_reaches_the_options(tmp_path: Path) -> None:
+    import argparse
+
+    from experiments.bench_tensat import options_from_args
+    from experiments.benchmarks import _tensat_flags
+
+    parser = argparse.ArgumentParser()
+    _tensat_flags(parser)
+    args = parser.parse_args(["--out", str(tmp_path), "--taso-budget", "37"])
+    assert options_from_args(args).taso_budget == 37
+    assert options_from_args(parser.parse_args(["--out", str(tmp_path)])).taso_budget == 1000
+    assert options_from_args(args).taso_seconds == 600.0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--out", str(tmp_path), "--taso-budget", "0"])

@@ -16,6 +16,7 @@ from experiments.taso_search import (
     binary_concats,
     find_matches,
     graph_key,
+    seconds_to_cost,
     taso_search,
 )
 
@@ -118,3 +119,119 @@ def test_search_respects_its_budget() -> None:
     assert result.popped == 1 and result.stop_reason in ("budget", "exhausted")
     assert np.isfinite(result.cost_best)
     assert result.trace[0][1] == result.cost_original
+
+
+# --- the incremental search against the whole-graph one ---------------------------------------------
+
+def _reference_search(graph, rules, costs, budget, alpha=1.05):  # type: ignore[no-untyped-def]
+    """The search before it was incremental: every candidate rebuilt with `apply_match`, hashed with
+    `graph_key` and costed with `graph_cost` (deduplicated when generated, as TASO does)."""
+    import heapq
+    import itertools
+
+    best_cost = graph_cost(graph, costs)
+    best = graph
+    seed = binary_concats(graph)
+    seen = {graph_key(seed)}
+    counter = itertools.count()
+    queue = [(graph_cost(seed, costs), next(counter), seed)]
+    popped = 0
+    trace = [best_cost]
+    while queue and popped < budget:
+        cost, _, g = heapq.heappop(queue)
+        popped += 1
+        if cost < best_cost:
+            best, best_cost = g, cost
+        for rule in rules:
+            for match in find_matches(rule, g):
+                new = apply_match(g, match)
+                if new is None or graph_key(new) in seen:
+                    continue
+                seen.add(graph_key(new))
+                new_cost = graph_cost(new, costs)
+                if new_cost < best_cost:
+                    best, best_cost = new, new_cost
+                    trace.append(best_cost)
+                if new_cost < alpha * best_cost:
+                    heapq.heappush(queue, (new_cost, next(counter), new))
+    return best, best_cost, popped, trace
+
+
+def _relu_ladder():  # type: ignore[no-untyped-def]
+    """Parallel and chained relus, matmuls and concats of equal shapes: two-output merges that are
+    cycles, merges whose right side reads the other root's readers, and commuting rewrites."""
+    b = GraphBuilder()
+    x = b.input("x", (4, 8))
+    w1, w2, w3 = b.weight("w1", (8, 8)), b.weight("w2", (8, 8)), b.weight("w3", (8, 8))
+    a = b.relu(b.matmul(x, w1))
+    c = b.relu(b.matmul(x, w2))
+    d = b.relu(b.matmul(a, w3))
+    e = b.relu(a + c)
+    return b.build([b.concat(1, d, e, c)])
+
+
+def _commuted_adds():  # type: ignore[no-untyped-def]
+    """x+y and y+x under relus: commuting one makes it the other, and its readers merge (hash-consing)."""
+    b = GraphBuilder()
+    x, y = b.input("x", (4, 8)), b.input("y", (4, 8))
+    p, q = b.ewadd(x, y), b.ewadd(y, x)
+    return b.build([b.concat(0, b.relu(b.relu(p)), b.relu(b.relu(q)), b.tanh(p))])
+
+
+def _rules_for(make):  # type: ignore[no-untyped-def]
+    from experiments.bench_tensat import bench_rules
+
+    if make is _block_graph:
+        return library_rules(["conv_merges"])
+    if make is _commuted_adds:
+        return [_rule("(ewadd ?a ?b) => (ewadd ?b ?a)"), _rule("(relu (relu ?a)) => (relu ?a)"),
+                _rule("(relu ?a) ; (relu ?b) => (split_0 (split 0 (relu (concat 0 2 ?a ?b)))) ; "
+                      "(split_1 (split 0 (relu (concat 0 2 ?a ?b))))")]
+    return bench_rules(make())
+
+
+@pytest.mark.parametrize("make, budget", [(_block_graph, 60), (_relu_ladder, 25), (_commuted_adds, 40)])
+def test_incremental_search_pops_what_the_whole_graph_search_pops(make, budget) -> None:  # type: ignore[no-untyped-def]
+    g = make()
+    rules = _rules_for(make)
+    costs = cost_model("roofline", device="h100")
+    best, best_cost, popped, trace = _reference_search(g, rules, costs, budget)
+    result = taso_search(g, rules, costs, TasoOptions(budget=budget, check=True))
+    assert result.popped == popped
+    assert result.cost_best == pytest.approx(best_cost, rel=1e-12)
+    assert [c for _, c in result.trace][:-1] == pytest.approx(trace, rel=1e-12)
+    assert graph_key(result.best) == graph_key(best)
+    assert result.graphs_per_s > 0
+
+
+def test_check_mode_on_a_model_with_merges_and_dependent_rewrites() -> None:
+    """Every popped graph rebuilt in full must equal the incremental one (key, nodes, cost)."""
+    from eqsat.models import build_model
+    from experiments.bench_tensat import bench_rules
+
+    g = build_model("nasrnn-small")
+    result = taso_search(g, bench_rules(g), cost_model("roofline", device="h100"), TasoOptions(budget=15, check=True))
+    assert result.popped == 15 and result.stop_reason == "budget"
+    assert result.cost_best <= result.cost_original
+    assert numerics_match(g, result.best)[0]
+
+
+def test_the_time_cap_is_reported_and_seconds_to_cost_reads_the_trace() -> None:
+    g = _block_graph()
+    costs = cost_model("roofline", device="h100")
+    capped = taso_search(g, library_rules(["conv_merges"]), costs, TasoOptions(budget=10_000, seconds=0.0))
+    assert capped.stop_reason == "time" and capped.popped == 0
+    full = taso_search(g, library_rules(["conv_merges"]), costs, TasoOptions(budget=50))
+    assert seconds_to_cost(full, full.cost_original) == 0.0
+    assert seconds_to_cost(full, full.cost_best) == full.seconds_to_best
+    assert seconds_to_cost(full, full.cost_best * 0.5) is None
+
+
+def test_exact_costs_do_not_depend_on_the_order_of_the_sum() -> None:
+    from experiments.taso_search import _exact, _inexact
+
+    parts = [0.1, 1e-17, 3e-6, 2.5e-12, 7.0]
+    assert sum(map(_exact, parts)) == sum(map(_exact, reversed(parts)))
+    assert _inexact(sum(map(_exact, parts))) == pytest.approx(sum(parts), rel=1e-15)
+    assert _inexact(_exact(float("inf")) + _exact(1.0)) == float("inf")
+    assert _inexact(_exact(float("nan"))) == float("inf")
