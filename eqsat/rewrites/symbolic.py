@@ -37,14 +37,18 @@ from typing import Any
 
 import z3
 
-from eqsat.rewrites.rule import CLASS_CONDITIONS, Pattern, Rule, Term, Var, ops_used
+from eqsat.rewrites.rule import CLASS_CONDITIONS, AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var, ops_used, subterms
 from eqsat.rewrites.shapes import rank_choices
 
-SUPPORTED: frozenset[str] = frozenset({"ewadd", "ewmul", "relu", "sigmoid", "tanh", "transpose", "concat", "matmul",
-                                       "split_part", "conv2d", "enlarge"})
+SUPPORTED: frozenset[str] = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh", "transpose", "concat",
+                                       "matmul", "split_part", "conv2d", "enlarge", "poolmax", "poolavg", "broadcast",
+                                       "batchnorm", "reshape"})
+ELEMENTWISE = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh"})
 CONV_RANKS = (4, 5, 6)  # NCHW x OIHW, or both with the same leading batch axes (`ops.CONV_MAX_RANK`)
-WINDOW_OPS = frozenset({"conv2d", "enlarge"})
+WINDOW_OPS = frozenset({"conv2d", "enlarge", "poolmax", "poolavg"})
 WINDOW_TIMEOUT_MS = 1000  # sums over windows and channel groups: z3 needs longer than for matmul
+POOL_OPS = frozenset({"poolmax", "poolavg"})
+POOL_TIMEOUT_MS = 4000  # a 3x3 max over window decompositions: z3 case-splits on the nine reads
 GROUPED_TIMEOUT_MS = 400
 ACTIVATIONS = {0: None, 1: "sigmoid", 2: "relu", 3: "tanh"}  # `ops.Activation` codes
 MAX_RANK = 6  # ranks are enumerated up to MAX_RANK + 1; a variable typed at that rank means the rank is unbounded
@@ -75,8 +79,11 @@ class _Builder:
     sum_fns: dict[int, z3.FuncDeclRef] = field(default_factory=dict)
     assumed: list[z3.BoolRef] = field(default_factory=list)  # hypotheses: dims, conditions, the left side's typing
     typed_is_assumed: bool = True  # building the left side: its own typing so far is a hypothesis too
+    guarded_mode: bool = False  # the right side's typing is a hypothesis too (the applier's guard)
     grouped: bool = False  # a conv whose group count is not known to be 1 (index arithmetic beyond linear)
     split_dims: tuple[Dims, ...] = ()
+    depth: int = 0  # sums being built around the current one: names their bound indices (alpha-equal sums are one term)
+    floats: dict[str, z3.ArithRef] = field(default_factory=dict)  # float attribute variables (?eps)
 
     def value(self, p: Pattern, typed: list[z3.BoolRef]) -> _Value:
         if isinstance(p, Var):
@@ -102,9 +109,25 @@ class _Builder:
             if t.op == "ewadd":
                 return _Value(x.dims, lambda i: x.elem(i) + y.elem(i))
             return _Value(x.dims, lambda i: x.elem(i) * y.elem(i))
+        if t.op == "ewsub":
+            x, y = args
+            _same_rank(t.op, x, y)
+            typed += [d == e for d, e in zip(x.dims, y.dims)]
+            return _Value(x.dims, lambda i: x.elem(i) - y.elem(i))
+        if t.op == "neg":
+            (x,) = args
+            return _Value(x.dims, lambda i: -x.elem(i))
         if t.op in ("relu", "sigmoid", "tanh"):
             (x,) = args
             return _Value(x.dims, lambda i: _act(t.op, x.elem(i)))
+        if t.op in ("poolmax", "poolavg"):
+            return self._pool(t, args[0], typed)
+        if t.op == "broadcast":
+            return self._broadcast(t, args[0], typed)
+        if t.op == "batchnorm":
+            return self._batchnorm(t, args, typed)
+        if t.op == "reshape":
+            return self._reshape(t, args[0], typed)
         if t.op == "transpose":
             (x,) = args
             perm = tuple(a["perm"])
@@ -133,7 +156,6 @@ class _Builder:
             if r < 2 or len(y.dims) != r or (r == 2) != (len(y.dims) == 2):
                 raise _IllTyped("matmul: ranks")
             typed += [d == e for d, e in zip(x.dims[:-2], y.dims[:-2])] + [x.dims[-1] == y.dims[-2]]
-            k = z3.Int(f"k{id(t)}")
             act = _activation(t.op, a.get("act", 0))
 
             def product(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
@@ -142,7 +164,7 @@ class _Builder:
                 def body(j: z3.ArithRef) -> z3.ArithRef:
                     return x.elem([*batch, i[-2], j]) * y.elem([*batch, j, i[-1]])
 
-                total = self._sum(body, x.dims[-1], k)
+                total = self._sum(body, x.dims[-1])
                 return total if act is None else _act(act, total)
 
             return _Value((*x.dims[:-1], y.dims[-1]), product)
@@ -192,7 +214,8 @@ class _Builder:
         o, ci, kh, kw = w.dims[-4:]
         typed += [d == e for d, e in zip(lead, w.dims[:-4])]
         typed += [c % ci == 0, o % (c / ci) == 0]  # terms, not fresh unknowns: a right side's typing is a goal
-        if self._implied(c == ci, typed):
+        groups_known_one = self._implied(c == ci, typed)
+        if groups_known_one:
             groups, og = z3.IntVal(1), o  # one group (the common case): keeps the index arithmetic linear
         else:
             groups = c / ci
@@ -203,7 +226,9 @@ class _Builder:
 
         def conv(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
             outer, oc, oi, oj = list(i[:-3]), i[-3], i[-2], i[-1]
-            base = (oc / og) * ci
+            # one group: channel base 0 (an element is only ever read at an in-range output channel),
+            # which keeps the index arithmetic linear
+            base = z3.IntVal(0) if groups_known_one else (oc / og) * ci
 
             def body(ks: Sequence[z3.ArithRef]) -> z3.ArithRef:
                 k, rr, ss = ks
@@ -212,10 +237,128 @@ class _Builder:
                 term = x.elem([*outer, base + k, rr, ss]) * w.elem([*outer[:-1], oc, k, p, q])
                 return z3.If(inside, term, z3.RealVal(0))
 
-            total = self._sum_n(body, ci, 3, f"c{id(t)}")
+            total = self._sum_n(body, ci, 3)
             return total if act is None else _act(act, total)
 
         return _Value((*x.dims[:-3], o, ho, wo), conv)
+
+    def attr(self, v: Any, typed: list[z3.BoolRef]) -> Any:
+        """An attribute's value: a literal, or a reference (`?S`: the variable's symbolic dims; `?eps`: a
+        real; `(shape P)` / `(dim P i)`: P's symbolic dims, P's typing joining `typed`)."""
+        if isinstance(v, AttrVar):
+            if v.kind == "ints":
+                return self.dims[v.name]
+            return self.floats.setdefault(v.name, z3.Real(f"attr_{v.name}"))
+        if isinstance(v, ShapeOf):
+            return self.value(v.pattern, typed).dims
+        if isinstance(v, DimOf):
+            dims = self.value(v.pattern, typed).dims
+            if not 0 <= v.index < len(dims):
+                raise _IllTyped("dim: index out of range")
+            return dims[v.index]
+        if isinstance(v, (tuple, list)):
+            out: list[Any] = []
+            for item in v:
+                got = self.attr(item, typed)
+                out += list(got) if isinstance(item, ShapeOf) else [got]
+            return tuple(z3.IntVal(x) if type(x) is int else x for x in out)
+        return v
+
+    def _pool(self, t: Term, x: _Value, typed: list[z3.BoolRef]) -> _Value:
+        """`ops` poolmax / poolavg on NCHW: the window (its size a literal) unrolled, each read at
+        (oi * sh + i - pt, oj * sw + j - pl) as `semantics._pool` does; avg sums the window with the
+        padding as zeros and divides by kh * kw; max takes the in-bounds reads (padding is -inf), and
+        the op's typing asks every window to overlap the input (low and high padding below the
+        kernel, as `semantics._max_windows` demands)."""
+        a = t.attr
+        kh, kw, sh, sw, pad, code = (a.get(k, 0) for k in ("kernel_h", "kernel_w", "stride_h", "stride_w", "pad", "act"))
+        if not all(type(v) is int for v in (kh, kw, sh, sw, pad, code)):
+            raise Unsupported(f"{t.op}: attributes that are not integer literals")
+        act = _activation(t.op, code)
+        if len(x.dims) != 4 or min(kh, kw, sh, sw) < 1 or pad not in (0, 1):
+            raise _IllTyped(f"{t.op}: rank, kernel, strides or padding")
+        if kh * kw > 64:
+            raise Unsupported(f"{t.op}: a window of {kh * kw} reads")
+        n, c, h, wd = x.dims
+        ho, pt = _window(h, z3.IntVal(kh), sh, pad, typed)
+        wo, pl = _window(wd, z3.IntVal(kw), sw, pad, typed)
+        if t.op == "poolmax":  # each window overlaps the input: padding on each side below the kernel
+            typed += [pt < kh, (ho - 1) * sh + kh - h - pt < kh, pl < kw, (wo - 1) * sw + kw - wd - pl < kw]
+        typed += [ho >= 1, wo >= 1]
+
+        def pool(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
+            b, ch, oi, oj = i
+            reads = []
+            for di in range(kh):
+                for dj in range(kw):
+                    r, q = oi * sh + di - pt, oj * sw + dj - pl
+                    reads.append((z3.And(r >= 0, r < h, q >= 0, q < wd), x.elem([b, ch, r, q])))
+            if t.op == "poolavg":
+                total = z3.Sum([z3.If(inb, v, z3.RealVal(0)) for inb, v in reads])
+                out = total / z3.RealVal(kh * kw)
+            else:
+                out, seen = z3.RealVal(0), z3.BoolVal(False)
+                for inb, v in reads:
+                    out = z3.If(inb, z3.If(z3.And(seen, out >= v), out, v), out)
+                    seen = z3.Or(seen, inb)
+            return out if act is None else _act(act, out)
+
+        return _Value((n, c, ho, wo), pool)
+
+    def _broadcast(self, t: Term, x: _Value, typed: list[z3.BoolRef]) -> _Value:
+        """`ops` broadcast: input axis k lands on output axis dims[k] (increasing), its size 1 or the
+        output's; a size-1 axis reads index 0 (a symbolic size-1 dim: the If picks)."""
+        shape, dims = self.attr(t.attr["shape"], typed), t.attr["dims"]
+        if not all(type(d) is int for d in dims):
+            raise Unsupported("broadcast: dims that are not literals")
+        if len(dims) != len(x.dims) or any(not 0 <= d < len(shape) for d in dims) or list(dims) != sorted(set(dims)):
+            raise _IllTyped("broadcast: dims")
+        typed += [z3.Or(xd == 1, xd == shape[d]) for xd, d in zip(x.dims, dims)] + [d >= 1 for d in shape]
+
+        def broadcast(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
+            return x.elem([z3.If(xd == 1, z3.IntVal(0), i[d]) for xd, d in zip(x.dims, dims)])
+
+        return _Value(tuple(shape), broadcast)
+
+    def _batchnorm(self, t: Term, args: list[_Value], typed: list[z3.BoolRef]) -> _Value:
+        """`ops` batchnorm: (x - mean[c]) * (scale[c] * rsqrt(var[c] + eps)) + bias[c], c the index on
+        axis 1, rsqrt an uninterpreted function (as the concrete prover's atom)."""
+        x, scale, bias, mean, var = args
+        if len(x.dims) < 2 or any(len(v.dims) != 1 for v in (scale, bias, mean, var)):
+            raise _IllTyped("batchnorm: ranks")
+        typed += [v.dims[0] == x.dims[1] for v in (scale, bias, mean, var)]
+        eps = self.attr(t.attr["eps"], typed)
+        eps = z3.RealVal(eps) if isinstance(eps, (int, float)) else eps
+        rsqrt = z3.Function("rsqrt", z3.RealSort(), z3.RealSort())
+
+        def batchnorm(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
+            c = [i[1]]
+            inv = scale.elem(c) * rsqrt(var.elem(c) + eps)
+            return (x.elem(i) - mean.elem(c)) * inv + bias.elem(c)
+
+        return _Value(x.dims, batchnorm)
+
+    def _reshape(self, t: Term, x: _Value, typed: list[z3.BoolRef]) -> _Value:
+        """reshape that only adds or drops literal size-1 axes (the rest equal in order): the
+        row-major index map keeps the other indices. Only on a strict right side: there its typing is
+        a goal, and equal remaining dims are a stronger goal than equal element counts, so a proof
+        stays sound; as a hypothesis (a left side, or the guard) it would assume too much."""
+        if self.typed_is_assumed or self.guarded_mode:
+            raise Unsupported("reshape on a left side or under the guard (row-major index maps over symbolic dims)")
+        shape = self.attr(t.attr["shape"], typed)
+        keep_out = [k for k, d in enumerate(shape) if not (z3.is_int_value(d) and d.as_long() == 1)]
+        keep_in = [k for k, d in enumerate(x.dims) if not (z3.is_int_value(d) and d.as_long() == 1)]
+        if len(keep_out) != len(keep_in):
+            raise Unsupported("reshape beyond adding or dropping size-1 axes")
+        typed += [shape[o] == x.dims[k] for o, k in zip(keep_out, keep_in)] + [d >= 1 for d in shape]
+
+        def reshape(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
+            idx = [z3.IntVal(0)] * len(x.dims)
+            for o, k in zip(keep_out, keep_in):
+                idx[k] = i[o]
+            return x.elem(idx)
+
+        return _Value(tuple(shape), reshape)
 
     def _implied(self, claim: z3.BoolRef, typed: list[z3.BoolRef]) -> bool:
         """Whether the hypotheses imply `claim` (z3, briefly; False when it cannot tell)."""
@@ -225,31 +368,108 @@ class _Builder:
         return solver.check() == z3.unsat
 
     def _sum_n(self, body: Callable[[Sequence[z3.ArithRef]], z3.ArithRef], n: z3.ArithRef, arity: int,
-               tag: str) -> z3.ArithRef:
+               tag: str = "") -> z3.ArithRef:
         """The sum of body(k, ...) over 0 <= k < n and every integer for the other `arity - 1`
-        indices (the body is zero outside a finite range), as an uninterpreted sum of a lambda: equal
-        when the terms agree; a length a + b (a concatenated dim) is split into [0, a) and [a, a + b)."""
+        indices (the body is zero outside a finite range), as uninterpreted sums of lambdas, taken
+        apart by linearity (`_linear`): factors free of the summed indices come out, so sums whose
+        terms agree up to such factors (a scaled or added weight, a batchnorm folded into it) are
+        equal. Bound indices are named by nesting depth, so alpha-equal sums are one z3 term. A
+        length a + b (a concatenated dim) is split into [0, a) and [a, a + b)."""
         if z3.is_add(n) and n.num_args() == 2:
             first, second = n.arg(0), n.arg(1)
-            return (self._sum_n(body, first, arity, tag)
-                    + self._sum_n(lambda ks: body([ks[0] + first, *ks[1:]]), second, arity, tag))
-        ks = [z3.Int(f"{tag}_{m}") for m in range(arity)]
+            return (self._sum_n(body, first, arity)
+                    + self._sum_n(lambda ks: body([ks[0] + first, *ks[1:]]), second, arity))
+        ks = [z3.Int(f"k{self.depth}_{m}") for m in range(arity)]
         if arity not in self.sum_fns:
             self.sum_fns[arity] = z3.Function(f"SUM{arity}", z3.ArraySort(*([z3.IntSort()] * arity), z3.RealSort()),
                                               z3.RealSort())
-        masked = z3.If(z3.And(ks[0] >= 0, ks[0] < n), body(ks), z3.RealVal(0))
-        return self.sum_fns[arity](z3.Lambda(ks, masked))
+        self.depth += 1
+        try:
+            expr = body(ks)
+        finally:
+            self.depth -= 1
+        mask = z3.And(ks[0] >= 0, ks[0] < n)
+        bound = {k.get_id() for k in ks}
+        grouped: dict[int, tuple[z3.ArithRef, list[z3.ArithRef]]] = {}
+        for coef, term in _linear(expr, bound, {}):
+            grouped.setdefault(term.get_id(), (term, []))[1].append(coef)
+        parts = []
+        for term, coefs in grouped.values():
+            total = self.sum_fns[arity](z3.Lambda(ks, z3.If(mask, term, z3.RealVal(0))))
+            parts += [p for c in coefs if not _is_const(p := _scale(c, total), 0)]
+        return z3.Sum(parts) if len(parts) > 1 else parts[0] if parts else z3.RealVal(0)
+
+    def _sum(self, body: Callable[[z3.ArithRef], z3.ArithRef], n: z3.ArithRef, k: z3.ArithRef | None = None) -> z3.ArithRef:
+        """sum(body(k) for 0 <= k < n): `_sum_n` of arity 1."""
+        return self._sum_n(lambda ks: body(ks[0]), n, 1)
 
 
-    def _sum(self, body: Callable[[z3.ArithRef], z3.ArithRef], n: z3.ArithRef, k: z3.ArithRef) -> z3.ArithRef:
-        """sum(body(k) for 0 <= k < n), as an uninterpreted sum of the body masked to its range (so
-        two sums are equal when their terms agree in range); a length a + b (a concatenated
-        inner dim) is split into the sums over [0, a) and [a, a + b)."""
-        if z3.is_add(n) and n.num_args() == 2:
-            a, b = n.arg(0), n.arg(1)
-            return self._sum(body, a, k) + self._sum(lambda j: body(j + a), b, k)
-        masked = z3.If(z3.And(k >= 0, k < n), body(k), z3.RealVal(0))
-        return self.sum_fn(z3.Lambda([k], masked))
+Linear = list[tuple[z3.ArithRef, z3.ArithRef]]
+
+
+def _linear(e: z3.ArithRef, bound: set[int], memo: dict[int, bool]) -> Linear:
+    """`e` as a sum of coefficient * term, the coefficients free of the bound indices: sums are
+    linear, so sum(e) is the sum of coefficient * sum(term). Products distribute, an If on a free
+    condition splits into two coefficients, an If(c, t, 0) on a bound one keeps its mask on each
+    term; anything else is one term (or a coefficient, when free)."""
+    one = z3.RealVal(1)
+    if not _mentions(e, bound, memo):
+        return [(e, one)]
+    if z3.is_add(e):
+        return [ct for a in e.children() for ct in _linear(a, bound, memo)]
+    if z3.is_sub(e):
+        first, *rest = e.children()
+        return _linear(first, bound, memo) + [(-c, t) for a in rest for c, t in _linear(a, bound, memo)]
+    if z3.is_app_of(e, z3.Z3_OP_UMINUS):
+        return [(-c, t) for c, t in _linear(e.arg(0), bound, memo)]
+    if z3.is_mul(e):
+        out: Linear = [(one, one)]
+        for a in e.children():
+            out = [(_times(c1, c2), _times(t1, t2)) for c1, t1 in out for c2, t2 in _linear(a, bound, memo)]
+            if len(out) > 64:
+                return [(one, e)]
+        return out
+    if z3.is_app_of(e, z3.Z3_OP_ITE) and e.sort() == z3.RealSort():
+        cond, yes, no = e.children()
+        zero = _is_const(no, 0)
+        if not _mentions(cond, bound, memo):
+            return ([(z3.If(cond, c, z3.RealVal(0)), t) for c, t in _linear(yes, bound, memo)]
+                    + ([] if zero else [(z3.If(cond, z3.RealVal(0), c), t) for c, t in _linear(no, bound, memo)]))
+        if zero:
+            return [(c, z3.If(cond, t, z3.RealVal(0))) for c, t in _linear(yes, bound, memo)]
+    return [(one, e)]
+
+
+def _times(a: z3.ArithRef, b: z3.ArithRef) -> z3.ArithRef:
+    """a * b with an If on either side pushed out (If(c, x, y) * b = If(c, x * b, y * b)), so a
+    coefficient stays a case split over products, never an If times a sum (non-linear for z3)."""
+    for u, v in ((a, b), (b, a)):
+        if _is_const(u, 1):
+            return v
+        if _is_const(u, 0):
+            return z3.RealVal(0)
+    for u, v in ((a, b), (b, a)):
+        if z3.is_app_of(u, z3.Z3_OP_ITE):
+            return z3.If(u.arg(0), _times(u.arg(1), v), _times(u.arg(2), v))
+    return a * b
+
+
+def _scale(coef: z3.ArithRef, total: z3.ArithRef) -> z3.ArithRef:
+    """coef * total, an If in the coefficient (a concat's side, free of the summed indices) kept as
+    a case split around the sum."""
+    return _times(coef, total)
+
+
+def _is_const(e: z3.ExprRef, value: int) -> bool:
+    return z3.is_rational_value(e) and e.as_fraction() == value
+
+
+def _mentions(e: z3.ExprRef, bound: set[int], memo: dict[int, bool]) -> bool:
+    """Whether `e` contains one of the bound index constants."""
+    key = e.get_id()
+    if key not in memo:
+        memo[key] = e.get_id() in bound or any(_mentions(c, bound, memo) for c in e.children())
+    return memo[key]
 
 
 def _window(size: z3.ArithRef, k: z3.ArithRef, stride: int, pad: int,
@@ -345,7 +565,29 @@ def _rank_assignments(rule: Rule, guarded: bool) -> list[dict[str, int]]:
     the conditions."""
     if any(_condition_ops(c) - _RANK_SAFE for c in rule.conditions):
         rule = replace(rule, conditions=())
-    return rank_choices(rule, guarded=guarded, ranks=tuple(range(1, MAX_RANK + 2)), limit=256)
+    return rank_choices(rule, guarded=guarded, ranks=tuple(range(1, MAX_RANK + 2)), limit=256,
+                        only=_forced_ranks(rule, guarded))
+
+
+def _forced_ranks(rule: Rule, guarded: bool) -> dict[str, tuple[int, ...]]:
+    """Ranks the ops' typing forces on a variable they read directly (batchnorm's per-channel
+    vectors: 1; a broadcast's input: its dims list's length; a conv's operands: `CONV_RANKS`), so
+    the enumeration skips ranks that are ill-typed anyway: on the left sides, and on the right
+    ones too under the guard (strictly, a left side typed where the right is not must be seen)."""
+    out: dict[str, set[int]] = {}
+    for p in rule.lhs + (rule.rhs if guarded else ()):
+        for t in subterms(p):
+            forced: list[tuple[Pattern, tuple[int, ...]]] = []
+            if t.op == "batchnorm":
+                forced = [(a, (1,)) for a in t.args[1:]]
+            elif t.op == "broadcast" and all(type(d) is int for d in t.attr["dims"]):
+                forced = [(t.args[0], (len(t.attr["dims"]),))]
+            elif t.op == "conv2d":
+                forced = [(a, CONV_RANKS) for a in t.args]
+            for a, allowed in forced:
+                if isinstance(a, Var):
+                    out[a.name] = out.get(a.name, set(allowed)) & set(allowed)
+    return {v: tuple(sorted(r)) for v, r in out.items()}
 
 
 def _condition_ops(c: Any) -> set[str]:
@@ -373,10 +615,14 @@ def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> 
     if why_not(rule) is not None:
         return None
     wide = _rank_assignments(rule, guarded)
+    tail = tail_bound(rule)
+    if tail is not None:  # higher ranks collapse onto rank tail + 1 (see `tail_bound`)
+        wide = [c for c in wide if max(c.values(), default=0) <= tail + 1]
     if not wide or len(wide) >= 256 or any(r > MAX_RANK for c in wide for r in c.values()):
         return None  # no rank types it, too many, or the rank is unbounded (rank-polymorphic rules)
-    if ops_used_by(rule) & WINDOW_OPS:
-        timeout_ms = max(timeout_ms, WINDOW_TIMEOUT_MS)
+    used = ops_used_by(rule)
+    if used & WINDOW_OPS:
+        timeout_ms = max(timeout_ms, POOL_TIMEOUT_MS if used & POOL_OPS else WINDOW_TIMEOUT_MS)
     try:
         for ranks in reversed(wide):  # higher ranks first: where a rule fails (a guard on rank 4), it fails fast
             if not _holds(rule, ranks, guarded, timeout_ms):
@@ -386,8 +632,45 @@ def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> 
     except (z3.Z3Exception, KeyError, TypeError, ValueError, IndexError):  # a shape the table misreads: no proof
         return None
     assignments = sorted({tuple(sorted(c.items())) for c in wide})
+    every = ("every rank that types the rule" if tail is None else
+             f"rank {tail + 1} stands for every higher rank: axes from {tail} on are only passed through")
     return (f"z3 over symbolic dims and indices, {'under the guard, ' if guarded else ''}"
-            f"{len(assignments)} rank assignment(s) (every rank that types the rule)")
+            f"{len(assignments)} rank assignment(s) ({every})")
+
+
+def tail_bound(rule: Rule) -> int | None:
+    """For a rule of elementwise ops and broadcasts only: the first axis B that no broadcast maps an
+    input axis to and no condition reads (None for other rules). Axes from B on are then only
+    passed through (elementwise) or replicated (broadcast), so the same index reads the same
+    elements on both sides for every value of those axes: flattening them into one axis maps a
+    counterexample at any rank above B + 1 to one at rank B + 1, and a proof at ranks up to B + 1
+    holds at every rank (B = 0 for elementwise rules: one symbolic index stands for any rank)."""
+    if not ops_used_by(rule) <= ELEMENTWISE | {"broadcast"}:
+        return None
+    bound = 0
+    for p in rule.lhs + rule.rhs:
+        for t in subterms(p):
+            if t.op == "broadcast":
+                dims = t.attr["dims"]
+                if not all(type(d) is int for d in dims) or isinstance(t.attr["shape"], (tuple, list)):
+                    return None  # a literal shape fixes the rank anyway; symbolic dims lists are not modelled
+                bound = max(bound, max(dims, default=-1) + 1)
+    for c in rule.conditions:
+        for t in _condition_terms(c):
+            if t.op == "rank":
+                return None
+            if t.op == "dim":
+                index = t.args[1]
+                if not isinstance(index, Term) or index.op != "const":
+                    return None
+                bound = max(bound, index.attr["value"] + 1)
+    return bound
+
+
+def _condition_terms(c: Any) -> list[Term]:
+    if isinstance(c, Var):
+        return []
+    return [c] + [t for a in c.args for t in _condition_terms(a)]
 
 
 def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int) -> bool:
@@ -403,6 +686,7 @@ def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int)
     except _IllTyped:
         return True  # no left side of these ranks is well-typed: nothing to show
     builder.split_dims = tuple(v.dims for v in lhs) if rule.is_multi else ()
+    builder.guarded_mode = guarded
     builder.assumed = builder.assumed + lhs_typed
     builder.typed_is_assumed = False  # the right side's typing is what the strict question must show
     rhs_typed: list[z3.BoolRef] = []
