@@ -49,7 +49,7 @@ WINDOW_OPS = frozenset({"conv2d", "enlarge", "poolmax", "poolavg"})
 WINDOW_TIMEOUT_MS = 1000  # sums over windows and channel groups: z3 needs longer than for matmul
 POOL_OPS = frozenset({"poolmax", "poolavg"})
 POOL_TIMEOUT_MS = 4000  # a 3x3 max over window decompositions: z3 case-splits on the nine reads
-GROUPED_TIMEOUT_MS = 400
+GROUPED_TIMEOUT_MS = 1000
 ACTIVATIONS = {0: None, 1: "sigmoid", 2: "relu", 3: "tanh"}  # `ops.Activation` codes
 MAX_RANK = 6  # ranks are enumerated up to MAX_RANK + 1; a variable typed at that rank means the rank is unbounded
 
@@ -84,6 +84,9 @@ class _Builder:
     split_dims: tuple[Dims, ...] = ()
     depth: int = 0  # sums being built around the current one: names their bound indices (alpha-equal sums are one term)
     floats: dict[str, z3.ArithRef] = field(default_factory=dict)  # float attribute variables (?eps)
+    factors: list[z3.ArithRef] = field(default_factory=list)  # group counts and sizes (`_parametrize`)
+    defs: list[z3.BoolRef] = field(default_factory=list)  # definitions of fresh quotients (always satisfiable)
+    quotients: dict[tuple[int, int], tuple[z3.ArithRef, z3.ArithRef]] = field(default_factory=dict)
 
     def value(self, p: Pattern, typed: list[z3.BoolRef]) -> _Value:
         if isinstance(p, Var):
@@ -213,11 +216,15 @@ class _Builder:
         *lead, _n, c, h, wd = x.dims
         o, ci, kh, kw = w.dims[-4:]
         typed += [d == e for d, e in zip(lead, w.dims[:-4])]
-        typed += [c % ci == 0, o % (c / ci) == 0]  # terms, not fresh unknowns: a right side's typing is a goal
         groups_known_one = self._implied(c == ci, typed)
+        factored = None if groups_known_one else self._factor_groups(c, ci, o)
         if groups_known_one:
+            typed += [c % ci == 0, o % (c / ci) == 0]
             groups, og = z3.IntVal(1), o  # one group (the common case): keeps the index arithmetic linear
+        elif factored is not None:  # C = groups * Ci and O = groups * og as polynomials: typed, no division
+            groups, og = factored
         else:
+            typed += [c % ci == 0, o % (c / ci) == 0]  # terms, not fresh unknowns: a right side's typing is a goal
             groups = c / ci
             og = o / groups
             self.grouped = True
@@ -228,13 +235,18 @@ class _Builder:
             outer, oc, oi, oj = list(i[:-3]), i[-3], i[-2], i[-1]
             # one group: channel base 0 (an element is only ever read at an in-range output channel),
             # which keeps the index arithmetic linear
-            base = z3.IntVal(0) if groups_known_one else (oc / og) * ci
+            if groups_known_one:
+                base = z3.IntVal(0)
+            elif factored is not None:
+                base = _poly(self._quotient(oc, og)[0] * ci)
+            else:
+                base = (oc / og) * ci
 
             def body(ks: Sequence[z3.ArithRef]) -> z3.ArithRef:
                 k, rr, ss = ks
                 p, q = rr - oi * sh + pt, ss - oj * sw + pl
                 inside = z3.And(rr >= 0, rr < h, ss >= 0, ss < wd, p >= 0, p < kh, q >= 0, q < kw)
-                term = x.elem([*outer, base + k, rr, ss]) * w.elem([*outer[:-1], oc, k, p, q])
+                term = x.elem([*outer, _poly(base + k), rr, ss]) * w.elem([*outer[:-1], oc, k, p, q])
                 return z3.If(inside, term, z3.RealVal(0))
 
             total = self._sum_n(body, ci, 3)
@@ -360,6 +372,42 @@ class _Builder:
 
         return _Value(tuple(shape), reshape)
 
+    def _factor_groups(self, c: z3.ArithRef, ci: z3.ArithRef, o: z3.ArithRef) -> tuple[z3.ArithRef, z3.ArithRef] | None:
+        """(groups, O / groups) when C = groups * Ci and O = groups * og are polynomial identities for
+        some groups, og built from the group factors `_parametrize` introduced (small multiples of
+        one, or sums): the grouped conv is then typed and its channel arithmetic needs no division."""
+        candidates = [m * f for f in self.factors for m in (1, 2)]
+        groups = next((g for g in candidates if _identical(c, g * ci)), None)
+        if groups is None:
+            return None
+        og = next((q for q in candidates if _identical(o, groups * q)), None)
+        return None if og is None else (groups, og)
+
+    def _quotient(self, a: z3.ArithRef, d: z3.ArithRef) -> tuple[z3.ArithRef, z3.ArithRef]:
+        """(a div d, a mod d) for a group size d >= 1, as terms: a - m * d reuses a's quotient
+        (minus m), m * d (m a literal) divides a's quotient by d by m; otherwise a fresh quotient and
+        remainder with their definition a = q * d + r, 0 <= r < d (always satisfiable)."""
+        key = (a.get_id(), d.get_id())
+        if key not in self.quotients:
+            got = None
+            if z3.is_app_of(d, z3.Z3_OP_MUL) and d.num_args() == 2 and z3.is_int_value(d.arg(0)):
+                m, unit = d.arg(0).as_long(), d.arg(1)
+                q, r = self._quotient(a, unit)
+                got = (q / m, (q % m) * unit + r)
+            elif z3.is_sub(a) and a.num_args() == 2:
+                shift = next((f for f in self.factors if _identical(a.arg(1), f * d)), None)
+                if shift is not None:
+                    q, r = self._quotient(a.arg(0), d)
+                    self.defs.append((a.arg(0) >= a.arg(1)) == (q >= shift))
+                    got = (q - shift, r)
+            if got is None:
+                n = len(self.quotients)
+                q, r = z3.Int(f"quot{n}"), z3.Int(f"rem{n}")
+                self.defs += [a == q * d + r, r >= 0, r < d]
+                got = (q, r)
+            self.quotients[key] = got
+        return self.quotients[key]
+
     def _implied(self, claim: z3.BoolRef, typed: list[z3.BoolRef]) -> bool:
         """Whether the hypotheses imply `claim` (z3, briefly; False when it cannot tell)."""
         solver = z3.Solver()
@@ -470,6 +518,71 @@ def _mentions(e: z3.ExprRef, bound: set[int], memo: dict[int, bool]) -> bool:
     if key not in memo:
         memo[key] = e.get_id() in bound or any(_mentions(c, bound, memo) for c in e.children())
     return memo[key]
+
+
+def _poly(e: z3.ArithRef) -> z3.ArithRef:
+    """`e` as a sum of monomials (z3's som normal form): index arithmetic written two ways
+    ((q - m) * Ci + k and q * Ci + k - m * Ci) becomes one term."""
+    return z3.simplify(e, som=True)
+
+
+def _identical(a: z3.ArithRef, b: z3.ArithRef) -> bool:
+    """a = b as polynomials (for every value of their symbols)."""
+    return _is_const(_poly(a - b), 0) or _poly(a).eq(_poly(b))
+
+
+def _parametrize(rule: Rule, dims: dict[str, Dims], guarded: bool) -> list[z3.ArithRef]:
+    """Write the dims that grouped convs divide as products, so their channel arithmetic is
+    polynomial: dims equal by a condition become one symbol; a conv on variables x, w whose typing is
+    a hypothesis (a left side; a right side under the guard) has C = G * Ci and O = G * og for fresh
+    G, og >= 1 (what `C % Ci == 0` and `O % (C / Ci) == 0` say), and a merge_gconv of count k has
+    G = k * H. Every assignment of the old dims that types those ops is one of the new ones, so the
+    proof covers the same shapes. Returns the fresh factors (each >= 1)."""
+    factors: list[z3.ArithRef] = []
+
+    def substitute(old: z3.ArithRef, new: z3.ArithRef) -> None:
+        for v in dims:
+            dims[v] = tuple(z3.substitute(d, (old, new)) for d in dims[v])
+
+    def plain(d: z3.ArithRef) -> bool:
+        return z3.is_const(d) and not z3.is_int_value(d)
+
+    for c in rule.conditions:  # (= (dim ?a i) (dim ?b j)): one symbol
+        if isinstance(c, Term) and c.op == "=" and all(isinstance(a, Term) and a.op == "dim" for a in c.args):
+            try:
+                a, b = (_condition(x, dims) for x in c.args)
+            except Unsupported:
+                continue
+            if plain(a) and plain(b) and not a.eq(b):
+                substitute(b, a)
+    sides = rule.lhs + (rule.rhs if guarded else ())
+    terms = [t for p in sides for t in subterms(p)]
+    for t in terms:
+        x = t.attr.get("input_shape")
+        if t.op == "merge_gconv" and isinstance(x, ShapeOf) and isinstance(x.pattern, Var) \
+                and isinstance(t.args[0], Var) and type(t.attr.get("count")) is int:
+            xd, wd = dims.get(x.pattern.name, ()), dims.get(t.args[0].name, ())
+            if len(xd) == 4 and len(wd) == 4 and plain(xd[1]):
+                h = z3.Int(f"H{len(factors)}")
+                factors.append(h)
+                substitute(xd[1], t.attr["count"] * h * wd[1])
+    for t in terms:
+        if t.op == "conv2d" and all(isinstance(a, Var) for a in t.args):
+            xd, wd = dims[t.args[0].name], dims[t.args[1].name]  # type: ignore[union-attr]
+            if len(xd) not in CONV_RANKS or len(wd) != len(xd):
+                continue
+            c, ci, o = xd[-3], wd[-3], wd[-4]
+            if plain(c) and not c.eq(ci):
+                g = z3.Int(f"G{len(factors)}")
+                factors.append(g)
+                substitute(c, g * ci)
+                c = dims[t.args[0].name][-3]  # type: ignore[union-attr]
+            groups = next((f2 for f in factors for f2 in (f, 2 * f) if _identical(c, f2 * ci)), None)
+            if groups is not None and plain(o):
+                og = z3.Int(f"og{len(factors)}")
+                factors.append(og)
+                substitute(o, groups * og)
+    return factors
 
 
 def _window(size: z3.ArithRef, k: z3.ArithRef, stride: int, pad: int,
@@ -625,7 +738,8 @@ def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> 
         timeout_ms = max(timeout_ms, POOL_TIMEOUT_MS if used & POOL_OPS else WINDOW_TIMEOUT_MS)
     try:
         for ranks in reversed(wide):  # higher ranks first: where a rule fails (a guard on rank 4), it fails fast
-            if not _holds(rule, ranks, guarded, timeout_ms):
+            holds, grouped = _holds(rule, ranks, guarded, timeout_ms)
+            if not holds and not (grouped and _holds(rule, ranks, guarded, timeout_ms, factor=True)[0]):
                 return None
     except Unsupported:
         return None
@@ -673,18 +787,22 @@ def _condition_terms(c: Any) -> list[Term]:
     return [c] + [t for a in c.args for t in _condition_terms(a)]
 
 
-def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int) -> bool:
+def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int,
+           factor: bool = False) -> tuple[bool, bool]:
+    """Whether the rule holds at these ranks, and whether a conv had channel groups it could not
+    rule out (then `factor` tries again with the group arithmetic as products, `_parametrize`)."""
     dims = {v: tuple(z3.Int(f"{v}_{k}") for k in range(r)) for v, r in ranks.items()}
     funcs = {v: z3.Function(f"T_{v}", *([z3.IntSort()] * r), z3.RealSort()) for v, r in ranks.items()}
     sum_fn = z3.Function("SUM", z3.ArraySort(z3.IntSort(), z3.RealSort()), z3.RealSort())
-    builder = _Builder(ranks, dims, funcs, sum_fn)
+    factors = _parametrize(rule, dims, guarded) if factor else []
+    builder = _Builder(ranks, dims, funcs, sum_fn, factors=factors)
     conditions = [_condition(c, dims) for c in rule.conditions]
-    builder.assumed = [d >= 1 for ds in dims.values() for d in ds] + conditions
+    builder.assumed = [d >= 1 for ds in dims.values() for d in ds] + [f >= 1 for f in factors] + conditions
     lhs_typed: list[z3.BoolRef] = []
     try:
         lhs = [builder.value(p, lhs_typed) for p in rule.lhs]
     except _IllTyped:
-        return True  # no left side of these ranks is well-typed: nothing to show
+        return True, False  # no left side of these ranks is well-typed: nothing to show
     builder.split_dims = tuple(v.dims for v in lhs) if rule.is_multi else ()
     builder.guarded_mode = guarded
     builder.assumed = builder.assumed + lhs_typed
@@ -694,14 +812,15 @@ def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int)
         rhs = [builder.value(p, rhs_typed) for p in rule.rhs]
     except _IllTyped:
         rhs = None
-    facts = [d >= 1 for ds in dims.values() for d in ds] + lhs_typed
+    facts = [d >= 1 for ds in dims.values() for d in ds] + [f >= 1 for f in factors] + lhs_typed
     facts += conditions
     if rhs is None or any(len(a.dims) != len(b.dims) for a, b in zip(lhs, rhs)):
         if guarded:
-            return True  # the guard never holds at these ranks
+            return True, False  # the guard never holds at these ranks
         solver = z3.Solver()
+        solver.set("timeout", timeout_ms)
         solver.add(*facts)
-        return solver.check() == z3.unsat  # fine only if no left side of these ranks is well-typed
+        return solver.check() == z3.unsat, False  # fine only if no left side of these ranks is well-typed
     same_shape = [d == e for a, b in zip(lhs, rhs) for d, e in zip(a.dims, b.dims)]
     solver = z3.Solver()
     # channel groups make the index arithmetic non-linear: z3 proves those quickly or not at all
@@ -715,8 +834,8 @@ def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int)
         solver.add(*[z3.And(i >= 0, i < d) for i, d in zip(idx, a.dims)])
         goals.append(a.elem(idx) == b.elem(idx))
     goal = z3.And(*goals) if guarded else z3.And(*rhs_typed, *same_shape, *goals)
-    solver.add(z3.Not(goal))
-    return solver.check() == z3.unsat
+    solver.add(*builder.defs, z3.Not(goal))
+    return solver.check() == z3.unsat, builder.grouped
 
 
 __all__ = ["prove_symbolic", "why_not", "resists", "SUPPORTED", "Unsupported"]
