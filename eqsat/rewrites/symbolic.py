@@ -42,7 +42,7 @@ from eqsat.rewrites.shapes import rank_choices
 
 SUPPORTED: frozenset[str] = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh", "transpose", "concat",
                                        "matmul", "split_part", "conv2d", "enlarge", "poolmax", "poolavg", "broadcast",
-                                       "batchnorm", "reshape"})
+                                       "batchnorm", "reshape", "merge_gconv"})
 ELEMENTWISE = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh"})
 CONV_RANKS = (4, 5, 6)  # NCHW x OIHW, or both with the same leading batch axes (`ops.CONV_MAX_RANK`)
 WINDOW_OPS = frozenset({"conv2d", "enlarge", "poolmax", "poolavg"})
@@ -87,6 +87,8 @@ class _Builder:
     factors: list[z3.ArithRef] = field(default_factory=list)  # group counts and sizes (`_parametrize`)
     defs: list[z3.BoolRef] = field(default_factory=list)  # definitions of fresh quotients (always satisfiable)
     quotients: dict[tuple[int, int], tuple[z3.ArithRef, z3.ArithRef]] = field(default_factory=dict)
+    slots: tuple[int, int] = (0, 0)  # (count, case): the one fresh quotient is count * q' + case
+    sliced: dict[tuple[int, int], z3.ArithRef] = field(default_factory=dict)  # quotient key -> q'
 
     def value(self, p: Pattern, typed: list[z3.BoolRef]) -> _Value:
         if isinstance(p, Var):
@@ -131,6 +133,8 @@ class _Builder:
             return self._batchnorm(t, args, typed)
         if t.op == "reshape":
             return self._reshape(t, args[0], typed)
+        if t.op == "merge_gconv":
+            return self._merge_gconv(t, args[0], typed)
         if t.op == "transpose":
             (x,) = args
             perm = tuple(a["perm"])
@@ -372,6 +376,31 @@ class _Builder:
 
         return _Value(tuple(shape), reshape)
 
+    def _merge_gconv(self, t: Term, w: _Value, typed: list[z3.BoolRef]) -> _Value:
+        """`ops.merge_gconv_into`: the kernel of a conv with G groups as that of the same conv with
+        G / count groups, block-diagonal: output channel o keeps its Ci weights at input block
+        (o div og) mod count of its merged group, zeros elsewhere (og = O / G). Modelled where the
+        group arithmetic factors (`_parametrize`), so no division by a symbolic size."""
+        shape, count = self.attr(t.attr["input_shape"], typed), t.attr["count"]
+        if type(count) is not int or count < 1 or len(w.dims) != 4 or len(shape) != 4:
+            raise _IllTyped("merge_gconv: count, kernel or input rank")
+        o, ci = w.dims[0], w.dims[1]
+        factored = self._factor_groups(shape[1], ci, o)
+        if factored is None:
+            raise _NeedsFactors("merge_gconv: group arithmetic that does not factor")
+        groups, og = factored
+        if not any(_identical(groups, count * f) for f in self.factors):
+            typed.append(groups % count == 0)
+
+        def merged(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
+            oc, c, p, q = i
+            quotient = self._quotient(oc, og)[0]
+            slot = z3.IntVal(self.slots[1]) if self.slots[0] == count and self.sliced else quotient % count
+            inside = z3.And(slot * ci <= c, c < slot * ci + ci)
+            return z3.If(inside, w.elem([oc, _poly(c - slot * ci), p, q]), z3.RealVal(0))
+
+        return _Value((o, ci * count, w.dims[2], w.dims[3]), merged)
+
     def _factor_groups(self, c: z3.ArithRef, ci: z3.ArithRef, o: z3.ArithRef) -> tuple[z3.ArithRef, z3.ArithRef] | None:
         """(groups, O / groups) when C = groups * Ci and O = groups * og are polynomial identities for
         some groups, og built from the group factors `_parametrize` introduced (small multiples of
@@ -393,7 +422,9 @@ class _Builder:
             if z3.is_app_of(d, z3.Z3_OP_MUL) and d.num_args() == 2 and z3.is_int_value(d.arg(0)):
                 m, unit = d.arg(0).as_long(), d.arg(1)
                 q, r = self._quotient(a, unit)
-                got = (q / m, (q % m) * unit + r)
+                inner = self.sliced.get((a.get_id(), unit.get_id()))
+                count, case = self.slots
+                got = (inner, case * unit + r) if inner is not None and m == count else (q / m, (q % m) * unit + r)
             elif z3.is_sub(a) and a.num_args() == 2:
                 shift = next((f for f in self.factors if _identical(a.arg(1), f * d)), None)
                 if shift is not None:
@@ -403,6 +434,12 @@ class _Builder:
             if got is None:
                 n = len(self.quotients)
                 q, r = z3.Int(f"quot{n}"), z3.Int(f"rem{n}")
+                count, case = self.slots
+                if count > 1:  # proved once per residue of q mod count: sound for one fresh quotient only
+                    if self.sliced:
+                        raise _NeedsFactors("two quotients under a merge_gconv's case split")
+                    self.sliced[key] = q
+                    q = count * q + case
                 self.defs += [a == q * d + r, r >= 0, r < d]
                 got = (q, r)
             self.quotients[key] = got
@@ -427,6 +464,10 @@ class _Builder:
             first, second = n.arg(0), n.arg(1)
             return (self._sum_n(body, first, arity)
                     + self._sum_n(lambda ks: body([ks[0] + first, *ks[1:]]), second, arity))
+        if z3.is_mul(n) and n.num_args() == 2 and any(z3.is_int_value(a) and 1 < a.as_long() <= 4 for a in n.children()):
+            m, a = (n.arg(0), n.arg(1)) if z3.is_int_value(n.arg(0)) else (n.arg(1), n.arg(0))
+            return z3.Sum([self._sum_n(lambda ks, j=j: body([ks[0] + j * a, *ks[1:]]), a, arity)  # type: ignore[misc]
+                           for j in range(m.as_long())])
         ks = [z3.Int(f"k{self.depth}_{m}") for m in range(arity)]
         if arity not in self.sum_fns:
             self.sum_fns[arity] = z3.Function(f"SUM{arity}", z3.ArraySort(*([z3.IntSort()] * arity), z3.RealSort()),
@@ -604,6 +645,10 @@ def _activation(op: str, code: Any) -> str | None:
     return ACTIVATIONS[code]
 
 
+class _NeedsFactors(Exception):
+    """An op modelled only with the group arithmetic as products (`_parametrize`)."""
+
+
 class _IllTyped(Exception):
     """Ill-typed for every choice of dims at this rank assignment."""
 
@@ -727,7 +772,9 @@ def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> 
     axioms' derivation, not z3)."""
     if why_not(rule) is not None:
         return None
-    wide = _rank_assignments(rule, guarded)
+    # under the guard, the right side's typing may need unequal dims (a merge_gconv's even group
+    # count) that the enumeration's equal dims miss: the left side's ranks are a superset then
+    wide = _rank_assignments(rule, guarded) or (_rank_assignments(rule, False) if guarded else [])
     tail = tail_bound(rule)
     if tail is not None:  # higher ranks collapse onto rank tail + 1 (see `tail_bound`)
         wide = [c for c in wide if max(c.values(), default=0) <= tail + 1]
@@ -739,7 +786,7 @@ def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> 
     try:
         for ranks in reversed(wide):  # higher ranks first: where a rule fails (a guard on rank 4), it fails fast
             holds, grouped = _holds(rule, ranks, guarded, timeout_ms)
-            if not holds and not (grouped and _holds(rule, ranks, guarded, timeout_ms, factor=True)[0]):
+            if not holds and not (grouped and _holds_factored(rule, ranks, guarded, timeout_ms)):
                 return None
     except Unsupported:
         return None
@@ -750,6 +797,16 @@ def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> 
              f"rank {tail + 1} stands for every higher rank: axes from {tail} on are only passed through")
     return (f"z3 over symbolic dims and indices, {'under the guard, ' if guarded else ''}"
             f"{len(assignments)} rank assignment(s) ({every})")
+
+
+def _holds_factored(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int) -> bool:
+    """Again with the group arithmetic as products; with a merge_gconv of count k, once per
+    residue of the output channel's group mod k (the block its kernel lands in)."""
+    counts = {t.attr.get("count") for p in rule.lhs + rule.rhs for t in subterms(p) if t.op == "merge_gconv"}
+    count = counts.pop() if len(counts) == 1 else 0
+    if not (type(count) is int and 1 < count <= 4):
+        return _holds(rule, ranks, guarded, timeout_ms, factor=True)[0]
+    return all(_holds(rule, ranks, guarded, timeout_ms, factor=True, slots=(count, case))[0] for case in range(count))
 
 
 def tail_bound(rule: Rule) -> int | None:
@@ -788,14 +845,24 @@ def _condition_terms(c: Any) -> list[Term]:
 
 
 def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int,
-           factor: bool = False) -> tuple[bool, bool]:
+           factor: bool = False, slots: tuple[int, int] = (0, 0)) -> tuple[bool, bool]:
     """Whether the rule holds at these ranks, and whether a conv had channel groups it could not
     rule out (then `factor` tries again with the group arithmetic as products, `_parametrize`)."""
+    try:
+        return _holds_at(rule, ranks, guarded, timeout_ms, factor, slots)
+    except _NeedsFactors:
+        if factor:
+            raise Unsupported("group arithmetic that does not factor") from None
+        return False, True
+
+
+def _holds_at(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int, factor: bool,
+              slots: tuple[int, int]) -> tuple[bool, bool]:
     dims = {v: tuple(z3.Int(f"{v}_{k}") for k in range(r)) for v, r in ranks.items()}
     funcs = {v: z3.Function(f"T_{v}", *([z3.IntSort()] * r), z3.RealSort()) for v, r in ranks.items()}
     sum_fn = z3.Function("SUM", z3.ArraySort(z3.IntSort(), z3.RealSort()), z3.RealSort())
     factors = _parametrize(rule, dims, guarded) if factor else []
-    builder = _Builder(ranks, dims, funcs, sum_fn, factors=factors)
+    builder = _Builder(ranks, dims, funcs, sum_fn, factors=factors, slots=slots)
     conditions = [_condition(c, dims) for c in rule.conditions]
     builder.assumed = [d >= 1 for ds in dims.values() for d in ds] + [f >= 1 for f in factors] + conditions
     lhs_typed: list[z3.BoolRef] = []
@@ -834,7 +901,9 @@ def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int,
         solver.add(*[z3.And(i >= 0, i < d) for i, d in zip(idx, a.dims)])
         goals.append(a.elem(idx) == b.elem(idx))
     goal = z3.And(*goals) if guarded else z3.And(*rhs_typed, *same_shape, *goals)
-    solver.add(*builder.defs, z3.Not(goal))
+    zero_sums = [f(z3.Lambda([z3.Int(f"z{m}") for m in range(arity)], z3.RealVal(0))) == 0
+                 for arity, f in builder.sum_fns.items()]  # a sum of zeros is zero
+    solver.add(*builder.defs, *zero_sums, z3.Not(goal))
     return solver.check() == z3.unsat, builder.grouped
 
 

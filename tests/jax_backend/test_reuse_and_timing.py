@@ -9,7 +9,6 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from eqsat.ir import GraphBuilder
 from eqsat.structure import canonicalize
