@@ -15,10 +15,20 @@ of the same shape whose element equals the left side's at every in-range index: 
 the applier's guard (both sides well-typed with one shape). relu is exact (If), other activations
 uninterpreted, as in the concrete prover.
 
+Pools unroll their window (a literal size): avg sums it with the padding as zeros, max takes the
+in-bounds reads. broadcast reads index 0 on a size-1 input axis (an If on the symbolic dim);
+batchnorm is the per-channel affine map with an uninterpreted rsqrt; reshape only where it adds or
+drops literal size-1 axes (on a strict right side). Sums are taken apart by linearity (`_linear`),
+so a weight scaled or added per output channel (batchnorm folded into a conv) leaves the same
+sums. Channel groups are written as products (`_parametrize`: C = G * Ci, O = G * og, fresh G, og),
+so a grouped conv's channel arithmetic is polynomial and a merge_gconv's block is decided per
+residue of the group mod its count.
+
 Ranks are enumerated (`shapes.rank_choices` up to rank 7); a rule whose variables may take rank 7
-is not bounded in rank (elementwise rules: the axiom derivation takes those) and is left to the
-other provers, as is any op outside the table (pools, broadcast, reshape, batchnorm, merge_gconv...):
-these rules stay `tested`, with the reason in `why_not`.
+is not bounded in rank unless it is made of elementwise ops and broadcasts only (`tail_bound`:
+axes past the broadcast ones are passed through, so rank B + 1 stands for every higher rank).
+Others are left to the axiom derivation, as is any op outside the table: these rules stay
+`tested`, with the reason in `resists`.
 
 Summing a conv over input positions rather than kernel offsets is what makes `enlarge` provable: at
 stride 1 SAME the enlarged kernel's padding grows by exactly the zeros added, so both sums have the
@@ -762,7 +772,9 @@ def resists(rule: Rule, guarded: bool = False) -> str:
     wide = _rank_assignments(rule, guarded)
     if any(r > MAX_RANK for c in wide for r in c.values()):
         return "rank-polymorphic (a variable may take any rank), and the axiom derivation did not reach it"
-    return "z3 found no proof over symbolic dims in time (sums over products reassociated or regrouped)"
+    return ("z3 found no proof over symbolic dims in time: sums over products reassociated or exchanged (a sum "
+            "inside a sum's terms, as in matmul associativity; sums are uninterpreted beyond linearity), or a "
+            "reshape under the guard (row-major index maps over symbolic dims are not modelled)")
 
 
 def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> str | None:

@@ -19,6 +19,8 @@ def rule(text: str) -> Rule:
     return parse_rule_text(text, "test")[0]
 
 
+MERGE_GCONV = ("(conv2d 2 2 0 2 ?x ?w) => (conv2d 2 2 0 2 ?x (merge_gconv (shape ?x) 2 {w})) "
+               "if (= (% (dim ?x 1) (* 2 (dim ?w 1))) 0)")
 TRUE = [
     # separable pools: a 3x3 window as 1x3 then 3x1, strides and SAME / VALID padding per axis
     "(poolmax ?x 3 3 2 2 0 0) => (poolmax (poolmax ?x 1 3 1 2 0 0) 3 1 2 1 0 0)",
@@ -43,6 +45,8 @@ TRUE = [
     "(concat 1 4 (conv2d 2 2 0 0 ?x ?w) (conv2d 2 2 0 0 ?y ?v)) => (conv2d 2 2 0 0 (concat 1 4 ?x ?y) (concat 0 4 ?w ?v)) "
     "if (= (dim ?x 0) (dim ?y 0)) (= (dim ?x 1) (dim ?y 1)) (= (dim ?x 2) (dim ?y 2)) (= (dim ?x 3) (dim ?y 3)) "
     "(= (dim ?w 0) (dim ?v 0)) (= (dim ?w 1) (dim ?v 1)) (= (dim ?w 2) (dim ?v 2)) (= (dim ?w 3) (dim ?v 3))",
+    # TASO's merge_group_convs: groups joined in pairs, the kernel block-diagonal (under the guard)
+    MERGE_GCONV.format(w="?w"),
 ]
 FALSE = [
     # the second pool's stride on the wrong axis; the wrong padding; a window split the wrong way
@@ -68,6 +72,9 @@ FALSE = [
     "(concat 1 4 (conv2d 2 2 0 0 ?x ?w) (conv2d 2 2 0 0 ?y ?v)) => (conv2d 2 2 0 0 (concat 1 4 ?y ?x) (concat 0 4 ?w ?v)) "
     "if (= (dim ?x 0) (dim ?y 0)) (= (dim ?x 1) (dim ?y 1)) (= (dim ?x 2) (dim ?y 2)) (= (dim ?x 3) (dim ?y 3)) "
     "(= (dim ?w 0) (dim ?v 0)) (= (dim ?w 1) (dim ?v 1)) (= (dim ?w 2) (dim ?v 2)) (= (dim ?w 3) (dim ?v 3))",
+    # merge_gconv of the kernel with its window transposed, or without the fused relu on the right
+    MERGE_GCONV.format(w="(transpose [0 1 3 2] ?w)"),
+    MERGE_GCONV.format(w="?w").replace("(conv2d 2 2 0 2 ?x (merge", "(conv2d 2 2 0 0 ?x (merge"),
 ]
 
 
@@ -122,7 +129,8 @@ def test_tail_bound_only_for_elementwise_and_broadcast_rules() -> None:
 
 
 @pytest.mark.parametrize("name", ["poolmax-separable-3x3-s2-same", "poolavg-separable-2x2-s2-valid",
-                                  "shift-through-scale", "relu-double", "concat-conv-grouped", "conv-bn-fold"])
+                                  "shift-through-scale", "relu-double", "concat-conv-grouped", "conv-bn-fold",
+                                  "merge-gconv-s2"])
 def test_library_rules_of_the_new_families_are_trusted(name: str) -> None:
     (r,) = [r for r in library_rules() if r.name == name]
     result = verify_rule(r)
