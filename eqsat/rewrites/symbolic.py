@@ -405,7 +405,8 @@ class _Builder:
         def merged(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
             oc, c, p, q = i
             quotient = self._quotient(oc, og)[0]
-            slot = z3.IntVal(self.slots[1]) if self.slots[0] == count and self.sliced else quotient % count
+            cased = self.slots[0] == count and (oc.get_id(), og.get_id()) in self.sliced  # the quotient split by residue
+            slot = z3.IntVal(self.slots[1]) if cased else quotient % count
             inside = z3.And(slot * ci <= c, c < slot * ci + ci)
             return z3.If(inside, w.elem([oc, _poly(c - slot * ci), p, q]), z3.RealVal(0))
 
