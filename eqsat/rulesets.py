@@ -84,9 +84,11 @@ def is_trusted(result: VerificationResult, allow_unproved: bool = False, trust_t
 def scope(result: VerificationResult) -> str:
     """Where the rule holds as the policy sees it: "all shapes", "tested on N shapes" (strictly or
     under the guard), or "" when it is neither proved nor tested."""
-    for verdict, where in ((result.verdict, result.scope), (result.guarded_verdict, result.guarded_scope)):
-        if verdict in ("proved", "tested"):
-            return where
+    pairs = ((result.verdict, result.scope), (result.guarded_verdict, result.guarded_scope))
+    for wanted in ("proved", "tested"):  # a proof for all shapes under the guard beats a strict test
+        for verdict, where in pairs:
+            if verdict == wanted:
+                return where
     return ""
 
 

@@ -90,7 +90,11 @@ class VerificationResult:
         tested shapes counts; with `allow_unproved` unknown (and tested) counts too. Never when
         refuted on values. (`eqsat.rulesets` fixes the flags into the project's one policy.)"""
         keep = {PROVED, *((TESTED,) if allow_tested or allow_unproved else ()), *((UNKNOWN,) if allow_unproved else ())}
-        return self.verdict in keep or (allow_guarded and self.status == REFUTED and self.guarded_verdict in keep)
+        if self.verdict in keep:
+            return True
+        # under the guard: refuted only on shapes, or proved strictly on the tested shapes only (a rank
+        # the left side admits where the right side is ill-typed) and proved for all shapes under the guard
+        return allow_guarded and (self.status == REFUTED or self.guarded_verdict == PROVED) and self.guarded_verdict in keep
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "status": self.status, "method": self.method,

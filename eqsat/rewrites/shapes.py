@@ -171,8 +171,9 @@ def _cond_value(c: Any, env: Mapping[str, Shape]) -> Any:
 
 
 def rank_choices(rule: Rule, limit: int = 64, guarded: bool = False,
-                 ranks: Sequence[int] = RANKS) -> list[dict[str, int]]:
-    """Every rank assignment (over `ranks`) under which the left sides (and in guarded mode the right
+                 ranks: Sequence[int] = RANKS, only: Mapping[str, Sequence[int]] | None = None) -> list[dict[str, int]]:
+    """Every rank assignment (over `ranks`; over `only[v]` for a variable whose other ranks are
+    ill-typed anyway) under which the left sides (and in guarded mode the right
     sides) can be well-typed with all dims equal to one grid value (2 and 1 first; larger ones for
     ops that need room, e.g. a 3x3 VALID pool)."""
     checker = ShapeChecker(rule, guarded)
@@ -193,7 +194,7 @@ def rank_choices(rule: Rule, limit: int = 64, guarded: bool = False,
         if i == len(order):
             found.append(dict(chosen))
             return
-        for r in ranks:
+        for r in (only or {}).get(order[i], ranks):
             chosen[order[i]] = r
             if ok(chosen):
                 dfs(i + 1, chosen)

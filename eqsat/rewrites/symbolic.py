@@ -15,10 +15,20 @@ of the same shape whose element equals the left side's at every in-range index: 
 the applier's guard (both sides well-typed with one shape). relu is exact (If), other activations
 uninterpreted, as in the concrete prover.
 
+Pools unroll their window (a literal size): avg sums it with the padding as zeros, max takes the
+in-bounds reads. broadcast reads index 0 on a size-1 input axis (an If on the symbolic dim);
+batchnorm is the per-channel affine map with an uninterpreted rsqrt; reshape only where it adds or
+drops literal size-1 axes (on a strict right side). Sums are taken apart by linearity (`_linear`),
+so a weight scaled or added per output channel (batchnorm folded into a conv) leaves the same
+sums. Channel groups are written as products (`_parametrize`: C = G * Ci, O = G * og, fresh G, og),
+so a grouped conv's channel arithmetic is polynomial and a merge_gconv's block is decided per
+residue of the group mod its count.
+
 Ranks are enumerated (`shapes.rank_choices` up to rank 7); a rule whose variables may take rank 7
-is not bounded in rank (elementwise rules: the axiom derivation takes those) and is left to the
-other provers, as is any op outside the table (pools, broadcast, reshape, batchnorm, merge_gconv...):
-these rules stay `tested`, with the reason in `why_not`.
+is not bounded in rank unless it is made of elementwise ops and broadcasts only (`tail_bound`:
+axes past the broadcast ones are passed through, so rank B + 1 stands for every higher rank).
+Others are left to the axiom derivation, as is any op outside the table: these rules stay
+`tested`, with the reason in `resists`.
 
 Summing a conv over input positions rather than kernel offsets is what makes `enlarge` provable: at
 stride 1 SAME the enlarged kernel's padding grows by exactly the zeros added, so both sums have the
@@ -37,15 +47,19 @@ from typing import Any
 
 import z3
 
-from eqsat.rewrites.rule import CLASS_CONDITIONS, Pattern, Rule, Term, Var, ops_used
+from eqsat.rewrites.rule import CLASS_CONDITIONS, AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var, ops_used, subterms
 from eqsat.rewrites.shapes import rank_choices
 
-SUPPORTED: frozenset[str] = frozenset({"ewadd", "ewmul", "relu", "sigmoid", "tanh", "transpose", "concat", "matmul",
-                                       "split_part", "conv2d", "enlarge"})
+SUPPORTED: frozenset[str] = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh", "transpose", "concat",
+                                       "matmul", "split_part", "conv2d", "enlarge", "poolmax", "poolavg", "broadcast",
+                                       "batchnorm", "reshape", "merge_gconv"})
+ELEMENTWISE = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh"})
 CONV_RANKS = (4, 5, 6)  # NCHW x OIHW, or both with the same leading batch axes (`ops.CONV_MAX_RANK`)
-WINDOW_OPS = frozenset({"conv2d", "enlarge"})
+WINDOW_OPS = frozenset({"conv2d", "enlarge", "poolmax", "poolavg"})
 WINDOW_TIMEOUT_MS = 1000  # sums over windows and channel groups: z3 needs longer than for matmul
-GROUPED_TIMEOUT_MS = 400
+POOL_OPS = frozenset({"poolmax", "poolavg"})
+POOL_TIMEOUT_MS = 4000  # a 3x3 max over window decompositions: z3 case-splits on the nine reads
+GROUPED_TIMEOUT_MS = 1000
 ACTIVATIONS = {0: None, 1: "sigmoid", 2: "relu", 3: "tanh"}  # `ops.Activation` codes
 MAX_RANK = 6  # ranks are enumerated up to MAX_RANK + 1; a variable typed at that rank means the rank is unbounded
 
@@ -75,8 +89,16 @@ class _Builder:
     sum_fns: dict[int, z3.FuncDeclRef] = field(default_factory=dict)
     assumed: list[z3.BoolRef] = field(default_factory=list)  # hypotheses: dims, conditions, the left side's typing
     typed_is_assumed: bool = True  # building the left side: its own typing so far is a hypothesis too
+    guarded_mode: bool = False  # the right side's typing is a hypothesis too (the applier's guard)
     grouped: bool = False  # a conv whose group count is not known to be 1 (index arithmetic beyond linear)
     split_dims: tuple[Dims, ...] = ()
+    depth: int = 0  # sums being built around the current one: names their bound indices (alpha-equal sums are one term)
+    floats: dict[str, z3.ArithRef] = field(default_factory=dict)  # float attribute variables (?eps)
+    factors: list[z3.ArithRef] = field(default_factory=list)  # group counts and sizes (`_parametrize`)
+    defs: list[z3.BoolRef] = field(default_factory=list)  # definitions of fresh quotients (always satisfiable)
+    quotients: dict[tuple[int, int], tuple[z3.ArithRef, z3.ArithRef]] = field(default_factory=dict)
+    slots: tuple[int, int] = (0, 0)  # (count, case): the one fresh quotient is count * q' + case
+    sliced: dict[tuple[int, int], z3.ArithRef] = field(default_factory=dict)  # quotient key -> q'
 
     def value(self, p: Pattern, typed: list[z3.BoolRef]) -> _Value:
         if isinstance(p, Var):
@@ -102,9 +124,27 @@ class _Builder:
             if t.op == "ewadd":
                 return _Value(x.dims, lambda i: x.elem(i) + y.elem(i))
             return _Value(x.dims, lambda i: x.elem(i) * y.elem(i))
+        if t.op == "ewsub":
+            x, y = args
+            _same_rank(t.op, x, y)
+            typed += [d == e for d, e in zip(x.dims, y.dims)]
+            return _Value(x.dims, lambda i: x.elem(i) - y.elem(i))
+        if t.op == "neg":
+            (x,) = args
+            return _Value(x.dims, lambda i: -x.elem(i))
         if t.op in ("relu", "sigmoid", "tanh"):
             (x,) = args
             return _Value(x.dims, lambda i: _act(t.op, x.elem(i)))
+        if t.op in ("poolmax", "poolavg"):
+            return self._pool(t, args[0], typed)
+        if t.op == "broadcast":
+            return self._broadcast(t, args[0], typed)
+        if t.op == "batchnorm":
+            return self._batchnorm(t, args, typed)
+        if t.op == "reshape":
+            return self._reshape(t, args[0], typed)
+        if t.op == "merge_gconv":
+            return self._merge_gconv(t, args[0], typed)
         if t.op == "transpose":
             (x,) = args
             perm = tuple(a["perm"])
@@ -133,7 +173,6 @@ class _Builder:
             if r < 2 or len(y.dims) != r or (r == 2) != (len(y.dims) == 2):
                 raise _IllTyped("matmul: ranks")
             typed += [d == e for d, e in zip(x.dims[:-2], y.dims[:-2])] + [x.dims[-1] == y.dims[-2]]
-            k = z3.Int(f"k{id(t)}")
             act = _activation(t.op, a.get("act", 0))
 
             def product(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
@@ -142,7 +181,7 @@ class _Builder:
                 def body(j: z3.ArithRef) -> z3.ArithRef:
                     return x.elem([*batch, i[-2], j]) * y.elem([*batch, j, i[-1]])
 
-                total = self._sum(body, x.dims[-1], k)
+                total = self._sum(body, x.dims[-1])
                 return total if act is None else _act(act, total)
 
             return _Value((*x.dims[:-1], y.dims[-1]), product)
@@ -191,10 +230,15 @@ class _Builder:
         *lead, _n, c, h, wd = x.dims
         o, ci, kh, kw = w.dims[-4:]
         typed += [d == e for d, e in zip(lead, w.dims[:-4])]
-        typed += [c % ci == 0, o % (c / ci) == 0]  # terms, not fresh unknowns: a right side's typing is a goal
-        if self._implied(c == ci, typed):
+        groups_known_one = self._implied(c == ci, typed)
+        factored = None if groups_known_one else self._factor_groups(c, ci, o)
+        if groups_known_one:
+            typed += [c % ci == 0, o % (c / ci) == 0]
             groups, og = z3.IntVal(1), o  # one group (the common case): keeps the index arithmetic linear
+        elif factored is not None:  # C = groups * Ci and O = groups * og as polynomials: typed, no division
+            groups, og = factored
         else:
+            typed += [c % ci == 0, o % (c / ci) == 0]  # terms, not fresh unknowns: a right side's typing is a goal
             groups = c / ci
             og = o / groups
             self.grouped = True
@@ -203,19 +247,214 @@ class _Builder:
 
         def conv(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
             outer, oc, oi, oj = list(i[:-3]), i[-3], i[-2], i[-1]
-            base = (oc / og) * ci
+            # one group: channel base 0 (an element is only ever read at an in-range output channel),
+            # which keeps the index arithmetic linear
+            if groups_known_one:
+                base = z3.IntVal(0)
+            elif factored is not None:
+                base = _poly(self._quotient(oc, og)[0] * ci)
+            else:
+                base = (oc / og) * ci
 
             def body(ks: Sequence[z3.ArithRef]) -> z3.ArithRef:
                 k, rr, ss = ks
                 p, q = rr - oi * sh + pt, ss - oj * sw + pl
                 inside = z3.And(rr >= 0, rr < h, ss >= 0, ss < wd, p >= 0, p < kh, q >= 0, q < kw)
-                term = x.elem([*outer, base + k, rr, ss]) * w.elem([*outer[:-1], oc, k, p, q])
+                term = x.elem([*outer, _poly(base + k), rr, ss]) * w.elem([*outer[:-1], oc, k, p, q])
                 return z3.If(inside, term, z3.RealVal(0))
 
-            total = self._sum_n(body, ci, 3, f"c{id(t)}")
+            total = self._sum_n(body, ci, 3)
             return total if act is None else _act(act, total)
 
         return _Value((*x.dims[:-3], o, ho, wo), conv)
+
+    def attr(self, v: Any, typed: list[z3.BoolRef]) -> Any:
+        """An attribute's value: a literal, or a reference (`?S`: the variable's symbolic dims; `?eps`: a
+        real; `(shape P)` / `(dim P i)`: P's symbolic dims, P's typing joining `typed`)."""
+        if isinstance(v, AttrVar):
+            if v.kind == "ints":
+                return self.dims[v.name]
+            return self.floats.setdefault(v.name, z3.Real(f"attr_{v.name}"))
+        if isinstance(v, ShapeOf):
+            return self.value(v.pattern, typed).dims
+        if isinstance(v, DimOf):
+            dims = self.value(v.pattern, typed).dims
+            if not 0 <= v.index < len(dims):
+                raise _IllTyped("dim: index out of range")
+            return dims[v.index]
+        if isinstance(v, (tuple, list)):
+            out: list[Any] = []
+            for item in v:
+                got = self.attr(item, typed)
+                out += list(got) if isinstance(item, ShapeOf) else [got]
+            return tuple(z3.IntVal(x) if type(x) is int else x for x in out)
+        return v
+
+    def _pool(self, t: Term, x: _Value, typed: list[z3.BoolRef]) -> _Value:
+        """`ops` poolmax / poolavg on NCHW: the window (its size a literal) unrolled, each read at
+        (oi * sh + i - pt, oj * sw + j - pl) as `semantics._pool` does; avg sums the window with the
+        padding as zeros and divides by kh * kw; max takes the in-bounds reads (padding is -inf), and
+        the op's typing asks every window to overlap the input (low and high padding below the
+        kernel, as `semantics._max_windows` demands)."""
+        a = t.attr
+        kh, kw, sh, sw, pad, code = (a.get(k, 0) for k in ("kernel_h", "kernel_w", "stride_h", "stride_w", "pad", "act"))
+        if not all(type(v) is int for v in (kh, kw, sh, sw, pad, code)):
+            raise Unsupported(f"{t.op}: attributes that are not integer literals")
+        act = _activation(t.op, code)
+        if len(x.dims) != 4 or min(kh, kw, sh, sw) < 1 or pad not in (0, 1):
+            raise _IllTyped(f"{t.op}: rank, kernel, strides or padding")
+        if kh * kw > 64:
+            raise Unsupported(f"{t.op}: a window of {kh * kw} reads")
+        n, c, h, wd = x.dims
+        ho, pt = _window(h, z3.IntVal(kh), sh, pad, typed)
+        wo, pl = _window(wd, z3.IntVal(kw), sw, pad, typed)
+        if t.op == "poolmax":  # each window overlaps the input: padding on each side below the kernel
+            typed += [pt < kh, (ho - 1) * sh + kh - h - pt < kh, pl < kw, (wo - 1) * sw + kw - wd - pl < kw]
+        typed += [ho >= 1, wo >= 1]
+
+        def pool(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
+            b, ch, oi, oj = i
+            reads = []
+            for di in range(kh):
+                for dj in range(kw):
+                    r, q = oi * sh + di - pt, oj * sw + dj - pl
+                    reads.append((z3.And(r >= 0, r < h, q >= 0, q < wd), x.elem([b, ch, r, q])))
+            if t.op == "poolavg":
+                total = z3.Sum([z3.If(inb, v, z3.RealVal(0)) for inb, v in reads])
+                out = total / z3.RealVal(kh * kw)
+            else:
+                out, seen = z3.RealVal(0), z3.BoolVal(False)
+                for inb, v in reads:
+                    out = z3.If(inb, z3.If(z3.And(seen, out >= v), out, v), out)
+                    seen = z3.Or(seen, inb)
+            return out if act is None else _act(act, out)
+
+        return _Value((n, c, ho, wo), pool)
+
+    def _broadcast(self, t: Term, x: _Value, typed: list[z3.BoolRef]) -> _Value:
+        """`ops` broadcast: input axis k lands on output axis dims[k] (increasing), its size 1 or the
+        output's; a size-1 axis reads index 0 (a symbolic size-1 dim: the If picks)."""
+        shape, dims = self.attr(t.attr["shape"], typed), t.attr["dims"]
+        if not all(type(d) is int for d in dims):
+            raise Unsupported("broadcast: dims that are not literals")
+        if len(dims) != len(x.dims) or any(not 0 <= d < len(shape) for d in dims) or list(dims) != sorted(set(dims)):
+            raise _IllTyped("broadcast: dims")
+        typed += [z3.Or(xd == 1, xd == shape[d]) for xd, d in zip(x.dims, dims)] + [d >= 1 for d in shape]
+
+        def broadcast(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
+            return x.elem([z3.If(xd == 1, z3.IntVal(0), i[d]) for xd, d in zip(x.dims, dims)])
+
+        return _Value(tuple(shape), broadcast)
+
+    def _batchnorm(self, t: Term, args: list[_Value], typed: list[z3.BoolRef]) -> _Value:
+        """`ops` batchnorm: (x - mean[c]) * (scale[c] * rsqrt(var[c] + eps)) + bias[c], c the index on
+        axis 1, rsqrt an uninterpreted function (as the concrete prover's atom)."""
+        x, scale, bias, mean, var = args
+        if len(x.dims) < 2 or any(len(v.dims) != 1 for v in (scale, bias, mean, var)):
+            raise _IllTyped("batchnorm: ranks")
+        typed += [v.dims[0] == x.dims[1] for v in (scale, bias, mean, var)]
+        eps = self.attr(t.attr["eps"], typed)
+        eps = z3.RealVal(eps) if isinstance(eps, (int, float)) else eps
+        rsqrt = z3.Function("rsqrt", z3.RealSort(), z3.RealSort())
+
+        def batchnorm(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
+            c = [i[1]]
+            inv = scale.elem(c) * rsqrt(var.elem(c) + eps)
+            return (x.elem(i) - mean.elem(c)) * inv + bias.elem(c)
+
+        return _Value(x.dims, batchnorm)
+
+    def _reshape(self, t: Term, x: _Value, typed: list[z3.BoolRef]) -> _Value:
+        """reshape that only adds or drops literal size-1 axes (the rest equal in order): the
+        row-major index map keeps the other indices. Only on a strict right side: there its typing is
+        a goal, and equal remaining dims are a stronger goal than equal element counts, so a proof
+        stays sound; as a hypothesis (a left side, or the guard) it would assume too much."""
+        if self.typed_is_assumed or self.guarded_mode:
+            raise Unsupported("reshape on a left side or under the guard (row-major index maps over symbolic dims)")
+        shape = self.attr(t.attr["shape"], typed)
+        keep_out = [k for k, d in enumerate(shape) if not (z3.is_int_value(d) and d.as_long() == 1)]
+        keep_in = [k for k, d in enumerate(x.dims) if not (z3.is_int_value(d) and d.as_long() == 1)]
+        if len(keep_out) != len(keep_in):
+            raise Unsupported("reshape beyond adding or dropping size-1 axes")
+        typed += [shape[o] == x.dims[k] for o, k in zip(keep_out, keep_in)] + [d >= 1 for d in shape]
+
+        def reshape(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
+            idx = [z3.IntVal(0)] * len(x.dims)
+            for o, k in zip(keep_out, keep_in):
+                idx[k] = i[o]
+            return x.elem(idx)
+
+        return _Value(tuple(shape), reshape)
+
+    def _merge_gconv(self, t: Term, w: _Value, typed: list[z3.BoolRef]) -> _Value:
+        """`ops.merge_gconv_into`: the kernel of a conv with G groups as that of the same conv with
+        G / count groups, block-diagonal: output channel o keeps its Ci weights at input block
+        (o div og) mod count of its merged group, zeros elsewhere (og = O / G). Modelled where the
+        group arithmetic factors (`_parametrize`), so no division by a symbolic size."""
+        shape, count = self.attr(t.attr["input_shape"], typed), t.attr["count"]
+        if type(count) is not int or count < 1 or len(w.dims) != 4 or len(shape) != 4:
+            raise _IllTyped("merge_gconv: count, kernel or input rank")
+        o, ci = w.dims[0], w.dims[1]
+        factored = self._factor_groups(shape[1], ci, o)
+        if factored is None:
+            raise _NeedsFactors("merge_gconv: group arithmetic that does not factor")
+        groups, og = factored
+        if not any(_identical(groups, count * f) for f in self.factors):
+            typed.append(groups % count == 0)
+
+        def merged(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
+            oc, c, p, q = i
+            quotient = self._quotient(oc, og)[0]
+            cased = self.slots[0] == count and (oc.get_id(), og.get_id()) in self.sliced  # the quotient split by residue
+            slot = z3.IntVal(self.slots[1]) if cased else quotient % count
+            inside = z3.And(slot * ci <= c, c < slot * ci + ci)
+            return z3.If(inside, w.elem([oc, _poly(c - slot * ci), p, q]), z3.RealVal(0))
+
+        return _Value((o, ci * count, w.dims[2], w.dims[3]), merged)
+
+    def _factor_groups(self, c: z3.ArithRef, ci: z3.ArithRef, o: z3.ArithRef) -> tuple[z3.ArithRef, z3.ArithRef] | None:
+        """(groups, O / groups) when C = groups * Ci and O = groups * og are polynomial identities for
+        some groups, og built from the group factors `_parametrize` introduced (small multiples of
+        one, or sums): the grouped conv is then typed and its channel arithmetic needs no division."""
+        candidates = [m * f for f in self.factors for m in (1, 2)]
+        groups = next((g for g in candidates if _identical(c, g * ci)), None)
+        if groups is None:
+            return None
+        og = next((q for q in candidates if _identical(o, groups * q)), None)
+        return None if og is None else (groups, og)
+
+    def _quotient(self, a: z3.ArithRef, d: z3.ArithRef) -> tuple[z3.ArithRef, z3.ArithRef]:
+        """(a div d, a mod d) for a group size d >= 1, as terms: a - m * d reuses a's quotient
+        (minus m), m * d (m a literal) divides a's quotient by d by m; otherwise a fresh quotient and
+        remainder with their definition a = q * d + r, 0 <= r < d (always satisfiable)."""
+        key = (a.get_id(), d.get_id())
+        if key not in self.quotients:
+            got = None
+            if z3.is_app_of(d, z3.Z3_OP_MUL) and d.num_args() == 2 and z3.is_int_value(d.arg(0)):
+                m, unit = d.arg(0).as_long(), d.arg(1)
+                q, r = self._quotient(a, unit)
+                inner = self.sliced.get((a.get_id(), unit.get_id()))
+                count, case = self.slots
+                got = (inner, case * unit + r) if inner is not None and m == count else (q / m, (q % m) * unit + r)
+            elif z3.is_sub(a) and a.num_args() == 2:
+                shift = next((f for f in self.factors if _identical(a.arg(1), f * d)), None)
+                if shift is not None:
+                    q, r = self._quotient(a.arg(0), d)
+                    self.defs.append((a.arg(0) >= a.arg(1)) == (q >= shift))
+                    got = (q - shift, r)
+            if got is None:
+                n = len(self.quotients)
+                q, r = z3.Int(f"quot{n}"), z3.Int(f"rem{n}")
+                count, case = self.slots
+                if count > 1:  # proved once per residue of q mod count: sound for one fresh quotient only
+                    if self.sliced:
+                        raise _NeedsFactors("two quotients under a merge_gconv's case split")
+                    self.sliced[key] = q
+                    q = count * q + case
+                self.defs += [a == q * d + r, r >= 0, r < d]
+                got = (q, r)
+            self.quotients[key] = got
+        return self.quotients[key]
 
     def _implied(self, claim: z3.BoolRef, typed: list[z3.BoolRef]) -> bool:
         """Whether the hypotheses imply `claim` (z3, briefly; False when it cannot tell)."""
@@ -225,31 +464,177 @@ class _Builder:
         return solver.check() == z3.unsat
 
     def _sum_n(self, body: Callable[[Sequence[z3.ArithRef]], z3.ArithRef], n: z3.ArithRef, arity: int,
-               tag: str) -> z3.ArithRef:
+               tag: str = "") -> z3.ArithRef:
         """The sum of body(k, ...) over 0 <= k < n and every integer for the other `arity - 1`
-        indices (the body is zero outside a finite range), as an uninterpreted sum of a lambda: equal
-        when the terms agree; a length a + b (a concatenated dim) is split into [0, a) and [a, a + b)."""
+        indices (the body is zero outside a finite range), as uninterpreted sums of lambdas, taken
+        apart by linearity (`_linear`): factors free of the summed indices come out, so sums whose
+        terms agree up to such factors (a scaled or added weight, a batchnorm folded into it) are
+        equal. Bound indices are named by nesting depth, so alpha-equal sums are one z3 term. A
+        length a + b (a concatenated dim) is split into [0, a) and [a, a + b)."""
         if z3.is_add(n) and n.num_args() == 2:
             first, second = n.arg(0), n.arg(1)
-            return (self._sum_n(body, first, arity, tag)
-                    + self._sum_n(lambda ks: body([ks[0] + first, *ks[1:]]), second, arity, tag))
-        ks = [z3.Int(f"{tag}_{m}") for m in range(arity)]
+            return (self._sum_n(body, first, arity)
+                    + self._sum_n(lambda ks: body([ks[0] + first, *ks[1:]]), second, arity))
+        if z3.is_mul(n) and n.num_args() == 2 and any(z3.is_int_value(a) and 1 < a.as_long() <= 4 for a in n.children()):
+            m, a = (n.arg(0), n.arg(1)) if z3.is_int_value(n.arg(0)) else (n.arg(1), n.arg(0))
+            return z3.Sum([self._sum_n(lambda ks, j=j: body([ks[0] + j * a, *ks[1:]]), a, arity)  # type: ignore[misc]
+                           for j in range(m.as_long())])
+        ks = [z3.Int(f"k{self.depth}_{m}") for m in range(arity)]
         if arity not in self.sum_fns:
             self.sum_fns[arity] = z3.Function(f"SUM{arity}", z3.ArraySort(*([z3.IntSort()] * arity), z3.RealSort()),
                                               z3.RealSort())
-        masked = z3.If(z3.And(ks[0] >= 0, ks[0] < n), body(ks), z3.RealVal(0))
-        return self.sum_fns[arity](z3.Lambda(ks, masked))
+        self.depth += 1
+        try:
+            expr = body(ks)
+        finally:
+            self.depth -= 1
+        mask = z3.And(ks[0] >= 0, ks[0] < n)
+        bound = {k.get_id() for k in ks}
+        grouped: dict[int, tuple[z3.ArithRef, list[z3.ArithRef]]] = {}
+        for coef, term in _linear(expr, bound, {}):
+            grouped.setdefault(term.get_id(), (term, []))[1].append(coef)
+        parts = []
+        for term, coefs in grouped.values():
+            total = self.sum_fns[arity](z3.Lambda(ks, z3.If(mask, term, z3.RealVal(0))))
+            parts += [p for c in coefs if not _is_const(p := _scale(c, total), 0)]
+        return z3.Sum(parts) if len(parts) > 1 else parts[0] if parts else z3.RealVal(0)
+
+    def _sum(self, body: Callable[[z3.ArithRef], z3.ArithRef], n: z3.ArithRef, k: z3.ArithRef | None = None) -> z3.ArithRef:
+        """sum(body(k) for 0 <= k < n): `_sum_n` of arity 1."""
+        return self._sum_n(lambda ks: body(ks[0]), n, 1)
 
 
-    def _sum(self, body: Callable[[z3.ArithRef], z3.ArithRef], n: z3.ArithRef, k: z3.ArithRef) -> z3.ArithRef:
-        """sum(body(k) for 0 <= k < n), as an uninterpreted sum of the body masked to its range (so
-        two sums are equal when their terms agree in range); a length a + b (a concatenated
-        inner dim) is split into the sums over [0, a) and [a, a + b)."""
-        if z3.is_add(n) and n.num_args() == 2:
-            a, b = n.arg(0), n.arg(1)
-            return self._sum(body, a, k) + self._sum(lambda j: body(j + a), b, k)
-        masked = z3.If(z3.And(k >= 0, k < n), body(k), z3.RealVal(0))
-        return self.sum_fn(z3.Lambda([k], masked))
+Linear = list[tuple[z3.ArithRef, z3.ArithRef]]
+
+
+def _linear(e: z3.ArithRef, bound: set[int], memo: dict[int, bool]) -> Linear:
+    """`e` as a sum of coefficient * term, the coefficients free of the bound indices: sums are
+    linear, so sum(e) is the sum of coefficient * sum(term). Products distribute, an If on a free
+    condition splits into two coefficients, an If(c, t, 0) on a bound one keeps its mask on each
+    term; anything else is one term (or a coefficient, when free)."""
+    one = z3.RealVal(1)
+    if not _mentions(e, bound, memo):
+        return [(e, one)]
+    if z3.is_add(e):
+        return [ct for a in e.children() for ct in _linear(a, bound, memo)]
+    if z3.is_sub(e):
+        first, *rest = e.children()
+        return _linear(first, bound, memo) + [(-c, t) for a in rest for c, t in _linear(a, bound, memo)]
+    if z3.is_app_of(e, z3.Z3_OP_UMINUS):
+        return [(-c, t) for c, t in _linear(e.arg(0), bound, memo)]
+    if z3.is_mul(e):
+        out: Linear = [(one, one)]
+        for a in e.children():
+            out = [(_times(c1, c2), _times(t1, t2)) for c1, t1 in out for c2, t2 in _linear(a, bound, memo)]
+            if len(out) > 64:
+                return [(one, e)]
+        return out
+    if z3.is_app_of(e, z3.Z3_OP_ITE) and e.sort() == z3.RealSort():
+        cond, yes, no = e.children()
+        zero = _is_const(no, 0)
+        if not _mentions(cond, bound, memo):
+            return ([(z3.If(cond, c, z3.RealVal(0)), t) for c, t in _linear(yes, bound, memo)]
+                    + ([] if zero else [(z3.If(cond, z3.RealVal(0), c), t) for c, t in _linear(no, bound, memo)]))
+        if zero:
+            return [(c, z3.If(cond, t, z3.RealVal(0))) for c, t in _linear(yes, bound, memo)]
+    return [(one, e)]
+
+
+def _times(a: z3.ArithRef, b: z3.ArithRef) -> z3.ArithRef:
+    """a * b with an If on either side pushed out (If(c, x, y) * b = If(c, x * b, y * b)), so a
+    coefficient stays a case split over products, never an If times a sum (non-linear for z3)."""
+    for u, v in ((a, b), (b, a)):
+        if _is_const(u, 1):
+            return v
+        if _is_const(u, 0):
+            return z3.RealVal(0)
+    for u, v in ((a, b), (b, a)):
+        if z3.is_app_of(u, z3.Z3_OP_ITE):
+            return z3.If(u.arg(0), _times(u.arg(1), v), _times(u.arg(2), v))
+    return a * b
+
+
+def _scale(coef: z3.ArithRef, total: z3.ArithRef) -> z3.ArithRef:
+    """coef * total, an If in the coefficient (a concat's side, free of the summed indices) kept as
+    a case split around the sum."""
+    return _times(coef, total)
+
+
+def _is_const(e: z3.ExprRef, value: int) -> bool:
+    return z3.is_rational_value(e) and e.as_fraction() == value
+
+
+def _mentions(e: z3.ExprRef, bound: set[int], memo: dict[int, bool]) -> bool:
+    """Whether `e` contains one of the bound index constants."""
+    key = e.get_id()
+    if key not in memo:
+        memo[key] = e.get_id() in bound or any(_mentions(c, bound, memo) for c in e.children())
+    return memo[key]
+
+
+def _poly(e: z3.ArithRef) -> z3.ArithRef:
+    """`e` as a sum of monomials (z3's som normal form): index arithmetic written two ways
+    ((q - m) * Ci + k and q * Ci + k - m * Ci) becomes one term."""
+    return z3.simplify(e, som=True)
+
+
+def _identical(a: z3.ArithRef, b: z3.ArithRef) -> bool:
+    """a = b as polynomials (for every value of their symbols)."""
+    return _is_const(_poly(a - b), 0) or _poly(a).eq(_poly(b))
+
+
+def _parametrize(rule: Rule, dims: dict[str, Dims], guarded: bool) -> list[z3.ArithRef]:
+    """Write the dims that grouped convs divide as products, so their channel arithmetic is
+    polynomial: dims equal by a condition become one symbol; a conv on variables x, w whose typing is
+    a hypothesis (a left side; a right side under the guard) has C = G * Ci and O = G * og for fresh
+    G, og >= 1 (what `C % Ci == 0` and `O % (C / Ci) == 0` say), and a merge_gconv of count k has
+    G = k * H. Every assignment of the old dims that types those ops is one of the new ones, so the
+    proof covers the same shapes. Returns the fresh factors (each >= 1)."""
+    factors: list[z3.ArithRef] = []
+
+    def substitute(old: z3.ArithRef, new: z3.ArithRef) -> None:
+        for v in dims:
+            dims[v] = tuple(z3.substitute(d, (old, new)) for d in dims[v])
+
+    def plain(d: z3.ArithRef) -> bool:
+        return z3.is_const(d) and not z3.is_int_value(d)
+
+    for c in rule.conditions:  # (= (dim ?a i) (dim ?b j)): one symbol
+        if isinstance(c, Term) and c.op == "=" and all(isinstance(a, Term) and a.op == "dim" for a in c.args):
+            try:
+                a, b = (_condition(x, dims) for x in c.args)
+            except Unsupported:
+                continue
+            if plain(a) and plain(b) and not a.eq(b):
+                substitute(b, a)
+    sides = rule.lhs + (rule.rhs if guarded else ())
+    terms = [t for p in sides for t in subterms(p)]
+    for t in terms:
+        x = t.attr.get("input_shape")
+        if t.op == "merge_gconv" and isinstance(x, ShapeOf) and isinstance(x.pattern, Var) \
+                and isinstance(t.args[0], Var) and type(t.attr.get("count")) is int:
+            xd, wd = dims.get(x.pattern.name, ()), dims.get(t.args[0].name, ())
+            if len(xd) == 4 and len(wd) == 4 and plain(xd[1]):
+                h = z3.Int(f"H{len(factors)}")
+                factors.append(h)
+                substitute(xd[1], t.attr["count"] * h * wd[1])
+    for t in terms:
+        if t.op == "conv2d" and all(isinstance(a, Var) for a in t.args):
+            xd, wd = dims[t.args[0].name], dims[t.args[1].name]  # type: ignore[union-attr]
+            if len(xd) not in CONV_RANKS or len(wd) != len(xd):
+                continue
+            c, ci, o = xd[-3], wd[-3], wd[-4]
+            if plain(c) and not c.eq(ci):
+                g = z3.Int(f"G{len(factors)}")
+                factors.append(g)
+                substitute(c, g * ci)
+                c = dims[t.args[0].name][-3]  # type: ignore[union-attr]
+            groups = next((f2 for f in factors for f2 in (f, 2 * f) if _identical(c, f2 * ci)), None)
+            if groups is not None and plain(o):
+                og = z3.Int(f"og{len(factors)}")
+                factors.append(og)
+                substitute(o, groups * og)
+    return factors
 
 
 def _window(size: z3.ArithRef, k: z3.ArithRef, stride: int, pad: int,
@@ -269,6 +654,10 @@ def _activation(op: str, code: Any) -> str | None:
     if type(code) is not int or code not in ACTIVATIONS:
         raise Unsupported(f"{op}: activation code {code!r}")
     return ACTIVATIONS[code]
+
+
+class _NeedsFactors(Exception):
+    """An op modelled only with the group arithmetic as products (`_parametrize`)."""
 
 
 class _IllTyped(Exception):
@@ -345,7 +734,29 @@ def _rank_assignments(rule: Rule, guarded: bool) -> list[dict[str, int]]:
     the conditions."""
     if any(_condition_ops(c) - _RANK_SAFE for c in rule.conditions):
         rule = replace(rule, conditions=())
-    return rank_choices(rule, guarded=guarded, ranks=tuple(range(1, MAX_RANK + 2)), limit=256)
+    return rank_choices(rule, guarded=guarded, ranks=tuple(range(1, MAX_RANK + 2)), limit=256,
+                        only=_forced_ranks(rule, guarded))
+
+
+def _forced_ranks(rule: Rule, guarded: bool) -> dict[str, tuple[int, ...]]:
+    """Ranks the ops' typing forces on a variable they read directly (batchnorm's per-channel
+    vectors: 1; a broadcast's input: its dims list's length; a conv's operands: `CONV_RANKS`), so
+    the enumeration skips ranks that are ill-typed anyway: on the left sides, and on the right
+    ones too under the guard (strictly, a left side typed where the right is not must be seen)."""
+    out: dict[str, set[int]] = {}
+    for p in rule.lhs + (rule.rhs if guarded else ()):
+        for t in subterms(p):
+            forced: list[tuple[Pattern, tuple[int, ...]]] = []
+            if t.op == "batchnorm":
+                forced = [(a, (1,)) for a in t.args[1:]]
+            elif t.op == "broadcast" and all(type(d) is int for d in t.attr["dims"]):
+                forced = [(t.args[0], (len(t.attr["dims"]),))]
+            elif t.op == "conv2d":
+                forced = [(a, CONV_RANKS) for a in t.args]
+            for a, allowed in forced:
+                if isinstance(a, Var):
+                    out[a.name] = out.get(a.name, set(allowed)) & set(allowed)
+    return {v: tuple(sorted(r)) for v, r in out.items()}
 
 
 def _condition_ops(c: Any) -> set[str]:
@@ -362,7 +773,9 @@ def resists(rule: Rule, guarded: bool = False) -> str:
     wide = _rank_assignments(rule, guarded)
     if any(r > MAX_RANK for c in wide for r in c.values()):
         return "rank-polymorphic (a variable may take any rank), and the axiom derivation did not reach it"
-    return "z3 found no proof over symbolic dims in time (sums over products reassociated or regrouped)"
+    return ("z3 found no proof over symbolic dims in time: sums over products reassociated or exchanged (a sum "
+            "inside a sum's terms, as in matmul associativity; sums are uninterpreted beyond linearity), or a "
+            "reshape under the guard (row-major index maps over symbolic dims are not modelled)")
 
 
 def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> str | None:
@@ -372,37 +785,106 @@ def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> 
     axioms' derivation, not z3)."""
     if why_not(rule) is not None:
         return None
-    wide = _rank_assignments(rule, guarded)
+    # under the guard, the right side's typing may need unequal dims (a merge_gconv's even group
+    # count) that the enumeration's equal dims miss: the left side's ranks are a superset then
+    wide = _rank_assignments(rule, guarded) or (_rank_assignments(rule, False) if guarded else [])
+    tail = tail_bound(rule)
+    if tail is not None:  # higher ranks collapse onto rank tail + 1 (see `tail_bound`)
+        wide = [c for c in wide if max(c.values(), default=0) <= tail + 1]
     if not wide or len(wide) >= 256 or any(r > MAX_RANK for c in wide for r in c.values()):
         return None  # no rank types it, too many, or the rank is unbounded (rank-polymorphic rules)
-    if ops_used_by(rule) & WINDOW_OPS:
-        timeout_ms = max(timeout_ms, WINDOW_TIMEOUT_MS)
+    used = ops_used_by(rule)
+    if used & WINDOW_OPS:
+        timeout_ms = max(timeout_ms, POOL_TIMEOUT_MS if used & POOL_OPS else WINDOW_TIMEOUT_MS)
     try:
         for ranks in reversed(wide):  # higher ranks first: where a rule fails (a guard on rank 4), it fails fast
-            if not _holds(rule, ranks, guarded, timeout_ms):
+            holds, grouped = _holds(rule, ranks, guarded, timeout_ms)
+            if not holds and not (grouped and _holds_factored(rule, ranks, guarded, timeout_ms)):
                 return None
     except Unsupported:
         return None
     except (z3.Z3Exception, KeyError, TypeError, ValueError, IndexError):  # a shape the table misreads: no proof
         return None
     assignments = sorted({tuple(sorted(c.items())) for c in wide})
+    every = ("every rank that types the rule" if tail is None else
+             f"rank {tail + 1} stands for every higher rank: axes from {tail} on are only passed through")
     return (f"z3 over symbolic dims and indices, {'under the guard, ' if guarded else ''}"
-            f"{len(assignments)} rank assignment(s) (every rank that types the rule)")
+            f"{len(assignments)} rank assignment(s) ({every})")
 
 
-def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int) -> bool:
+def _holds_factored(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int) -> bool:
+    """Again with the group arithmetic as products; with a merge_gconv of count k, once per
+    residue of the output channel's group mod k (the block its kernel lands in)."""
+    counts = {t.attr.get("count") for p in rule.lhs + rule.rhs for t in subterms(p) if t.op == "merge_gconv"}
+    count = counts.pop() if len(counts) == 1 else 0
+    if not (type(count) is int and 1 < count <= 4):
+        return _holds(rule, ranks, guarded, timeout_ms, factor=True)[0]
+    return all(_holds(rule, ranks, guarded, timeout_ms, factor=True, slots=(count, case))[0] for case in range(count))
+
+
+def tail_bound(rule: Rule) -> int | None:
+    """For a rule of elementwise ops and broadcasts only: the first axis B that no broadcast maps an
+    input axis to and no condition reads (None for other rules). Axes from B on are then only
+    passed through (elementwise) or replicated (broadcast), so the same index reads the same
+    elements on both sides for every value of those axes: flattening them into one axis maps a
+    counterexample at any rank above B + 1 to one at rank B + 1, and a proof at ranks up to B + 1
+    holds at every rank (B = 0 for elementwise rules: one symbolic index stands for any rank)."""
+    if not ops_used_by(rule) <= ELEMENTWISE | {"broadcast"}:
+        return None
+    bound = 0
+    for p in rule.lhs + rule.rhs:
+        for t in subterms(p):
+            if t.op == "broadcast":
+                dims = t.attr["dims"]
+                if not all(type(d) is int for d in dims) or isinstance(t.attr["shape"], (tuple, list)):
+                    return None  # a literal shape fixes the rank anyway; symbolic dims lists are not modelled
+                bound = max(bound, max(dims, default=-1) + 1)
+    for c in rule.conditions:
+        for t in _condition_terms(c):
+            if t.op == "rank":
+                return None
+            if t.op == "dim":
+                index = t.args[1]
+                if not isinstance(index, Term) or index.op != "const":
+                    return None
+                bound = max(bound, index.attr["value"] + 1)
+    return bound
+
+
+def _condition_terms(c: Any) -> list[Term]:
+    if isinstance(c, Var):
+        return []
+    return [c] + [t for a in c.args for t in _condition_terms(a)]
+
+
+def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int,
+           factor: bool = False, slots: tuple[int, int] = (0, 0)) -> tuple[bool, bool]:
+    """Whether the rule holds at these ranks, and whether a conv had channel groups it could not
+    rule out (then `factor` tries again with the group arithmetic as products, `_parametrize`)."""
+    try:
+        return _holds_at(rule, ranks, guarded, timeout_ms, factor, slots)
+    except _NeedsFactors:
+        if factor:
+            raise Unsupported("group arithmetic that does not factor") from None
+        return False, True
+
+
+def _holds_at(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int, factor: bool,
+              slots: tuple[int, int]) -> tuple[bool, bool]:
     dims = {v: tuple(z3.Int(f"{v}_{k}") for k in range(r)) for v, r in ranks.items()}
     funcs = {v: z3.Function(f"T_{v}", *([z3.IntSort()] * r), z3.RealSort()) for v, r in ranks.items()}
     sum_fn = z3.Function("SUM", z3.ArraySort(z3.IntSort(), z3.RealSort()), z3.RealSort())
-    builder = _Builder(ranks, dims, funcs, sum_fn)
+    factors = _parametrize(rule, dims, guarded) if factor else []
+    builder = _Builder(ranks, dims, funcs, sum_fn, factors=factors, slots=slots)
     conditions = [_condition(c, dims) for c in rule.conditions]
-    builder.assumed = [d >= 1 for ds in dims.values() for d in ds] + conditions
+    builder.assumed = [d >= 1 for ds in dims.values() for d in ds] + [f >= 1 for f in factors] + conditions
     lhs_typed: list[z3.BoolRef] = []
     try:
         lhs = [builder.value(p, lhs_typed) for p in rule.lhs]
     except _IllTyped:
-        return True  # no left side of these ranks is well-typed: nothing to show
+        return True, False  # no left side of these ranks is well-typed: nothing to show
     builder.split_dims = tuple(v.dims for v in lhs) if rule.is_multi else ()
+    builder.guarded_mode = guarded
     builder.assumed = builder.assumed + lhs_typed
     builder.typed_is_assumed = False  # the right side's typing is what the strict question must show
     rhs_typed: list[z3.BoolRef] = []
@@ -410,14 +892,15 @@ def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int)
         rhs = [builder.value(p, rhs_typed) for p in rule.rhs]
     except _IllTyped:
         rhs = None
-    facts = [d >= 1 for ds in dims.values() for d in ds] + lhs_typed
+    facts = [d >= 1 for ds in dims.values() for d in ds] + [f >= 1 for f in factors] + lhs_typed
     facts += conditions
     if rhs is None or any(len(a.dims) != len(b.dims) for a, b in zip(lhs, rhs)):
         if guarded:
-            return True  # the guard never holds at these ranks
+            return True, False  # the guard never holds at these ranks
         solver = z3.Solver()
+        solver.set("timeout", timeout_ms)
         solver.add(*facts)
-        return solver.check() == z3.unsat  # fine only if no left side of these ranks is well-typed
+        return solver.check() == z3.unsat, False  # fine only if no left side of these ranks is well-typed
     same_shape = [d == e for a, b in zip(lhs, rhs) for d, e in zip(a.dims, b.dims)]
     solver = z3.Solver()
     # channel groups make the index arithmetic non-linear: z3 proves those quickly or not at all
@@ -431,8 +914,10 @@ def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int)
         solver.add(*[z3.And(i >= 0, i < d) for i, d in zip(idx, a.dims)])
         goals.append(a.elem(idx) == b.elem(idx))
     goal = z3.And(*goals) if guarded else z3.And(*rhs_typed, *same_shape, *goals)
-    solver.add(z3.Not(goal))
-    return solver.check() == z3.unsat
+    zero_sums = [f(z3.Lambda([z3.Int(f"z{m}") for m in range(arity)], z3.RealVal(0))) == 0
+                 for arity, f in builder.sum_fns.items()]  # a sum of zeros is zero
+    solver.add(*builder.defs, *zero_sums, z3.Not(goal))
+    return solver.check() == z3.unsat, builder.grouped
 
 
 __all__ = ["prove_symbolic", "why_not", "resists", "SUPPORTED", "Unsupported"]

@@ -4,7 +4,7 @@ to optimize with (proved for all shapes, unless a caller opts in to tested ones)
 
 The concrete decision is `concrete.py`; a rule it proves that an e-graph derives from a base of
 axioms (each proved the same way) is proved for all shapes, see `derive.py`, as is one that z3
-proves over symbolic dims and indices (`symbolic.py`: concat, split, transpose, matmul, elementwise). Results are cached on
+proves over symbolic dims and indices (`symbolic.py`: index expressions of every op it models). Results are cached on
 disk (`verify_cache.py`). Imports run one way: concrete <- verify_cache <- derive <- verify.
 """
 

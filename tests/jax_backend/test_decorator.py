@@ -120,8 +120,6 @@ def test_explain_writes_pictures(tmp_path) -> None:
     assert all(p.stat().st_size > 1000 for p in text.pictures)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 27: the poolmax-separable-* rules are tested on shapes, not proved for "
-                   "all shapes (no symbolic semantics for pool windows yet), so the default rule set no longer trusts them")
 def test_max_pool_is_split_into_row_and_column_passes() -> None:
     """A 3x3 max pool is rewritten into a 1x3 and a 3x1 pass (the measured model's choice: on a map
     this size XLA's 3x3 reduce_window takes several times the two passes) with outputs and

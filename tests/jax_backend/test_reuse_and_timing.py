@@ -9,7 +9,6 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from eqsat.ir import GraphBuilder
 from eqsat.structure import canonicalize
@@ -119,8 +118,6 @@ def test_screen_times_every_candidate_in_the_same_rounds() -> None:
     assert slower.speedup < copy.speedup
 
 
-@pytest.mark.xfail(strict=True, reason="issue 27: conv-bn-fold is tested on shapes, not proved for all shapes (no "
-                   "symbolic semantics for conv, batchnorm, broadcast yet), so the default rule set no longer trusts it")
 def test_batchnorm_after_conv_folds_to_one_conv_and_one_bias() -> None:
     """Capture writes inference batchnorm as sub, mul and add of per-channel broadcasts; the folding
     rules move the scale into the conv weight and merge the two shifts, and lowering precomputes
