@@ -1,0 +1,166 @@
+"""Calibrating the "xla" cost model on the JAX device at hand (`eqsat calibrate`), and its factory.
+
+What is measured, each with the one timing policy (`jax_backend.timing.interleaved_rounds`), in
+a few seconds on a CPU: the dispatch of an empty jitted call (paid once per program, subtracted
+from the rest), the cost of one more kernel (a chain of small reductions, each waiting for the last), the
+bandwidth of a loop fusion streaming a 1 MiB array, the arithmetic rate of a long elementwise
+chain, and dots and convs of representative sizes (seconds against flops: the efficiency curve).
+The result is cached per machine, device and JAX version (`eqsat.xla_cost.Calibration`); the
+factory never measures inside an optimizer's clock: with no cache it fails with a line saying to
+run `eqsat calibrate`, and a damaged or foreign cache is re-measured (with a one-line warning)
+before any search starts.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from eqsat import ops
+from eqsat.cost import _machine_key, register_cost_model
+from eqsat.errors import EqsatError
+from eqsat.paths import cache_dir
+from eqsat.xla_cost import Calibration, CalibrationError, Curve, XlaModel, read_calibration, write_calibration
+from jax_backend.measured_cost import check_measuring_device, device_key
+from jax_backend.timing import interleaved_rounds
+
+__all__ = ["MATMUL_SHAPES", "CONV_SHAPES", "calibration_path", "calibrate", "load_calibration", "xla_model"]
+
+MATMUL_SHAPES: tuple[tuple[int, int, int], ...] = (
+    (8, 64, 64), (32, 128, 128), (64, 256, 256), (64, 1024, 1024), (128, 512, 512), (256, 1024, 1024),
+    (64, 1024, 4096), (512, 1024, 2048))
+"""(m, k, n) of the calibration's dots: 6.6e4 to 2.1e9 flops, BERT's and NasRNN's among them."""
+
+CONV_SHAPES: tuple[tuple[tuple[int, ...], tuple[int, ...], int], ...] = (
+    ((1, 8, 16, 16), (8, 8, 3, 3), 1), ((1, 32, 32, 32), (32, 32, 3, 3), 1), ((1, 192, 35, 35), (64, 192, 1, 1), 1),
+    ((1, 64, 56, 56), (64, 64, 3, 3), 1), ((1, 256, 14, 14), (256, 256, 3, 3), 1),
+    ((1, 3, 224, 224), (64, 3, 7, 7), 2), ((1, 128, 56, 56), (128, 128, 3, 3), 1))
+"""(input NCHW, kernel OIHW, stride) of the calibration's convs (SAME padding): 3e5 to 9e8 flops."""
+
+
+def calibration_path() -> Path:
+    return cache_dir("xla") / f"{device_key()}.json"
+
+
+def _seconds(fn: Callable[..., Any], args: Sequence[Any], rounds: int = 7, budget_s: float = 1.0) -> float:
+    """Median seconds per call of jitted `fn(*args)`: the one timing policy, one function at a time."""
+    times, _ = interleaved_rounds([lambda: fn(*args)], rounds, budget_s=budget_s, min_rounds=3)
+    return float(statistics.median(times[0]))
+
+
+def _arrays(*shapes: tuple[int, ...]) -> list[jax.Array]:
+    rng = np.random.default_rng(0)
+    return [jnp.asarray(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+
+
+def _op(op: str, attrs: dict[str, Any]) -> Callable[..., Any]:
+    from jax_backend.lower import lower_node
+
+    return jax.jit(lambda *xs: lower_node(op, xs, attrs)[0])
+
+
+def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
+    """Measure this device (seconds: about 10 on a quiet CPU) and return the calibration."""
+    start = time.perf_counter()
+    (tiny,) = _arrays((1,))
+    dispatch = _seconds(jax.jit(lambda x: x), [tiny])
+    say(f"dispatch of a jitted call: {dispatch * 1e6:.1f} us")
+
+    def steps(k: int) -> Callable[..., Any]:
+        def chain(x: jax.Array) -> jax.Array:
+            for _ in range(k):  # each step waits for a reduction of the previous one: a kernel XLA cannot fuse away
+                x = x + jnp.sum(x)
+            return x
+        return jax.jit(chain)
+
+    (x64,) = _arrays((8, 8))
+    one, many = _seconds(steps(1), [x64]), _seconds(steps(17), [x64])
+    launch = max((many - one) / 16, 1e-8)
+    say(f"one more kernel: {launch * 1e6:.2f} us")
+
+    (big,) = _arrays((256 * 1024,))  # 1 MiB: the size of these models' tensors, not DRAM's
+    stream = _seconds(jax.jit(lambda x: x * 2.0 + 1.0), [big]) - dispatch
+    bandwidth = 2 * big.nbytes / max(stream, 1e-9)
+    say(f"loop fusion bandwidth: {bandwidth / 1e9:.1f} GB/s")
+
+    (mid,) = _arrays((256 * 1024,))
+    chain_ops = ("tanh", "ewmul", "sigmoid", "ewadd") * 4
+
+    def loop(n: int) -> Callable[..., Any]:
+        def body(x: jax.Array) -> jax.Array:
+            y = x
+            for op in chain_ops[:n]:
+                y = {"tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid}[op](y) if op in ("tanh", "sigmoid") else (
+                    y * x if op == "ewmul" else y + x)
+            return y
+        return jax.jit(body)
+
+    work = sum(ops.flops(op, [mid.shape] * (ops.op_spec(op).arity or 1), {}) for op in chain_ops[1:])
+    extra = _seconds(loop(len(chain_ops)), [mid]) - _seconds(loop(1), [mid])
+    loop_flops = work / max(extra, 1e-9)
+    say(f"elementwise arithmetic in a loop: {loop_flops / 1e9:.1f} GFLOP/s")
+
+    matmul = []
+    for m, k, n in MATMUL_SHAPES:
+        a, b = _arrays((m, k), (k, n))
+        t = max(_seconds(_op("matmul", {"act": 0}), [a, b]) - dispatch, 1e-8)
+        matmul.append((2.0 * m * k * n, t))
+        say(f"dot {m}x{k}x{n}: {t * 1e6:.0f} us, {2.0 * m * k * n / t / 1e9:.1f} GFLOP/s")
+    conv = []
+    for xs, ws, stride in CONV_SHAPES:
+        attrs = {"stride_h": stride, "stride_w": stride, "pad": 0, "act": 0}
+        a, b = _arrays(xs, ws)
+        t = max(_seconds(_op("conv2d", attrs), [a, b]) - dispatch, 1e-8)
+        f = ops.flops("conv2d", [xs, ws], attrs)
+        conv.append((f, t))
+        say(f"conv {xs} * {ws} /{stride}: {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
+    return Calibration(_machine_key(), device_key(), launch, bandwidth, loop_flops, Curve.fit(matmul),
+                       Curve.fit(conv), time.perf_counter() - start)
+
+
+def load_calibration(force: bool = False, say: Callable[[str], None] = lambda _: None,
+                     measure_if_missing: bool = True) -> tuple[Calibration, str]:
+    """The cached calibration, or a fresh one (written to the cache), and how it was obtained:
+    "cached", "measured" (none cached, or `force`) or "re-measured: WHY" (a damaged or foreign
+    cache, never trusted; the warning is one line on stderr). With `measure_if_missing` False a
+    missing cache is a `CalibrationError` telling to run `eqsat calibrate`."""
+    path = calibration_path()
+    status = "measured"
+    if not force:
+        try:
+            return read_calibration(path, _machine_key(), device_key()), "cached"
+        except CalibrationError as exc:
+            if not path.exists() and not measure_if_missing:
+                raise CalibrationError(f"the xla cost model needs a calibration of this device ({device_key()}), "
+                                       "and none is cached: run `eqsat calibrate` first") from None
+            if path.exists():
+                print(f"eqsat: warning: {exc}; re-measuring it (outside any optimizer clock)", file=sys.stderr)
+                status = f"re-measured: {exc}"
+    cal = calibrate(say)
+    try:
+        write_calibration(path, cal)
+    except OSError as exc:
+        say(f"could not write the calibration cache {path}: {exc}")
+    return cal, status
+
+
+def xla_model(device: str = "cpu", **options: Any) -> XlaModel:
+    """Factory for eqsat.cost's registry: `cost_model("xla")`, priced from this device's calibration
+    (refuses a device name other than the one JAX runs on, as the measured model does)."""
+    try:
+        check_measuring_device(device)
+    except EqsatError as exc:
+        raise EqsatError(str(exc).replace("measured/", "xla/").replace("times ops on", "is calibrated on")) from None
+    cal, _ = load_calibration(measure_if_missing=False)
+    return XlaModel(cal, device=device, **options)
+
+
+register_cost_model("xla", xla_model)
