@@ -268,9 +268,12 @@ class XlaModel:
             return cal.launch_s + max(work / cal.loop_flops, (sum(in_bytes) + out_bytes) / cal.bandwidth)
         if kind == "library":
             curve = cal.conv if op == "conv2d" else cal.matmul
-            act = int(spec.normalize_attrs(attrs).get("act", 0))
-            head = cal.launch_s + 2 * out_bytes / cal.bandwidth if act else 0.0  # the activation's loop
-            return curve.seconds_for(max(work, 1.0)) + head
+            act = ops.Activation(int(spec.normalize_attrs(attrs).get("act", 0)))
+            if act is ops.Activation.NONE:
+                return curve.seconds_for(max(work, 1.0))
+            # the activation is the head of a loop (what a separate activation op would cost)
+            head = self._seconds(act.op_name, {}, [outs[0]], (False,))
+            return curve.seconds_for(max(work - ops.numel(outs[0]), 1.0)) + head
         if kind == "copy":
             return cal.launch_s + 2 * out_bytes / cal.bandwidth
         return cal.launch_s + max(work / cal.loop_flops, (sum(in_bytes) + out_bytes) / cal.bandwidth)

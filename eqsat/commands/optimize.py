@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import jax_backend  # noqa: F401 - registers the "measured" cost model for --cost-model
-from eqsat.cost import COST_MODEL_FACTORIES, cost_model
+from eqsat.cost import CONVENTIONS, COST_MODEL_FACTORIES, conventions, cost_model
 from eqsat.errors import EqsatError, NumericsError
 from eqsat.models import MODELS, build_model
 from eqsat.output_targets import writable_dir
-from eqsat.rulesets import candidate_rules
+from eqsat.rulesets import RULE_SETS, named_rules
 from jax_backend.checks import measure_pair
 
 __all__ = ["OptimizeOptions", "add_arguments", "optimize_model", "run"]
@@ -43,9 +43,14 @@ class OptimizeOptions:
     save_graphs: Path | None = None
     rtol: float = 1e-4
     atol: float = 1e-5
+    conventions: str = "ours"  # eqsat.cost.CONVENTIONS: "tensat" charges weight-only ops, prices transposes 0
+    rules: str = "default"  # eqsat.rulesets.RULE_SETS: "tensat-only" for Tensat's rule files alone
 
     def __post_init__(self) -> None:
-        """Reject limits no run can honour (NaN, negative, zero repeats) before any work."""
+        """Reject limits no run can honour (NaN, negative, zero repeats) and unknown names before any work."""
+        conventions(self.conventions)
+        if self.rules not in RULE_SETS:
+            named_rules(self.rules)  # the one error line
         checks = [("--time-limit", self.time_limit, 0.0), ("--saturate-seconds", self.saturate_seconds, 0.0),
                   ("--node-limit", self.node_limit, 1), ("--iterations", self.iterations, 0),
                   ("--k-multi", self.k_multi, 0), ("--repeats", self.repeats, 1)]
@@ -69,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=d.repeats, help="timed runs of each graph")
     parser.add_argument("--save-graphs", type=Path, default=None, metavar="DIR",
                         help="write MODEL.before.json and MODEL.after.json (Graph JSON) here")
+    parser.add_argument("--conventions", default=d.conventions,
+                        help=f"extraction conventions ({', '.join(CONVENTIONS)}; default: %(default)s)")
+    parser.add_argument("--rules", default=d.rules, help=f"rule set ({', '.join(RULE_SETS)}; default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
@@ -76,7 +84,7 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
         extractor=args.extractor, time_limit=args.time_limit, node_limit=args.node_limit,
         iterations=args.iterations, saturate_seconds=args.saturate_seconds, k_multi=args.k_multi,
         cost_model=args.cost_model, device=args.device, seed=args.seed, repeats=args.repeats,
-        save_graphs=args.save_graphs,
+        save_graphs=args.save_graphs, conventions=args.conventions, rules=args.rules,
     )
     yield optimize_model(args.model, options)
 
@@ -96,15 +104,17 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
     if options.save_graphs is not None:
         writable_dir(options.save_graphs, "--save-graphs")
     graph = build_model(model)
-    costs = cost_model(options.cost_model, device=options.device)
+    convention = conventions(options.conventions)
+    costs = convention.apply(cost_model(options.cost_model, device=options.device))
     limits = Limits(iterations=options.iterations, nodes=options.node_limit, seconds=options.saturate_seconds,
                     multi_rounds=options.k_multi)
     console.print(f"[bold]{model}[/]: {len(graph.nodes)} nodes; saturating (limits: {limits.iterations} iterations, "
                   f"{limits.nodes} e-nodes, {limits.seconds:g} s) and extracting with {options.extractor}")
     with console.status("verifying the rules (Tensat's and conv_merges) that can match the graph (cached after the first run)"):
-        rule_set = select_rules(candidate_rules(), encoded_signatures(graph))
+        rule_set = select_rules(named_rules(options.rules), encoded_signatures(graph))
     result = optimize_graph(graph, rule_set.trusted, limits, costs, extractor=options.extractor,
-                            time_limit=options.time_limit, seed=options.seed, progress=True)
+                            time_limit=options.time_limit, seed=options.seed, progress=True,
+                            fold_weights=convention.fold_weights)
     optimized = result.optimized
     if options.save_graphs is not None:
         stem = model if model in MODELS else Path(model).stem
@@ -133,6 +143,8 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
         "extractor": options.extractor,
         "selection_status": result.selection_status,
         "cost_model": f"{options.cost_model}/{costs.device}",
+        "conventions": options.conventions,
+        "rules": options.rules,
         "nodes_before": len(graph.live().nodes),
         "nodes_after": len(optimized.live().nodes),
         "op_counts_after": optimized.live().op_counts(),
