@@ -89,7 +89,7 @@ def check_model(name: str, options: CheckOptions = CheckOptions()) -> dict[str, 
     inputs = graph.random_inputs(options.seed)
     scale = max(1.0, max(float(np.max(np.abs(o))) for o in graph.evaluate(inputs)))
     before = graph_cost(graph, xla)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for plan, labels in plans.items():
         predicted = before / graph_cost(plan, xla)
         if labels == ["original"]:
