@@ -10,7 +10,8 @@ e-node of its class ends in an elementwise loop), and
   costs its arithmetic and the bytes of its other operands, no launch and no write; otherwise it
   starts a loop: a launch, its reads and its write;
 - a dot or conv (`"library"`) costs what the calibration measured for a call of its size (seconds
-  against flops, interpolated in log-log between measured shapes), plus the loop of its activation;
+  against flops, interpolated in log-log between measured shapes) or the time to read its operands
+  at the measured matrix-vector bandwidth, whichever is longer, plus the loop of its activation;
 - a copy (`"copy"`: concat, transpose) costs a launch and a read and write of its output; views
   (`"view"`) and leaves nothing; any other op (`"kernel"`: pools, reductions) a launch plus its
   roofline under the measured bandwidth and loop arithmetic rate.
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["CALIBRATION_FORMAT", "Calibration", "CalibrationError", "Curve", "XlaModel", "fusion_context",
            "graph_enodes", "read_calibration", "write_calibration"]
 
-CALIBRATION_FORMAT = "eqsat-xla-calibration-1"
+CALIBRATION_FORMAT = "eqsat-xla-calibration-2"
 
 
 class CalibrationError(EqsatError):
@@ -114,9 +115,12 @@ class Calibration:
     matmul: Curve
     conv: Curve
     seconds: float = 0.0  # how long the calibration took
+    weight_bandwidth: float = 0.0  # bytes/s a dot or conv reads its operands at (matrix-vector products); 0: `bandwidth`
 
     def __post_init__(self) -> None:
-        if not all(_positive(x) for x in (self.launch_s, self.bandwidth, self.loop_flops)):
+        if not self.weight_bandwidth:
+            object.__setattr__(self, "weight_bandwidth", self.bandwidth)
+        if not all(_positive(x) for x in (self.launch_s, self.bandwidth, self.loop_flops, self.weight_bandwidth)):
             raise CalibrationError("a calibration rate or launch cost is not a finite positive number")
 
     def to_json(self) -> dict[str, Any]:
@@ -130,7 +134,8 @@ class Calibration:
                 raise CalibrationError(f"not a {CALIBRATION_FORMAT} file")
             curves = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) for k in ("matmul", "conv")}
             return Calibration(str(data["machine"]), str(data["device"]), data["launch_s"], data["bandwidth"],
-                               data["loop_flops"], curves["matmul"], curves["conv"], float(data.get("seconds", 0.0)))
+                               data["loop_flops"], curves["matmul"], curves["conv"], float(data.get("seconds", 0.0)),
+                               data["weight_bandwidth"])
         except CalibrationError:
             raise
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -269,11 +274,13 @@ class XlaModel:
         if kind == "library":
             curve = cal.conv if op == "conv2d" else cal.matmul
             act = ops.Activation(int(spec.normalize_attrs(attrs).get("act", 0)))
+            # the call: its efficiency at this size, or the time to read its operands (a matrix-vector product)
+            dot = work - (ops.numel(outs[0]) if act is not ops.Activation.NONE else 0)
+            call = max(curve.seconds_for(max(dot, 1.0)), (sum(in_bytes) + out_bytes) / cal.weight_bandwidth)
             if act is ops.Activation.NONE:
-                return curve.seconds_for(max(work, 1.0))
+                return call
             # the activation is the head of a loop (what a separate activation op would cost)
-            head = self._seconds(act.op_name, {}, [outs[0]], (False,))
-            return curve.seconds_for(max(work - ops.numel(outs[0]), 1.0)) + head
+            return call + self._seconds(act.op_name, {}, [outs[0]], (False,))
         if kind == "copy":
             return cal.launch_s + 2 * out_bytes / cal.bandwidth
         return cal.launch_s + max(work / cal.loop_flops, (sum(in_bytes) + out_bytes) / cal.bandwidth)

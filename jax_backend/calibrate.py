@@ -4,7 +4,9 @@ What is measured, each with the one timing policy (`jax_backend.timing.interleav
 a few seconds on a CPU: the dispatch of an empty jitted call (paid once per program, subtracted
 from the rest), the cost of one more kernel (a chain of small reductions, each waiting for the last), the
 bandwidth of a loop fusion streaming a 1 MiB array, the arithmetic rate of a long elementwise
-chain, and dots and convs of representative sizes (seconds against flops: the efficiency curve).
+chain, dots and convs of representative sizes (seconds against flops: the efficiency curve) and
+matrix-vector products (the bandwidth at which a call reads its weight), each as the marginal
+cost of one more call in a chain.
 The result is cached per machine, device and JAX version (`eqsat.xla_cost.Calibration`); the
 factory never measures inside an optimizer's clock: with no cache it fails with a line saying to
 run `eqsat calibrate`, and a damaged or foreign cache is re-measured (with a one-line warning)
@@ -32,18 +34,22 @@ from eqsat.xla_cost import Calibration, CalibrationError, Curve, XlaModel, read_
 from jax_backend.measured_cost import check_measuring_device, device_key
 from jax_backend.timing import interleaved_rounds
 
-__all__ = ["MATMUL_SHAPES", "CONV_SHAPES", "calibration_path", "calibrate", "load_calibration", "xla_model"]
+__all__ = ["MATMUL_SHAPES", "GEMV_SIZES", "CONV_SHAPES", "calibration_path", "calibrate", "load_calibration", "xla_model"]
 
-MATMUL_SHAPES: tuple[tuple[int, int, int], ...] = (
-    (8, 64, 64), (32, 128, 128), (64, 256, 256), (64, 1024, 1024), (128, 512, 512), (256, 1024, 1024),
-    (64, 1024, 4096), (512, 1024, 2048))
-"""(m, k, n) of the calibration's dots: 6.6e4 to 2.1e9 flops, BERT's and NasRNN's among them."""
+MATMUL_SHAPES: tuple[tuple[int, int], ...] = (
+    (8, 64), (32, 128), (64, 256), (128, 512), (64, 1024), (256, 1024))
+"""(m, k) of the calibration's dots, (m, k) x (k, k): 6.6e4 to 5.4e8 flops (BERT's 64 x 1024 among them)."""
 
-CONV_SHAPES: tuple[tuple[tuple[int, ...], tuple[int, ...], int], ...] = (
-    ((1, 8, 16, 16), (8, 8, 3, 3), 1), ((1, 32, 32, 32), (32, 32, 3, 3), 1), ((1, 192, 35, 35), (64, 192, 1, 1), 1),
-    ((1, 64, 56, 56), (64, 64, 3, 3), 1), ((1, 256, 14, 14), (256, 256, 3, 3), 1),
-    ((1, 3, 224, 224), (64, 3, 7, 7), 2), ((1, 128, 56, 56), (128, 128, 3, 3), 1))
-"""(input NCHW, kernel OIHW, stride) of the calibration's convs (SAME padding): 3e5 to 9e8 flops."""
+GEMV_SIZES: tuple[int, ...] = (1024, 2048)
+"""k of the calibration's matrix-vector products (1, k) x (k, k) (NasRNN's): bound by reading the
+weight; the largest (16 MiB a weight, past any cache, as a model's weights are) gives the bandwidth."""
+
+CONV_SHAPES: tuple[tuple[int, int, int], ...] = (
+    (8, 16, 3), (32, 32, 3), (192, 35, 1), (128, 28, 3), (256, 14, 3), (64, 56, 3))
+"""(channels, height = width, kernel) of the calibration's convs, (1, C, H, H) * (C, C, K, K), stride 1,
+SAME padding: 3e5 to 2.3e8 flops."""
+
+LINKS = 3  # a chain of this many calls on distinct weights against one call: the marginal cost of a call
 
 
 def calibration_path() -> Path:
@@ -61,10 +67,22 @@ def _arrays(*shapes: tuple[int, ...]) -> list[jax.Array]:
     return [jnp.asarray(rng.standard_normal(s).astype(np.float32)) for s in shapes]
 
 
-def _op(op: str, attrs: dict[str, Any]) -> Callable[..., Any]:
+def _marginal(op: str, attrs: dict[str, Any], x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> float:
+    """Seconds one more call of `op` adds to a jitted program: a chain of `LINKS` calls, each on its
+    own weight (read from memory as a model's weights are), against a single call, timed in the
+    same rounds. What a program pays once (dispatch, waking threads) cancels out."""
     from jax_backend.lower import lower_node
 
-    return jax.jit(lambda *xs: lower_node(op, xs, attrs)[0])
+    def chain(x: jax.Array, *ws: jax.Array) -> jax.Array:
+        for w in ws:
+            x = lower_node(op, (x, w), attrs)[0]
+        return x
+
+    fn = jax.jit(chain)
+    x, *ws = _arrays(x_shape, *[w_shape] * LINKS)
+    times, _ = interleaved_rounds([lambda: fn(x, ws[0]), lambda: fn(x, *ws)], 5, budget_s=1.0, min_rounds=3)
+    one, many = (float(statistics.median(t)) for t in times)
+    return max((many - one) / (LINKS - 1), 1e-8)
 
 
 def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
@@ -108,22 +126,23 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
     loop_flops = work / max(extra, 1e-9)
     say(f"elementwise arithmetic in a loop: {loop_flops / 1e9:.1f} GFLOP/s")
 
-    matmul = []
-    for m, k, n in MATMUL_SHAPES:
-        a, b = _arrays((m, k), (k, n))
-        t = max(_seconds(_op("matmul", {"act": 0}), [a, b]) - dispatch, 1e-8)
-        matmul.append((2.0 * m * k * n, t))
-        say(f"dot {m}x{k}x{n}: {t * 1e6:.0f} us, {2.0 * m * k * n / t / 1e9:.1f} GFLOP/s")
+    matmul: list[tuple[float, float]] = []  # (flops, seconds)
+    gemv: list[tuple[float, float]] = []  # (bytes, seconds)
+    for m, k in MATMUL_SHAPES + tuple((1, k) for k in GEMV_SIZES):
+        t = _marginal("matmul", {"act": 0}, (m, k), (k, k))
+        flops, moved = 2.0 * m * k * k, 4.0 * (2 * m * k + k * k)
+        (gemv if m == 1 else matmul).append((moved, t) if m == 1 else (flops, t))
+        say(f"dot {m}x{k}x{k}: {t * 1e6:.0f} us, {flops / t / 1e9:.1f} GFLOP/s, {moved / t / 1e9:.1f} GB/s")
+    weight_bandwidth = gemv[-1][0] / gemv[-1][1]
     conv = []
-    for xs, ws, stride in CONV_SHAPES:
-        attrs = {"stride_h": stride, "stride_w": stride, "pad": 0, "act": 0}
-        a, b = _arrays(xs, ws)
-        t = max(_seconds(_op("conv2d", attrs), [a, b]) - dispatch, 1e-8)
-        f = ops.flops("conv2d", [xs, ws], attrs)
+    for c, hw, kk in CONV_SHAPES:
+        attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+        t = _marginal("conv2d", attrs, (1, c, hw, hw), (c, c, kk, kk))
+        f = ops.flops("conv2d", [(1, c, hw, hw), (c, c, kk, kk)], attrs)
         conv.append((f, t))
-        say(f"conv {xs} * {ws} /{stride}: {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
+        say(f"conv (1, {c}, {hw}, {hw}) * ({c}, {c}, {kk}, {kk}): {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
     return Calibration(_machine_key(), device_key(), launch, bandwidth, loop_flops, Curve.fit(matmul),
-                       Curve.fit(conv), time.perf_counter() - start)
+                       Curve.fit(conv), time.perf_counter() - start, weight_bandwidth)
 
 
 def load_calibration(force: bool = False, say: Callable[[str], None] = lambda _: None,

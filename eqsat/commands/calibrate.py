@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
     yield {
         "device": cal.device, "status": status, "cache": str(calibration_path()), "seconds": cal.seconds,
         "launch_us": cal.launch_s * 1e6, "bandwidth_gbs": cal.bandwidth / 1e9, "loop_gflops": cal.loop_flops / 1e9,
+        "weight_bandwidth_gbs": cal.weight_bandwidth / 1e9,
         "matmul_gflops": {f"{f:.3g}": f / s / 1e9 for f, s in zip(cal.matmul.flops, cal.matmul.seconds)},
         "conv_gflops": {f"{f:.3g}": f / s / 1e9 for f, s in zip(cal.conv.flops, cal.conv.seconds)},
     }
