@@ -71,15 +71,20 @@ class Curve:
     @staticmethod
     def fit(points: Sequence[tuple[float, float]]) -> Curve:
         """A curve through measured (flops, seconds) points: sorted, one point per flop count (the
-        faster), and made non-decreasing in seconds (more work never takes less time; a faster big
-        shape lowers the smaller ones' times, not the other way round)."""
-        best: dict[float, float] = {}
-        for f, s in points:
-            best[f] = min(s, best.get(f, math.inf))
-        xs = sorted(best)
-        ys = [best[x] for x in xs]
-        for i in range(len(ys) - 2, -1, -1):
-            ys[i] = min(ys[i], ys[i + 1])
+        geometric mean), made non-decreasing in seconds (more work never takes less time) by
+        pooling adjacent violators in log space, so one noisy point moves its neighbours a little
+        instead of dragging every smaller shape down to it."""
+        groups: dict[float, list[float]] = {}
+        for f, sec in points:
+            groups.setdefault(float(f), []).append(math.log(sec))
+        xs = sorted(groups)
+        blocks: list[tuple[float, int]] = []  # (mean log-seconds, points pooled)
+        for x in xs:
+            blocks.append((sum(groups[x]) / len(groups[x]), 1))
+            while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+                (a, n), (b, m) = blocks[-2], blocks[-1]
+                blocks[-2:] = [((a * n + b * m) / (n + m), n + m)]
+        ys = [math.exp(mean) for mean, n in blocks for _ in range(n)]
         return Curve(tuple(xs), tuple(ys))
 
     def seconds_for(self, flops: float) -> float:

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", nargs="*", metavar="MODEL", default=None,
                         help="then compare predicted and measured speedups on these models "
                              f"(no names: {' '.join(DEFAULT_CHECK_MODELS)})")
-    parser.add_argument("--repeats", type=int, default=15, help="--check: timed rounds per plan")
+    parser.add_argument("--repeats", type=int, default=30, help="--check: interleaved timing rounds (the original and every plan)")
     parser.add_argument("--time-limit", type=float, default=15.0, help="--check: extraction seconds per cost model")
 
 
