@@ -97,3 +97,16 @@ def test_calibration_measures_this_cpu_quickly(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))
     cal = cal_mod.calibrate()
     assert cal.seconds < 60 and cal.matmul.rate(1e8) > 1e8
+
+
+@pytest.mark.slow  # ~30 s of CPU: saturation, extraction and JAX timing of NasRNN-small
+def test_optimize_under_the_xla_model_with_tensat_conventions_and_rules(
+        cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_calibration(cal_mod.calibration_path(), _fake())
+    code = cli.main(["optimize", "nasrnn-small", "--json", "--repeats", "3", "--iterations", "5", "--time-limit", "20",
+                     "--cost-model", "xla", "--conventions", "tensat", "--rules", "tensat-only"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    row = json.loads(out)
+    assert row["cost_model"] == "xla/cpu" and row["conventions"] == "tensat" and row["rules"] == "tensat-only"
+    assert row["numerics_ok"] is True and 0 < row["cost_after"] <= row["cost_before"]
