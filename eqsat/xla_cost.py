@@ -187,19 +187,17 @@ def fusion_context(enodes: ENodes) -> EGraphContext:
         members.setdefault(n.eclass, []).append(n)
     constant = ops.weight_derived((n.eclass, n.op, n.children) for n in enodes.nodes.values())
     leaf = {c: ms[0].op for c, ms in members.items() if any(ops.op_spec(m.op).is_leaf for m in ms)}
+    ends = {c: [(_ends_in_loop(m), m.children[0] if m.children else "") for m in ms] for c, ms in members.items()
+            if c not in constant and c not in leaf}
     fused: set[str] = set()
     changed = True
     while changed:  # least fixpoint: views see their input's fact; a cycle of views stays unfused
         changed = False
-        for cls, ms in members.items():
-            if cls in fused or cls in constant or cls in leaf:
-                continue
-            ends = [_ends_in_loop(m) for m in ms]
-            if all(e if e is not None else m.children[0] in fused for e, m in zip(ends, ms)):
+        for cls, facts in ends.items():
+            if cls not in fused and all(e if e is not None else child in fused for e, child in facts):
                 fused.add(cls)
                 changed = True
-    classes = {c: ValueContext(leaf=leaf.get(c), weight_derived=c in constant, fused_loop=c in fused)
-               for c in enodes.shapes}
+    classes = {c: ValueContext(leaf=leaf.get(c), fused_loop=c in fused) for c in enodes.shapes}
     return EGraphContext(frozenset(enodes.nodes), classes)
 
 
