@@ -80,9 +80,14 @@ def _marginal(op: str, attrs: dict[str, Any], x_shape: tuple[int, ...], w_shape:
 
     fn = jax.jit(chain)
     x, *ws = _arrays(x_shape, *[w_shape] * LINKS)
-    times, _ = interleaved_rounds([lambda: fn(x, ws[0]), lambda: fn(x, *ws)], 5, budget_s=1.0, min_rounds=3)
-    one, many = (float(statistics.median(t)) for t in times)
-    return max((many - one) / (LINKS - 1), 1e-8)
+    return max(_extra(lambda: fn(x, ws[0]), lambda: fn(x, *ws)) / (LINKS - 1), 1e-8)
+
+
+def _extra(base: Callable[[], Any], more: Callable[[], Any]) -> float:
+    """Seconds `more` takes beyond `base`: timed in the same interleaved rounds, the median of each
+    round's difference (both samples of a round see the same machine state)."""
+    times, _ = interleaved_rounds([base, more], 9, budget_s=1.0, min_rounds=5)
+    return float(statistics.median(b - a for a, b in zip(*times)))
 
 
 def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
@@ -100,8 +105,8 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
         return jax.jit(chain)
 
     (x64,) = _arrays((8, 8))
-    one, many = _seconds(steps(1), [x64]), _seconds(steps(17), [x64])
-    launch = max((many - one) / 16, 1e-8)
+    one, many = steps(1), steps(17)
+    launch = max(_extra(lambda: one(x64), lambda: many(x64)) / 16, 1e-8)
     say(f"one more kernel: {launch * 1e6:.2f} us")
 
     (big,) = _arrays((256 * 1024,))  # 1 MiB: the size of these models' tensors, not DRAM's
@@ -122,8 +127,8 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
         return jax.jit(body)
 
     work = sum(ops.flops(op, [mid.shape] * (ops.op_spec(op).arity or 1), {}) for op in chain_ops[1:])
-    extra = _seconds(loop(len(chain_ops)), [mid]) - _seconds(loop(1), [mid])
-    loop_flops = work / max(extra, 1e-9)
+    short, long = loop(1), loop(len(chain_ops))
+    loop_flops = work / max(_extra(lambda: short(mid), lambda: long(mid)), 1e-9)
     say(f"elementwise arithmetic in a loop: {loop_flops / 1e9:.1f} GFLOP/s")
 
     matmul: list[tuple[float, float]] = []  # (flops, seconds)
