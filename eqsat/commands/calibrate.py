@@ -49,14 +49,19 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
         raise EqsatError(f"eqsat calibrate measures JAX's default device, which is not {args.device}: run it on a "
                          "machine with that device (or use --device cpu)") from None
     cal, status = load_calibration(force=args.force, say=lambda line: print(line, file=sys.stderr))
-    yield {
+    fitted = {
         "device": cal.device, "status": status, "cache": str(calibration_path()), "seconds": cal.seconds,
         "launch_us": cal.launch_s * 1e6, "bandwidth_gbs": cal.bandwidth / 1e9, "loop_gflops": cal.loop_flops / 1e9,
         "weight_bandwidth_gbs": cal.weight_bandwidth / 1e9,
         "matmul_gflops": {f"{f:.3g}": f / s / 1e9 for f, s in zip(cal.matmul.flops, cal.matmul.seconds)},
         "conv_gflops": {f"{f:.3g}": f / s / 1e9 for f, s in zip(cal.conv.flops, cal.conv.seconds)},
     }
-    if names:
-        from jax_backend.calibration_check import CheckOptions, check_models
+    if not names:
+        yield fitted
+        return
+    from jax_backend.calibration_check import CheckOptions, check_models
 
-        yield from check_models(names, CheckOptions(repeats=args.repeats, time_limit=args.time_limit))
+    print(f"calibration ({status}): launch {fitted['launch_us']:.2f} us, loop bandwidth {fitted['bandwidth_gbs']:.1f} "
+          f"GB/s, weight bandwidth {fitted['weight_bandwidth_gbs']:.1f} GB/s", file=sys.stderr)
+    for row in check_models(names, CheckOptions(repeats=args.repeats, time_limit=args.time_limit)):
+        yield {**row, "calibration": fitted}

@@ -110,3 +110,15 @@ def test_optimize_under_the_xla_model_with_tensat_conventions_and_rules(
     row = json.loads(out)
     assert row["cost_model"] == "xla/cpu" and row["conventions"] == "tensat" and row["rules"] == "tensat-only"
     assert row["numerics_ok"] is True and 0 < row["cost_after"] <= row["cost_before"]
+
+
+@pytest.mark.slow  # saturates and times NasRNN-small's plans under four cost models
+def test_check_sets_predicted_beside_measured(cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_calibration(cal_mod.calibration_path(), _fake())
+    assert cli.main(["calibrate", "--check", "nasrnn-small", "--repeats", "8", "--time-limit", "10", "--json"]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert row["model"] == "nasrnn-small" and row["calibration"]["status"] == "cached"
+    assert row["candidates"][0]["models"] == ["original"] and row["plans"] == len(row["candidates"])
+    for plan in row["candidates"]:
+        low, high = plan["measured_speedup_ci"]
+        assert plan["predicted_speedup"] > 0 and low <= plan["measured_speedup"] <= high
