@@ -110,8 +110,8 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
     say(f"one more kernel: {launch * 1e6:.2f} us")
 
     (big,) = _arrays((256 * 1024,))  # 1 MiB: the size of these models' tensors, not DRAM's
-    stream = _seconds(jax.jit(lambda x: x * 2.0 + 1.0), [big]) - dispatch
-    bandwidth = 2 * big.nbytes / max(stream, 1e-9)
+    scale = jax.jit(lambda x: x * 2.0 + 1.0)
+    bandwidth = 2 * big.nbytes / max(_extra(lambda: scale(tiny), lambda: scale(big)), 1e-9)  # less the dispatch
     say(f"loop fusion bandwidth: {bandwidth / 1e9:.1f} GB/s")
 
     (mid,) = _arrays((256 * 1024,))
