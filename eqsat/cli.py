@@ -27,6 +27,7 @@ COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "optimize": ("eqsat.commands.optimize", "optimize a model end to end"),
     "bench": ("eqsat.commands.bench", "run a named benchmark (eqsat bench --help lists them)"),
     "parallel": ("eqsat.commands.parallel", "plan a model on a device mesh: algebra and sharding from one ILP"),
+    "calibrate": ("eqsat.commands.calibrate", "measure this device for the xla cost model (cached)"),
 })
 
 

@@ -28,6 +28,7 @@ class ValueContext:
     leaf: str | None = None  # the leaf op ("input" / "weight") when the value is one
     weight_derived: bool = False  # a weight moved by distribution ops only (its gradient is a weight's)
     needs_grad: bool = True  # a weight reaches it: a gradient flows back through it
+    fused_loop: bool = False  # the output of an XLA loop fusion: an elementwise consumer joins that loop
 
 
 @dataclass(frozen=True)

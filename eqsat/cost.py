@@ -44,11 +44,16 @@ Shape = tuple[int, ...]
 __all__ = [
     "DeviceSpec", "DEVICES", "CostModel", "RooflineModel", "COST_MODEL_FACTORIES", "cost_model", "register_cost_model",
     "graph_cost", "weight_only_nodes", "device_spec", "calibrate_cpu", "UnknownCostModelError",
+    "Conventions", "CONVENTIONS", "conventions", "UnknownConventionsError", "FreeOpsModel",
 ]
 
 
 class UnknownCostModelError(EqsatError):
     """A cost model or device name that no table defines."""
+
+
+class UnknownConventionsError(EqsatError):
+    """A `--conventions` name that `CONVENTIONS` does not define."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +235,65 @@ def cost_model(name: str = "roofline", device: str = "cpu", **options: Any) -> C
     return factory(device, **options)
 
 
+# --- conventions --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FreeOpsModel:
+    """`base` with the ops of `free` priced at 0 (a convention, not a measurement), the rest unchanged."""
+
+    base: CostModel
+    free: frozenset[str]
+
+    @property
+    def name(self) -> str:
+        return self.base.name
+
+    @property
+    def device(self) -> str:
+        return self.base.device
+
+    def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]) -> float:
+        return 0.0 if op in self.free else self.base.op_cost(op, attrs, input_shapes)
+
+
+@dataclass(frozen=True)
+class Conventions:
+    """How extraction counts what a cost model does not measure. `fold_weights`: ops computed from
+    weights alone cost nothing (precomputed once, as `measure_pair` runs them); `free_ops`: ops
+    priced at 0 whatever the model says."""
+
+    name: str
+    fold_weights: bool
+    free_ops: frozenset[str] = frozenset()
+    description: str = ""
+
+    def apply(self, model: CostModel) -> CostModel:
+        """`model` under these conventions (itself when nothing is free); a model that prices in
+        context makes its own copy (`with_free_ops`), so its context pricing sees the convention too."""
+        if not self.free_ops:
+            return model
+        own = getattr(model, "with_free_ops", None)
+        return own(self.free_ops) if own is not None else FreeOpsModel(model, self.free_ops)
+
+
+CONVENTIONS: Mapping[str, Conventions] = MappingProxyType({
+    "ours": Conventions("ours", fold_weights=True, description="weight-only ops folded (cost 0), every op priced"),
+    "tensat": Conventions("tensat", fold_weights=False, free_ops=frozenset({"transpose"}),
+                          description="Tensat's extraction: weight-only ops charged in full (its "
+                                      "all_weight_discount is 1.0), transposes free"),
+})
+"""Named conventions (`eqsat optimize --conventions`); "ours" is the default."""
+
+
+def conventions(name: str) -> Conventions:
+    """The named conventions; an unknown name is one error line listing the known ones."""
+    try:
+        return CONVENTIONS[name]
+    except KeyError:
+        raise UnknownConventionsError(
+            f"unknown conventions {name!r}; known conventions: {', '.join(CONVENTIONS)}") from None
+
+
 def weight_only_nodes(graph: Graph) -> frozenset[int]:
     """Nodes computed from weights alone (e.g. the concat of two matmuls' weights): they can be
     computed once when the weights are loaded, so they are no part of a run's cost (as in Tensat).
@@ -241,9 +305,13 @@ def graph_cost(graph: Graph, model: CostModel, fold_weights: bool = True) -> flo
     """Sum of the op costs of the nodes the outputs depend on (leaves cost nothing).
 
     With `fold_weights`, nodes computed from weights alone cost 0 too (see `weight_only_nodes`),
-    as in `TensorEGraph.serialize`.
+    as in `TensorEGraph.serialize`. A model that prices nodes in context (`eqsat.xla_cost`) prices
+    the whole graph itself (`price_graph`), the way it prices an e-graph.
     """
     live = graph.live()
+    own = getattr(model, "price_graph", None)
+    if own is not None:
+        return float(own(live, fold_weights))
     skip = weight_only_nodes(live) if fold_weights else frozenset()
     return float(sum(model.op_cost(n.op, n.attr, [live.shape(v) for v in n.inputs])
                      for i, n in enumerate(live.nodes) if i not in skip and not ops.OPS[n.op].is_leaf))

@@ -31,6 +31,11 @@ Role = Literal["enter", "leave", "keep", "none"]
 its mesh axis in front (partition, replicate), `leave` takes the leading one off (combine, reduce),
 `keep` is a collective that leaves them as they are; `none`: no distribution op."""
 GradReads = Literal["", "input", "output"]
+FusionKind = Literal["leaf", "view", "loop", "copy", "library", "kernel"]
+"""What XLA makes of an op (`OpSpec.fusion`, read by `eqsat.xla_cost`): `leaf` and `view` launch
+nothing; `loop` ops join the loop fusion of their elementwise neighbours; `copy` ops move bytes (a
+concat, a transpose); `library` ops are a dot or conv call of their own; `kernel`: any other op
+is its own kernel (pools, reductions)."""
 WeightDerivation = Literal["weight", "never", "moves", "computes"]
 
 
@@ -99,6 +104,16 @@ class OpSpec:
     grad_reads: GradReads = ""  # the one buffer an elementwise op's derivative reads, as the memory model keeps it
     on_devices: Callable[[Attrs, int], bool] | None = None  # runs on a value with k leading device axes, each
     # device on its piece, for these attributes (None: never on distributed values)
+    fusion_kind: FusionKind | None = None  # what XLA makes of it, where `fusion` cannot derive it
+
+    @property
+    def fusion(self) -> FusionKind:
+        """What XLA makes of the op: given, else derived from the other facts (see `FusionKind`)."""
+        if self.fusion_kind is not None:
+            return self.fusion_kind
+        if self.is_leaf or self.is_view:
+            return "leaf" if self.is_leaf else "view"
+        return "loop" if self.fusible else "library" if self.contraction else "kernel"
 
     @property
     def launches_kernel(self) -> bool:
@@ -586,22 +601,24 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("poolavg", _POOL_ATTRS, 1, _pool_infer("poolavg"), _pool_numpy("avg"), _pool_flops,
            doc="average pooling; padded positions count as zeros"),
     OpSpec("concat", (AttrSpec("axis", "int"),), None, _concat_infer,
-           lambda xs, a: (np.concatenate(xs, axis=a["axis"]),), _zero_flops, doc="join along an axis"),
+           lambda xs, a: (np.concatenate(xs, axis=a["axis"]),), _zero_flops, doc="join along an axis",
+           fusion_kind="copy"),
     OpSpec("split", (AttrSpec("axis", "int"), AttrSpec("sizes", "ints")), 1, _split_infer, _split_numpy,
            _zero_flops, is_view=True, doc="cut along an axis into pieces of the given sizes"),
     OpSpec("slice", (AttrSpec("axis", "int"), AttrSpec("start", "int"), AttrSpec("stop", "int")), 1,
            _slice_infer, _slice_numpy, _zero_flops, is_view=True, doc="one piece of a split"),
     OpSpec("transpose", (AttrSpec("perm", "ints"),), 1, _transpose_infer,
            lambda xs, a: (np.transpose(xs[0], a["perm"]),), _zero_flops, doc="permute axes",
-           on_devices=_keeps_leading("perm")),
+           on_devices=_keeps_leading("perm"), fusion_kind="copy"),
     OpSpec("reshape", (AttrSpec("shape", "ints"),), 1, _reshape_infer,
            lambda xs, a: (xs[0].reshape(a["shape"]),), _zero_flops, is_view=True, doc="row-major reshape"),
     OpSpec("batchnorm", (AttrSpec("eps", "float", 1e-5),), 5, _batchnorm_infer, _batchnorm_numpy,
-           _pointwise_flops(2), doc="inference batch norm over axis 1: (x - mean) / sqrt(var + eps) * scale + bias"),
+           _pointwise_flops(2), doc="inference batch norm over axis 1: (x - mean) / sqrt(var + eps) * scale + bias",
+           fusion_kind="loop"),
     OpSpec("enlarge", (), 2, _enlarge_infer, _enlarge_numpy, _zero_flops,
-           doc="zero-pad a kernel to the H, W of a reference kernel, centred"),
+           doc="zero-pad a kernel to the H, W of a reference kernel, centred", fusion_kind="copy"),
     OpSpec("merge_gconv", (AttrSpec("input_shape", "ints"), AttrSpec("count", "int")), 1, _merge_gconv_infer,
-           _merge_gconv_numpy, _zero_flops,
+           _merge_gconv_numpy, _zero_flops, fusion_kind="copy",
            doc="TASO's merge_gconv: the kernel of a grouped conv on an input of input_shape, as the kernel of the "
                "same conv with every count neighbouring groups joined into one (zeros off the block diagonal)"),
     _binary("ewsub", np.subtract, "elementwise difference", on_devices=_any_depth),

@@ -285,7 +285,9 @@ def _search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping
 
     per_model = max(time_limit - saturate_s, 0.05) / max(len(models), 1) if avoid_extra_work else time_limit
     for name, wanted in models.items():
-        objective = wanted if isinstance(wanted, Objective) else Objective(wanted)
+        # a model that prices in context brings its own analysis (eqsat.xla_cost)
+        objective = wanted if isinstance(wanted, Objective) else Objective(
+            wanted, context=getattr(wanted, "context_analysis", None))
         model_s = 0.0
         try:
             extracted, selection, size = extract_from(egraph, objective, per_model)

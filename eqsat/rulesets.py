@@ -14,9 +14,10 @@ from the on-disk verification cache, so selecting again costs milliseconds.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from eqsat.errors import EqsatError
@@ -51,6 +52,26 @@ def candidate_rules() -> list[Rule]:
     merges) Inception's parallel convs could never merge. `eqsat optimize` and `eqsat bench tensat`
     choose from these."""
     return tensat_rules() + library_rules(["conv_merges", "nary_merges"])
+
+
+RULE_SETS: Mapping[str, str] = MappingProxyType({
+    "default": "Tensat's rule files plus the library's conv_merges and nary_merges (candidate_rules)",
+    "tensat-only": "Tensat's rule files alone: no nary_merges, no extra conv merges (to attribute gains)",
+})
+"""The rule sets `eqsat optimize --rules` and `bench tensat` choose from, by name."""
+
+
+class UnknownRuleSetError(EqsatError):
+    """A `--rules` name that `RULE_SETS` does not define."""
+
+
+def named_rules(name: str) -> list[Rule]:
+    """The rules of a named set (`RULE_SETS`), unverified; an unknown name is one error line."""
+    if name == "default":
+        return candidate_rules()
+    if name == "tensat-only":
+        return tensat_rules()
+    raise UnknownRuleSetError(f"unknown rule set {name!r}; known rule sets: {', '.join(RULE_SETS)}")
 
 
 def given_rules(source: Any) -> list[Rule]:

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jax_backend  # noqa: F401 - registers the "measured" cost model for --cost-model
-from eqsat.cost import COST_MODEL_FACTORIES, CostModel, cost_model, graph_cost
+from eqsat.cost import CONVENTIONS, COST_MODEL_FACTORIES, CostModel, conventions, cost_model, graph_cost
 from eqsat.errors import EqsatError, NumericsError
 from eqsat.ir import Graph
 from eqsat.models import MODELS, build_model
 from eqsat.output_targets import writable_dir
-from eqsat.rulesets import candidate_rules
+from eqsat.rulesets import RULE_SETS, named_rules
 from eqsat.saturate import Limits
 from jax_backend.checks import Judgement, PlanCheck, judge_plans
 
@@ -55,9 +55,14 @@ class OptimizeOptions:
     save_graphs: Path | None = None
     rtol: float = 1e-4
     atol: float = 1e-5
+    conventions: str = "ours"  # eqsat.cost.CONVENTIONS: "tensat" charges weight-only ops, prices transposes 0
+    rules: str = "default"  # eqsat.rulesets.RULE_SETS: "tensat-only" for Tensat's rule files alone
 
     def __post_init__(self) -> None:
-        """Reject limits no run can honour (NaN, negative, zero repeats) before any work."""
+        """Reject limits no run can honour (NaN, negative, zero repeats) and unknown names before any work."""
+        conventions(self.conventions)
+        if self.rules not in RULE_SETS:
+            named_rules(self.rules)  # the one error line
         checks = [("--time-limit", self.time_limit, 0.0), ("--saturate-seconds", self.saturate_seconds, 0.0),
                   ("--node-limit", self.node_limit, 1), ("--iterations", self.iterations, 0),
                   ("--k-multi", self.k_multi, 0), ("--repeats", self.repeats, 5),
@@ -89,6 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(the ILP under it) (default: %(default)s)")
     parser.add_argument("--save-graphs", type=Path, default=None, metavar="DIR",
                         help="write MODEL.before.json and MODEL.after.json (Graph JSON) here")
+    parser.add_argument("--conventions", default=d.conventions,
+                        help=f"extraction conventions ({', '.join(CONVENTIONS)}; default: %(default)s)")
+    parser.add_argument("--rules", default=d.rules, help=f"rule set ({', '.join(RULE_SETS)}; default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
@@ -97,6 +105,7 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
         iterations=args.iterations, saturate_seconds=args.saturate_seconds, k_multi=args.k_multi,
         cost_model=args.cost_model, device=args.device, seed=args.seed, repeats=args.repeats,
         timing_budget=args.timing_budget, candidates=tuple(args.candidates), save_graphs=args.save_graphs,
+        conventions=args.conventions, rules=args.rules,
     )
     yield optimize_model(args.model, options)
 
@@ -221,7 +230,8 @@ def _greedy(result: OptimizationResult, time_limit: float) -> tuple[Graph | None
 def optimize_and_judge(graph: Graph, rules: Sequence[Rule], limits: Limits, costs: CostModel, *,
                        extractor: str = "ilp", time_limit: float = 60.0, seed: int = 0,
                        candidates: Sequence[str] = (GREEDY, LAUNCH0), rounds: int = 30, budget_s: float = 30.0,
-                       rtol: float = 1e-4, atol: float = 1e-5, progress: bool = False, strict: bool = True) -> Judged:
+                       rtol: float = 1e-4, atol: float = 1e-5, progress: bool = False, strict: bool = True,
+                       fold_weights: bool = True) -> Judged:
     """THE path of `eqsat optimize` (and of each pass of `eqsat bench tensat`): saturate once,
     extract under `costs` (and under each alternative of `candidates` on the same e-graph), then run
     the original and every candidate end to end through JAX and keep a plan only if it is faster
@@ -234,7 +244,7 @@ def optimize_and_judge(graph: Graph, rules: Sequence[Rule], limits: Limits, cost
                            else cost_model(name, device=costs.device))
                     for name in candidates if name != GREEDY}
     result = optimize_graph(graph, rules, limits, costs, extractor=extractor, time_limit=time_limit, seed=seed,
-                            progress=progress, alternatives=alternatives)
+                            progress=progress, alternatives=alternatives, fold_weights=fold_weights)
     main = f"{extractor}/{costs.name}"
     plans: list[tuple[str, Graph]] = [(main, result.optimized)]
     greedy_s = 0.0
@@ -267,18 +277,19 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
     if options.save_graphs is not None:
         writable_dir(options.save_graphs, "--save-graphs")
     graph = build_model(model)
-    costs = cost_model(options.cost_model, device=options.device)
+    convention = conventions(options.conventions)
+    costs = convention.apply(cost_model(options.cost_model, device=options.device))
     limits = Limits(iterations=options.iterations, nodes=options.node_limit, seconds=options.saturate_seconds,
                     multi_rounds=options.k_multi)
     console.print(f"[bold]{model}[/]: {len(graph.nodes)} nodes; saturating (limits: {limits.iterations} iterations, "
                   f"{limits.nodes} e-nodes, {limits.seconds:g} s) and extracting with {options.extractor}")
     with console.status("verifying the rules (Tensat's and conv_merges) that can match the graph (cached after the first run)"):
-        rule_set = select_rules(candidate_rules(), encoded_signatures(graph))
+        rule_set = select_rules(named_rules(options.rules), encoded_signatures(graph))
     try:
         judged = optimize_and_judge(graph, rule_set.trusted, limits, costs, extractor=options.extractor,
                                     time_limit=options.time_limit, seed=options.seed, candidates=options.candidates,
                                     rounds=options.repeats, budget_s=options.timing_budget, rtol=options.rtol,
-                                    atol=options.atol, progress=True)
+                                    atol=options.atol, progress=True, fold_weights=convention.fold_weights)
     except NumericsError as exc:
         raise NumericsError(f"{model}: {exc}") from None
     result = judged.result
@@ -308,6 +319,8 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
         "extractor": options.extractor,
         "selection_status": result.selection_status,
         "cost_model": f"{options.cost_model}/{costs.device}",
+        "conventions": options.conventions,
+        "rules": options.rules,
         "nodes_before": len(graph.live().nodes),
         "nodes_after": len(judged.answer.live().nodes),
         "op_counts_after": judged.answer.live().op_counts(),

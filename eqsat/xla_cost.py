@@ -1,0 +1,302 @@
+"""The "xla" cost model: price the kernels XLA launches, from a calibration of this device.
+
+A sum of per-op times does not predict a jitted program, because XLA fuses: a chain of elementwise
+ops is one loop over memory, whatever its length, and the activation after a dot is the head of
+such a loop (the dot itself is a library call). So the model prices e-nodes in context
+(`eqsat.context`): each value knows whether it is the output of a loop fusion (`fused_loop`: every
+e-node of its class ends in an elementwise loop), and
+
+- an elementwise (`OpSpec.fusion == "loop"`) node whose input is such a value joins that loop: it
+  costs its arithmetic and the bytes of its other operands, no launch and no write; otherwise it
+  starts a loop: a launch, its reads and its write;
+- a dot or conv (`"library"`) costs what the calibration measured for a call of its size (seconds
+  against flops, interpolated in log-log between measured shapes) or the time to read its operands
+  at the measured matrix-vector bandwidth, whichever is longer, plus the loop of its activation;
+- a copy (`"copy"`: concat, transpose) costs a launch and a read and write of its output; views
+  (`"view"`) and leaves nothing; any other op (`"kernel"`: pools, reductions) a launch plus its
+  roofline under the measured bandwidth and loop arithmetic rate.
+
+The e-graph's extraction prices one e-node at a time, so a value counts as fused only when every
+e-node of its class ends in a loop: the ILP never gets a discount that the node it picks would not
+give. The calibration (`Calibration`) is measured by `jax_backend.calibrate` (`eqsat calibrate`)
+and cached per machine, device and JAX version; this module reads, checks and writes the cache and
+never measures.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eqsat import ops
+from eqsat.atomic_write import atomic_write_text
+from eqsat.context import EGraphContext, ENode, ENodes, NodeInContext, NodePrice, ValueContext
+from eqsat.cost import Shape, weight_only_nodes
+from eqsat.errors import EqsatError
+
+if TYPE_CHECKING:
+    from eqsat.ir import Graph
+
+__all__ = ["CALIBRATION_FORMAT", "Calibration", "CalibrationError", "Curve", "XlaModel", "fusion_context",
+           "graph_enodes", "read_calibration", "write_calibration"]
+
+CALIBRATION_FORMAT = "eqsat-xla-calibration-2"
+
+
+class CalibrationError(EqsatError):
+    """No usable calibration: missing (run `eqsat calibrate`), damaged, or from another machine."""
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Seconds of one library call against its flops, measured at a few shapes (flops increasing);
+    interpolated linearly in log-log, flat below the smallest shape (a call costs at least what the
+    smallest one did) and at the largest shape's rate above it."""
+
+    flops: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.flops) < 2 or len(self.flops) != len(self.seconds):
+            raise CalibrationError("a calibration curve needs at least two (flops, seconds) points")
+        if not all(_positive(x) for x in (*self.flops, *self.seconds)):
+            raise CalibrationError("a calibration curve holds a non-positive or non-finite number")
+        if any(b <= a for a, b in zip(self.flops, self.flops[1:])):
+            raise CalibrationError("a calibration curve's flops are not increasing")
+
+    @staticmethod
+    def fit(points: Sequence[tuple[float, float]]) -> Curve:
+        """A curve through measured (flops, seconds) points: sorted, one point per flop count (the
+        geometric mean), made non-decreasing in seconds (more work never takes less time) by
+        pooling adjacent violators in log space, so one noisy point moves its neighbours a little
+        instead of dragging every smaller shape down to it."""
+        groups: dict[float, list[float]] = {}
+        for f, sec in points:
+            groups.setdefault(float(f), []).append(math.log(sec))
+        xs = sorted(groups)
+        blocks: list[tuple[float, int]] = []  # (mean log-seconds, points pooled)
+        for x in xs:
+            blocks.append((sum(groups[x]) / len(groups[x]), 1))
+            while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+                (a, n), (b, m) = blocks[-2], blocks[-1]
+                blocks[-2:] = [((a * n + b * m) / (n + m), n + m)]
+        ys = [math.exp(mean) for mean, n in blocks for _ in range(n)]
+        return Curve(tuple(xs), tuple(ys))
+
+    def seconds_for(self, flops: float) -> float:
+        xs, ys = self.flops, self.seconds
+        if flops <= xs[0]:
+            return ys[0]
+        if flops >= xs[-1]:
+            return ys[-1] * flops / xs[-1]
+        for i in range(1, len(xs)):
+            if flops <= xs[i]:
+                t = (math.log(flops) - math.log(xs[i - 1])) / (math.log(xs[i]) - math.log(xs[i - 1]))
+                return math.exp(math.log(ys[i - 1]) + t * (math.log(ys[i]) - math.log(ys[i - 1])))
+        return ys[-1]  # pragma: no cover - the loop returns
+
+    def rate(self, flops: float) -> float:
+        """Achieved FLOP/s at this size (what the calibration reports as efficiency)."""
+        return flops / self.seconds_for(flops)
+
+
+def _positive(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the xla model knows about one device, measured on it (`jax_backend.calibrate`)."""
+
+    machine: str  # `eqsat.cost._machine_key()`: a cache copied to another machine is not trusted
+    device: str  # `jax_backend.measured_cost.device_key()`: platform, device kind, JAX version
+    launch_s: float  # one more kernel in a jitted program
+    bandwidth: float  # bytes/s a loop fusion streams (read + write)
+    loop_flops: float  # FLOP/s of elementwise arithmetic inside a loop fusion
+    matmul: Curve
+    conv: Curve
+    seconds: float = 0.0  # how long the calibration took
+    weight_bandwidth: float = 0.0  # bytes/s a dot or conv reads its operands at (matrix-vector products); 0: `bandwidth`
+
+    def __post_init__(self) -> None:
+        if not self.weight_bandwidth:
+            object.__setattr__(self, "weight_bandwidth", self.bandwidth)
+        if not all(_positive(x) for x in (self.launch_s, self.bandwidth, self.loop_flops, self.weight_bandwidth)):
+            raise CalibrationError("a calibration rate or launch cost is not a finite positive number")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": CALIBRATION_FORMAT, **asdict(self)}
+
+    @staticmethod
+    def from_json(data: Any) -> Calibration:
+        """A calibration from its JSON; anything malformed is a `CalibrationError`."""
+        try:
+            if data.get("format") != CALIBRATION_FORMAT:
+                raise CalibrationError(f"not a {CALIBRATION_FORMAT} file")
+            curves = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) for k in ("matmul", "conv")}
+            return Calibration(str(data["machine"]), str(data["device"]), data["launch_s"], data["bandwidth"],
+                               data["loop_flops"], curves["matmul"], curves["conv"], float(data.get("seconds", 0.0)),
+                               data["weight_bandwidth"])
+        except CalibrationError:
+            raise
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise CalibrationError(f"malformed calibration ({type(exc).__name__}: {exc})") from None
+
+
+def read_calibration(path: Path, machine: str, device: str) -> Calibration:
+    """The cached calibration at `path` if it is whole and was measured on this `machine` and
+    `device`; otherwise a `CalibrationError` saying why (missing, damaged, foreign)."""
+    if not path.exists():
+        raise CalibrationError(f"no calibration for {device} at {path}: run `eqsat calibrate`")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise CalibrationError(f"calibration cache {path} is damaged ({type(exc).__name__})") from None
+    cal = Calibration.from_json(data)
+    if cal.machine != machine or cal.device != device:
+        raise CalibrationError(f"calibration cache {path} was measured on another machine or device "
+                               f"({cal.machine}/{cal.device}, here {machine}/{device})")
+    return cal
+
+
+def write_calibration(path: Path, cal: Calibration) -> None:
+    atomic_write_text(path, json.dumps(cal.to_json(), indent=1))
+
+
+# --- the context: which values are loop-fusion outputs ----------------------------------------------
+
+def _ends_in_loop(node: ENode) -> bool | None:
+    """Whether the node's value is written by a loop fusion (None: a view, as its input is)."""
+    kind = ops.op_spec(node.op).fusion
+    if kind == "view":
+        return None
+    if kind == "loop":
+        return True
+    return kind == "library" and int(ops.op_spec(node.op).normalize_attrs(node.attrs).get("act", 0)) != 0
+
+
+def fusion_context(enodes: ENodes) -> EGraphContext:
+    """Every e-node kept; a class is `fused_loop` when every e-node of it ends in a loop (a view
+    when its input does) and it is not computed from weights alone (those are precomputed)."""
+    members: dict[str, list[ENode]] = {}
+    for n in enodes.nodes.values():
+        members.setdefault(n.eclass, []).append(n)
+    constant = ops.weight_derived((n.eclass, n.op, n.children) for n in enodes.nodes.values())
+    leaf = {c: ms[0].op for c, ms in members.items() if any(ops.op_spec(m.op).is_leaf for m in ms)}
+    ends = {c: [(_ends_in_loop(m), m.children[0] if m.children else "") for m in ms] for c, ms in members.items()
+            if c not in constant and c not in leaf}
+    fused: set[str] = set()
+    changed = True
+    while changed:  # least fixpoint: views see their input's fact; a cycle of views stays unfused
+        changed = False
+        for cls, facts in ends.items():
+            if cls not in fused and all(e if e is not None else child in fused for e, child in facts):
+                fused.add(cls)
+                changed = True
+    classes = {c: ValueContext(leaf=leaf.get(c), fused_loop=c in fused) for c in enodes.shapes}
+    return EGraphContext(frozenset(enodes.nodes), classes)
+
+
+def graph_enodes(graph: Graph) -> ENodes:
+    """A graph as e-nodes, one class per value (a split's outputs as slices of its input), so a
+    graph is priced exactly as the e-graph that holds it."""
+    nodes: dict[str, ENode] = {}
+    shapes: dict[str, Shape] = {}
+
+    def cls(node: int, index: int) -> str:
+        return f"v{node}.{index}"
+
+    for i, node in enumerate(graph.nodes):
+        kids = tuple(cls(v.node, v.index) for v in node.inputs)
+        for k, shape in enumerate(node.shapes):
+            shapes[cls(i, k)] = tuple(shape)
+            op, attrs = node.op, node.attr
+            if node.op == "split":
+                start = sum(node.attr["sizes"][:k])
+                op, attrs = "slice", {"axis": node.attr["axis"], "start": start, "stop": start + node.attr["sizes"][k]}
+            nodes[f"n{i}.{k}"] = ENode(op, attrs, cls(i, k), kids)
+    return ENodes(nodes, shapes)
+
+
+# --- the model -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class XlaModel:
+    """Prices what XLA launches (module docstring); an `InContextCostModel` with its own context
+    (`context_analysis`), which `eqsat.pipeline.search` and `eqsat.cost.graph_cost` use."""
+
+    calibration: Calibration
+    device: str = "cpu"
+    free_ops: frozenset[str] = frozenset()
+    itemsize: int = 4
+    name: str = "xla"
+    _cache: dict[Any, float] = field(default_factory=dict, repr=False, compare=False, hash=False)
+
+    def with_free_ops(self, free: frozenset[str]) -> XlaModel:
+        """The same model with `free` ops priced at 0 (`eqsat.cost.Conventions`)."""
+        return replace(self, free_ops=self.free_ops | free, _cache={})
+
+    @property
+    def context_analysis(self) -> Any:
+        return fusion_context
+
+    def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]) -> float:
+        """The op alone: no input fused (a kernel of its own)."""
+        return self.price(NodeInContext.plain(op, attrs, input_shapes)).seconds
+
+    def price(self, node: NodeInContext) -> NodePrice:
+        fused = tuple(v.fused_loop for v in node.inputs)
+        key = (node.op, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in node.attrs.items())),
+               node.input_shapes, fused)
+        seconds = self._cache.get(key)
+        if seconds is None:
+            seconds = self._cache[key] = self._seconds(node.op, node.attrs, node.input_shapes, fused)
+        return NodePrice(seconds)
+
+    def _seconds(self, op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape], fused: Sequence[bool]) -> float:
+        spec = ops.op_spec(op)
+        kind = spec.fusion
+        if op in self.free_ops or kind in ("leaf", "view"):
+            return 0.0
+        cal = self.calibration
+        shapes = [tuple(s) for s in shapes]
+        outs = ops.infer_shapes(op, shapes, attrs)
+        out_bytes = self.itemsize * sum(ops.numel(s) for s in outs)
+        in_bytes = [self.itemsize * ops.numel(s) for s in shapes]
+        work = ops.flops(op, shapes, attrs)
+        if kind == "loop":
+            if any(fused):  # joins the loop of its first fused input: reads its other operands only
+                first = fused.index(True)
+                reads = sum(b for i, b in enumerate(in_bytes) if i != first and not fused[i])
+                return max(work / cal.loop_flops, reads / cal.bandwidth)
+            return cal.launch_s + max(work / cal.loop_flops, (sum(in_bytes) + out_bytes) / cal.bandwidth)
+        if kind == "library":
+            curve = cal.conv if op == "conv2d" else cal.matmul
+            act = ops.Activation(int(spec.normalize_attrs(attrs).get("act", 0)))
+            # the call: its efficiency at this size, or the time to read its operands (a matrix-vector product)
+            dot = work - (ops.numel(outs[0]) if act is not ops.Activation.NONE else 0)
+            call = max(curve.seconds_for(max(dot, 1.0)), (sum(in_bytes) + out_bytes) / cal.weight_bandwidth)
+            if act is ops.Activation.NONE:
+                return call
+            # the activation is the head of a loop (what a separate activation op would cost)
+            return call + self._seconds(act.op_name, {}, [outs[0]], (False,))
+        if kind == "copy":
+            return cal.launch_s + 2 * out_bytes / cal.bandwidth
+        return cal.launch_s + max(work / cal.loop_flops, (sum(in_bytes) + out_bytes) / cal.bandwidth)
+
+    def price_graph(self, graph: Graph, fold_weights: bool = True) -> float:
+        """The graph's cost as the e-graph holding it prices it (same context, same folding)."""
+        live = graph.live()
+        enodes = graph_enodes(live)
+        facts = fusion_context(enodes)
+        skip = {f"n{i}." for i in weight_only_nodes(live)} if fold_weights else set()
+        total = 0.0
+        for nid in enodes.nodes:
+            if ops.op_spec(enodes.nodes[nid].op).is_leaf or nid[:nid.index(".") + 1] in skip:
+                continue
+            total += self.price(facts.node(enodes, nid)).seconds
+        return total

@@ -1,0 +1,190 @@
+"""Calibrating the "xla" cost model on the JAX device at hand (`eqsat calibrate`), and its factory.
+
+What is measured, each with the one timing policy (`jax_backend.timing.interleaved_rounds`), in
+a few seconds on a CPU: the dispatch of an empty jitted call (paid once per program, subtracted
+from the rest), the cost of one more kernel (a chain of small reductions, each waiting for the last), the
+bandwidth of a loop fusion streaming a 1 MiB array, the arithmetic rate of a long elementwise
+chain, dots and convs of representative sizes (seconds against flops: the efficiency curve) and
+matrix-vector products (the bandwidth at which a call reads its weight), each as the marginal
+cost of one more call in a chain.
+The result is cached per machine, device and JAX version (`eqsat.xla_cost.Calibration`); the
+factory never measures inside an optimizer's clock: with no cache it fails with a line saying to
+run `eqsat calibrate`, and a damaged or foreign cache is re-measured (with a one-line warning)
+before any search starts.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from eqsat import ops
+from eqsat.cost import _machine_key, register_cost_model
+from eqsat.errors import EqsatError
+from eqsat.paths import cache_dir
+from eqsat.xla_cost import Calibration, CalibrationError, Curve, XlaModel, read_calibration, write_calibration
+from jax_backend.measured_cost import check_measuring_device, device_key
+from jax_backend.timing import interleaved_rounds
+
+__all__ = ["MATMUL_SHAPES", "GEMV_SIZES", "CONV_SHAPES", "calibration_path", "calibrate", "load_calibration", "xla_model"]
+
+MATMUL_SHAPES: tuple[tuple[int, int], ...] = (
+    (8, 64), (32, 128), (64, 256), (128, 512), (64, 1024), (256, 1024))
+"""(m, k) of the calibration's dots, (m, k) x (k, k): 6.6e4 to 5.4e8 flops (BERT's 64 x 1024 among them)."""
+
+GEMV_SIZES: tuple[int, ...] = (1024, 2048)
+"""k of the calibration's matrix-vector products (1, k) x (k, k) (NasRNN's): bound by reading the
+weight; the largest (16 MiB a weight, past any cache, as a model's weights are) gives the bandwidth."""
+
+CONV_SHAPES: tuple[tuple[int, int, int], ...] = (
+    (8, 16, 3), (32, 32, 3), (192, 35, 1), (128, 28, 3), (256, 14, 3), (64, 56, 3))
+"""(channels, height = width, kernel) of the calibration's convs, (1, C, H, H) * (C, C, K, K), stride 1,
+SAME padding: 3e5 to 2.3e8 flops."""
+
+LINKS = 3  # a chain of this many calls on distinct weights against one call: the marginal cost of a call
+
+
+def calibration_path() -> Path:
+    return cache_dir("xla") / f"{device_key()}.json"
+
+
+def _seconds(fn: Callable[..., Any], args: Sequence[Any], rounds: int = 7, budget_s: float = 1.0) -> float:
+    """Median seconds per call of jitted `fn(*args)`: the one timing policy, one function at a time."""
+    times, _ = interleaved_rounds([lambda: fn(*args)], rounds, budget_s=budget_s, min_rounds=3)
+    return float(statistics.median(times[0]))
+
+
+def _arrays(*shapes: tuple[int, ...]) -> list[jax.Array]:
+    rng = np.random.default_rng(0)
+    return [jnp.asarray(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+
+
+def _marginal(op: str, attrs: dict[str, Any], x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> float:
+    """Seconds one more call of `op` adds to a jitted program: a chain of `LINKS` calls, each on its
+    own weight (read from memory as a model's weights are), against a single call, timed in the
+    same rounds. What a program pays once (dispatch, waking threads) cancels out."""
+    from jax_backend.lower import lower_node
+
+    def chain(x: jax.Array, *ws: jax.Array) -> jax.Array:
+        for w in ws:
+            x = lower_node(op, (x, w), attrs)[0]
+        return x
+
+    fn = jax.jit(chain)
+    x, *ws = _arrays(x_shape, *[w_shape] * LINKS)
+    return max(_extra(lambda: fn(x, ws[0]), lambda: fn(x, *ws)) / (LINKS - 1), 1e-8)
+
+
+def _extra(base: Callable[[], Any], more: Callable[[], Any]) -> float:
+    """Seconds `more` takes beyond `base`: timed in the same interleaved rounds, the median of each
+    round's difference (both samples of a round see the same machine state)."""
+    times, _ = interleaved_rounds([base, more], 9, budget_s=1.0, min_rounds=5)
+    return float(statistics.median(b - a for a, b in zip(*times)))
+
+
+def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
+    """Measure this device (seconds: about 10 on a quiet CPU) and return the calibration."""
+    start = time.perf_counter()
+    (tiny,) = _arrays((1,))
+    dispatch = _seconds(jax.jit(lambda x: x), [tiny])
+    say(f"dispatch of a jitted call: {dispatch * 1e6:.1f} us")
+
+    def steps(k: int) -> Callable[..., Any]:
+        def chain(x: jax.Array) -> jax.Array:
+            for _ in range(k):  # each step waits for a reduction of the previous one: a kernel XLA cannot fuse away
+                x = x + jnp.sum(x)
+            return x
+        return jax.jit(chain)
+
+    (x64,) = _arrays((8, 8))
+    one, many = steps(1), steps(17)
+    launch = max(_extra(lambda: one(x64), lambda: many(x64)) / 16, 1e-8)
+    say(f"one more kernel: {launch * 1e6:.2f} us")
+
+    (big,) = _arrays((256 * 1024,))  # 1 MiB: the size of these models' tensors, not DRAM's
+    scale = jax.jit(lambda x: x * 2.0 + 1.0)
+    bandwidth = 2 * big.nbytes / max(_extra(lambda: scale(tiny), lambda: scale(big)), 1e-9)  # less the dispatch
+    say(f"loop fusion bandwidth: {bandwidth / 1e9:.1f} GB/s")
+
+    (mid,) = _arrays((256 * 1024,))
+    chain_ops = ("tanh", "ewmul", "sigmoid", "ewadd") * 4
+
+    def loop(n: int) -> Callable[..., Any]:
+        def body(x: jax.Array) -> jax.Array:
+            y = x
+            for op in chain_ops[:n]:
+                y = {"tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid}[op](y) if op in ("tanh", "sigmoid") else (
+                    y * x if op == "ewmul" else y + x)
+            return y
+        return jax.jit(body)
+
+    work = sum(ops.flops(op, [mid.shape] * (ops.op_spec(op).arity or 1), {}) for op in chain_ops[1:])
+    short, long = loop(1), loop(len(chain_ops))
+    loop_flops = work / max(_extra(lambda: short(mid), lambda: long(mid)), 1e-9)
+    say(f"elementwise arithmetic in a loop: {loop_flops / 1e9:.1f} GFLOP/s")
+
+    matmul: list[tuple[float, float]] = []  # (flops, seconds)
+    gemv: list[tuple[float, float]] = []  # (bytes, seconds)
+    for m, k in MATMUL_SHAPES + tuple((1, k) for k in GEMV_SIZES):
+        t = _marginal("matmul", {"act": 0}, (m, k), (k, k))
+        flops, moved = 2.0 * m * k * k, 4.0 * (2 * m * k + k * k)
+        (gemv if m == 1 else matmul).append((moved, t) if m == 1 else (flops, t))
+        say(f"dot {m}x{k}x{k}: {t * 1e6:.0f} us, {flops / t / 1e9:.1f} GFLOP/s, {moved / t / 1e9:.1f} GB/s")
+    weight_bandwidth = gemv[-1][0] / gemv[-1][1]
+    conv = []
+    for c, hw, kk in CONV_SHAPES:
+        attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+        t = _marginal("conv2d", attrs, (1, c, hw, hw), (c, c, kk, kk))
+        f = ops.flops("conv2d", [(1, c, hw, hw), (c, c, kk, kk)], attrs)
+        conv.append((f, t))
+        say(f"conv (1, {c}, {hw}, {hw}) * ({c}, {c}, {kk}, {kk}): {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
+    return Calibration(_machine_key(), device_key(), launch, bandwidth, loop_flops, Curve.fit(matmul),
+                       Curve.fit(conv), time.perf_counter() - start, weight_bandwidth)
+
+
+def load_calibration(force: bool = False, say: Callable[[str], None] = lambda _: None,
+                     measure_if_missing: bool = True) -> tuple[Calibration, str]:
+    """The cached calibration, or a fresh one (written to the cache), and how it was obtained:
+    "cached", "measured" (none cached, or `force`) or "re-measured: WHY" (a damaged or foreign
+    cache, never trusted; the warning is one line on stderr). With `measure_if_missing` False a
+    missing cache is a `CalibrationError` telling to run `eqsat calibrate`."""
+    path = calibration_path()
+    status = "measured"
+    if not force:
+        try:
+            return read_calibration(path, _machine_key(), device_key()), "cached"
+        except CalibrationError as exc:
+            if not path.exists() and not measure_if_missing:
+                raise CalibrationError(f"the xla cost model needs a calibration of this device ({device_key()}), "
+                                       "and none is cached: run `eqsat calibrate` first") from None
+            if path.exists():
+                print(f"eqsat: warning: {exc}; re-measuring it (outside any optimizer clock)", file=sys.stderr)
+                status = f"re-measured: {exc}"
+    cal = calibrate(say)
+    try:
+        write_calibration(path, cal)
+    except OSError as exc:
+        say(f"could not write the calibration cache {path}: {exc}")
+    return cal, status
+
+
+def xla_model(device: str = "cpu", **options: Any) -> XlaModel:
+    """Factory for eqsat.cost's registry: `cost_model("xla")`, priced from this device's calibration
+    (refuses a device name other than the one JAX runs on, as the measured model does)."""
+    try:
+        check_measuring_device(device)
+    except EqsatError as exc:
+        raise EqsatError(str(exc).replace("measured/", "xla/").replace("times ops on", "is calibrated on")) from None
+    cal, _ = load_calibration(measure_if_missing=False)
+    return XlaModel(cal, device=device, **options)
+
+
+register_cost_model("xla", xla_model)

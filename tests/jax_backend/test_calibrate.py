@@ -1,0 +1,124 @@
+"""The xla cost model's JAX half (jax_backend/calibrate.py, `eqsat calibrate`): the factory never
+measures inside an optimizer's clock, a damaged or foreign cache is re-measured, a GPU name on a CPU
+host is refused, and the commands refuse bad flags in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eqsat import cli
+from eqsat.cost import cost_model
+from eqsat.errors import EqsatError
+from eqsat.xla_cost import Calibration, CalibrationError, Curve, XlaModel, write_calibration
+from jax_backend import calibrate as cal_mod
+from jax_backend.calibration_check import spearman
+
+
+def _fake(machine: str | None = None) -> Calibration:
+    from eqsat.cost import _machine_key
+    from jax_backend.measured_cost import device_key
+
+    return Calibration(machine or _machine_key(), device_key(), 2e-6, 2e10, 2e9, Curve((1e3, 1e9), (1e-5, 2e-2)),
+                       Curve((1e3, 1e9), (2e-5, 3e-2)), 0.5)
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))
+    measured: list[int] = []
+    monkeypatch.setattr(cal_mod, "calibrate", lambda say=None: measured.append(1) or _fake())
+    return tmp_path
+
+
+def test_without_a_calibration_the_model_says_to_run_eqsat_calibrate(cache: Path) -> None:
+    with pytest.raises(CalibrationError, match="run `eqsat calibrate`"):
+        cost_model("xla", "cpu")
+    assert not cal_mod.calibration_path().exists()  # nothing measured behind the caller's back
+
+
+def test_a_cached_calibration_is_used(cache: Path) -> None:
+    write_calibration(cal_mod.calibration_path(), _fake())
+    model = cost_model("xla", "cpu")
+    assert isinstance(model, XlaModel) and model.calibration == _fake()
+
+
+@pytest.mark.parametrize("content", ["{broken", None])
+def test_a_damaged_or_foreign_cache_is_measured_again_with_a_warning(
+        cache: Path, content: str | None, capsys: pytest.CaptureFixture[str]) -> None:
+    path = cal_mod.calibration_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content if content is not None else json.dumps(_fake("another-machine").to_json()))
+    cal, status = cal_mod.load_calibration()
+    assert status.startswith("re-measured") and cal == _fake()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "warning" in err[0]
+    assert cal_mod.load_calibration()[1] == "cached"  # the fresh one replaced it
+
+
+def test_a_gpu_name_on_a_cpu_host_is_refused(cache: Path) -> None:
+    write_calibration(cal_mod.calibration_path(), _fake())
+    with pytest.raises(EqsatError, match="xla/h100"):
+        cost_model("xla", "h100")
+    with pytest.raises(EqsatError, match="measured/h100"):
+        cost_model("measured", "h100")
+
+
+@pytest.mark.parametrize("argv", [
+    ["optimize", "nasrnn", "--conventions", "taso", "--json"],
+    ["optimize", "nasrnn", "--rules", "everything", "--json"],
+    ["calibrate", "--device", "h100", "--json"],
+    ["calibrate", "--check", "no-such-model", "--json"],
+])
+def test_bad_flags_are_one_error_line(argv: list[str], cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "error" in err
+
+
+def test_calibrate_reports_what_it_fitted(cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["calibrate", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["status"] == "measured" and row["launch_us"] == pytest.approx(2.0)
+    assert set(row["matmul_gflops"]) == {"1e+03", "1e+09"}
+
+
+def test_spearman() -> None:
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)
+    assert spearman([1, 2], [1, 2]) != spearman([1, 2], [1, 2])  # NaN: too few points
+
+
+@pytest.mark.slow
+def test_calibration_measures_this_cpu_quickly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))
+    cal = cal_mod.calibrate()
+    assert cal.seconds < 60 and cal.matmul.rate(1e8) > 1e8
+
+
+@pytest.mark.slow  # ~30 s of CPU: saturation, extraction and JAX timing of NasRNN-small
+def test_optimize_under_the_xla_model_with_tensat_conventions_and_rules(
+        cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_calibration(cal_mod.calibration_path(), _fake())
+    code = cli.main(["optimize", "nasrnn-small", "--json", "--repeats", "3", "--iterations", "5", "--time-limit", "20",
+                     "--cost-model", "xla", "--conventions", "tensat", "--rules", "tensat-only"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    row = json.loads(out)
+    assert row["cost_model"] == "xla/cpu" and row["conventions"] == "tensat" and row["rules"] == "tensat-only"
+    assert row["numerics_ok"] is True and 0 < row["cost_after"] <= row["cost_before"]
+
+
+@pytest.mark.slow  # saturates and times NasRNN-small's plans under four cost models
+def test_check_sets_predicted_beside_measured(cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_calibration(cal_mod.calibration_path(), _fake())
+    assert cli.main(["calibrate", "--check", "nasrnn-small", "--repeats", "8", "--time-limit", "10", "--json"]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert row["model"] == "nasrnn-small" and row["calibration"]["status"] == "cached"
+    assert row["candidates"][0]["models"] == ["original"] and row["plans"] == len(row["candidates"])
+    for plan in row["candidates"]:
+        low, high = plan["measured_speedup_ci"]
+        assert plan["predicted_speedup"] > 0 and low <= plan["measured_speedup"] <= high

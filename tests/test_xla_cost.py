@@ -1,0 +1,153 @@
+"""The xla cost model's JAX-free half (eqsat/xla_cost.py): the calibration file, fusion pricing in
+context, and the conventions and named rule sets it is compared under."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eqsat import ops
+from eqsat.cost import CONVENTIONS, UnknownConventionsError, conventions, cost_model, graph_cost
+from eqsat.egraph import TensorEGraph
+from eqsat.ir import Graph, GraphBuilder
+from eqsat.rulesets import RULE_SETS, UnknownRuleSetError, named_rules
+from eqsat.xla_cost import Calibration, CalibrationError, Curve, XlaModel, read_calibration, write_calibration
+
+CAL = Calibration("machine-a", "cpu-test", launch_s=5e-6, bandwidth=10e9, loop_flops=5e9,
+                  matmul=Curve((1e3, 1e6, 1e9), (1e-5, 5e-5, 2e-2)), conv=Curve((1e3, 1e9), (2e-5, 3e-2)))
+
+
+def _chain(fused_act: bool = False, tail: int = 3) -> Graph:
+    """x @ w followed by an elementwise chain of `tail` ops (relu first, or fused into the matmul)."""
+    b = GraphBuilder()
+    x, w, c = b.input("x", (64, 256)), b.weight("w", (256, 256)), b.input("c", (64, 256))
+    y = b.matmul(x, w, act=2) if fused_act else b.relu(b.matmul(x, w))
+    for op in ("tanh", "sigmoid", "ewadd")[:tail]:
+        y = b.ewadd(y, c) if op == "ewadd" else getattr(b, op)(y)
+    return b.build([y])
+
+
+def test_curve_interpolates_in_log_log_and_extrapolates_at_the_last_rate() -> None:
+    curve = Curve((1e3, 1e9), (1e-5, 1e-2))
+    assert curve.seconds_for(1e6) == pytest.approx(10 ** -3.5)
+    assert curve.seconds_for(10.0) == 1e-5  # a call costs at least the smallest measured one
+    assert curve.seconds_for(2e9) == pytest.approx(2e-2)
+    fitted = Curve.fit([(1e6, 3e-3), (1e3, 1e-5), (1e9, 1e-3), (1e3, 2e-5)])
+    assert fitted.flops == (1e3, 1e6, 1e9) and list(fitted.seconds) == sorted(fitted.seconds)
+    with pytest.raises(CalibrationError):
+        Curve((1e3,), (1e-5,))
+
+
+def test_calibration_cache_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "xla" / "cal.json"
+    write_calibration(path, CAL)
+    assert read_calibration(path, "machine-a", "cpu-test") == CAL
+
+
+@pytest.mark.parametrize("damage", [
+    lambda d: "{not json",
+    lambda d: json.dumps({**d, "launch_s": 0}),
+    lambda d: json.dumps({**d, "bandwidth": None}),
+    lambda d: json.dumps({**d, "matmul": {"flops": [1, 2], "seconds": [1e-3]}}),
+    lambda d: json.dumps({**d, "conv": {"flops": [2, 1], "seconds": [1e-3, 1e-3]}}),
+    lambda d: json.dumps({**d, "format": "something-else"}),
+    lambda d: json.dumps([1, 2]),
+    lambda d: json.dumps({k: v for k, v in d.items() if k != "matmul"}),
+])
+def test_a_damaged_calibration_is_refused(tmp_path: Path, damage: object) -> None:
+    path = tmp_path / "cal.json"
+    path.write_text(damage(CAL.to_json()))  # type: ignore[operator]
+    with pytest.raises(CalibrationError):
+        read_calibration(path, "machine-a", "cpu-test")
+
+
+def test_a_calibration_from_another_machine_or_device_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "cal.json"
+    write_calibration(path, CAL)
+    with pytest.raises(CalibrationError, match="another machine"):
+        read_calibration(path, "machine-b", "cpu-test")
+    with pytest.raises(CalibrationError, match="another machine"):
+        read_calibration(path, "machine-a", "gpu-test")
+    with pytest.raises(CalibrationError, match="eqsat calibrate"):
+        read_calibration(tmp_path / "missing.json", "machine-a", "cpu-test")
+
+
+def test_fusion_facts_are_on_the_op_registry() -> None:
+    assert ops.op_spec("relu").fusion == "loop" and ops.op_spec("batchnorm").fusion == "loop"
+    assert ops.op_spec("matmul").fusion == "library" and ops.op_spec("conv2d").fusion == "library"
+    assert ops.op_spec("concat").fusion == "copy" and ops.op_spec("transpose").fusion == "copy"
+    assert ops.op_spec("reshape").fusion == "view" and ops.op_spec("weight").fusion == "leaf"
+    assert ops.op_spec("poolmax").fusion == "kernel"
+
+
+def test_an_elementwise_chain_after_a_matmul_costs_one_loop() -> None:
+    model = XlaModel(CAL)
+    graph = _chain()
+    fused = graph_cost(graph, model)
+    unfused = sum(model.op_cost(n.op, n.attr, [graph.shape(v) for v in n.inputs]) for n in graph.nodes)
+    # four elementwise ops: one loop launch (relu's) and its write, not four
+    assert unfused - fused >= 3 * CAL.launch_s
+    # a longer chain adds arithmetic and the extra operand's read, never another launch
+    alone = model.op_cost("ewadd", {}, [(64, 256), (64, 256)])
+    added = graph_cost(_chain(tail=3), model) - graph_cost(_chain(tail=2), model)
+    assert 0 < added <= alone - CAL.launch_s - 2 * 64 * 256 * 4 / CAL.bandwidth + 1e-12
+    # the activation inside the matmul is the head of the same loop: same kernels, same price
+    assert graph_cost(_chain(fused_act=True), model) == pytest.approx(fused)
+
+
+def test_the_egraph_prices_a_graph_as_graph_cost_does() -> None:
+    from eqsat.pipeline import Priced, Objective
+
+    model = XlaModel(CAL)
+    graph = _chain()
+    priced = Priced.of(TensorEGraph.from_graph(graph), Objective(model, context=model.context_analysis))
+    assert sum(float(c) for c in priced.data.cost) == pytest.approx(graph_cost(graph, model))
+
+
+def test_a_class_is_fused_only_when_every_node_of_it_ends_in_a_loop() -> None:
+    from eqsat.context import ENode, ENodes
+    from eqsat.xla_cost import fusion_context
+
+    shapes = {c: (4, 4) for c in ("x", "w", "mm", "r", "y")}
+    nodes = {"x": ENode("input", {"name": "x", "shape": [4, 4]}, "x", ()),
+             "w": ENode("weight", {"name": "w", "shape": [4, 4]}, "w", ()),
+             "mm": ENode("matmul", {"act": 0}, "mm", ("x", "w")),
+             "r1": ENode("relu", {}, "r", ("mm",)), "r2": ENode("matmul", {"act": 2}, "r", ("x", "w")),
+             "y1": ENode("tanh", {}, "y", ("r",)), "y2": ENode("matmul", {"act": 0}, "y", ("r", "w"))}
+    facts = fusion_context(ENodes(nodes, shapes))
+    assert facts.classes["r"].fused_loop  # relu(x @ w) and matmul-with-relu: both end in a loop
+    assert not facts.classes["y"].fused_loop  # one member is a plain dot
+    assert not facts.classes["mm"].fused_loop and not facts.classes["x"].fused_loop
+
+
+def test_tensat_conventions_charge_a_weight_only_matmul_and_free_transposes() -> None:
+    b = GraphBuilder()
+    x, w1, w2 = b.input("x", (64, 256)), b.weight("w1", (256, 256)), b.weight("w2", (256, 256))
+    y = b.matmul(x, b.matmul(w1, w2))
+    t = b.transpose(y, perm=(1, 0))
+    graph = b.build([t])
+    ours, tensat = conventions("ours"), conventions("tensat")
+    for model in (cost_model("roofline", "cpu-nominal"), XlaModel(CAL)):
+        base = graph_cost(graph, ours.apply(model), ours.fold_weights)
+        charged = graph_cost(graph, tensat.apply(model), tensat.fold_weights)
+        weight_only = model.op_cost("matmul", {"act": 0}, [(256, 256), (256, 256)])
+        transpose = model.op_cost("transpose", {"perm": (1, 0)}, [(64, 256)])
+        assert transpose > 0 and weight_only > 0
+        assert charged == pytest.approx(base + weight_only - transpose)
+    assert set(CONVENTIONS) == {"ours", "tensat"}
+    with pytest.raises(UnknownConventionsError, match="known conventions: ours, tensat"):
+        conventions("taso")
+
+
+def test_tensat_only_rules_have_no_library_merges() -> None:
+    from eqsat.rewrites import library_rules
+
+    tensat_only = {r.name for r in named_rules("tensat-only")}
+    default = {r.name for r in named_rules("default")}
+    library = {r.name for r in library_rules(["conv_merges", "nary_merges"])}
+    assert library and default == tensat_only | library and not tensat_only & library
+    assert set(RULE_SETS) == {"default", "tensat-only"}
+    with pytest.raises(UnknownRuleSetError, match="known rule sets"):
+        named_rules("everything")
