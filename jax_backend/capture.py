@@ -1,10 +1,12 @@
 """JAX function → `Program`: IR graphs for what eqsat understands, verbatim equations for the rest.
 
 A jaxpr is walked once. Equations whose primitive has a handler in `CAPTURE_RULES` (and whose values
-are all float32 with positive dimensions) become IR instructions; `jit` calls are inlined; every
-other equation (custom_jvp/vjp calls other than relu, control flow, RNG, integer ops, stop_gradient,
-...) is kept as an `OpaqueStep` and replayed exactly as it was, so gradients and effects of those
-parts do not change.
+all have an IR dtype, `eqsat.ops.DTYPES`: float32, bfloat16, float16, integers, bool, with positive
+dimensions) become IR instructions, each value keeping its dtype; `jit` calls are inlined; every
+other equation (custom_jvp/vjp calls other than relu, control flow, RNG, ...) is kept as an
+`OpaqueStep` and replayed exactly as it was, so gradients and effects of those parts do not change.
+Integer and boolean arithmetic becomes the IR's mask ops (iadd, lt, select_n, ...), never the float
+ops, so no float rule rewrites it.
 
 Instructions are grouped into as few IR graphs as possible: an instruction's *level* is the number
 of opaque equations on its longest input path, and all instructions of one level form one graph
@@ -31,7 +33,7 @@ from eqsat.regions import levels
 __all__ = ["Program", "GraphStep", "OpaqueStep", "CaptureError", "capture_jaxpr", "capture", "replay",
            "graph_leaf_name", "CAPTURE_RULES"]
 
-CAPTURED_DTYPE = np.dtype(np.float32)
+CAPTURED_DTYPE = np.dtype(np.float32)  # the dtype of values the IR makes where JAX gives none (constants)
 
 
 class CaptureError(EqsatError):
@@ -122,6 +124,13 @@ class _Capturer:
     def shape(self, vid: int) -> Shape:
         return self.avals[vid][0]
 
+    def dtype(self, vid: int) -> str:
+        """The value's IR dtype name (`eqsat.ops.DTYPES`); only values that have one reach here."""
+        return ops.dtype_name(self.avals[vid][1]) or ops.DEFAULT_DTYPE
+
+    def kind(self, vid: int) -> str:
+        return ops.dtype_kind(self.dtype(vid))
+
     def const_value(self, vid: int) -> np.ndarray | None:
         value = self.consts.get(vid)
         if value is None or isinstance(value, jax.core.Tracer):
@@ -133,7 +142,8 @@ class _Capturer:
         spec = ops.op_spec(op)
         norm = spec.normalize_attrs(attrs)
         shapes = ops.infer_shapes(op, [self.shape(i) for i in inputs], norm)
-        outs = tuple(self.new(s, CAPTURED_DTYPE) for s in shapes)
+        dtypes = ops.infer_dtypes(op, [self.dtype(i) for i in inputs], norm, len(shapes))
+        outs = tuple(self.new(s, ops.numpy_dtype(d)) for s, d in zip(shapes, dtypes))
         frozen = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in norm.items()))
         self.items.append(_Instr(op, frozen, tuple(inputs), outs))
         return outs
@@ -226,15 +236,15 @@ def _uncaptureable(eqn: Any) -> str:
     """Why the equation's values cannot be IR values ("" when they can)."""
     for atom in [*eqn.invars, *eqn.outvars]:
         aval = atom.aval
-        if not hasattr(aval, "dtype") or _dtype(aval.dtype) != CAPTURED_DTYPE:
-            return f"{getattr(aval, 'dtype', 'non-array')} values (the IR is float32)"
+        if not hasattr(aval, "dtype") or jax.dtypes.issubdtype(aval.dtype, jax.dtypes.extended) or \
+                ops.dtype_name(aval.dtype) is None:
+            return f"{getattr(aval, 'dtype', 'non-array')} values (the IR has {', '.join(ops.DTYPES)})"
         if any(not isinstance(d, int) or d < 1 for d in aval.shape):
             return "a zero-size or symbolic dimension"
     return ""
 
 
 _NOT_CAPTURED: Mapping[str, str] = {
-    "stop_gradient": "changes gradients only (no IR op; replaying keeps them right)",
     "scan": "control flow (its body is replayed as JAX traces it)",
     "while": "control flow (its body is replayed as JAX traces it)",
     "cond": "control flow (its body is replayed as JAX traces it)",
@@ -256,12 +266,41 @@ def _out_shape(eqn: Any) -> Shape:
     return tuple(eqn.outvars[0].aval.shape)
 
 
-def _binary(op: str) -> CaptureRule:
-    def rule(c: _Capturer, eqn: Any, ins: list[int]) -> list[int]:
+def _binary(op: str, integer: str = "", boolean: str = "") -> CaptureRule:
+    """The float op `op`, or on integer (boolean) operands the IR's `integer` (`boolean`) op; a
+    kind without one stays opaque (integer division, ...)."""
+    def rule(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
         shape = _out_shape(eqn)
-        return [c.emit1(op, [c.broadcast_to(i, shape) for i in ins])]
+        chosen = {"float": op, "int": integer, "bool": boolean}[c.kind(ins[0])]
+        if not chosen:
+            return None
+        return [c.emit1(chosen, [c.broadcast_to(i, shape) for i in ins])]
 
     return rule
+
+
+def _select_n(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+    """lax.select_n with a boolean predicate and two cases (jnp.where, jnp.tril's mask)."""
+    if len(ins) != 3 or c.dtype(ins[0]) != "bool":
+        return None
+    shape = _out_shape(eqn)
+    return [c.emit1("select_n", [c.broadcast_to(i, shape) for i in ins])]
+
+
+def _iota(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+    p = eqn.params
+    dtype = ops.dtype_name(p["dtype"])
+    if p.get("sharding") is not None or dtype is None:
+        return None
+    return [c.emit1("iota", [], shape=tuple(int(d) for d in p["shape"]), dimension=int(p["dimension"]), dtype=dtype)]
+
+
+def _convert(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+    """A conversion to the value's own dtype emits nothing; any other one is the IR's op."""
+    dtype = ops.dtype_name(eqn.params["new_dtype"])
+    if dtype is None or eqn.params.get("sharding") is not None:
+        return None
+    return [ins[0] if dtype == c.dtype(ins[0]) else c.emit1("convert_element_type", ins, dtype=dtype)]
 
 
 def _is_zero(c: _Capturer, vid: int) -> bool:
@@ -276,7 +315,7 @@ def _max(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
     for x, other in ((ins[0], ins[1]), (ins[1], ins[0])):
         if c.in_relu and _is_zero(c, other) and c.shape(x) == shape:
             return [c.emit1("relu", [x])]
-    return _binary("ewmax")(c, eqn, ins)
+    return _binary("ewmax", "imax")(c, eqn, ins)
 
 
 def _unary(op: str) -> CaptureRule:
@@ -359,17 +398,17 @@ def _split(c: _Capturer, eqn: Any, ins: list[int]) -> list[int]:
 
 
 def _identity(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
-    if eqn.params.get("new_dtype", CAPTURED_DTYPE) != CAPTURED_DTYPE:
-        return None
     return [ins[0]]
 
 
 def _dot_general(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
     """Any dot_general as transposes/reshapes around a 2-D or batched 3-D matmul."""
-    if eqn.params.get("preferred_element_type") not in (None, CAPTURED_DTYPE) or eqn.params.get("out_sharding") is not None:
+    if eqn.params.get("out_sharding") is not None:
+        return None
+    lhs, rhs = _contraction_operands(c, eqn, ins)
+    if lhs is None or rhs is None:
         return None
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    lhs, rhs = ins
     ls, rs = c.shape(lhs), c.shape(rhs)
     lc, rc, lb, rb = (tuple(int(d) for d in ds) for ds in (lc, rc, lb, rb))
     lf = tuple(d for d in range(len(ls)) if d not in lc and d not in lb)
@@ -388,6 +427,17 @@ def _dot_general(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
     return [_reshape_to(c, out, _out_shape(eqn))]
 
 
+def _contraction_operands(c: _Capturer, eqn: Any, ins: list[int]) -> tuple[int | None, int | None]:
+    """The operands of a float dot / conv in its output dtype: a bfloat16 product accumulated in
+    float32 (`preferred_element_type`) is the float32 product of the converted operands (exact:
+    a product of two bfloat16 numbers is a float32 number). None where the operands are not floats."""
+    out = ops.dtype_name(eqn.outvars[0].aval.dtype)
+    if out is None or ops.dtype_kind(out) != "float" or any(c.kind(i) != "float" for i in ins):
+        return None, None
+    lhs, rhs = (i if c.dtype(i) == out else c.emit1("convert_element_type", [i], dtype=out) for i in ins)
+    return lhs, rhs
+
+
 def _conv(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
     """2-D convolutions in any layout (NCHW / OIHW, Flax's NHWC / HWIO, ...) and with groups
     (`feature_group_count`, depthwise included), padded as TensorFlow's SAME or VALID: the IR's
@@ -399,9 +449,10 @@ def _conv(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
         return None
     if any(d != 1 for d in (*p["lhs_dilation"], *p["rhs_dilation"])) or p["batch_group_count"] != 1:
         return None
-    if p.get("preferred_element_type") not in (None, CAPTURED_DTYPE):
+    xin, win = _contraction_operands(c, eqn, ins)
+    if xin is None or win is None:
         return None
-    x, w = _transpose_by(c, ins[0], lhs), _transpose_by(c, ins[1], rhs)
+    x, w = _transpose_by(c, xin, lhs), _transpose_by(c, win, rhs)
     xs, ws = c.shape(x), c.shape(w)
     if xs[1] != ws[1] * p["feature_group_count"]:
         return None
@@ -460,8 +511,9 @@ def _reduce_window_sum(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | No
     if found is None:
         return None
     pooled = _pooled(c, "poolavg", ins[0], found)
-    size = c.new((), CAPTURED_DTYPE)
-    c.consts[size] = np.asarray(found[0]["kernel_h"] * found[0]["kernel_w"], dtype=CAPTURED_DTYPE)
+    dtype = c.avals[ins[0]][1]
+    size = c.new((), dtype)
+    c.consts[size] = np.asarray(found[0]["kernel_h"] * found[0]["kernel_w"], dtype=dtype)
     return [c.emit1("ewmul", [pooled, c.broadcast_to(size, c.shape(pooled))])]
 
 
@@ -480,14 +532,20 @@ def _custom_jvp(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
 
 
 CAPTURE_RULES: Mapping[str, CaptureRule] = {
-    "add": _binary("ewadd"), "sub": _binary("ewsub"), "mul": _binary("ewmul"), "div": _binary("ewdiv"),
-    "max": _max, "tanh": _unary("tanh"), "logistic": _unary("sigmoid"), "exp": _unary("exp"),
+    "add": _binary("ewadd", "iadd"), "sub": _binary("ewsub", "isub"), "mul": _binary("ewmul", "imul"),
+    "div": _binary("ewdiv"), "max": _max, "min": _binary("", "imin"),
+    "lt": _binary("lt", "lt"), "le": _binary("le", "le"), "gt": _binary("gt", "gt"), "ge": _binary("ge", "ge"),
+    "eq": _binary("eq", "eq", "eq"), "ne": _binary("ne", "ne", "ne"),
+    "and": _binary("", "and", "and"), "or": _binary("", "or", "or"), "not": lambda c, eqn, ins: (
+        None if c.kind(ins[0]) == "float" else [c.emit1("not", ins)]),
+    "select_n": _select_n, "iota": _iota, "stop_gradient": _unary("stop_gradient"),
+    "tanh": _unary("tanh"), "logistic": _unary("sigmoid"), "exp": _unary("exp"),
     "log": _unary("log"), "neg": _unary("neg"), "sqrt": _unary("sqrt"), "rsqrt": _unary("rsqrt"),
     "integer_pow": _square, "square": _square,
     "reduce_sum": _reduce("reduce_sum"), "reduce_max": _reduce("reduce_max"),
     "reshape": _reshape, "squeeze": _as_reshape, "expand_dims": _as_reshape, "transpose": _transpose,
     "broadcast_in_dim": _broadcast_in_dim, "concatenate": _concatenate, "slice": _slice, "split": _split,
-    "convert_element_type": _identity, "copy": _identity, "copy_p": _identity,
+    "convert_element_type": _convert, "copy": _identity, "copy_p": _identity,
     "dot_general": _dot_general, "conv_general_dilated": _conv, "custom_jvp_call": _custom_jvp,
     "reduce_window_max": _reduce_window_max, "reduce_window_sum": _reduce_window_sum,
 }
@@ -526,7 +584,8 @@ def _graph_step(c: _Capturer, members: list[int], exported: set[int]) -> GraphSt
         for i in c.items[k].inputs:
             if i not in produced and i not in tensors:
                 leaf = "weight" if i in c.consts else "input"
-                tensors[i] = builder.apply(leaf, [], {"name": graph_leaf_name(i), "shape": c.shape(i)})[0]
+                tensors[i] = builder.apply(leaf, [], {"name": graph_leaf_name(i), "shape": c.shape(i),
+                                                      "dtype": c.dtype(i)})[0]
                 inputs.append(i)
     for k in members:
         item = c.items[k]
@@ -588,4 +647,5 @@ def replay(program: Program, run_graph: GraphRunner, args: Sequence[Any]) -> lis
 def numpy_runner(step: GraphStep, values: Sequence[Any]) -> list[Any]:
     """Reference GraphRunner: the IR's numpy semantics (for checking capture itself)."""
     named = {graph_leaf_name(i): np.asarray(v) for i, v in zip(step.inputs, values)}
-    return [np.asarray(o, dtype=CAPTURED_DTYPE) for o in step.graph.evaluate(named)]
+    outs = step.graph.evaluate(named)
+    return [np.asarray(o, dtype=ops.numpy_dtype(step.graph.dtype(v))) for o, v in zip(outs, step.graph.outputs)]
