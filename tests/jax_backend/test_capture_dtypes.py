@@ -251,3 +251,34 @@ def test_low_precision_outputs_are_compared_at_their_epsilon() -> None:
     assert outputs_agree([ref], [off], rtol=2e-4).ok
     assert not outputs_agree([ref.astype(np.float32)], [off.astype(np.float32)], rtol=2e-4).ok
     assert not outputs_agree([ref], [(ref.astype(np.float32) + 0.2).astype(ref.dtype)], rtol=2e-4).ok
+
+
+# --- through the decorator ------------------------------------------------------------------------
+
+def test_explain_shows_nothing_opaque_for_masks_and_one_hot() -> None:
+    import eqsat
+
+    for name, fn, args in _programs()[:3]:
+        report = eqsat.explain(eqsat.optimize(fn, check_speed=False), *args).report
+        assert not report.opaque, (name, report.opaque_why)
+        assert len(report.segments) == 1 and not report.segments[0].error, name
+
+
+@pytest.mark.slow  # ~9 s with a warm verification cache
+def test_bf16_merge_rules_fire_and_numerics_hold() -> None:
+    import eqsat
+
+    def two_heads(x: jax.Array, w1: jax.Array, w2: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return jax.nn.relu(x @ w1), jax.nn.relu(x @ w2)
+
+    k = _key(3)
+    args = (jax.random.normal(k[0], (16, 32), jnp.bfloat16), jax.random.normal(k[1], (32, 32), jnp.bfloat16) / 6,
+            jax.random.normal(k[2], (32, 32), jnp.bfloat16) / 6)
+    f = eqsat.optimize(two_heads, check_speed=False)
+    report = f.report(*args)
+    assert not report.opaque
+    assert any(r for s in report.segments for r in s.rules_fired), report.segments
+    assert report.used == "optimized", report.reason
+    got, want = f(*args), jax.jit(two_heads)(*args)
+    assert all(g.dtype == jnp.bfloat16 for g in got)
+    assert outputs_agree([np.asarray(w) for w in want], [np.asarray(g) for g in got], rtol=2e-4, same_dtype=True).ok
