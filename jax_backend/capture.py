@@ -16,7 +16,7 @@ dependency, so unrelated supported work on both sides of an opaque call still la
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,7 @@ from eqsat.ir import Graph, GraphBuilder, Tensor
 from eqsat.ops import Padding, Shape
 from eqsat.regions import levels
 
-__all__ = ["Program", "GraphStep", "OpaqueStep", "CaptureError", "capture_jaxpr", "capture", "replay",
+__all__ = ["Program", "GraphStep", "OpaqueStep", "LoopStep", "CaptureError", "capture_jaxpr", "capture", "replay",
            "graph_leaf_name", "CAPTURE_RULES"]
 
 CAPTURED_DTYPE = np.dtype(np.float32)  # the dtype of values the IR makes where JAX gives none (constants)
@@ -63,7 +63,61 @@ class OpaqueStep:
         return str(self.eqn.primitive)
 
 
-Step = GraphStep | OpaqueStep
+@dataclass(frozen=True, eq=False)
+class LoopStep:
+    """A `lax.scan` equation (`fori_loop` with a static trip count traces to one) whose body is
+    captured: its own steps over value ids `body_inputs` (the scan's consts, carry, then one slice
+    of each scanned input) returning `body_outputs` (carry, then the stacked outputs' slices).
+    Replayed as a `lax.scan` with the same parameters, the body run by the same graph runner, so
+    the body's graphs are optimized like any other and the loop is kept."""
+
+    eqn: Any  # the scan equation (its params: length, reverse, unroll, num_consts, num_carry)
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    body_inputs: tuple[int, ...]
+    body: tuple[Step, ...]
+    body_outputs: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return str(self.eqn.primitive)
+
+
+Step = GraphStep | OpaqueStep | LoopStep
+
+
+def _graphs_in(steps: Sequence[Step]) -> list[GraphStep]:
+    """The graph steps, loop bodies' included (depth first, in order): what the optimizer sees."""
+    out: list[GraphStep] = []
+    for s in steps:
+        if isinstance(s, GraphStep):
+            out.append(s)
+        elif isinstance(s, LoopStep):
+            out += _graphs_in(s.body)
+    return out
+
+
+def _opaque_in(steps: Sequence[Step]) -> list[OpaqueStep]:
+    out: list[OpaqueStep] = []
+    for s in steps:
+        if isinstance(s, OpaqueStep):
+            out.append(s)
+        elif isinstance(s, LoopStep):
+            out += _opaque_in(s.body)
+    return out
+
+
+def _with_graphs(steps: Sequence[Step], graphs: Iterator[Graph]) -> tuple[Step, ...]:
+    out: list[Step] = []
+    for s in steps:
+        if isinstance(s, GraphStep):
+            out.append(GraphStep(next(graphs), s.inputs, s.outputs))
+        elif isinstance(s, LoopStep):
+            out.append(LoopStep(s.eqn, s.inputs, s.outputs, s.body_inputs, _with_graphs(s.body, graphs),
+                                s.body_outputs))
+        else:
+            out.append(s)
+    return tuple(out)
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,16 +133,22 @@ class Program:
 
     @property
     def graphs(self) -> list[GraphStep]:
-        return [s for s in self.steps if isinstance(s, GraphStep)]
+        """Every IR graph, those in loop bodies included (value ids are unique across bodies)."""
+        return _graphs_in(self.steps)
 
     @property
     def opaque(self) -> list[OpaqueStep]:
-        return [s for s in self.steps if isinstance(s, OpaqueStep)]
+        """Every equation replayed verbatim, those in loop bodies included."""
+        return _opaque_in(self.steps)
+
+    @property
+    def loops(self) -> list[LoopStep]:
+        return [s for s in self.steps if isinstance(s, LoopStep)]
 
     def with_graphs(self, graphs: Sequence[Graph]) -> Program:
-        """The same program with each GraphStep's graph replaced (same leaves and outputs, in order)."""
-        it = iter(graphs)
-        steps = tuple(GraphStep(next(it), s.inputs, s.outputs) if isinstance(s, GraphStep) else s for s in self.steps)
+        """The same program with each graph of `graphs` (in `graphs`' order) replaced (same leaves
+        and outputs, in order)."""
+        steps = _with_graphs(self.steps, iter(graphs))
         return Program(self.n_inputs, self.consts, steps, self.outputs, self.avals, self.effects)
 
 
@@ -112,7 +172,7 @@ class _Capturer:
     def __init__(self) -> None:
         self.avals: dict[int, tuple[Shape, Any]] = {}
         self.consts: dict[int, Any] = {}
-        self.items: list[_Instr | OpaqueStep] = []
+        self.items: list[_Instr | OpaqueStep | LoopStep] = []
         self.reshape_sources: dict[int, int] = {}  # output of a captured reshape -> its input
         self.in_relu = False  # walking jax.nn.relu's custom_jvp body, where max(x, 0) is relu
 
@@ -210,6 +270,8 @@ class _Capturer:
         if name in _CALLS:
             closed = eqn.params["jaxpr"]
             return self.walk(closed.jaxpr, closed.consts, ins), ""
+        if name == "scan":
+            return self.capture_scan(eqn, ins)
         rule = CAPTURE_RULES.get(name)
         if rule is None:
             return None, _NOT_CAPTURED.get(name, "no IR op for this primitive")
@@ -225,6 +287,44 @@ class _Capturer:
         if outs is None:
             del self.items[mark:]
         return outs, why
+
+
+    def capture_scan(self, eqn: Any, ins: list[int]) -> tuple[list[int] | None, str]:
+        """A scan whose body captures at least one graph becomes a `LoopStep`; the body's values
+        get ids in this capture's id space (one namespace, one table of constants)."""
+        closed = eqn.params["jaxpr"]
+        try:
+            scan_counts(eqn.params, len(ins))
+        except CaptureError as exc:
+            return None, f"{exc} (replayed as JAX traces it)"
+        body = _Capturer()
+        body.avals, body.consts = self.avals, self.consts  # shared: ids stay unique
+        args = [body.new(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
+        mark = len(self.avals)
+        outs = body.walk(closed.jaxpr, closed.consts, args)
+        steps = _build_steps(body, outs)
+        if not _graphs_in(steps):
+            for vid in range(mark, len(self.avals)):  # forget the body's values (ids stay dense)
+                self.avals.pop(vid, None)
+                self.consts.pop(vid, None)
+            return None, "control flow: nothing in its body is captured (replayed as JAX traces it)"
+        results = [self.new(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
+        self.items.append(LoopStep(eqn, tuple(ins), tuple(results), tuple(args), steps, tuple(outs)))
+        return results, ""
+
+
+def scan_counts(params: Mapping[str, Any], n_inputs: int) -> tuple[int, int]:
+    """(consts, carry) counts of a scan equation with `n_inputs` operands: `num_consts` /
+    `num_carry` in older JAX, the flat sizes of `ft_in`'s three groups in newer ones."""
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    try:
+        consts, carry, xs = (list(g) for g in params["ft_in"].update(list(range(n_inputs))).unpack())
+    except Exception as exc:  # noqa: BLE001 - a JAX whose scan this code does not know: stay opaque
+        raise CaptureError(f"scan parameters not understood ({type(exc).__name__}: {exc})") from None
+    if consts + carry + xs != list(range(n_inputs)):
+        raise CaptureError("scan parameters not understood (operands out of order)")
+    return len(consts), len(carry)
 
 
 def _dtype(dtype: Any) -> Any:
@@ -245,7 +345,6 @@ def _uncaptureable(eqn: Any) -> str:
 
 
 _NOT_CAPTURED: Mapping[str, str] = {
-    "scan": "control flow (its body is replayed as JAX traces it)",
     "while": "control flow (its body is replayed as JAX traces it)",
     "cond": "control flow (its body is replayed as JAX traces it)",
     "custom_vjp_call": "a custom gradient rule (replayed to keep it)",
@@ -558,7 +657,7 @@ def _build_steps(c: _Capturer, outputs: Sequence[int]) -> tuple[Step, ...]:
     """The items grouped by level (`eqsat.regions.levels`, the grouping regions use; opaque
     equations are the barriers): per level its opaque steps, then one graph of its instructions."""
     producer = {o: k for k, item in enumerate(c.items) for o in item.outputs}
-    opaque = [isinstance(item, OpaqueStep) for item in c.items]
+    opaque = [not isinstance(item, _Instr) for item in c.items]  # opaque equations and loops: barriers
     item_levels = levels(([producer[i] for i in item.inputs if i in producer] for item in c.items), opaque)
     group = list(zip(item_levels, opaque))
     # values some item outside their producer's group reads (with the program's outputs: what a graph exports)
@@ -567,7 +666,7 @@ def _build_steps(c: _Capturer, outputs: Sequence[int]) -> tuple[Step, ...]:
     exported = read_outside | set(outputs)
     steps: list[Step] = []
     for lv in range(max(item_levels, default=-1) + 1):
-        steps += [item for item, il in zip(c.items, item_levels) if il == lv and isinstance(item, OpaqueStep)]
+        steps += [item for item, il in zip(c.items, item_levels) if il == lv and not isinstance(item, _Instr)]
         members = [k for k, il in enumerate(item_levels) if il == lv and isinstance(c.items[k], _Instr)]
         if members:
             steps.append(_graph_step(c, members, exported))
@@ -637,11 +736,39 @@ def replay(program: Program, run_graph: GraphRunner, args: Sequence[Any]) -> lis
     """Evaluate `program` on flat `args`; `run_graph` evaluates one GraphStep on its input values."""
     env: dict[int, Any] = dict(program.consts)
     env.update(enumerate(args))
-    for step in program.steps:
-        values = [env[i] for i in step.inputs]
-        outs = bind_eqn(step.eqn, values) if isinstance(step, OpaqueStep) else run_graph(step, values)
-        env.update(zip(step.outputs, outs))
+    _run_steps(program.steps, env, run_graph, program.consts)
     return [env[o] for o in program.outputs]
+
+
+def _run_steps(steps: Sequence[Step], env: dict[int, Any], run_graph: GraphRunner, consts: Mapping[int, Any]) -> None:
+    for step in steps:
+        values = [env[i] for i in step.inputs]
+        outs: Sequence[Any]
+        if isinstance(step, OpaqueStep):
+            outs = bind_eqn(step.eqn, values)
+        elif isinstance(step, LoopStep):
+            outs = _run_loop(step, values, run_graph, consts)
+        else:
+            outs = run_graph(step, values)
+        env.update(zip(step.outputs, outs))
+
+
+def _run_loop(step: LoopStep, values: Sequence[Any], run_graph: GraphRunner, consts: Mapping[int, Any]) -> list[Any]:
+    """The scan again, as `lax.scan` with the equation's parameters and the body's steps."""
+    p = step.eqn.params
+    n_consts, n_carry = scan_counts(p, len(values))
+    fixed, init, xs = values[:n_consts], list(values[n_consts:n_consts + n_carry]), list(values[n_consts + n_carry:])
+
+    def body(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+        env: dict[int, Any] = dict(consts)
+        env.update(zip(step.body_inputs, [*fixed, *carry, *x]))
+        _run_steps(step.body, env, run_graph, consts)
+        outs = [env[o] for o in step.body_outputs]
+        return outs[:n_carry], outs[n_carry:]
+
+    carry, ys = jax.lax.scan(body, init, xs, length=int(p["length"]), reverse=bool(p["reverse"]),
+                             unroll=p.get("unroll", 1))
+    return [*carry, *ys]
 
 
 def numpy_runner(step: GraphStep, values: Sequence[Any]) -> list[Any]:
