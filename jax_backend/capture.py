@@ -443,9 +443,11 @@ def _reduce(op: str) -> CaptureRule:
 
 
 def _reshape(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
-    if eqn.params.get("dimensions") is not None:
-        return None
-    return [_reshape_to(c, ins[0], _out_shape(eqn))]
+    """A reshape; one with `dimensions` (vmap of a conv over its weights makes one) reads the input
+    in that axis order first: a transpose, then the reshape."""
+    dims = eqn.params.get("dimensions")
+    vid = ins[0] if dims is None else _transpose_by(c, ins[0], tuple(int(d) for d in dims))
+    return [_reshape_to(c, vid, _out_shape(eqn))]
 
 
 def _reshape_to(c: _Capturer, vid: int, shape: Shape) -> int:
@@ -570,16 +572,23 @@ _POOL_LAYOUTS: tuple[tuple[tuple[int, int], tuple[int, ...]], ...] = (((2, 3), (
 
 
 def _pool_attrs(c: _Capturer, eqn: Any, x: int) -> tuple[dict[str, int], tuple[int, ...]] | None:
-    """A window over the spatial axes of a 4-D NCHW or NHWC value, padded as TensorFlow's SAME or
-    VALID: the pool attributes and the permutation to NCHW; None for any other window."""
+    """A window over the spatial axes of a 4-D NCHW or NHWC value, or over two axes of a value of
+    rank 3 to 6 (a pool under vmap), padded as TensorFlow's SAME or VALID: the pool attributes and
+    the permutation that puts the window's axes last (NCHW); None for any other window."""
     p = eqn.params
     shape = c.shape(x)
     window, strides = tuple(int(d) for d in p["window_dimensions"]), tuple(int(d) for d in p["window_strides"])
-    if len(shape) != 4 or any(d != 1 for d in (*p["base_dilation"], *p["window_dilation"])):
+    if any(d != 1 for d in (*p["base_dilation"], *p["window_dilation"])):
         return None
     pads = tuple(tuple(int(v) for v in pr) for pr in p["padding"])
-    for spatial, perm in _POOL_LAYOUTS:
-        other = [a for a in range(4) if a not in spatial]
+    layouts = _POOL_LAYOUTS
+    if len(shape) != 4:  # under vmap (or without a batch axis): the window's two axes, the rest folded
+        pair = _window_pair(window, strides, pads)
+        if pair is None or not 3 <= len(shape) <= 6:
+            return None
+        layouts = ((pair, (*(a for a in range(len(shape)) if a not in pair), *pair)),)
+    for spatial, perm in layouts:
+        other = [a for a in range(len(shape)) if a not in spatial]
         if any(window[a] != 1 or strides[a] != 1 or pads[a] != (0, 0) for a in other):
             continue
         for code in Padding:
@@ -592,9 +601,33 @@ def _pool_attrs(c: _Capturer, eqn: Any, x: int) -> tuple[dict[str, int], tuple[i
 
 
 def _pooled(c: _Capturer, op: str, x: int, found: tuple[dict[str, int], tuple[int, ...]]) -> int:
+    """The pool on NCHW: `perm` moves x's two window axes last; a value of another rank than 4 (a
+    pool under vmap: a 5-D window) has its other axes folded into N and C, and unfolded after."""
     attrs, perm = found
-    y = c.emit1(op, [_transpose_by(c, x, perm)], **attrs)
+    moved = _transpose_by(c, x, perm)
+    shape = c.shape(moved)
+    if len(shape) == 4:
+        return _transpose_by(c, c.emit1(op, [moved], **attrs), tuple(int(i) for i in np.argsort(perm)))
+    lead = shape[:-2]
+    folded = _reshape_to(c, moved, (int(np.prod(lead[:-1], dtype=np.int64)), lead[-1] if lead else 1, *shape[-2:]))
+    y = c.emit1(op, [folded], **attrs)
+    y = _reshape_to(c, y, (*lead, *c.shape(y)[-2:]))
     return _transpose_by(c, y, tuple(int(i) for i in np.argsort(perm)))
+
+
+def _window_pair(window: Sequence[int], strides: Sequence[int], pads: Sequence[tuple[int, ...]]) -> tuple[int, int] | None:
+    """The two axes a window of any rank slides over (the others: size 1, stride 1, no padding),
+    for pooling under vmap; a window over one axis is paired with its neighbour, where it is the
+    identity. None where more than two axes are windowed."""
+    moving = [a for a in range(len(window)) if (window[a], strides[a], pads[a]) != (1, 1, (0, 0))]
+    if len(moving) > 2 or len(window) < 2:
+        return None
+    if len(moving) == 2:
+        return moving[0], moving[1]
+    if len(moving) == 1:
+        a = moving[0]
+        return (a - 1, a) if a > 0 else (a, a + 1)
+    return len(window) - 2, len(window) - 1
 
 
 def _reduce_window_max(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
@@ -766,8 +799,17 @@ def _run_loop(step: LoopStep, values: Sequence[Any], run_graph: GraphRunner, con
         outs = [env[o] for o in step.body_outputs]
         return outs[:n_carry], outs[n_carry:]
 
-    carry, ys = jax.lax.scan(body, init, xs, length=int(p["length"]), reverse=bool(p["reverse"]),
-                             unroll=p.get("unroll", 1))
+    length, reverse = int(p["length"]), bool(p["reverse"])
+    if length > 0 and not any(isinstance(v, jax.core.Tracer) for v in values):
+        # concrete values (the numpy reference runner checking capture, which cannot be traced):
+        # the same loop in Python, step by step
+        carry, stacked = init, []
+        for t in (reversed(range(length)) if reverse else range(length)):
+            carry, y = body(carry, [x[t] for x in xs])
+            stacked.append(y)
+        stacked = stacked[::-1] if reverse else stacked
+        return [*carry, *(np.stack([np.asarray(y[k]) for y in stacked]) for k in range(len(stacked[0])))]
+    carry, ys = jax.lax.scan(body, init, xs, length=length, reverse=reverse, unroll=p.get("unroll", 1))
     return [*carry, *ys]
 
 
