@@ -493,6 +493,16 @@ def _slice(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
     return [vid]
 
 
+def _stack(c: _Capturer, eqn: Any, ins: list[int]) -> list[int]:
+    """jnp.stack: each input with a size-1 axis at `axis`, then one concat."""
+    axis = int(eqn.params["axis"])
+    parts = []
+    for i in ins:
+        shape = c.shape(i)
+        parts.append(_reshape_to(c, i, (*shape[:axis], 1, *shape[axis:])))
+    return [parts[0] if len(parts) == 1 else c.emit1("concat", parts, axis=axis)]
+
+
 def _split(c: _Capturer, eqn: Any, ins: list[int]) -> list[int]:
     sizes = tuple(int(s) for s in eqn.params["sizes"])
     return list(c.emit("split", ins, axis=int(eqn.params["axis"]), sizes=sizes))
@@ -676,7 +686,7 @@ CAPTURE_RULES: Mapping[str, CaptureRule] = {
     "integer_pow": _square, "square": _square,
     "reduce_sum": _reduce("reduce_sum"), "reduce_max": _reduce("reduce_max"),
     "reshape": _reshape, "squeeze": _as_reshape, "expand_dims": _as_reshape, "transpose": _transpose,
-    "broadcast_in_dim": _broadcast_in_dim, "concatenate": _concatenate, "slice": _slice, "split": _split,
+    "broadcast_in_dim": _broadcast_in_dim, "concatenate": _concatenate, "stack": _stack, "slice": _slice, "split": _split,
     "convert_element_type": _convert, "copy": _identity, "copy_p": _identity,
     "dot_general": _dot_general, "conv_general_dilated": _conv, "custom_jvp_call": _custom_jvp,
     "reduce_window_max": _reduce_window_max, "reduce_window_sum": _reduce_window_sum,

@@ -51,6 +51,7 @@ CAPTURE_SAMPLES: Mapping[str, tuple[Sample, ...]] = {
     "transpose": ((lambda a: jnp.transpose(a, (0, 2, 1, 3)), (_X,)),),
     "broadcast_in_dim": ((lambda a: jnp.broadcast_to(a, (3, 4)), (_V,)),),
     "concatenate": ((lambda a, b: jnp.concatenate([a, b], axis=1), (_X, _Y)),),
+    "stack": ((lambda a, b: jnp.stack([a, b], axis=1), (_X, _Y)),),
     "slice": ((lambda a: lax.slice_in_dim(a, 1, 3, axis=1), (_X,)),),
     "split": ((lambda a: jnp.split(a, [1], axis=1), (_X,)),),
     "copy": ((lambda a: jnp.array(a, copy=True), (_X,)),),

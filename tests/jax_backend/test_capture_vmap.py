@@ -65,3 +65,13 @@ def test_a_window_over_three_axes_stays_opaque() -> None:
 
     program, _ = capture(pool3d, jnp.ones((2, 4, 4, 4)))
     assert [s.name for s in program.opaque] == ["reduce_window_max"]
+
+
+def test_stack_is_captured_as_a_concat() -> None:
+    def f(a: jax.Array, b: jax.Array) -> jax.Array:
+        return jnp.stack([a, b, a * b], axis=1)
+
+    a, b = jnp.arange(6.0).reshape(2, 3), jnp.arange(6.0, 12.0).reshape(2, 3)
+    program, _ = capture(f, a, b)
+    assert not program.opaque and program.graphs[0].graph.op_counts().get("concat") == 1
+    np.testing.assert_array_equal(np.asarray(replay(program, _lowered, [a, b])[0]), np.asarray(f(a, b)))
