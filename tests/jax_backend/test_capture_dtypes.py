@@ -255,10 +255,10 @@ def test_low_precision_outputs_are_compared_at_their_epsilon() -> None:
 
 # --- through the decorator ------------------------------------------------------------------------
 
-def test_explain_shows_nothing_opaque_for_masks_and_one_hot() -> None:
+def test_explain_shows_nothing_opaque_for_masks_one_hot_and_bf16() -> None:
     import eqsat
 
-    for name, fn, args in _programs()[:3]:
+    for name, fn, args in _programs()[:4]:
         report = eqsat.explain(eqsat.optimize(fn, check_speed=False), *args).report
         assert not report.opaque, (name, report.opaque_why)
         assert len(report.segments) == 1 and not report.segments[0].error, name
