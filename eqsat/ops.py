@@ -695,6 +695,8 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
     _binary("ewsub", np.subtract, "elementwise difference", on_devices=_any_depth),
     _binary("ewdiv", np.divide, "elementwise quotient", on_devices=_any_depth),
     _binary("ewmax", np.maximum, "elementwise maximum"),
+    _binary("ewmin", np.minimum, "elementwise minimum"),
+    _binary("pow", np.power, "x to the power y (jnp.power, lax.pow; an integer exponent is converted first)"),
     _unary("exp", np.exp, 4, "e to the x", grad_reads="output", on_devices=_any_depth),
     _unary("log", np.log, 4, "natural logarithm", positive_domain=True),
     _unary("neg", np.negative, 1, "-x"),

@@ -378,6 +378,27 @@ def _binary(op: str, integer: str = "", boolean: str = "") -> CaptureRule:
     return rule
 
 
+def _pow(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+    """x ** y for a float x (Adam's bias correction `b1 ** count`): an integer exponent is
+    converted to x's dtype first (the same power, up to the last bit)."""
+    if c.kind(ins[0]) != "float":
+        return None
+    x, y = ins
+    if c.dtype(y) != c.dtype(x):
+        y = c.emit1("convert_element_type", [y], dtype=c.dtype(x))
+    shape = _out_shape(eqn)
+    return [c.emit1("pow", [c.broadcast_to(x, shape), c.broadcast_to(y, shape)])]
+
+
+def _one_minus_square(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
+    """1 - x * x (tanh's derivative in JAX's gradient of tanh)."""
+    dtype = c.avals[ins[0]][1]
+    one = c.new((), dtype)
+    c.consts[one] = np.asarray(1, dtype=dtype)
+    shape = c.shape(ins[0])
+    return [c.emit1("ewsub", [c.broadcast_to(one, shape), c.emit1("ewmul", [ins[0], ins[0]])])]
+
+
 def _select_n(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
     """lax.select_n with a boolean predicate and two cases (jnp.where, jnp.tril's mask)."""
     if len(ins) != 3 or c.dtype(ins[0]) != "bool":
@@ -675,7 +696,7 @@ def _custom_jvp(c: _Capturer, eqn: Any, ins: list[int]) -> list[int] | None:
 
 CAPTURE_RULES: Mapping[str, CaptureRule] = {
     "add": _binary("ewadd", "iadd"), "sub": _binary("ewsub", "isub"), "mul": _binary("ewmul", "imul"),
-    "div": _binary("ewdiv"), "max": _max, "min": _binary("", "imin"),
+    "div": _binary("ewdiv"), "max": _max, "min": _binary("ewmin", "imin"), "pow": _pow, "one_minus_square": _one_minus_square,
     "lt": _binary("lt", "lt"), "le": _binary("le", "le"), "gt": _binary("gt", "gt"), "ge": _binary("ge", "ge"),
     "eq": _binary("eq", "eq", "eq"), "ne": _binary("ne", "ne", "ne"),
     "and": _binary("", "and", "and"), "or": _binary("", "or", "or"), "not": lambda c, eqn, ins: (

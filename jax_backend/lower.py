@@ -140,6 +140,8 @@ LOWERINGS: Mapping[str, Lowering] = MappingProxyType({
     "ewsub": _one(jnp.subtract),
     "ewdiv": _one(jnp.divide),
     "ewmax": _one(jnp.maximum),
+    "ewmin": _one(jnp.minimum),
+    "pow": _one(lax.pow),
     "exp": _one(jnp.exp),
     "log": _one(jnp.log),
     "neg": _one(jnp.negative),

@@ -129,7 +129,8 @@ def _op_examples() -> dict[str, Callable[[GraphBuilder], list[Tensor]]]:
         return split if op == "partition" else b.apply(op, [split], attrs)[0]
 
     examples: dict[str, Callable[[GraphBuilder], list[Tensor]]] = {
-        **{op: binary(op) for op in ("ewadd", "ewmul", "ewsub", "ewmax")},
+        **{op: binary(op) for op in ("ewadd", "ewmul", "ewsub", "ewmax", "ewmin")},
+        "pow": lambda b: [b.apply("pow", [positive(b), b.weight("y", (2, 3))])[0]],
         **{op: unary(op) for op in ("relu", "tanh", "sigmoid", "exp", "neg")},
         **{op: positive_unary(op) for op in ("log", "sqrt", "rsqrt")},
         "input": lambda b: [x(b)],

@@ -58,7 +58,9 @@ CAPTURE_SAMPLES: Mapping[str, tuple[Sample, ...]] = {
     "dot_general": ((lambda a, b: a @ b, (_X, _M)),),
     "conv_general_dilated": ((lambda a, b: lax.conv(a, b, (1, 1), "SAME"), (_X, _K)),),
     "custom_jvp_call": ((jax.nn.relu, (_X,)),),
-    "min": ((lambda a, b: jnp.minimum(a, b), (_I, _I)),),
+    "min": ((lambda a, b: jnp.minimum(a, b), (_I, _I)), (lambda a, b: jnp.minimum(a, b), (_X, _Y))),
+    "one_minus_square": ((jax.grad(lambda a: jnp.sum(jnp.tanh(a))), (_X,)),),
+    "pow": ((lambda a, b: a ** b, (_X, _Y)), (lambda a, b: a ** b[0, 0], (_X, _I))),
     "lt": ((lambda a, b: a < b, (_X, _Y)),), "le": ((lambda a, b: a <= b, (_X, _Y)),),
     "gt": ((lambda a, b: a > b, (_X, _Y)),), "ge": ((lambda a, b: a >= b, (_X, _Y)),),
     "eq": ((lambda a, b: a == b, (_I, _I)),), "ne": ((lambda a, b: a != b, (_X, _Y)),),
@@ -116,7 +118,7 @@ _MASK_OPS = {op: "mask and index math (integer / boolean values): the verifier r
 STAGES: Mapping[str, tuple[Callable[[], set[str]], Mapping[str, str]]] = {
     "SHAPE_RULES (egglog shape facts)": (lambda: set(SHAPE_RULES) | set(ENCODED_AS), {}),
     "OP_IMPLS (verifier semantics)": (lambda: set(OP_IMPLS), {
-        **_LEAVES, **_MASK_OPS, "split": "rules write a split's pieces as split_0 / split_1, evaluated from the rule's sizes"}),
+        **_LEAVES, **_MASK_OPS, "pow": "no rule uses a power; the verifier's algebra has none (a rule naming it: unknown)", "split": "rules write a split's pieces as split_0 / split_1, evaluated from the rule's sizes"}),
     "LOWERINGS (JAX lowering)": (lambda: set(LOWERINGS), _LEAVES),
     "CAPTURE_RULES (JAX capture)": (_captured_ops, {
         **_LEAVES, **_DISTRIBUTION,

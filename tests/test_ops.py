@@ -90,7 +90,7 @@ def test_builder_rejects_duplicate_leaf_names_and_bad_leaf_shapes() -> None:
 
 # --- numpy semantics == JAX lowering --------------------------------------------------------------
 
-POSITIVE_OPS = frozenset({"log", "sqrt", "rsqrt", "ewdiv"})  # inputs drawn away from 0 and negatives
+POSITIVE_OPS = frozenset({"log", "sqrt", "rsqrt", "ewdiv", "pow"})  # inputs drawn away from 0 and negatives
 
 
 def _pool_attrs(kh: int, kw: int, sh: int, sw: int, pad: int, act: int = 0) -> dict[str, int]:
@@ -131,6 +131,8 @@ CASES: Mapping[str, list[Case]] = {
     "reduce_sum": [([(2, 3, 4)], {"axes": (0, 2)})],
     "reduce_max": [([(2, 3, 4)], {"axes": (1,)})],
     "broadcast": [([(3, 1)], {"shape": (2, 3, 4), "dims": (1, 2)})],
+    "ewmin": [([(3, 4), (3, 4)], {})],
+    "pow": [([(3, 4), (3, 4)], {})],
     # mask and index math (inputs' dtypes in CASE_DTYPES)
     "iota": [([], {"shape": (3, 4), "dimension": 1}), ([], {"shape": (2, 3, 4), "dimension": 0, "dtype": "float32"})],
     **{op: [([(3, 4), (3, 4)], {})] for op in ("lt", "le", "gt", "ge", "eq", "ne", "iadd", "isub", "imul", "imax",

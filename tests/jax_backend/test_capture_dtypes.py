@@ -282,3 +282,23 @@ def test_bf16_merge_rules_fire_and_numerics_hold() -> None:
     got, want = f(*args), jax.jit(two_heads)(*args)
     assert all(g.dtype == jnp.bfloat16 for g in got)
     assert outputs_agree([np.asarray(w) for w in want], [np.asarray(g) for g in got], rtol=2e-4, same_dtype=True).ok
+
+
+def test_an_adam_step_is_captured_whole() -> None:
+    """Adam's bias correction (`b1 ** count`, an integer count) and tanh's gradient
+    (`one_minus_square`) are IR ops: the step replays with nothing opaque, equal to JAX."""
+    def adam_step(w: jax.Array, m: jax.Array, v: jax.Array, count: jax.Array, x: jax.Array) -> list[jax.Array]:
+        g = jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+        m, v, count = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g, count + 1
+        mhat, vhat = m / (1 - 0.9 ** count), v / (1 - 0.999 ** count)
+        return [w - 1e-3 * mhat / (jnp.sqrt(vhat) + 1e-8), m, v, count]
+
+    k = _key(2)
+    args = (jax.random.normal(k[0], (8, 8)), jnp.zeros((8, 8)), jnp.zeros((8, 8)), jnp.int32(3),
+            jax.random.normal(k[1], (4, 8)))
+    program = _capture(adam_step, args)
+    assert not program.opaque, [(s.name, s.why) for s in program.opaque]
+    got = jax.jit(lambda *a: replay(program, _lowered_runner, list(a)))(*args)
+    want = adam_step(*args)
+    assert outputs_agree([np.asarray(w) for w in want], [np.asarray(g) for g in got], rtol=1e-5, atol=1e-7,
+                         same_dtype=True).ok
