@@ -220,6 +220,12 @@ def _activate(x: np.ndarray, act: int) -> np.ndarray:
     return ACTIVATIONS[Activation(act)](x)
 
 
+def _special(name: str, x: np.ndarray) -> np.ndarray:
+    import scipy.special  # scipy comes with JAX; only the numpy meaning of erf / erfc needs it
+
+    return np.asarray(getattr(scipy.special, name)(x)).astype(np.asarray(x).dtype)
+
+
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
@@ -700,6 +706,11 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
     _unary("exp", np.exp, 4, "e to the x", grad_reads="output", on_devices=_any_depth),
     _unary("log", np.log, 4, "natural logarithm", positive_domain=True),
     _unary("neg", np.negative, 1, "-x"),
+    _unary("abs", np.abs, 1, "|x|"),
+    _unary("sin", np.sin, 4, "sine (rotary position embeddings)"),
+    _unary("cos", np.cos, 4, "cosine (rotary position embeddings)"),
+    _unary("erf", lambda x: _special("erf", x), 8, "the error function"),
+    _unary("erfc", lambda x: _special("erfc", x), 8, "1 - erf(x), computed without cancellation (exact GELU)"),
     _unary("sqrt", np.sqrt, 4, "square root", positive_domain=True),
     _unary("rsqrt", lambda x: 1.0 / np.sqrt(x), 4, "reciprocal square root", positive_domain=True),
     OpSpec("reduce_sum", (AttrSpec("axes", "ints"),), 1, _reduce_infer("reduce_sum"),

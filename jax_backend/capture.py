@@ -703,6 +703,7 @@ CAPTURE_RULES: Mapping[str, CaptureRule] = {
         None if c.kind(ins[0]) == "float" else [c.emit1("not", ins)]),
     "select_n": _select_n, "iota": _iota, "stop_gradient": _unary("stop_gradient"),
     "tanh": _unary("tanh"), "logistic": _unary("sigmoid"), "exp": _unary("exp"),
+    "abs": _unary("abs"), "sin": _unary("sin"), "cos": _unary("cos"), "erf": _unary("erf"), "erfc": _unary("erfc"),
     "log": _unary("log"), "neg": _unary("neg"), "sqrt": _unary("sqrt"), "rsqrt": _unary("rsqrt"),
     "integer_pow": _square, "square": _square,
     "reduce_sum": _reduce("reduce_sum"), "reduce_max": _reduce("reduce_max"),

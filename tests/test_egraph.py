@@ -131,7 +131,7 @@ def _op_examples() -> dict[str, Callable[[GraphBuilder], list[Tensor]]]:
     examples: dict[str, Callable[[GraphBuilder], list[Tensor]]] = {
         **{op: binary(op) for op in ("ewadd", "ewmul", "ewsub", "ewmax", "ewmin")},
         "pow": lambda b: [b.apply("pow", [positive(b), b.weight("y", (2, 3))])[0]],
-        **{op: unary(op) for op in ("relu", "tanh", "sigmoid", "exp", "neg")},
+        **{op: unary(op) for op in ("relu", "tanh", "sigmoid", "exp", "neg", "abs", "sin", "cos", "erf", "erfc")},
         **{op: positive_unary(op) for op in ("log", "sqrt", "rsqrt")},
         "input": lambda b: [x(b)],
         # mask and index math: integer and boolean values from iotas, comparisons and conversions

@@ -59,6 +59,8 @@ CAPTURE_SAMPLES: Mapping[str, tuple[Sample, ...]] = {
     "conv_general_dilated": ((lambda a, b: lax.conv(a, b, (1, 1), "SAME"), (_X, _K)),),
     "custom_jvp_call": ((jax.nn.relu, (_X,)),),
     "min": ((lambda a, b: jnp.minimum(a, b), (_I, _I)), (lambda a, b: jnp.minimum(a, b), (_X, _Y))),
+    "abs": ((jnp.abs, (_X,)),), "sin": ((jnp.sin, (_X,)),), "cos": ((jnp.cos, (_X,)),),
+    "erf": ((lax.erf, (_X,)),), "erfc": ((lambda a: jax.nn.gelu(a, approximate=False), (_X,)),),
     "one_minus_square": ((jax.grad(lambda a: jnp.sum(jnp.tanh(a))), (_X,)),),
     "pow": ((lambda a, b: a ** b, (_X, _Y)), (lambda a, b: a ** b[0, 0], (_X, _I))),
     "lt": ((lambda a, b: a < b, (_X, _Y)),), "le": ((lambda a, b: a <= b, (_X, _Y)),),

@@ -132,6 +132,7 @@ CASES: Mapping[str, list[Case]] = {
     "reduce_max": [([(2, 3, 4)], {"axes": (1,)})],
     "broadcast": [([(3, 1)], {"shape": (2, 3, 4), "dims": (1, 2)})],
     "ewmin": [([(3, 4), (3, 4)], {})],
+    **{op: [([(3, 4)], {})] for op in ("abs", "sin", "cos", "erf", "erfc")},
     "pow": [([(3, 4), (3, 4)], {})],
     # mask and index math (inputs' dtypes in CASE_DTYPES)
     "iota": [([], {"shape": (3, 4), "dimension": 1}), ([], {"shape": (2, 3, 4), "dimension": 0, "dtype": "float32"})],

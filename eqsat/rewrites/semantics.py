@@ -410,6 +410,7 @@ OP_IMPLS: Mapping[str, Impl] = {
     "sqrt": _opaque("sqrt"),
     "rsqrt": _opaque("rsqrt"),  # the same atom batchnorm uses for 1/sqrt(var + eps)
     "exp": _opaque("exp"),
+    **{op: _opaque(op) for op in ("abs", "sin", "cos", "erf", "erfc")},
     "log": _opaque("log"),
     "broadcast": _broadcast,
     "reduce_sum": _reduce("sum"),
