@@ -13,6 +13,7 @@ convert). The policy, per output pair:
   other `ml_dtypes` floats promote like float16.
 - **non-finite values**: NaN matches only NaN at the same position, +inf only +inf and -inf only
   -inf; a NaN never matches a number.
+- **low precision**: a bfloat16 / float16 reference raises rtol to `LOW_PRECISION_ULPS` of its epsilon.
 - **finite values**: relative to the output's magnitude m (its largest finite |reference|), not
   element by element: the output agrees when max |got - reference| over the finite elements is
   within max(rtol * m, atol, allowed_abs[i]). So outputs around 200 computed in float32 pass while
@@ -59,6 +60,24 @@ class _Output:
 _FAIL = math.inf
 
 
+LOW_PRECISION_ULPS = 4
+"""Where the reference is a float narrower than float32 (bfloat16, float16), a candidate computed
+by rules that hold over the reals differs from it by rounding alone at about the dtype's epsilon
+per operation; `rtol` is raised to `LOW_PRECISION_ULPS` epsilons of that dtype (bfloat16: 3.1e-2,
+float16: 3.9e-3), relative to the output's magnitude (the rule policy: `eqsat.rulesets`)."""
+
+
+def _rounding_rtol(dtype: np.dtype[Any]) -> float:
+    if dtype.kind not in "fV" or dtype.itemsize >= 4:
+        return 0.0
+    try:
+        import ml_dtypes
+
+        return LOW_PRECISION_ULPS * float(ml_dtypes.finfo(dtype).eps)
+    except (ImportError, ValueError, TypeError):
+        return 0.0
+
+
 def _exact(dtype: np.dtype[Any]) -> bool:
     return dtype.kind in "biu"
 
@@ -90,7 +109,7 @@ def _compare_one(i: int, reference: Any, got: Any, rtol: float, atol: float, all
     magnitude = float(np.max(np.abs(r64[finite])))
     diff = float(np.max(np.abs(r64[finite] - g64[finite])))
     rel = diff / magnitude if magnitude > 0 else (0.0 if diff == 0 else math.inf)
-    allowed = max(rtol * magnitude, atol, allowed_abs)
+    allowed = max(max(rtol, _rounding_rtol(r.dtype)) * magnitude, atol, allowed_abs)
     if not diff <= allowed:
         return _Output(diff, rel, f"output {i} differs by {diff:.3g} (magnitude {magnitude:.3g}; allowed {allowed:.3g})")
     return _Output(diff, rel)

@@ -30,6 +30,8 @@ TERM_SORT = "T"
 SHAPE_RULESET = "shapes"
 INPUT_ORDER_FUNCTION = "input_order"  # e-class → its first value's index in the input graph (input values only)
 NEXT_SIBLING_RELATION = "input_next"  # (class, class): consecutive sibling operands in the input graph
+DTYPE_FUNCTION = "dtype"  # e-class → its dtype, :no-merge: a rewrite that mixes two dtypes is an egglog error
+FLOAT_RELATION = "float_dtype"  # the float dtype names (`ops.FLOAT_DTYPES`), for rules' dtype guards
 PAIR_FUNCTION = "pair_related"  # (uid, uid) → 1 if one class descends from the other, 0 if not
 MAX_RANK = 6  # highest rank the list-attribute ops (and `numel`) have shape cases for
 
@@ -400,6 +402,11 @@ def _all_to_all(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCas
     return (ShapeCase((*gathered.facts, *split.facts), split.result),)
 
 
+def _iota(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    shape, dim = attrs["shape"], attrs["dimension"]
+    return (ShapeCase((f"(>= {dim} 0)", f"(< {dim} {_length(shape)})"), shape),)
+
+
 def vec_of(items: Sequence[Expr] | Any) -> Expr:
     items = list(items)
     return "(vec-of" + "".join(f" {i}" for i in items) + ")"
@@ -407,6 +414,10 @@ def vec_of(items: Sequence[Expr] | Any) -> Expr:
 
 # Same-shape elementwise ops: one shape rule for all (inputs of one shape, output of that shape).
 ELEMENTWISE: frozenset[str] = frozenset(op for op, spec in ops.OPS.items() if spec.elementwise)
+
+# Mask and index math (inputs of one shape, output of that shape, any dtype their `operand_kinds` take).
+MASK_OPS: tuple[str, ...] = ("lt", "le", "gt", "ge", "eq", "ne", "select_n", "convert_element_type", "iadd", "isub",
+                             "imul", "imax", "imin", "and", "or", "not", "stop_gradient")
 
 # IR op → symbolic shape function, for every registry op but `split` (encoded as slices).
 SHAPE_RULES: Mapping[str, ShapeFn] = {
@@ -417,6 +428,7 @@ SHAPE_RULES: Mapping[str, ShapeFn] = {
     "batchnorm": _batchnorm, "reduce_sum": _reduce, "reduce_max": _reduce, "broadcast": _broadcast,
     "partition": _partition, "combine": _combine, "replicate": _replicate, "reduce": _reduce_devices,
     "all_reduce": _all_reduce, "all_gather": _all_gather, "reduce_scatter": _reduce_scatter, "all_to_all": _all_to_all,
+    "iota": _iota, **{op: _same for op in MASK_OPS},
 }
 ENCODED_AS: Mapping[str, str] = {"split": "slice"}  # ops the encoder writes with other constructors
 BINARY_ONLY = frozenset({"concat"})  # variadic in the IR, binary (nested) in the e-graph
@@ -492,6 +504,9 @@ def case_facts(case: ShapeCase, attrs: Mapping[str, Expr]) -> list[Expr]:
             *case.facts]
 
 
+_FLOAT_FACTS = tuple(f'({FLOAT_RELATION} "{d}")' for d in ops.FLOAT_DTYPES)
+
+
 def declarations(ops: Collection[str] | None = None) -> str:
     """Sorts, constructors, the shape and numel functions, and the shape-analysis ruleset with the
     rules of `ops` (every op's when None; see `shape_rules`)."""
@@ -503,6 +518,9 @@ def declarations(ops: Collection[str] | None = None) -> str:
         f"(sort {SHAPE_SORT} (Vec i64))",
         f"(datatype {TERM_SORT} {' '.join(ctors)})",
         f"(function shape ({TERM_SORT}) {SHAPE_SORT} :no-merge)",
+        f"(function {DTYPE_FUNCTION} ({TERM_SORT}) String :no-merge)",
+        f"(relation {FLOAT_RELATION} (String))",
+        *_FLOAT_FACTS,
         f"(function numel ({SHAPE_SORT}) i64 :no-merge)",
         f"(function uid ({TERM_SORT}) i64 :merge (min old new))",
         f"(function {INPUT_ORDER_FUNCTION} ({TERM_SORT}) i64 :merge (min old new))",
@@ -525,6 +543,7 @@ def shape_rules(ops: Collection[str]) -> str:
     for op in term_ops():
         if op in ops:
             lines.extend(_analysis_rules(op))
+            lines.extend(_dtype_rules(op))
             lines.extend(_uid_rules(op))
     return "\n".join(lines)
 
@@ -550,6 +569,29 @@ def _uid_rules(op: str) -> list[str]:
         h = f"(% (+ (* {h} {UID_MULTIPLIER}) (% {x} {UID_MODULUS})) {UID_MODULUS})"
     query = [f"(= e {term})", *(f"(= {u} (uid {x}))" for u, x in zip(uids, kids))]
     return [f"(rule ({' '.join(query)}) ((set (uid e) {h})) :ruleset {SHAPE_RULESET} :name \"uid:{op}\")"]
+
+
+def _dtype_rules(op: str) -> list[str]:
+    """The dtype analysis (`ops.OpSpec.result_dtype`): a class's dtype from its attribute, or from
+    its operands (the first; for select_n the first case): the IR refuses mixed operands, so the
+    first stands for all, and `eqsat.rewrites.to_egglog` guards rules that could mix them."""
+    spec = ops.op_spec(op)
+    attrs = {a: f"a_{a}" for a in attr_names(op)}
+    kids = [f"x{i}" for i in range(tensor_arity(op))]
+    term = f"({constructor(op)} {' '.join([*attrs.values(), *kids])})"
+    query = [f"(= e {term})"]
+    if spec.result_dtype == "attr":
+        value = attrs["dtype"]
+    elif spec.result_dtype == "bool":
+        value = string_literal("bool")
+    elif kids:
+        source = kids[1] if spec.result_dtype == "select" else kids[0]
+        query.append(f"(= d ({DTYPE_FUNCTION} {source}))")
+        value = "d"
+    else:
+        value = string_literal(ops.DEFAULT_DTYPE)
+    return [f"(rule ({' '.join(query)}) ((set ({DTYPE_FUNCTION} e) {value})) :ruleset {SHAPE_RULESET} "
+            f":name \"dtype:{op}\")"]
 
 
 def _analysis_rules(op: str) -> list[str]:

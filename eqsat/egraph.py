@@ -383,6 +383,8 @@ def convert_serialized(raw: Mapping[str, Any], cost_model: CostModel, graph: Gra
         "outputs": outputs,
         "class_data": class_data,
         "leaves": {name: list(shape) for name, shape in graph.leaf_shapes().items()},
+        **({"leaf_dtypes": dtypes} if (dtypes := {name: d for name, d in graph.leaf_dtypes().items()
+                                                   if d != ops.DEFAULT_DTYPE}) else {}),
         **({"left_out": left_out} if context is not None else {}),
     }
 
@@ -425,8 +427,10 @@ def decode(egraph_json: Mapping[str, Any], selection: Mapping[str, str] | Any) -
     builder = GraphBuilder()
     built: dict[str, Tensor] = {}
     leaf_op = {n["attrs"]["name"]: n["op"] for n in nodes.values() if ops.OPS[n["op"]].is_leaf}
+    leaf_dtype: Mapping[str, str] = egraph_json.get("leaf_dtypes", {})  # absent: float32
     leaf_tensor: dict[str, Tensor] = {
-        name: builder.apply(leaf_op.get(name, "input"), [], {"name": name, "shape": tuple(shape)})[0]
+        name: builder.apply(leaf_op.get(name, "input"), [], {"name": name, "shape": tuple(shape),
+                                                             "dtype": leaf_dtype.get(name, ops.DEFAULT_DTYPE)})[0]
         for name, shape in egraph_json.get("leaves", {}).items()
     }
 
@@ -466,7 +470,8 @@ def decode(egraph_json: Mapping[str, Any], selection: Mapping[str, str] | Any) -
             if ops.OPS[op].is_leaf:
                 tensor = leaf_tensor.get(attrs["name"])
                 if tensor is None:
-                    tensor = builder.apply(op, [], {"name": attrs["name"], "shape": tuple(attrs["shape"])})[0]
+                    tensor = builder.apply(op, [], {"name": attrs["name"], "shape": tuple(attrs["shape"]),
+                                                    "dtype": attrs.get("dtype", ops.DEFAULT_DTYPE)})[0]
                     leaf_tensor[attrs["name"]] = tensor
             else:
                 args = [built[child_class(ch)] for ch in node["children"]]

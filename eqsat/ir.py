@@ -100,6 +100,19 @@ class Graph:
         return self.nodes[value.node].shapes[value.index]
 
     @functools.cached_property
+    def dtypes(self) -> tuple[tuple[str, ...], ...]:
+        """Per node, its outputs' dtypes: inferred from the leaves' `dtype` attributes through the
+        registry (`ops.infer_dtypes`), as shapes are, so a node stores none (float32 by default)."""
+        out: list[tuple[str, ...]] = []
+        for n in self.nodes:
+            ins = [out[v.node][v.index] for v in n.inputs]
+            out.append(ops.infer_dtypes(n.op, ins, n.attr, len(n.shapes)))
+        return tuple(out)
+
+    def dtype(self, value: Value) -> str:
+        return self.dtypes[value.node][value.index]
+
+    @functools.cached_property
     def users(self) -> Mapping[int, tuple[int, ...]]:
         """Node → the nodes that read it, once per read (`ewmul(x, x)` reads x twice), in order;
         nodes nobody reads are absent. Computed once per graph (graphs are immutable)."""
@@ -115,6 +128,9 @@ class Graph:
 
     def leaf_shapes(self) -> dict[str, Shape]:
         return {n.attr["name"]: n.shapes[0] for _, n in self.leaves()}
+
+    def leaf_dtypes(self) -> dict[str, str]:
+        return {n.attr["name"]: str(n.attr["dtype"]) for _, n in self.leaves()}
 
     def op_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -139,15 +155,24 @@ class Graph:
 
     # --- meaning -----------------------------------------------------------------------------
 
-    def random_inputs(self, seed: int = 0, dtype: Any = np.float32) -> dict[str, np.ndarray]:
+    def random_inputs(self, seed: int = 0, dtype: Any = None) -> dict[str, np.ndarray]:
         """Inputs and weights drawn from N(0, 1/fan-in) so deep graphs stay in range; batchnorm
-        variances are made positive by the interpreter's callers if they need to be."""
+        variances are made positive by the interpreter's callers if they need to be. Each float
+        leaf in its own dtype (or all in `dtype` if given); integer leaves in [0, 4), bool ones
+        half true."""
         rng = np.random.default_rng(seed)
         out: dict[str, np.ndarray] = {}
         for _, n in self.leaves():
-            shape = n.shapes[0]
+            shape, kind = n.shapes[0], ops.dtype_kind(n.attr["dtype"])
+            own = ops.numpy_dtype(n.attr["dtype"])
+            if kind == "int":
+                out[n.attr["name"]] = rng.integers(0, 4, shape).astype(own)
+                continue
+            if kind == "bool":
+                out[n.attr["name"]] = rng.integers(0, 2, shape).astype(bool)
+                continue
             scale = 1.0 if n.op == "input" or len(shape) < 2 else 1.0 / math.sqrt(math.prod(shape[1:]))
-            out[n.attr["name"]] = (rng.standard_normal(shape) * scale).astype(dtype)
+            out[n.attr["name"]] = (rng.standard_normal(shape) * scale).astype(own if dtype is None else dtype)
         for n in self.nodes:
             if n.op == "batchnorm":  # variance inputs must be positive
                 var = self.nodes[n.inputs[4].node]
@@ -201,8 +226,9 @@ class Graph:
     def to_json(self) -> dict[str, Any]:
         return {
             "format": GRAPH_FORMAT,
-            "nodes": [
-                {"op": n.op, "attrs": {k: list(v) if isinstance(v, tuple) else v for k, v in n.attrs},
+            "nodes": [  # a leaf's dtype is written only where it is not float32 (files of older eqsat read the same)
+                {"op": n.op, "attrs": {k: list(v) if isinstance(v, tuple) else v for k, v in n.attrs
+                                       if not (k == "dtype" and v == ops.DEFAULT_DTYPE and ops.OPS[n.op].is_leaf)},
                  "inputs": [[v.node, v.index] for v in n.inputs], "shapes": [list(s) for s in n.shapes]}
                 for n in self.nodes
             ],
@@ -270,6 +296,7 @@ class Tensor:
     builder: GraphBuilder = field(repr=False, compare=False)
     value: Value
     shape: Shape
+    dtype: str = ops.DEFAULT_DTYPE
 
     def __add__(self, other: Tensor) -> Tensor:
         return self.builder.ewadd(self, other)
@@ -296,6 +323,7 @@ class GraphBuilder:
         spec = ops.op_spec(op)
         attrs = spec.normalize_attrs(attrs or {})
         shapes = ops.infer_shapes(op, [t.shape for t in inputs], attrs)
+        dtypes = ops.infer_dtypes(op, [t.dtype for t in inputs], attrs, len(shapes))
         node = Node(op, _freeze(attrs), tuple(t.value for t in inputs), shapes)
         if spec.is_leaf:
             if attrs["name"] in self._names:
@@ -306,16 +334,16 @@ class GraphBuilder:
             index = len(self._nodes)
             self._nodes.append(node)
             self._index[node] = index
-        return tuple(Tensor(self, Value(index, k), s) for k, s in enumerate(shapes))
+        return tuple(Tensor(self, Value(index, k), s, d) for k, (s, d) in enumerate(zip(shapes, dtypes)))
 
     def _one(self, op: str, *inputs: Tensor, **attrs: Any) -> Tensor:
         return self.apply(op, inputs, attrs)[0]
 
-    def input(self, name: str, shape: Iterable[int]) -> Tensor:
-        return self._one("input", name=name, shape=tuple(shape))
+    def input(self, name: str, shape: Iterable[int], dtype: str = ops.DEFAULT_DTYPE) -> Tensor:
+        return self._one("input", name=name, shape=tuple(shape), dtype=dtype)
 
-    def weight(self, name: str, shape: Iterable[int]) -> Tensor:
-        return self._one("weight", name=name, shape=tuple(shape))
+    def weight(self, name: str, shape: Iterable[int], dtype: str = ops.DEFAULT_DTYPE) -> Tensor:
+        return self._one("weight", name=name, shape=tuple(shape), dtype=dtype)
 
     def ewadd(self, a: Tensor, b: Tensor) -> Tensor:
         return self._one("ewadd", a, b)

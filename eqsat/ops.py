@@ -36,7 +36,55 @@ FusionKind = Literal["leaf", "view", "loop", "copy", "library", "kernel"]
 nothing; `loop` ops join the loop fusion of their elementwise neighbours; `copy` ops move bytes (a
 concat, a transpose); `library` ops are a dot or conv call of their own; `kernel`: any other op
 is its own kernel (pools, reductions)."""
+DtypeKind = Literal["float", "int", "bool"]
+ResultDtype = Literal["same", "bool", "attr", "select"]
+"""How an op's output dtype follows from its operands: `same` (operands of one dtype, the output of
+that dtype), `bool` (operands of one dtype, a boolean output: comparisons), `attr` (the `dtype`
+attribute: leaves, iota, conversions), `select` (a boolean predicate, then cases of one dtype)."""
 WeightDerivation = Literal["weight", "never", "moves", "computes"]
+
+
+# --- dtypes ---------------------------------------------------------------------------------------
+
+DEFAULT_DTYPE = "float32"
+"""A value's dtype where none is written: Graph JSON and Tensat's models are float32."""
+FLOAT_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "float64")
+INT_DTYPES: tuple[str, ...] = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+DTYPES: tuple[str, ...] = (*FLOAT_DTYPES, *INT_DTYPES, "bool")
+"""The dtypes an IR value may have (numpy names; bfloat16 is ml_dtypes')."""
+FLOAT_ONLY: frozenset[DtypeKind] = frozenset({"float"})
+NUMERIC: frozenset[DtypeKind] = frozenset({"float", "int"})
+ANY_KIND: frozenset[DtypeKind] = frozenset({"float", "int", "bool"})
+
+
+def dtype_kind(dtype: str) -> DtypeKind:
+    """float, int or bool: what an op's `operand_kinds` and the rule policy (`eqsat.rulesets`) test."""
+    if dtype in FLOAT_DTYPES:
+        return "float"
+    if dtype in INT_DTYPES:
+        return "int"
+    if dtype == "bool":
+        return "bool"
+    raise ShapeError(f"unknown dtype '{dtype}'; the IR has {', '.join(DTYPES)}")
+
+
+def numpy_dtype(dtype: str) -> np.dtype[Any]:
+    """The numpy dtype of an IR dtype name (bfloat16 through ml_dtypes, which JAX installs)."""
+    dtype_kind(dtype)
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+def dtype_name(dtype: Any) -> str | None:
+    """The IR name of a numpy / JAX dtype, or None where the IR has no such dtype (complex, keys)."""
+    try:
+        name = str(np.dtype(dtype))
+    except TypeError:
+        return None
+    return name if name in DTYPES else None
 
 
 class Activation(IntEnum):
@@ -121,6 +169,10 @@ class OpSpec:
         leaf nor a view. The kernel counts of `Graph.runtime_kernels` count these."""
         return not (self.is_leaf or self.is_view)
 
+    # --- dtypes (`infer_dtypes`) ---
+    operand_kinds: frozenset[DtypeKind] = FLOAT_ONLY  # what its tensor operands may be (select: its cases)
+    result_dtype: ResultDtype = "same"  # see `ResultDtype`
+
     @property
     def is_unary_elementwise(self) -> bool:
         """One input, elementwise: a link of a unary chain (the Pallas backend fuses such chains)."""
@@ -188,6 +240,12 @@ def _fail(op: str, shapes: Sequence[Shape], why: str) -> ShapeError:
 
 def _activate(x: np.ndarray, act: int) -> np.ndarray:
     return ACTIVATIONS[Activation(act)](x)
+
+
+def _special(name: str, x: np.ndarray) -> np.ndarray:
+    import scipy.special  # scipy comes with JAX; only the numpy meaning of erf / erfc needs it
+
+    return np.asarray(getattr(scipy.special, name)(x)).astype(np.asarray(x).dtype)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -523,6 +581,7 @@ def _merge_gconv_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, 
 def _leaf_infer(shapes: Sequence[Shape], a: Attrs) -> tuple[Shape, ...]:
     if any(d < 1 for d in a["shape"]):
         raise ShapeError(f"{a['name']}: every dimension must be positive, got {list(a['shape'])}")
+    dtype_kind(a["dtype"])
     return (tuple(a["shape"]),)
 
 
@@ -567,7 +626,45 @@ def _broadcast_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ..
     return (np.broadcast_to(xs[0].reshape(expanded), shape).copy(),)
 
 
-_LEAF_ATTRS = (AttrSpec("name", "str"), AttrSpec("shape", "ints"))
+_LEAF_ATTRS = (AttrSpec("name", "str"), AttrSpec("shape", "ints"), AttrSpec("dtype", "str", DEFAULT_DTYPE))
+
+
+# --- mask and index math: integer and boolean values (jax_backend/capture.py) -----------------------
+
+def _iota_infer(shapes: Sequence[Shape], a: Attrs) -> tuple[Shape, ...]:
+    shape, dim = tuple(a["shape"]), a["dimension"]
+    if any(d < 1 for d in shape) or not 0 <= dim < len(shape):
+        raise _fail("iota", shapes, f"dimension {dim} must index shape {list(shape)} (positive dimensions)")
+    if dtype_kind(a["dtype"]) == "bool":
+        raise _fail("iota", shapes, "counts in a number type, not bool")
+    return (shape,)
+
+
+def _iota_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ...]:
+    shape, dim = tuple(a["shape"]), a["dimension"]
+    line = np.arange(shape[dim]).reshape([-1 if i == dim else 1 for i in range(len(shape))])
+    return (np.broadcast_to(line, shape).astype(numpy_dtype(a["dtype"])),)
+
+
+def _select_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ...]:
+    return (np.where(xs[0], xs[2], xs[1]),)
+
+
+def _convert_infer(shapes: Sequence[Shape], a: Attrs) -> tuple[Shape, ...]:
+    dtype_kind(a["dtype"])
+    return (tuple(shapes[0]),)
+
+
+def _convert_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ...]:
+    return (np.asarray(xs[0]).astype(numpy_dtype(a["dtype"])),)
+
+
+def _typed(name: str, arity: int, fn: Callable[..., np.ndarray], doc: str, kinds: frozenset[DtypeKind],
+           result: ResultDtype = "same") -> OpSpec:
+    """An elementwise op on values of any shape (all inputs of one shape) typed by `kinds`: mask
+    and index math, which no float rule matches (they are separate ops, see `eqsat.rulesets`)."""
+    return OpSpec(name, (), arity, _same_shape(name), lambda xs, a: (np.asarray(fn(*xs)),), _pointwise_flops(1),
+                  doc=doc, fusible=True, operand_kinds=kinds, result_dtype=result)
 
 
 def _distribution_op(name: str, attrs: tuple[str, ...], infer: Callable[[Sequence[Shape], Attrs], tuple[Shape, ...]],
@@ -581,8 +678,10 @@ def _distribution_op(name: str, attrs: tuple[str, ...], infer: Callable[[Sequenc
 
 
 OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
-    OpSpec("input", _LEAF_ATTRS, 0, _leaf_infer, _no_numpy, _zero_flops, is_leaf=True, doc="a graph input"),
-    OpSpec("weight", _LEAF_ATTRS, 0, _leaf_infer, _no_numpy, _zero_flops, is_leaf=True, doc="a parameter"),
+    OpSpec("input", _LEAF_ATTRS, 0, _leaf_infer, _no_numpy, _zero_flops, is_leaf=True, doc="a graph input",
+           result_dtype="attr"),
+    OpSpec("weight", _LEAF_ATTRS, 0, _leaf_infer, _no_numpy, _zero_flops, is_leaf=True, doc="a parameter",
+           result_dtype="attr"),
     _binary("ewadd", np.add, "elementwise sum", on_devices=_any_depth),
     _binary("ewmul", np.multiply, "elementwise product", on_devices=_any_depth),
     OpSpec("smul", (), 2, _smul_infer, lambda xs, a: (xs[0] * xs[1].reshape(()),), _pointwise_flops(1),
@@ -602,16 +701,17 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
            doc="average pooling; padded positions count as zeros"),
     OpSpec("concat", (AttrSpec("axis", "int"),), None, _concat_infer,
            lambda xs, a: (np.concatenate(xs, axis=a["axis"]),), _zero_flops, doc="join along an axis",
-           fusion_kind="copy"),
+           fusion_kind="copy", operand_kinds=ANY_KIND),
     OpSpec("split", (AttrSpec("axis", "int"), AttrSpec("sizes", "ints")), 1, _split_infer, _split_numpy,
-           _zero_flops, is_view=True, doc="cut along an axis into pieces of the given sizes"),
+           _zero_flops, is_view=True, doc="cut along an axis into pieces of the given sizes", operand_kinds=ANY_KIND),
     OpSpec("slice", (AttrSpec("axis", "int"), AttrSpec("start", "int"), AttrSpec("stop", "int")), 1,
-           _slice_infer, _slice_numpy, _zero_flops, is_view=True, doc="one piece of a split"),
+           _slice_infer, _slice_numpy, _zero_flops, is_view=True, doc="one piece of a split", operand_kinds=ANY_KIND),
     OpSpec("transpose", (AttrSpec("perm", "ints"),), 1, _transpose_infer,
            lambda xs, a: (np.transpose(xs[0], a["perm"]),), _zero_flops, doc="permute axes",
-           on_devices=_keeps_leading("perm"), fusion_kind="copy"),
+           on_devices=_keeps_leading("perm"), fusion_kind="copy", operand_kinds=ANY_KIND),
     OpSpec("reshape", (AttrSpec("shape", "ints"),), 1, _reshape_infer,
-           lambda xs, a: (xs[0].reshape(a["shape"]),), _zero_flops, is_view=True, doc="row-major reshape"),
+           lambda xs, a: (xs[0].reshape(a["shape"]),), _zero_flops, is_view=True, doc="row-major reshape",
+           operand_kinds=ANY_KIND),
     OpSpec("batchnorm", (AttrSpec("eps", "float", 1e-5),), 5, _batchnorm_infer, _batchnorm_numpy,
            _pointwise_flops(2), doc="inference batch norm over axis 1: (x - mean) / sqrt(var + eps) * scale + bias",
            fusion_kind="loop"),
@@ -624,9 +724,16 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
     _binary("ewsub", np.subtract, "elementwise difference", on_devices=_any_depth),
     _binary("ewdiv", np.divide, "elementwise quotient", on_devices=_any_depth),
     _binary("ewmax", np.maximum, "elementwise maximum"),
+    _binary("ewmin", np.minimum, "elementwise minimum"),
+    _binary("pow", np.power, "x to the power y (jnp.power, lax.pow; an integer exponent is converted first)"),
     _unary("exp", np.exp, 4, "e to the x", grad_reads="output", on_devices=_any_depth),
     _unary("log", np.log, 4, "natural logarithm", positive_domain=True),
     _unary("neg", np.negative, 1, "-x"),
+    _unary("abs", np.abs, 1, "|x|"),
+    _unary("sin", np.sin, 4, "sine (rotary position embeddings)"),
+    _unary("cos", np.cos, 4, "cosine (rotary position embeddings)"),
+    _unary("erf", lambda x: _special("erf", x), 8, "the error function"),
+    _unary("erfc", lambda x: _special("erfc", x), 8, "1 - erf(x), computed without cancellation (exact GELU)"),
     _unary("sqrt", np.sqrt, 4, "square root", positive_domain=True),
     _unary("rsqrt", lambda x: 1.0 / np.sqrt(x), 4, "reciprocal square root", positive_domain=True),
     OpSpec("reduce_sum", (AttrSpec("axes", "ints"),), 1, _reduce_infer("reduce_sum"),
@@ -637,7 +744,31 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
            doc="maximum over the listed axes (dropped)", on_devices=_reduces_trailing),
     OpSpec("broadcast", (AttrSpec("shape", "ints"), AttrSpec("dims", "ints")), 1, _broadcast_infer,
            _broadcast_numpy, _zero_flops, doc="lax.broadcast_in_dim: input axis i goes to output axis dims[i]",
-           fusible=True, on_devices=_keeps_leading("dims")),
+           fusible=True, on_devices=_keeps_leading("dims"), operand_kinds=ANY_KIND),
+    # mask and index math (integer and boolean values): ops of their own, so no float rule matches them
+    OpSpec("iota", (AttrSpec("shape", "ints"), AttrSpec("dimension", "int"), AttrSpec("dtype", "str", "int32")), 0,
+           _iota_infer, _iota_numpy, _zero_flops, doc="lax.iota broadcast: each element's index along `dimension`",
+           fusible=True, result_dtype="attr"),
+    *(_typed(name, 2, fn, f"elementwise {name} comparison (a boolean result)",
+             ANY_KIND if name in ("eq", "ne") else NUMERIC, "bool")
+      for name, fn in (("lt", np.less), ("le", np.less_equal), ("gt", np.greater), ("ge", np.greater_equal),
+                       ("eq", np.equal), ("ne", np.not_equal))),
+    OpSpec("select_n", (), 3, _same_shape("select_n"), _select_numpy, _pointwise_flops(1),
+           doc="lax.select_n with two cases: where(pred, on_true (the third input), on_false (the second))",
+           fusible=True, operand_kinds=ANY_KIND, result_dtype="select"),
+    OpSpec("convert_element_type", (AttrSpec("dtype", "str"),), 1, _convert_infer, _convert_numpy,
+           _pointwise_flops(1), doc="lax.convert_element_type to `dtype`", fusible=True, operand_kinds=ANY_KIND,
+           result_dtype="attr"),
+    _typed("iadd", 2, np.add, "integer sum (wraps around)", frozenset({"int"})),
+    _typed("isub", 2, np.subtract, "integer difference (wraps around)", frozenset({"int"})),
+    _typed("imul", 2, np.multiply, "integer product (wraps around)", frozenset({"int"})),
+    _typed("imax", 2, np.maximum, "integer maximum", frozenset({"int"})),
+    _typed("imin", 2, np.minimum, "integer minimum", frozenset({"int"})),
+    _typed("and", 2, np.bitwise_and, "logical (bool) or bitwise (int) and", frozenset({"int", "bool"})),
+    _typed("or", 2, np.bitwise_or, "logical (bool) or bitwise (int) or", frozenset({"int", "bool"})),
+    _typed("not", 1, np.invert, "logical (bool) or bitwise (int) not", frozenset({"int", "bool"})),
+    _typed("stop_gradient", 1, lambda x: x, "the value unchanged; its gradient is zero (lax.stop_gradient)",
+           ANY_KIND),
     # distribution ops: collectives (forward, backward) as `eqsat.parallel.cost` prices them
     _distribution_op("partition", ("dim", "axis", "parts"), distribution.partition_infer, "enter",
                      (None, "all-reduce", "in"),
@@ -724,6 +855,31 @@ def infer_shapes(op: str, input_shapes: Sequence[Shape], attrs: Attrs) -> tuple[
     if spec.arity is None and not input_shapes:
         raise _fail(op, input_shapes, "takes at least one input")
     return spec.infer([tuple(s) for s in input_shapes], spec.normalize_attrs(attrs))
+
+
+def infer_dtypes(op: str, input_dtypes: Sequence[str], attrs: Attrs, outputs: int = 1) -> tuple[str, ...]:
+    """Output dtypes of `op` (`outputs` of them) from its operands' (`OpSpec.result_dtype`); refuses
+    operands of a kind the op does not take (`OpSpec.operand_kinds`: a float op on integers) and
+    operands of different dtypes where they must agree, so a graph never mixes dtypes silently."""
+    spec = op_spec(op)
+    a = spec.normalize_attrs(attrs)
+    operands = list(input_dtypes)
+    if spec.result_dtype == "select":
+        if operands and operands[0] != "bool":
+            raise ShapeError(f"{op}: the predicate must be bool, got {operands[0]}")
+        operands = operands[1:]
+    for d in operands:
+        if dtype_kind(d) not in spec.operand_kinds:
+            raise ShapeError(f"{op}: takes {'/'.join(sorted(spec.operand_kinds))} values, got {d}")
+    if spec.result_dtype != "attr" and len(set(operands)) > 1:
+        raise ShapeError(f"{op}: operands of different dtypes ({', '.join(operands)}); convert one first")
+    if spec.result_dtype == "attr":
+        out = str(a["dtype"])
+    elif spec.result_dtype == "bool":
+        out = "bool"
+    else:
+        out = operands[0] if operands else DEFAULT_DTYPE
+    return (out,) * outputs
 
 
 def evaluate(op: str, inputs: Sequence[np.ndarray], attrs: Attrs) -> tuple[np.ndarray, ...]:

@@ -157,7 +157,7 @@ def split(graph: Graph, holdable: frozenset[str] | None = None) -> Regions:
                 else:
                     name = f"{prefix}{v.node}_{v.index}"
                     leaf = sub.weight if v.node in weight_only else sub.input  # weights alone: still a weight
-                    sub_t[v] = leaf(name, graph.shape(v))
+                    sub_t[v] = leaf(name, graph.shape(v), graph.dtype(v))
                 sources[name] = v
         for i in members:
             n = graph.nodes[i]

@@ -9,6 +9,16 @@ rule wrong only at a stride, padding or size the sampler missed would pass), so 
 with the explicit opt-in `trust_tested`, which warns naming the rules. Rules refuted on values are
 never trusted; unknown ones only with `allow_unproved` (which implies `trust_tested`). Results come
 from the on-disk verification cache, so selecting again costs milliseconds.
+
+Dtypes (`dtype_scope`): the verifier proves identities over the reals, so a rule that computes
+(uses a float op: matmul, ewadd, exp, ...) rewrites float values only, in every float dtype; one
+that only moves data (transpose, reshape, concat, slice, broadcast) holds exactly in every dtype,
+integer and boolean included; one that names an integer or boolean op (iadd, lt, select_n, ...) is
+never trusted: the verifier does not model wrap-around or booleans. The e-graph enforces the first
+two (float ops refuse integer operands, and `to_egglog.dtype_guards` keeps a right side from
+mixing dtypes). In bfloat16 / float16 a rule holds up to rounding, as in float32 but with a larger
+epsilon: it is used, and the result is checked against the original with a tolerance of a few of
+that dtype's epsilons (`eqsat.compare.LOW_PRECISION_ULPS`); the original is kept where it fails.
 """
 
 from __future__ import annotations
@@ -113,11 +123,25 @@ def scope(result: VerificationResult) -> str:
     return ""
 
 
+def dtype_scope(rule: Rule) -> str:
+    """The dtypes a rule may rewrite (the policy in the module docstring): "any" when it only moves
+    data, "float" when it computes, "" when it names an integer or boolean op (never trusted)."""
+    from eqsat import ops
+    from eqsat.rewrites.rule import subterms
+
+    names = {t.op for side in (*rule.lhs, *rule.rhs) for t in subterms(side)} & set(ops.OPS)
+    kinds = [ops.OPS[op].operand_kinds for op in names]
+    if any("float" not in k for k in kinds) or any(ops.OPS[op].result_dtype in ("bool", "select") for op in names):
+        return ""
+    return "any" if all(k == ops.ANY_KIND for k in kinds) else "float"
+
+
 def trusted_rules(rules: Sequence[Rule], allow_unproved: bool = False, trust_tested: bool = False) -> list[Rule]:
     """The rules of `rules` that the policy trusts, in their order. With `trust_tested`, a warning
     names the rules trusted only because they were tested."""
     from eqsat.rewrites.verify import verify_rules
 
+    rules = [r for r in rules if dtype_scope(r)]
     results = verify_rules(rules, all_shapes=True)
     keep = [(r, res) for r, res in zip(rules, results) if is_trusted(res, allow_unproved, trust_tested)]
     warn_tested([r.name for r, res in keep if not is_trusted(res)])
@@ -156,4 +180,4 @@ def select_rules(source: Any = TENSAT, ops: Iterable[str | Signature] | None = N
 
 
 __all__ = ["XLA_GROUPS", "TENSAT", "RuleSet", "candidate_rules", "select_rules", "given_rules", "tensat_rules",
-           "trusted_rules", "is_trusted", "scope", "warn_tested"]
+           "trusted_rules", "is_trusted", "scope", "warn_tested", "dtype_scope"]

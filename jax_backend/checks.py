@@ -273,5 +273,6 @@ def _scaled_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
     """Random inputs with weights scaled by 1/sqrt(fan-in), so deep stacks stay O(1) in float32."""
     values = graph.random_inputs(seed)
     weights = {n.attr["name"] for _, n in graph.leaves("weight")}
-    return {k: (v / np.sqrt(v.shape[-2]) if k in weights and v.ndim >= 2 else v).astype(np.float32)
+    return {k: (v / np.sqrt(v.shape[-2]) if k in weights and v.ndim >= 2 and v.dtype.kind not in "biu" else v
+                ).astype(v.dtype)  # each leaf in its own dtype (float32 unless the graph says otherwise)
             for k, v in values.items()}

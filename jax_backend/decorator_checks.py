@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eqsat import candidates
+from eqsat import candidates, ops
 from eqsat.candidates import RegionSearch, SegmentReport
 from eqsat.compare import outputs_agree
 from eqsat.errors import EqsatError
@@ -63,7 +63,7 @@ def _fold_program(program: Program) -> tuple[Program, dict[int, dict[str, Any]]]
             placeholders: dict[str, Any] = {n.attr["name"]: None for _, n in graph.leaves("input")}  # read at run time
             graph, folded = fold_weights(graph, {**placeholders, **values}, prefix=f"folded{k}_",
                                          should_fold=_fold_decision)
-            extra = {name: np.asarray(v, dtype=np.float32) for name, v in folded.items()
+            extra = {name: np.asarray(v, dtype=ops.numpy_dtype(graph.leaf_dtypes()[name])) for name, v in folded.items()
                      if name not in values and name not in placeholders}
         graphs.append(graph)
         consts[id(graph)] = extra
@@ -107,7 +107,7 @@ def _random_args(avals: Sequence[jax.ShapeDtypeStruct], seed: int) -> list[Any]:
             out.append(jax.random.split(key, a.shape) if a.shape else key)
             continue
         dt = np.dtype(a.dtype)
-        if np.issubdtype(dt, np.floating):
+        if jnp.issubdtype(dt, jnp.floating):  # bfloat16 too (numpy does not count it a floating type)
             out.append(jnp.asarray(rng.standard_normal(a.shape), dtype=a.dtype))
         elif np.issubdtype(dt, np.integer):
             out.append(jnp.asarray(rng.integers(0, 4, a.shape), dtype=a.dtype))

@@ -76,9 +76,9 @@ def _pool(reduce: str) -> Lowering:
         pads = [(0, 0), (0, 0), *_window_pads(x.shape, kh, kw, a["stride_h"], a["stride_w"], a["pad"])]
         dims, strides = (1, 1, kh, kw), (1, 1, a["stride_h"], a["stride_w"])
         if reduce == "max":
-            out = lax.reduce_window(x, -jnp.inf, lax.max, dims, strides, pads)
+            out = lax.reduce_window(x, jnp.array(-jnp.inf, x.dtype), lax.max, dims, strides, pads)
         else:  # padded positions count as zeros, as in ops.py
-            out = lax.reduce_window(x, 0.0, lax.add, dims, strides, pads) / (kh * kw)
+            out = lax.reduce_window(x, jnp.array(0, x.dtype), lax.add, dims, strides, pads) / (kh * kw)
         return (_act(out.astype(x.dtype), a["act"]),)
 
     return lower
@@ -140,14 +140,30 @@ LOWERINGS: Mapping[str, Lowering] = MappingProxyType({
     "ewsub": _one(jnp.subtract),
     "ewdiv": _one(jnp.divide),
     "ewmax": _one(jnp.maximum),
+    "ewmin": _one(jnp.minimum),
+    "pow": _one(lax.pow),
     "exp": _one(jnp.exp),
     "log": _one(jnp.log),
     "neg": _one(jnp.negative),
+    "abs": _one(jnp.abs),
+    "sin": _one(jnp.sin),
+    "cos": _one(jnp.cos),
+    "erf": _one(lax.erf),
+    "erfc": _one(lax.erfc),
     "sqrt": _one(jnp.sqrt),
     "rsqrt": _one(lax.rsqrt),
     "reduce_sum": lambda xs, a, p: (jnp.sum(xs[0], axis=tuple(a["axes"])),),
     "reduce_max": lambda xs, a, p: (jnp.max(xs[0], axis=tuple(a["axes"])),),
     "broadcast": lambda xs, a, p: (lax.broadcast_in_dim(xs[0], tuple(a["shape"]), tuple(a["dims"])),),
+    # mask and index math: integer and boolean values
+    "iota": lambda xs, a, p: (lax.broadcasted_iota(ops.numpy_dtype(a["dtype"]), tuple(a["shape"]), a["dimension"]),),
+    "lt": _one(lax.lt), "le": _one(lax.le), "gt": _one(lax.gt), "ge": _one(lax.ge), "eq": _one(lax.eq),
+    "ne": _one(lax.ne),
+    "select_n": _one(lax.select_n),
+    "convert_element_type": lambda xs, a, p: (lax.convert_element_type(xs[0], ops.numpy_dtype(a["dtype"])),),
+    "iadd": _one(lax.add), "isub": _one(lax.sub), "imul": _one(lax.mul), "imax": _one(lax.max), "imin": _one(lax.min),
+    "and": _one(lax.bitwise_and), "or": _one(lax.bitwise_or), "not": _one(lax.bitwise_not),
+    "stop_gradient": _one(lax.stop_gradient),
     # distribution ops (eqsat.distribution) on one device: their stacked meaning; on a mesh they
     # run as collectives (jax_backend/shard.py)
     "partition": lambda xs, a, p: (jnp.stack(jnp.split(xs[0], a["parts"], axis=xs[0].ndim + a["dim"])),),
@@ -265,8 +281,9 @@ def fold_weights(graph: Graph, values: Mapping[str, np.ndarray],
                 handles.append(builder.apply(node.op, [], node.attr))
                 continue
             names = [f"{prefix}{i}_{k}" if len(node.shapes) > 1 else f"{prefix}{i}" for k in range(len(node.shapes))]
-            handles.append(tuple(builder.weight(n, s) for n, s in zip(names, node.shapes)))
-            out_values.update(zip(names, computed[i]))
+            dtypes = graph.dtypes[i]
+            handles.append(tuple(builder.weight(n, s, d) for n, s, d in zip(names, node.shapes, dtypes)))
+            out_values.update((n, np.asarray(v).astype(ops.numpy_dtype(d))) for n, v, d in zip(names, computed[i], dtypes))
             continue
         handles.append(builder.apply(node.op, [handles[v.node][v.index] for v in node.inputs], node.attr))
     folded = builder.build([handles[v.node][v.index] for v in graph.outputs])

@@ -114,7 +114,12 @@ def _key(op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> str:
 def _random_args(op: str, shapes: Sequence[Shape], seed: int) -> list[jax.Array]:
     rng = np.random.default_rng(seed)
     args: list[np.ndarray] = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    if ops.OPS[op].positive_domain:
+    spec = ops.OPS[op]
+    if "float" not in spec.operand_kinds:  # integer / boolean ops: int32 values (timed as int32, whatever the dtype)
+        args = [rng.integers(-4, 4, s).astype(np.int32) for s in shapes]
+    if spec.result_dtype == "select" and args:  # the predicate
+        args[0] = args[0] > 0
+    if spec.positive_domain:
         args = [np.abs(a) + np.float32(0.5) for a in args]
     if op == "batchnorm":
         args[4] = np.abs(args[4]) + np.float32(0.5)
@@ -201,7 +206,10 @@ class MeasuredModel:
         return max(raw - self._overhead[len(args)], 0.0)
 
     def _measure(self, op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> float:
-        if op not in FUSIBLE_OPS:
+        if not shapes:  # a nullary op (iota): computed inside its consumer's fusion
+            return _FLOOR_S
+        spec = ops.op_spec(op)
+        if op not in FUSIBLE_OPS or "float" not in spec.operand_kinds or spec.result_dtype == "select":
             return max(self._time_alone(op, attrs, shapes), _FLOOR_S)
         from jax_backend.lower import lower_node
 

@@ -129,10 +129,23 @@ def _op_examples() -> dict[str, Callable[[GraphBuilder], list[Tensor]]]:
         return split if op == "partition" else b.apply(op, [split], attrs)[0]
 
     examples: dict[str, Callable[[GraphBuilder], list[Tensor]]] = {
-        **{op: binary(op) for op in ("ewadd", "ewmul", "ewsub", "ewmax")},
-        **{op: unary(op) for op in ("relu", "tanh", "sigmoid", "exp", "neg")},
+        **{op: binary(op) for op in ("ewadd", "ewmul", "ewsub", "ewmax", "ewmin")},
+        "pow": lambda b: [b.apply("pow", [positive(b), b.weight("y", (2, 3))])[0]],
+        **{op: unary(op) for op in ("relu", "tanh", "sigmoid", "exp", "neg", "abs", "sin", "cos", "erf", "erfc")},
         **{op: positive_unary(op) for op in ("log", "sqrt", "rsqrt")},
         "input": lambda b: [x(b)],
+        # mask and index math: integer and boolean values from iotas, comparisons and conversions
+        "iota": lambda b: [b.apply("iota", [], {"shape": (2, 3), "dimension": 1})[0]],
+        **{op: (lambda op: lambda b: [b.apply(op, [x(b), b.weight("y", (2, 3))])[0]])(op)  # noqa: B023
+           for op in ("lt", "le", "gt", "ge", "eq", "ne")},
+        "select_n": lambda b: [b.apply("select_n", [b.apply("gt", [xs := x(b), b.weight("y", (2, 3))])[0], xs,
+                                                    b.weight("z", (2, 3))])[0]],
+        "convert_element_type": lambda b: [b.apply("convert_element_type", [x(b)], {"dtype": "bfloat16"})[0]],
+        **{op: (lambda op: lambda b: [b.apply(op, [b.apply("iota", [], {"shape": (2, 3), "dimension": 0})[0],  # noqa: B023
+                                                   b.input("i", (2, 3), "int32")])[0]])(op)
+           for op in ("iadd", "isub", "imul", "imax", "imin", "and", "or")},
+        "not": lambda b: [b.apply("not", [b.input("m", (2, 3), "bool")])[0]],
+        "stop_gradient": lambda b: [b.apply("stop_gradient", [x(b)])[0]],
         "weight": lambda b: [b.apply("neg", [b.weight("w", (3, 2))])[0]],
         "ewdiv": lambda b: [b.apply("ewdiv", [b.weight("y", (2, 3)), positive(b)])[0]],
         "smul": lambda b: [b.apply("smul", [x(b), b.weight("s", (1,))])[0],

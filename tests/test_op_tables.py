@@ -33,14 +33,16 @@ _Y = np.ones((2, 3, 4, 4), np.float32)
 _M = np.ones((4, 5), np.float32)
 _K = np.ones((5, 3, 3, 3), np.float32)
 _V = np.ones((4,), np.float32)
+_I = np.arange(12, dtype=np.int32).reshape(3, 4)
 Sample = tuple[Callable[..., Any], tuple[np.ndarray, ...]]
 
 # One or more small programs per primitive of the capture table (`capture.CAPTURE_RULES`) that
 # exercise its rule; a primitive with no sample says why in `_UNSAMPLED`.
 CAPTURE_SAMPLES: Mapping[str, tuple[Sample, ...]] = {
-    "add": ((lambda a, b: a + b, (_X, _Y)),), "sub": ((lambda a, b: a - b, (_X, _Y)),),
-    "mul": ((lambda a, b: a * b, (_X, _Y)),), "div": ((lambda a, b: a / b, (_X, _Y)),),
-    "max": ((jnp.maximum, (_X, _Y)), (lambda a: jnp.maximum(a, 0.0), (_X,))),
+    "add": ((lambda a, b: a + b, (_X, _Y)), (lambda a, b: a + b, (_I, _I))),
+    "sub": ((lambda a, b: a - b, (_X, _Y)), (lambda a, b: a - b, (_I, _I))),
+    "mul": ((lambda a, b: a * b, (_X, _Y)), (lambda a, b: a * b, (_I, _I))), "div": ((lambda a, b: a / b, (_X, _Y)),),
+    "max": ((jnp.maximum, (_X, _Y)), (lambda a: jnp.maximum(a, 0.0), (_X,)), (jnp.maximum, (_I, _I))),
     "tanh": ((jnp.tanh, (_X,)),), "logistic": ((jax.nn.sigmoid, (_X,)),), "exp": ((jnp.exp, (_X,)),),
     "log": ((jnp.log, (_X,)),), "neg": ((jnp.negative, (_X,)),), "sqrt": ((jnp.sqrt, (_X,)),),
     "rsqrt": ((lax.rsqrt, (_X,)),), "integer_pow": ((lambda a: a ** 3, (_X,)),), "square": ((jnp.square, (_X,)),),
@@ -49,19 +51,33 @@ CAPTURE_SAMPLES: Mapping[str, tuple[Sample, ...]] = {
     "transpose": ((lambda a: jnp.transpose(a, (0, 2, 1, 3)), (_X,)),),
     "broadcast_in_dim": ((lambda a: jnp.broadcast_to(a, (3, 4)), (_V,)),),
     "concatenate": ((lambda a, b: jnp.concatenate([a, b], axis=1), (_X, _Y)),),
+    "stack": ((lambda a, b: jnp.stack([a, b], axis=1), (_X, _Y)),),
     "slice": ((lambda a: lax.slice_in_dim(a, 1, 3, axis=1), (_X,)),),
     "split": ((lambda a: jnp.split(a, [1], axis=1), (_X,)),),
     "copy": ((lambda a: jnp.array(a, copy=True), (_X,)),),
     "dot_general": ((lambda a, b: a @ b, (_X, _M)),),
     "conv_general_dilated": ((lambda a, b: lax.conv(a, b, (1, 1), "SAME"), (_X, _K)),),
     "custom_jvp_call": ((jax.nn.relu, (_X,)),),
+    "min": ((lambda a, b: jnp.minimum(a, b), (_I, _I)), (lambda a, b: jnp.minimum(a, b), (_X, _Y))),
+    "abs": ((jnp.abs, (_X,)),), "sin": ((jnp.sin, (_X,)),), "cos": ((jnp.cos, (_X,)),),
+    "erf": ((lax.erf, (_X,)),), "erfc": ((lambda a: jax.nn.gelu(a, approximate=False), (_X,)),),
+    "one_minus_square": ((jax.grad(lambda a: jnp.sum(jnp.tanh(a))), (_X,)),),
+    "pow": ((lambda a, b: a ** b, (_X, _Y)), (lambda a, b: a ** b[0, 0], (_X, _I))),
+    "lt": ((lambda a, b: a < b, (_X, _Y)),), "le": ((lambda a, b: a <= b, (_X, _Y)),),
+    "gt": ((lambda a, b: a > b, (_X, _Y)),), "ge": ((lambda a, b: a >= b, (_X, _Y)),),
+    "eq": ((lambda a, b: a == b, (_I, _I)),), "ne": ((lambda a, b: a != b, (_X, _Y)),),
+    "and": ((lambda a, b: (a > 0) & (b > 0), (_X, _Y)),), "or": ((lambda a, b: a | b, (_I, _I)),),
+    "not": ((lambda a: ~(a > 0), (_X,)),),
+    "select_n": ((lambda a, b: jnp.where(a > b, a, b), (_X, _Y)),),
+    "iota": ((lambda a: a + lax.broadcasted_iota(jnp.int32, a.shape, 1), (_I,)),),
+    "stop_gradient": ((lax.stop_gradient, (_X,)),),
+    "convert_element_type": ((lambda a: a.astype(jnp.bfloat16), (_X,)),),
     "reduce_window_max": ((lambda a: lax.reduce_window(a, -jnp.inf, lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID"),
                            (_X,)),),
     "reduce_window_sum": ((lambda a: lax.reduce_window(a, 0.0, lax.add, (1, 1, 2, 2), (1, 1, 2, 2), "VALID") / 4,
                            (_X,)),),
 }
 _UNSAMPLED = {
-    "convert_element_type": "a float32 -> float32 conversion: passes its input through, emits no op (JAX elides it)",
     "copy_p": "passes its input through, emits no op",
     "expand_dims": "lax.expand_dims binds broadcast_in_dim in this JAX; the rule emits reshape (sampled: squeeze)",
 }
@@ -96,10 +112,17 @@ def _captured_ops() -> set[str]:
     return emitted
 
 
+_MASK_OPS = {op: "mask and index math (integer / boolean values): the verifier reasons over the reals, and the rule "
+                 "policy never trusts a rule that names one (eqsat.rulesets.dtype_scope)"
+             for op in ("iota", "lt", "le", "gt", "ge", "eq", "ne", "select_n", "convert_element_type", "iadd", "isub",
+                        "imul", "imax", "imin", "and", "or", "not", "stop_gradient")}
+
 STAGES: Mapping[str, tuple[Callable[[], set[str]], Mapping[str, str]]] = {
     "SHAPE_RULES (egglog shape facts)": (lambda: set(SHAPE_RULES) | set(ENCODED_AS), {}),
     "OP_IMPLS (verifier semantics)": (lambda: set(OP_IMPLS), {
-        **_LEAVES, "split": "rules write a split's pieces as split_0 / split_1, evaluated from the rule's sizes"}),
+        **_LEAVES, **_MASK_OPS,
+        "pow": "no rule uses a power; the verifier's algebra has none (a rule naming it: unknown)",
+        "split": "rules write a split's pieces as split_0 / split_1, evaluated from the rule's sizes"}),
     "LOWERINGS (JAX lowering)": (lambda: set(LOWERINGS), _LEAVES),
     "CAPTURE_RULES (JAX capture)": (_captured_ops, {
         **_LEAVES, **_DISTRIBUTION,

@@ -90,7 +90,7 @@ def test_builder_rejects_duplicate_leaf_names_and_bad_leaf_shapes() -> None:
 
 # --- numpy semantics == JAX lowering --------------------------------------------------------------
 
-POSITIVE_OPS = frozenset({"log", "sqrt", "rsqrt", "ewdiv"})  # inputs drawn away from 0 and negatives
+POSITIVE_OPS = frozenset({"log", "sqrt", "rsqrt", "ewdiv", "pow"})  # inputs drawn away from 0 and negatives
 
 
 def _pool_attrs(kh: int, kw: int, sh: int, sw: int, pad: int, act: int = 0) -> dict[str, int]:
@@ -131,6 +131,17 @@ CASES: Mapping[str, list[Case]] = {
     "reduce_sum": [([(2, 3, 4)], {"axes": (0, 2)})],
     "reduce_max": [([(2, 3, 4)], {"axes": (1,)})],
     "broadcast": [([(3, 1)], {"shape": (2, 3, 4), "dims": (1, 2)})],
+    "ewmin": [([(3, 4), (3, 4)], {})],
+    **{op: [([(3, 4)], {})] for op in ("abs", "sin", "cos", "erf", "erfc")},
+    "pow": [([(3, 4), (3, 4)], {})],
+    # mask and index math (inputs' dtypes in CASE_DTYPES)
+    "iota": [([], {"shape": (3, 4), "dimension": 1}), ([], {"shape": (2, 3, 4), "dimension": 0, "dtype": "float32"})],
+    **{op: [([(3, 4), (3, 4)], {})] for op in ("lt", "le", "gt", "ge", "eq", "ne", "iadd", "isub", "imul", "imax",
+                                               "imin", "and", "or")},
+    "select_n": [([(3, 4), (3, 4), (3, 4)], {})],
+    "convert_element_type": [([(3, 4)], {"dtype": "int32"}), ([(3, 4)], {"dtype": "bfloat16"})],
+    "not": [([(3, 4)], {})],
+    "stop_gradient": [([(3, 4)], {})],
     # distribution ops (eqsat.distribution): single-device meaning over the stacked pieces
     "partition": [([(4, 6)], {"dim": -1, "axis": 0, "parts": 2}), ([(4, 6)], {"dim": -2, "axis": 1, "parts": 4})],
     "combine": [([(2, 4, 3)], {"dim": -1, "axis": 0})],
@@ -143,9 +154,20 @@ CASES: Mapping[str, list[Case]] = {
 }
 
 
+CASE_DTYPES: Mapping[str, tuple[str, ...]] = {
+    **{op: ("int32", "int32") for op in ("iadd", "isub", "imul", "imax", "imin", "and", "or")},
+    "eq": ("int32", "int32"), "select_n": ("bool", "float32", "float32"), "not": ("bool",),
+}
+"""Input dtypes of the ops whose cases do not take float32 (integer and boolean ops)."""
+
+
 def _arrays(op: str, shapes: Sequence[tuple[int, ...]], seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    if op in CASE_DTYPES:
+        kinds = CASE_DTYPES[op]
+        return [a if d == "float32" else (a > 0) if d == "bool" else rng.integers(-5, 5, a.shape).astype(d)
+                for a, d in zip(arrays, kinds)]
     if op in POSITIVE_OPS:
         return [np.abs(a) + 0.5 for a in arrays]
     if op == "batchnorm":  # the variance must be positive

@@ -406,9 +406,11 @@ OP_IMPLS: Mapping[str, Impl] = {
     "neg": lambda alg, xs, a: _negate(alg, xs[0]),
     "ewdiv": lambda alg, xs, a: alg.mul(xs[0], alg.activation("recip", xs[1])),  # 1/b as an atom
     "ewmax": lambda alg, xs, a: alg.maximum(xs[0], xs[1]),
+    "ewmin": lambda alg, xs, a: _negate(alg, alg.maximum(_negate(alg, xs[0]), _negate(alg, xs[1]))),  # -max(-a, -b)
     "sqrt": _opaque("sqrt"),
     "rsqrt": _opaque("rsqrt"),  # the same atom batchnorm uses for 1/sqrt(var + eps)
     "exp": _opaque("exp"),
+    **{op: _opaque(op) for op in ("abs", "sin", "cos", "erf", "erfc")},
     "log": _opaque("log"),
     "broadcast": _broadcast,
     "reduce_sum": _reduce("sum"),

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 from eqsat import ops
 from eqsat.egglog_schema import (
+    DTYPE_FUNCTION,
+    FLOAT_RELATION,
     INPUT_ORDER_FUNCTION,
     NEXT_SIBLING_RELATION,
     PAIR_FUNCTION,
@@ -280,6 +282,73 @@ def is_separable(rule: Rule) -> bool:
     return not (left[0] & left[1]) and right[0] <= left[0] and right[1] <= left[1] and not uses_split
 
 
+def dtype_guards(rule: Rule) -> list[str]:
+    """Query atoms that keep a right side from mixing dtypes: where it joins, under an op whose
+    operands must share a dtype (`ops.OpSpec.result_dtype`), values the left side does not already
+    tie to one dtype, `(= (dtype a) (dtype b))`; where it applies a float-only op to a value the
+    left side does not already make float, `(float_dtype (dtype a))`. Most rules need none (their
+    left side ties every variable through float ops); the e-graph's `dtype` analysis is `:no-merge`,
+    so a mix that slipped through would be an egglog error, never a wrong graph."""
+    parent: dict[str, str] = {}
+    floats: set[str] = set()
+    witness: dict[str, str] = {}  # class → a variable in it (what a guard can name)
+    counter = [0]
+
+    def find(k: str) -> str:
+        while parent.setdefault(k, k) != k:
+            k = parent[k]
+        return k
+
+    def union(a: str, b: str) -> None:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[ra] = rb
+            if ra in floats:
+                floats.add(rb)
+            if ra in witness:
+                witness.setdefault(rb, witness[ra])
+
+    def fresh() -> str:
+        counter[0] += 1
+        return f"#{counter[0]}"
+
+    guards: list[str] = []
+
+    def visit(p: Pattern, right: bool) -> str:
+        if isinstance(p, Var):
+            key = "?" + p.name
+            witness.setdefault(find(key), _var(p.name))
+            return key
+        kids = [visit(a, right) for a in p.args]
+        node = fresh()
+        if p.op == "split_part" or p.op not in ops.OPS:
+            if kids:
+                union(node, kids[0])
+            return node
+        spec = ops.op_spec(p.op)
+        operands = kids[1:] if spec.result_dtype == "select" else kids
+        if spec.result_dtype != "attr":
+            for k in operands[1:]:
+                if right and find(k) != find(operands[0]) and find(k) in witness and find(operands[0]) in witness:
+                    guards.append(f"(= ({DTYPE_FUNCTION} {witness[find(operands[0])]}) "
+                                  f"({DTYPE_FUNCTION} {witness[find(k)]}))")
+                union(k, operands[0])
+        if spec.operand_kinds == ops.FLOAT_ONLY and operands:
+            root = find(operands[0])
+            if right and root not in floats and root in witness:
+                guards.append(f"({FLOAT_RELATION} ({DTYPE_FUNCTION} {witness[root]}))")
+            floats.add(root)
+        if spec.result_dtype in ("same", "select") and operands:
+            union(node, operands[0])
+        return node
+
+    for side in rule.lhs:
+        visit(side, right=False)
+    for side in rule.rhs:
+        visit(side, right=True)
+    return guards
+
+
 def to_egglog(rule: Rule, ruleset: str, name: str | None = None) -> list[EgglogRule]:
     """The egglog rule(s) for `rule`, in `ruleset` (one, or two for a separable two-output rule)."""
     name = name or rule.name
@@ -306,6 +375,7 @@ def _text(rule: Rule, ruleset: str, name: str, where: str, candidate: bool = Fal
             q.atoms.append(f"(< (uid {roots[0]}) (uid {roots[1]}))")
     for cond in rule.conditions:
         q.atoms.append(_condition(cond, q, where))
+    q.atoms.extend(dtype_guards(rule))
     actions = []
     for root, side in zip(roots, rule.rhs):
         expr, _ = _rhs(side, q, roots, where)

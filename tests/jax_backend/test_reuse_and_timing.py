@@ -44,9 +44,9 @@ def test_identical_layers_are_optimized_once() -> None:
     ws = [(_rand(32, 32, seed=3 * i), _rand(32, 32, seed=3 * i + 1), _rand(32, 32, seed=3 * i + 2)) for i in range(4)]
 
     def stack(x):
-        for wq, wk, wv in ws:  # separate projections of one input, then a softmax (opaque: splits graphs)
+        for wq, wk, wv in ws:  # separate projections of one input, then a softmax
             q, k, v = x @ wq, x @ wk, x @ wv
-            x = jax.nn.softmax(q @ k.T, axis=-1) @ v + x
+            x = jax.lax.optimization_barrier(jax.nn.softmax(q @ k.T, axis=-1) @ v + x)  # opaque: splits graphs
         return x
 
     opt = optimize(stack, check_speed=False, time_limit=8.0)
