@@ -75,10 +75,12 @@ def _pool(reduce: str) -> Lowering:
         kh, kw = a["kernel_h"], a["kernel_w"]
         pads = [(0, 0), (0, 0), *_window_pads(x.shape, kh, kw, a["stride_h"], a["stride_w"], a["pad"])]
         dims, strides = (1, 1, kh, kw), (1, 1, a["stride_h"], a["stride_w"])
+        # numpy constants (not traced values), so JAX sees a max / sum pool and can differentiate it
         if reduce == "max":
-            out = lax.reduce_window(x, jnp.array(-jnp.inf, x.dtype), lax.max, dims, strides, pads)
+            lowest = np.array(-np.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min, x.dtype)
+            out = lax.reduce_window(x, lowest, lax.max, dims, strides, pads)
         else:  # padded positions count as zeros, as in ops.py
-            out = lax.reduce_window(x, jnp.array(0, x.dtype), lax.add, dims, strides, pads) / (kh * kw)
+            out = lax.reduce_window(x, np.array(0, x.dtype), lax.add, dims, strides, pads) / (kh * kw)
         return (_act(out.astype(x.dtype), a["act"]),)
 
     return lower
