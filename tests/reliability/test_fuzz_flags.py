@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from eqsat.cli import build_parser
@@ -78,18 +78,23 @@ def _finite(value: Any, low: float, strict: bool = True) -> bool:
             and (value > low if strict else value >= low))
 
 
+NUMBER = st.integers(5, 64).map(str) | st.floats(5.0, 100.0).map(repr)  # valid for every numeric flag here
+
+
 @st.composite
-def flag_args(draw: st.DrawFn, flags: dict[str, str]) -> list[str]:
-    """Some of `flags` (name -> "one" or "list"), each given fuzzed text: a single value as
-    `--flag=TEXT` (so any text is the value), a list as separate tokens."""
+def flag_args(draw: st.DrawFn, flags: dict[str, tuple[str, st.SearchStrategy[str]]]) -> list[str]:
+    """Some of `flags` (name -> ("one" or "list", its valid values)), each given a valid value or,
+    one time in four, fuzzed text: a single value as `--flag=TEXT` (so any text is the value), a
+    list as separate tokens (sometimes none)."""
     argv: list[str] = []
-    for flag, kind in flags.items():
+    for flag, (kind, valid) in flags.items():
         if not draw(st.booleans()):
             continue
         if kind == "one":
-            argv.append(f"{flag}={draw(number_texts)}")
+            argv.append(f"{flag}={draw(st.sampled_from([valid, valid, valid, number_texts]).flatmap(lambda s: s))}")
         else:
-            argv += [flag, *draw(st.lists(list_items, max_size=3))]
+            items = st.sampled_from([valid, valid, valid, list_items]).flatmap(lambda s: s)
+            argv += [flag, *draw(st.lists(items, min_size=draw(st.sampled_from([1, 1, 1, 0])), max_size=3))]
     return argv
 
 
@@ -100,11 +105,13 @@ def parser() -> argparse.ArgumentParser:
 
 # --- --mesh ------------------------------------------------------------------------------------------
 
-shape_specs = st.lists(st.integers(-3, 10**12) | st.integers(0, 9), min_size=1, max_size=4).flatmap(
+sizes = st.sampled_from([1, 2, 4, 8]) | st.integers(-3, 10**12) | st.integers(0, 9)
+shape_specs = st.lists(sizes, min_size=1, max_size=4).flatmap(
     lambda sizes: st.sampled_from(["x", "X", " x ", "x "]).map(lambda sep: sep.join(map(str, sizes))))
-mesh_specs = st.one_of(shape_specs, st.sampled_from([*PRESETS, *NASTY, "1x1", "2x4", "4x2", "8x1", "1x8", "2x2x2",
-                                                     "16", "x", "2xx4", "2x-4", "H100X8"]), st.text(max_size=12))
-bases = st.sampled_from([*PRESETS, "", "nope", "CPU8"]) | st.text(max_size=6)
+valid_meshes = st.sampled_from([*PRESETS, "8", "2x4", "4x2", "2", "2x2", "4", "1x8", "8x1", "2x2x2", " 4 "])
+mesh_specs = st.one_of(shape_specs, valid_meshes,
+                       st.sampled_from([*NASTY, "1x1", "16", "x", "2xx4", "2x-4", "H100X8"]), st.text(max_size=12))
+bases = st.sampled_from([*PRESETS, *PRESETS, "", "nope", "CPU8"]) | st.text(max_size=6)
 
 
 def _check_mesh(mesh: Mesh, spec: str, base: str) -> None:
@@ -116,6 +123,11 @@ def _check_mesh(mesh: Mesh, spec: str, base: str) -> None:
 
 @FUZZ
 @given(spec=mesh_specs, base=bases)
+@example(spec="\n", base="cpu8").via("a newline: still one line")
+@example(spec="0x8", base="cpu8").via("a zero axis")
+@example(spec="1x1", base="cpu8").via("one device")
+@example(spec="99x99", base="h100x8").via("more devices than the base")
+@example(spec="2x4", base="no\npreset").via("an unknown base")
 def test_mesh_text_is_a_mesh_or_one_mesh_error(spec: str, base: str) -> None:
     """`parse_mesh`: a mesh of positive whole-number axes within the base preset's devices, or one
     `MeshError` line (a size under 1, one device, too many devices, not a shape, unknown preset)."""
@@ -130,13 +142,19 @@ def test_mesh_text_is_a_mesh_or_one_mesh_error(spec: str, base: str) -> None:
 
 # --- eqsat parallel -----------------------------------------------------------------------------------
 
-PARALLEL_FLAGS = {"--time-limit": "one", "--budget": "one", "--comm-budget": "one", "--random-plans": "one",
-                  "--mesh": "one", "--base": "one"}
+PARALLEL_FLAGS = {"--time-limit": ("one", NUMBER), "--budget": ("one", st.sampled_from(["0.4", "1", "2.5"])),
+                  "--comm-budget": ("one", NUMBER | st.just("0")), "--random-plans": ("one", st.integers(0, 9).map(str)),
+                  "--mesh": ("one", mesh_specs), "--base": ("one", bases)}
 
 
 @FUZZ
-@given(model=st.sampled_from(sorted(PARALLEL_MODELS)), flags=flag_args(PARALLEL_FLAGS),
-       mesh=mesh_specs, base=bases)
+@given(model=st.sampled_from([*sorted(PARALLEL_MODELS), "", "nope", "\n"]), flags=flag_args(PARALLEL_FLAGS),
+       mesh=valid_meshes, base=st.sampled_from(sorted(PRESETS)))
+@example(model="mlp16", flags=["--time-limit=nan"], mesh="8", base="cpu8").via("NaN seconds")
+@example(model="mlp16", flags=["--budget=-1"], mesh="8", base="cpu8").via("a negative fraction")
+@example(model="mlp16", flags=["--comm-budget=inf"], mesh="8", base="cpu8").via("infinite bytes")
+@example(model="mlp16", flags=["--random-plans=-3"], mesh="8", base="cpu8").via("a negative count")
+@example(model="\n", flags=[], mesh="8", base="cpu8").via("a newline as the model")
 def test_parallel_flags_are_valid_or_refused(parser: argparse.ArgumentParser, model: str, flags: list[str],
                                              mesh: str, base: str) -> None:
     """`eqsat parallel`'s numbers and mesh: valid when the planner would start, else exit 2 or one
@@ -164,13 +182,18 @@ def test_parallel_flags_are_valid_or_refused(parser: argparse.ArgumentParser, mo
 
 # --- eqsat bench ------------------------------------------------------------------------------------
 
-BENCH_FLAGS: dict[str, dict[str, str]] = {
-    "tensat": {"--time-limit": "one", "--k-multi": "list", "--taso-budget": "one", "--taso-seconds": "one",
-               "--taso-long-seconds": "one", "--passes": "one", "--repeats": "one", "--timing-budget": "one",
-               "--models": "list", "--candidates": "list", "--cost-models": "list"},
-    "parallel": {"--time-limit": "one", "--models": "list"},
-    "jax": {"--time-limit": "one", "--rounds": "one", "--budget": "one", "--programs": "list", "--groups": "list"},
-    "extraction": {"--time-limit": "one", "--files": "list", "--extractors": "list"},
+NAMES = st.sampled_from(["nasrnn", "bert", "mlp16", "greedy", "ilp"])
+BENCH_FLAGS: dict[str, dict[str, tuple[str, st.SearchStrategy[str]]]] = {
+    "tensat": {"--time-limit": ("one", NUMBER), "--k-multi": ("list", st.integers(0, 3).map(str)),
+               "--taso-budget": ("one", st.integers(1, 10**6).map(str)), "--taso-seconds": ("one", NUMBER),
+               "--taso-long-seconds": ("one", NUMBER | st.just("0")), "--passes": ("one", st.sampled_from(["1", "3"])),
+               "--repeats": ("one", st.sampled_from(["5", "30"])), "--timing-budget": ("one", NUMBER),
+               "--models": ("list", NAMES), "--candidates": ("list", st.sampled_from(["greedy", "roofline-launch0"])),
+               "--cost-models": ("list", st.sampled_from(["roofline/h100", "measured/cpu"]))},
+    "parallel": {"--time-limit": ("one", NUMBER), "--models": ("list", NAMES)},
+    "jax": {"--time-limit": ("one", NUMBER), "--rounds": ("one", st.integers(1, 50).map(str)), "--budget": ("one", NUMBER),
+            "--programs": ("list", NAMES), "--groups": ("list", st.sampled_from(["targets", "models", "overhead"]))},
+    "extraction": {"--time-limit": ("one", NUMBER), "--files": ("list", NAMES), "--extractors": ("list", NAMES)},
 }
 
 
@@ -209,6 +232,11 @@ def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @FUZZ
 @given(case=bench_argv())
+@example(case=("tensat", ["--repeats=4"])).via("fewer than 5 rounds")
+@example(case=("tensat", ["--candidates", "nope"])).via("an unknown candidate")
+@example(case=("tensat", ["--passes=0", "--taso-seconds=nan"])).via("no passes, NaN seconds")
+@example(case=("jax", ["--budget=inf"])).via("an infinite budget")
+@example(case=("extraction", ["--time-limit=-0"])).via("a zero time limit")
 def test_bench_flags_are_valid_or_refused(parser: argparse.ArgumentParser, out_dir: Path,
                                           case: tuple[str, list[str]]) -> None:
     """`eqsat bench NAME`'s numbers and lists: valid when the benchmark would start (tensat: its
