@@ -194,7 +194,7 @@ BENCH_FLAGS: dict[str, dict[str, tuple[str, st.SearchStrategy[str]]]] = {
                "--taso-long-seconds": ("one", NUMBER | st.just("0")), "--passes": ("one", st.sampled_from(["1", "3"])),
                "--repeats": ("one", st.sampled_from(["5", "30"])), "--timing-budget": ("one", NUMBER),
                "--models": ("list", NAMES), "--candidates": ("list", st.sampled_from(["greedy", "roofline-launch0"])),
-               "--cost-models": ("list", st.sampled_from(["roofline/h100", "measured/cpu"]))},
+               "--cost-models": ("list", st.sampled_from(["roofline/h100", "roofline/cpu", "measured/cpu", "nope/h100"]))},
     "parallel": {"--time-limit": ("one", NUMBER), "--models": ("list", NAMES)},
     "jax": {"--time-limit": ("one", NUMBER), "--rounds": ("one", st.integers(1, 50).map(str)), "--budget": ("one", NUMBER),
             "--programs": ("list", NAMES), "--groups": ("list", st.sampled_from(["targets", "models", "overhead"]))},
@@ -203,9 +203,11 @@ BENCH_FLAGS: dict[str, dict[str, tuple[str, st.SearchStrategy[str]]]] = {
 
 
 def _stub_call(module: Any, args: argparse.Namespace) -> Iterable[dict[str, Any]]:
-    """What runs in place of a benchmark: the tensat options (their own checks), nothing else."""
+    """What runs in place of a benchmark: tensat's options and cost models checked, nothing else."""
     if hasattr(module, "options_from_args"):
-        return [{"options": module.options_from_args(args)}]
+        options = module.options_from_args(args)
+        module.check_cost_models(options)
+        return [{"options": options}]
     return []
 
 
@@ -239,6 +241,7 @@ def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @given(case=bench_argv())
 @example(case=("tensat", ["--repeats=4"])).via("fewer than 5 rounds")
 @example(case=("tensat", ["--candidates", "nope"])).via("an unknown candidate")
+@example(case=("tensat", ["--cost-models", "roofline/h100", "nope/cpu"])).via("an unknown cost model")
 @example(case=("tensat", ["--passes=0", "--taso-seconds=nan"])).via("no passes, NaN seconds")
 @example(case=("jax", ["--budget=inf"])).via("an infinite budget")
 @example(case=("extraction", ["--time-limit=-0"])).via("a zero time limit")
