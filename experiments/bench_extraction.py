@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from eqsat.errors import EqsatError
 from eqsat.extract import EXTRACTORS, check_selection, extract, load_egraph
 from eqsat.paths import data_dir, egraphs_dir
 
@@ -69,13 +70,16 @@ def run_bench(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     paths = [Path(f) for f in files] if files else default_files()
     names = list(extractors) if extractors else list(EXTRACTORS)
-    for n in names:
+    for n in names:  # bad input is one EqsatError line (exit 2) before any work, not after the first files
         if n not in EXTRACTORS:
-            raise SystemExit(f"unknown extractor {n!r}; choose from {', '.join(EXTRACTORS)}")
+            raise EqsatError(f"unknown extractor {n!r}; choose from {', '.join(EXTRACTORS)}")
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise EqsatError(f"--files: no such file(s): {', '.join(map(repr, missing))}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     known = best_known()
     rows: list[dict[str, Any]] = []
     console = Console(stderr=True)

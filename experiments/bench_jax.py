@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eqsat import ops
+from eqsat.errors import EqsatError
 from eqsat.ir import Graph, Node
 from eqsat.models.jax_programs import PROGRAMS, JaxProgram, transformer_stack
 
@@ -295,10 +296,16 @@ def run_bench(out_dir: Path | None = None, rounds: int = 40, time_limit: float =
     options = {"time_limit": time_limit}
     chosen = [p for p in PROGRAMS if (programs is None or p.name in programs) and "targets" in groups]
     models: list[JaxProgram] = []
+    built: tuple[JaxProgram, ...] = ()
     if "models" in groups:
         from experiments.jax_models import model_programs
 
-        models = [p for p in model_programs() if programs is None or p.name in programs]
+        built = model_programs()
+        models = [p for p in built if programs is None or p.name in programs]
+    unknown = sorted(set(programs or ()) - {p.name for p in (*PROGRAMS, *built)})
+    if unknown:  # a misspelt name is one error line, not a run that silently times nothing
+        raise EqsatError(f"--programs: unknown program(s) {', '.join(map(repr, unknown))} in groups {', '.join(groups)}; "
+                         f"known: {', '.join(p.name for p in (*PROGRAMS, *built))}")
     first_call = first_call and "targets" in groups
     rows: list[dict[str, Any]] = []
     with Progress(transient=True, console=Console(stderr=True)) as bar:

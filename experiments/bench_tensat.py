@@ -34,7 +34,8 @@ from eqsat.cost import CostModel, cost_model, graph_cost
 from eqsat.ir import Graph
 from eqsat.rewrites.rule import Rule
 
-__all__ = ["PAPER", "TENSAT_MODELS", "BenchOptions", "bench_rules", "options_from_args", "render_table", "run_bench", "write_plots"]
+__all__ = ["PAPER", "TENSAT_MODELS", "BenchOptions", "bench_rules", "check_cost_models", "options_from_args", "render_table",
+           "run_bench", "write_plots"]
 
 TENSAT_MODELS: tuple[str, ...] = ("bert", "resnext50", "nasneta", "nasrnn", "inceptionv3", "squeezenet", "vgg")
 
@@ -99,6 +100,15 @@ def _cost_model_arg(text: str) -> tuple[str, str]:
 
         raise EqsatError(f"bench tensat: --cost-models takes MODEL/DEVICE (e.g. roofline/h100), not {text!r}")
     return name, device
+
+
+def check_cost_models(options: BenchOptions) -> None:
+    """Each MODEL/DEVICE built once (cheap), so an unknown name or device, or a measured model off
+    its device, is one error line before any work, not after the first model's searches."""
+    import jax_backend  # noqa: F401 - registers the "measured" cost model
+
+    for name, device in options.cost_models:
+        cost_model(name, device=device)
 
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:
@@ -292,6 +302,7 @@ def run_bench(out_dir: Path, options: BenchOptions = BenchOptions()) -> Iterable
     unknown = [m for m in options.models if m not in MODELS]
     if unknown:
         raise UnknownModelError(f"unknown model(s) {', '.join(unknown)}; known models: {', '.join(MODELS)}")
+    check_cost_models(options)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()

@@ -89,6 +89,16 @@ def test_cost_models_option_picks_the_columns() -> None:
         options_from_args(argparse.Namespace(**{**vars(args), "cost_models": ["roofline"]}))
 
 
+@pytest.mark.parametrize("pair", [("nope", "cpu"), ("roofline", "nope")])
+def test_a_bad_cost_model_fails_before_any_work(tmp_path: Path, pair: tuple[str, str]) -> None:
+    from eqsat.errors import EqsatError
+
+    options = BenchOptions(models=("nasrnn",), cost_models=(("roofline", "h100"), pair))
+    with pytest.raises(EqsatError, match="unknown"):
+        next(iter(run_bench(tmp_path / "out", options)))
+    assert not (tmp_path / "out").exists()
+
+
 def test_taso_budget_flag_reaches_the_options(tmp_path: Path) -> None:
     import argparse
 

@@ -41,3 +41,22 @@ def test_a_benchmark_that_does_not_load_fails_in_one_line() -> None:
     broken = bench._Broken("gone", "ModuleNotFoundError: No module named 'experiments.gone'")
     with pytest.raises(bench.EqsatError, match="benchmark 'gone' cannot be loaded .* reinstall"):
         broken.run(argparse.Namespace())
+
+
+def test_bench_extraction_refuses_bad_names_and_files_before_any_work(tmp_path: Path) -> None:
+    from eqsat.errors import EqsatError
+    from experiments.bench_extraction import run_bench
+
+    with pytest.raises(EqsatError, match="unknown extractor 'nope'"):
+        run_bench(tmp_path / "out", extractors=["nope"])
+    with pytest.raises(EqsatError, match="no such file"):
+        run_bench(tmp_path / "out", files=[tmp_path / "missing.json"], extractors=["greedy-dag"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_bench_jax_refuses_an_unknown_program() -> None:
+    from eqsat.errors import EqsatError
+    from experiments.bench_jax import run_bench
+
+    with pytest.raises(EqsatError, match="unknown program"):
+        run_bench(None, programs=["no-such-program"], groups=["targets"])

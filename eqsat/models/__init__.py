@@ -109,7 +109,7 @@ def build_model(name: str) -> Graph:
         return load_taso_model(path)
     if path.suffix == ".json" and path.exists():
         return Graph.load(path)
-    raise UnknownModelError(f"unknown model '{name}'; known models: {', '.join(MODELS)} "
+    raise UnknownModelError(f"unknown model {name!r}; known models: {', '.join(MODELS)} "
                             "(or a path to a .model or Graph .json file)")
 
 
@@ -142,7 +142,7 @@ def lookup(name: str, family: str = "tensat") -> ModelEntry[Any]:
     table = _family(family)
     entry = table.get(name)
     if entry is None:
-        raise UnknownModelError(f"unknown model '{name}'; known models: {', '.join(table)}")
+        raise UnknownModelError(f"unknown model {name!r}; known models: {', '.join(table)}")
     return entry
 
 

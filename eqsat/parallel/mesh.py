@@ -123,9 +123,9 @@ def parse_mesh(spec: str, base: str = "cpu8") -> Mesh:
     try:
         shape = normalized_shape(tuple(int(s) for s in spec.lower().split("x")))
     except ValueError:
-        raise MeshError(f"mesh '{spec}' is neither a preset ({', '.join(PRESETS)}) nor a shape like 8 or 2x4") from None
+        raise MeshError(f"mesh {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a shape like 8 or 2x4") from None
     if base not in PRESETS:
-        raise MeshError(f"unknown mesh preset '{base}'; known: {', '.join(PRESETS)}")
+        raise MeshError(f"unknown mesh preset {base!r}; known: {', '.join(PRESETS)}")
     mesh = PRESETS[base]
     if mesh.shape == shape:
         return mesh
