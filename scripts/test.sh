@@ -8,4 +8,5 @@ bash scripts/setup.sh
 .venv/bin/python -m ruff check --quiet .
 .venv/bin/python -m mypy
 export XLA_FLAGS="${XLA_FLAGS:---xla_force_host_platform_device_count=8}"
-exec .venv/bin/python -m pytest "$@"
+# Two worker processes by default (EQSAT_TEST_WORKERS=N to change; `-n 0` after it runs in one process).
+exec .venv/bin/python -m pytest -n "${EQSAT_TEST_WORKERS:-2}" "$@"

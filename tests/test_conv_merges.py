@@ -114,6 +114,7 @@ def test_small_resnext_block_merges_its_grouped_convs_where_groups_cost() -> Non
     assert len(merges) == 4 and all(n.attr["count"] == 2 for n in merges)  # 4 groups -> 2 -> 1, two blocks
 
 
+@pytest.mark.slow  # ~17 s
 def test_h100_roofline_keeps_the_groups() -> None:
     graph = _small_resnext()
     result = optimize_graph(graph, bench_rules(graph), Limits(nodes=20_000, seconds=60, multi_rounds=1),

@@ -25,7 +25,7 @@ def _close(a: object, b: object, rtol: float = 2e-4) -> None:
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=rtol * scale)
 
 
-_SLOW = {"nnx_transformer_block", "linen_rnn_scan"}  # 10-15 s each on two cores
+_SLOW = {"nnx_transformer_block", "linen_rnn_scan", "linen_cnn"}  # 10-15 s each on two cores
 _GAINS = {"nnx_transformer_block"}  # saturated, the merge model joins its Q/K/V projections
 
 

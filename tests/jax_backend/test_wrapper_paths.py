@@ -261,6 +261,7 @@ def _program(tree: Any, n: int, key: Any = None, scalar: Any = None, *, mode: st
     return {"out": total, "n": n}
 
 
+@pytest.mark.slow  # ~17 s
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_calls())
 def test_fuzz_call_patterns(spec: dict[str, Any]) -> None:

@@ -40,6 +40,7 @@ def test_wrong_parallel_rules_are_refuted(text: str) -> None:
     assert verified_rules([rule], allow_guarded=True) == []
 
 
+@pytest.mark.slow  # ~30 s; test_every_instance_is_accepted covers the instances in the default suite
 def test_mesh_instances_cover_every_axis() -> None:
     mesh = parse_mesh("2x4")
     names = {r.name.rsplit("@", 1)[1] for r in mesh_rules(mesh)}

@@ -189,7 +189,7 @@ def test_predicted_step_memory_within_15pct(model: str, mesh_spec: str) -> None:
     assert abs(res.report.mem_bytes - measured) <= 0.15 * measured
 
 
-@pytest.mark.parametrize("case", ["conv", "gpt"])
+@pytest.mark.parametrize("case", ["conv", pytest.param("gpt", marks=pytest.mark.slow)])
 def test_compiled_step_recomputes_no_product(case: str) -> None:
     """XLA's training step runs exactly the plan's products (each forward one, one more per operand
     taking a gradient): nothing rematerialized, for the extracted plan and random ones."""
