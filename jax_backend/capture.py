@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import jax.extend.core as jcore
@@ -84,27 +84,27 @@ class LoopStep:
 
 
 Step = GraphStep | OpaqueStep | LoopStep
+_S = TypeVar("_S", GraphStep, OpaqueStep)
+
+
+def _steps_of(steps: Sequence[Step], kind: type[_S]) -> list[_S]:
+    """The steps of one kind, loop bodies' included (depth first, in order)."""
+    out: list[_S] = []
+    for s in steps:
+        if isinstance(s, kind):
+            out.append(s)
+        elif isinstance(s, LoopStep):
+            out += _steps_of(s.body, kind)
+    return out
 
 
 def _graphs_in(steps: Sequence[Step]) -> list[GraphStep]:
-    """The graph steps, loop bodies' included (depth first, in order): what the optimizer sees."""
-    out: list[GraphStep] = []
-    for s in steps:
-        if isinstance(s, GraphStep):
-            out.append(s)
-        elif isinstance(s, LoopStep):
-            out += _graphs_in(s.body)
-    return out
+    """The graph steps, loop bodies' included: what the optimizer sees."""
+    return _steps_of(steps, GraphStep)
 
 
 def _opaque_in(steps: Sequence[Step]) -> list[OpaqueStep]:
-    out: list[OpaqueStep] = []
-    for s in steps:
-        if isinstance(s, OpaqueStep):
-            out.append(s)
-        elif isinstance(s, LoopStep):
-            out += _opaque_in(s.body)
-    return out
+    return _steps_of(steps, OpaqueStep)
 
 
 def _with_graphs(steps: Sequence[Step], graphs: Iterator[Graph]) -> tuple[Step, ...]:
