@@ -43,6 +43,7 @@ from jax_backend.decorator_options import (
     cost_device,
     make_options,
 )
+from jax_backend.leaf_names import traced_leaf_names
 from jax_backend.timing import paired_timing
 
 __all__ = ["optimize", "OptimizedFunction", "BoundOptimizedFunction", "SignatureReport", "SegmentReport",
@@ -352,7 +353,8 @@ class OptimizedFunction:
             if note:
                 self._warn_once("device", note, EqsatDeviceWarning)
             try:
-                entry = _outside_traces(build_signature, flat_fun, avals, signature, self.options, device)
+                names = traced_leaf_names(self.fun, args, kwargs, {k for k, _ in split.declared}, _is_array_leaf)
+                entry = _outside_traces(build_signature, flat_fun, avals, signature, self.options, device, names)
             except Exception as exc:  # noqa: BLE001 - the optimizer's own failure: run the original
                 reason = f"optimizing failed: {type(exc).__name__}: {exc}"
                 entry = Entry(None, None, SignatureReport(signature, "original", reason),

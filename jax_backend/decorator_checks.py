@@ -27,6 +27,7 @@ from eqsat.ir import Graph
 from jax_backend.capture import GraphStep, Program, capture, graph_leaf_name, replay
 from jax_backend.decorator_options import Entry, Options, Outcome, cost_device
 from jax_backend.decisions import DecisionKey, device_name, load_decision, program_hash, save_decision
+from jax_backend.leaf_names import value_names
 from jax_backend.timing import Decision, choose_faster
 
 __all__ = ["build_signature"]
@@ -144,9 +145,10 @@ def _variants(steps: Sequence[GraphStep], search: RegionSearch, mode: str) -> li
 
 
 def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.ShapeDtypeStruct], signature: str,
-                    opts: Options, device: str | None = None) -> Entry:
+                    opts: Options, device: str | None = None, leaf_names: Sequence[str] = ()) -> Entry:
     """Capture, optimize, lower, check and time one signature; `device`: the cost-model device to
-    extract for (default: `cost_device()`, read from the JAX device)."""
+    extract for (default: `cost_device()`, read from the JAX device); `leaf_names`: the user's name
+    of each flat argument, for the report (`jax_backend.leaf_names`)."""
     from eqsat.structure import canonicalize
 
     start = time.perf_counter()
@@ -156,7 +158,8 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
         return Outcome(signature, None, start, _lowering_mode(opts)).original(f"capture failed: {exc}")
     outcome = Outcome(signature, out_tree, start, _lowering_mode(opts)).with_facts(
         opaque=tuple(s.name for s in program.opaque),
-        opaque_why=tuple(sorted({f"{s.name}: {s.why}" for s in program.opaque})))
+        opaque_why=tuple(sorted({f"{s.name}: {s.why}" for s in program.opaque})),
+        leaf_names=value_names(program, leaf_names))
     if any(isinstance(v, jax.core.Tracer) for v in program.consts.values()):
         return outcome.original("the function closes over traced values; not optimized", warn=False)
     if program.effects:  # checks and timings would run the user's callbacks and prints many times

@@ -63,6 +63,7 @@ class SignatureReport:
     opaque_why: tuple[str, ...] = ()  # "primitive: why it was not captured", one per distinct pair
     cost_device: str = ""  # the cost-model device the candidates were extracted for (`cost_device`)
     decision: Decision | None = None  # the sequential keep/discard test: interval, rounds, from the cache or not
+    leaf_names: tuple[tuple[str, str], ...] = ()  # (IR leaf name "v3", the user's name "params['w']"), for reading
 
 
 @dataclass(frozen=True)
