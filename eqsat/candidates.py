@@ -269,4 +269,5 @@ def segment_report(before: Graph, after: Graph, search: RegionSearch, seconds: f
     return SegmentReport(before, after, cost_before, cost_after, sum(c.enodes for c in seen) if seen else None,
                          sum(c.eclasses for c in seen) if seen else None, fired,
                          "; ".join(sorted({c.stop_reason for c in seen})) or "no region optimized", seconds,
-                         error="; ".join(sorted(set(errors))[:3]), regions=cut.report())
+                         error="; ".join(sorted(set(errors))[:3]), regions=cut.report(),
+                         cost_model=label if label is not None else next(iter(search.models), ""))

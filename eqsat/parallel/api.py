@@ -51,6 +51,7 @@ from eqsat.ir import Graph, Node
 from eqsat.parallel.mesh import CPU_LINK, INFINIBAND, NVLINK, Mesh, MeshAxis
 from eqsat.parallel.planner import DEFAULT_LIMITS, PlanError, PlanResult, graph_axes, plan_graph, with_weights
 from jax_backend.capture import Program, bind_eqn, capture_jaxpr, graph_leaf_name
+from jax_backend.leaf_names import argument_names
 from jax_backend.shard import compiled_collectives
 
 __all__ = ["ApiError", "Plan", "PlanSummary", "parallelize", "plan"]
@@ -718,13 +719,14 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     constraints = planned.constraints if planned is not None and results else ()
     fn = (constrained_step(closed, jax.tree_util.tree_structure(out_shape), constraints, amesh) if constraints
           else train_step)
+    arg_names = argument_names(train_step, len(args))
     step = Plan(fn, amesh, in_shardings, out_sh, PlanSummary(
         strategy, " x ".join(f"{n}={s}" for n, s in sizes.items()), note,
         sum(r.report.step_s for r in results) if results else None,
         sum(r.report.comm_bytes(None) for r in results) if results else None,
         sum(r.report.mem_bytes for r in results) if results else None,
         _collective_rows(results, names), plan_s, len(results), planned.opaque if planned else 0, tuple(warns),
-        tuple((_path_str(p), str(P(*s))) for p, s in zip(leaves.paths, specs)), None,
+        tuple((_path_str(p, arg_names), str(P(*s))) for p, s in zip(leaves.paths, specs)), None,
         constraints=tuple((str(var), str(P(*spec))) for var, spec in constraints)), results)
     compiled = compile_figures(jax.jit(fn, in_shardings=in_shardings, out_shardings=out_sh), abstract)
     rows: list[Baseline] = []
@@ -752,9 +754,9 @@ def _describe(specs: Sequence[Spec], leaves: _Leaves) -> str:
     return f"{split} of {len(specs)} leaves split"
 
 
-def _path_str(path: tuple[Any, ...]) -> str:
-    """`arg1[0].mu['w1']`: which argument, then the key path inside it."""
-    return f"arg{path[0]}" + jax.tree_util.keystr(tuple(path[1:]))
+def _path_str(path: tuple[Any, ...], arg_names: Sequence[str]) -> str:
+    """`opt_state[0].mu['w1']`: which argument (by the step's parameter name), then the key path inside it."""
+    return arg_names[path[0]] + jax.tree_util.keystr(tuple(path[1:]))
 
 
 def _shardings(mesh: JaxMesh, treedef: Any, specs: Sequence[Spec]) -> tuple[Any, ...]:
