@@ -178,6 +178,7 @@ def test_no_loss_output_falls_back() -> None:
         plan = ep.plan(step, jnp.ones((16, 8)), jnp.ones((64, 16)), mesh=mesh_of((8,)), params_argnums=(0,),
                        baselines=False)
     assert plan.report.strategy == "data-parallel (fallback)"
+    assert [path for path, _ in plan.report.leaf_specs] == ["w", "x"]  # the step's parameter names
 
 
 # --- the planned step -----------------------------------------------------------------------------
