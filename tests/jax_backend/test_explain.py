@@ -4,6 +4,7 @@ beside), and a layered drawing whose edges never run under a box."""
 
 from __future__ import annotations
 
+import functools
 import random
 import warnings
 from pathlib import Path
@@ -55,6 +56,23 @@ def test_leaf_names_follow_arguments_and_key_paths() -> None:
     assert traced_leaf_names(f, (PARAMS, X, "fast", 3), {}, {0}, _is_array_leaf) == ("x", "rest[1]")
     assert argument_names(lambda *a: a, 2) == ["a[0]", "a[1]"]
     assert argument_names(lambda a: a, 2) == ["a", "arg1"] and argument_names(len, 1) == ["obj"]
+
+
+def test_a_method_names_its_module_fields_through_self() -> None:
+    import dataclasses
+
+    @functools.partial(jax.tree_util.register_dataclass, data_fields=["w", "b"], meta_fields=[])
+    @dataclasses.dataclass
+    class Layer:
+        w: jax.Array
+        b: jax.Array
+
+        def __call__(self, x):
+            return x @ self.w + self.b
+
+    layer = Layer(_rand(32, 4), _rand(4))
+    names = traced_leaf_names(Layer.__call__, (layer, X), {}, set(), _is_array_leaf)
+    assert names == ("self.w", "self.b", "x")
 
 
 def test_value_names_for_inputs_constants_and_opaque_outputs() -> None:
