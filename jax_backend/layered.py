@@ -128,6 +128,7 @@ def _layout(nodes: list[int], edges: list[tuple[int, int]], widths: Mapping[int,
             best, best_rows = now, [list(r) for r in rows]
     rows = best_rows
     x = _place(rows, width, up, down, gap)
+    _straighten(x, rows, width, [c for c in chain.values() if len(c) > 1], gap)
     left = min((x[s] - width[s] / 2 for s in x), default=0.0)
     x = {s: v - left for s, v in x.items()}
     pitch = box_height + layer_gap
@@ -176,6 +177,29 @@ def _place(rows: Sequence[Sequence[int]], width: Mapping[int, float], up: Mappin
             for s, p in zip(row, placed):  # the whole row moved by its mean miss (gaps unchanged)
                 x[s] = p + shift
     return x
+
+
+def _straighten(x: dict[int, float], rows: Sequence[Sequence[int]], width: Mapping[int, float],
+                chains: Sequence[Sequence[int]], gap: float) -> None:
+    """A long edge's dummy slots moved onto one vertical line (their median x, or either end's)
+    where every one fits between its row neighbours with the gap kept: a long edge then reads as
+    one straight run instead of a zigzag."""
+    where = {s: (k, i) for k, row in enumerate(rows) for i, s in enumerate(row)}
+
+    def fits(d: int, at: float) -> bool:
+        k, i = where[d]
+        row = rows[k]
+        left = i == 0 or at - x[row[i - 1]] >= (width[row[i - 1]] + width[d]) / 2 + gap - 1e-9
+        right = i == len(row) - 1 or x[row[i + 1]] - at >= (width[row[i + 1]] + width[d]) / 2 + gap - 1e-9
+        return left and right
+
+    for dummies in chains:
+        xs = sorted(x[d] for d in dummies)
+        for at in (xs[len(xs) // 2], x[dummies[0]], x[dummies[-1]]):
+            if all(fits(d, at) for d in dummies):
+                for d in dummies:
+                    x[d] = at
+                break
 
 
 def _ports(nodes: Sequence[int], links: Mapping[int, list[int]], x: Mapping[int, float],
