@@ -26,13 +26,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from eqsat import ops
 from eqsat.compare import outputs_agree
 from eqsat.errors import EqsatError, ShapeError
 from eqsat.ir import Graph, Value
 from eqsat.rewrites.rule import CLASS_CONDITIONS, AttrVar, Pattern, Rule, Term, Var, subterms, variables
-from eqsat.rewrites.semantics import bind_attrs, instantiate, pattern_shape, rule_split_sizes
+from eqsat.rewrites.semantics import SplitSizes, bind_attrs, instantiate, pattern_shape, rule_split_sizes
 from eqsat.rewrites.shapes import condition_holds
 from jax_backend.timing import paired_timing
 
@@ -195,26 +196,36 @@ def probe_instances(rules: Sequence[Rule], shapes: Sequence[Shape] = PROBE_SHAPE
 
 # --- running both sides ---------------------------------------------------------------------------------
 
-def _evaluate(p: Pattern, env: Mapping[str, jax.Array], memo: dict[Pattern, jax.Array]) -> jax.Array:
-    """A bound pattern computed in JAX, op by op through the backend's lowering."""
+def _evaluate(p: Pattern, env: Mapping[str, jax.Array], memo: dict[Pattern, jax.Array],
+              split_sizes: SplitSizes | None) -> jax.Array:
+    """A bound pattern computed in JAX, op by op through the backend's lowering (a two-output
+    rule's `split_part` as the slice Tensat's convention gives it)."""
     from jax_backend.lower import lower_node
 
     if isinstance(p, Var):
         return env[p.name]
     if p in memo:
         return memo[p]
-    args = [_evaluate(a, env, memo) for a in p.args]
-    out = lower_node(p.op, args, p.attr, precision="default")[0]
+    args = [_evaluate(a, env, memo, split_sizes) for a in p.args]
+    if p.op == "split_part":
+        if split_sizes is None:
+            raise DiscoveryError("split_0/split_1 outside a two-output rule")
+        axis, index = p.attr["axis"], p.attr["index"]
+        first, second = split_sizes(axis)
+        out = lax.slice_in_dim(args[0], 0 if index == 0 else first, first if index == 0 else first + second, axis=axis)
+    else:
+        out = lower_node(p.op, args, p.attr, precision="default")[0]
     memo[p] = out
     return out
 
 
-def side_function(patterns: Sequence[Pattern], names: Sequence[str]) -> Callable[..., tuple[jax.Array, ...]]:
-    """The jitted function of the tensor variables `names` that computes `patterns` (bound, no split_part)."""
+def side_function(patterns: Sequence[Pattern], names: Sequence[str],
+                  split_sizes: SplitSizes | None = None) -> Callable[..., tuple[jax.Array, ...]]:
+    """The jitted function of the tensor variables `names` that computes `patterns` (bound)."""
     def run(*xs: jax.Array) -> tuple[jax.Array, ...]:
         env = dict(zip(names, xs))
         memo: dict[Pattern, jax.Array] = {}
-        return tuple(_evaluate(p, env, memo) for p in patterns)
+        return tuple(_evaluate(p, env, memo, split_sizes) for p in patterns)
 
     return jax.jit(run)
 
@@ -226,13 +237,15 @@ def _bind(p: Pattern, env: Mapping[str, Any]) -> Pattern:
     return Term(t.op, t.attrs, tuple(_bind(a, env) for a in t.args), t.guards)
 
 
-def _model_cost(patterns: Sequence[Pattern], shapes: Mapping[str, Shape], model: Any) -> float:
-    """The measured cost model's price of a bound side: each distinct op application once."""
+def _model_cost(patterns: Sequence[Pattern], shapes: Mapping[str, Shape], model: Any,
+                split_sizes: SplitSizes | None) -> float:
+    """The measured cost model's price of a bound side: each distinct op application once (a split
+    piece is a view: free)."""
     seen: dict[Pattern, float] = {}
     for p in patterns:
         for t in subterms(p):
-            if t not in seen:
-                arg_shapes = [pattern_shape(a, shapes) for a in t.args]
+            if t not in seen and t.op in ops.OPS:
+                arg_shapes = [pattern_shape(a, shapes, split_sizes) for a in t.args]
                 seen[t] = float(model.op_cost(t.op, t.attr, arg_shapes))
     return sum(seen.values())
 
@@ -240,25 +253,23 @@ def _model_cost(patterns: Sequence[Pattern], shapes: Mapping[str, Shape], model:
 def time_instance(inst: Instance, budget_s: float = 2.0, rounds: int = 40, model: Any = None,
                   seed: int = 0) -> InstanceTiming:
     """Jit both sides of `inst`, check they agree on random inputs, and time them (paired rounds)."""
-    rule = inst.rule
-    if any(t.op == "split_part" for p in rule.lhs + rule.rhs for t in subterms(p)):
-        raise DiscoveryError(f"rule {rule.name}: split pieces are not timed alone")
-    bound, tensors = instantiate(rule, inst.env)
+    bound, tensors = instantiate(inst.rule, inst.env)
+    sizes = rule_split_sizes(bound, tensors)
     lhs = [_bind(p, inst.env) for p in bound.lhs]
     rhs = [_bind(p, inst.env) for p in bound.rhs]
     names = sorted(tensors)
     rng = np.random.default_rng(seed)
     # positive values keep every op in its domain (a batchnorm's variance, a log); timing does not care
     args = [jnp.asarray(np.abs(rng.standard_normal(tensors[n])).astype(np.float32) + np.float32(0.5)) for n in names]
-    left, right = side_function(lhs, names), side_function(rhs, names)
+    left, right = side_function(lhs, names, sizes), side_function(rhs, names, sizes)
     agree = bool(outputs_agree([np.asarray(a) for a in left(*args)], [np.asarray(b) for b in right(*args)],
                                rtol=AGREE_RTOL))
     timing = paired_timing(left, right, args, rounds=rounds, budget_s=budget_s)
     low, high = timing.speedup_ci
     predicted = None
     if model is not None:
-        cost_right = _model_cost(rhs, tensors, model)
-        predicted = _model_cost(lhs, tensors, model) / cost_right if cost_right > 0 else None  # a free right side
+        cost_right = _model_cost(rhs, tensors, model, sizes)
+        predicted = _model_cost(lhs, tensors, model, sizes) / cost_right if cost_right > 0 else None  # a free right side
     return InstanceTiming(inst, timing.base_s * 1e3, timing.other_s * 1e3, timing.speedup, low, high,
                           timing.rounds, agree, predicted)
 
@@ -272,7 +283,7 @@ def discover(rules: Sequence[Rule], graphs: Mapping[str, Graph], probe: bool = T
         raise DiscoveryError("no rules to measure")
     if not budget_s > 0 or max_instances < 1:
         raise DiscoveryError("the budget must be positive and max-instances at least 1")
-    timeable = [r for r in rules if not any(t.op == "split_part" for p in r.lhs + r.rhs for t in subterms(p))]
+    timeable = [r for r in rules if not any(t.op == "split_part" for p in r.lhs for t in subterms(p))]
     found: list[Instance] = []
     for where, graph in graphs.items():
         found.extend(graph_instances(timeable, graph, where))

@@ -124,3 +124,15 @@ def test_the_decorator_fires_the_new_rules_on_a_pyramid_pool_and_stays_equal() -
     np.testing.assert_allclose(np.asarray(fast(*args)), np.asarray(jax.jit(pyramid_pool)(*args)), rtol=2e-4, atol=2e-4)
     fired = " ".join(name for seg in fast.report(*args).segments for name in seg.rules_fired)
     assert "poolavg-separable-5x5-s1-same" in fired and "poolavg-separable-7x7-s1-same" in fired
+
+
+def test_a_two_output_merge_is_matched_on_a_pair_and_timed_with_its_split() -> None:
+    from jax_backend.rule_discovery import graph_instances, time_instance
+
+    b = GraphBuilder()
+    a = b.input("a", (8, 16))
+    g = b.build([b.matmul(a, b.weight("q", (16, 8))), b.matmul(a, b.weight("k", (16, 8)))])
+    merge = [r for r in library_rules(["merges"]) if r.name == "matmul-merge-right"]
+    (inst,) = graph_instances(merge, g, "qk")
+    assert inst.describe() == "a=8x16 b=16x8 c=16x8"
+    assert time_instance(inst, budget_s=0.1, rounds=8).agree
