@@ -35,6 +35,7 @@ from eqsat.ir import Graph, Value
 from eqsat.rewrites.rule import CLASS_CONDITIONS, AttrVar, Pattern, Rule, Term, Var, subterms, variables
 from eqsat.rewrites.semantics import SplitSizes, bind_attrs, instantiate, pattern_shape, rule_split_sizes
 from eqsat.rewrites.shapes import condition_holds
+from eqsat.rulesets import dtype_scope
 from jax_backend.timing import paired_timing
 
 __all__ = ["PROBE_SHAPES", "Instance", "InstanceTiming", "discover", "graph_instances", "probe_instances",
@@ -60,13 +61,15 @@ class Instance:
     shapes: tuple[tuple[str, Shape], ...]
     attrs: tuple[tuple[str, Any], ...]
     where: str  # "inception" (a program's graph) or "probe"
+    dtypes: tuple[tuple[str, str], ...] = ()  # tensor variables' dtypes where not float32
 
     @property
     def env(self) -> dict[str, Any]:
         return {**dict(self.shapes), **dict(self.attrs)}
 
     def describe(self) -> str:
-        return " ".join(f"{v}={'x'.join(map(str, s))}" for v, s in self.shapes)
+        dtypes = dict(self.dtypes)
+        return " ".join(f"{v}={'x'.join(map(str, s))}{':' + dtypes[v] if v in dtypes else ''}" for v, s in self.shapes)
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,11 @@ def _instance(rule: Rule, graph: Graph, env: Mapping[str, Any], where: str) -> I
     """The instance `env` binds, or None where the rule's conditions or its right side's shapes fail."""
     shapes = {k: graph.shape(v) for k, v in env.items() if not k.startswith("attr:")}
     attrs = {k[5:]: v for k, v in env.items() if k.startswith("attr:")}
-    inst = Instance(rule, tuple(sorted(shapes.items())), tuple(sorted(attrs.items())), where)
+    dtypes = {k: graph.dtype(v) for k, v in env.items() if not k.startswith("attr:")}
+    if dtype_scope(rule) != "any" and any(ops.dtype_kind(d) != "float" for d in dtypes.values()):
+        return None  # a rule that computes rewrites float values only (`eqsat.rulesets.dtype_scope`)
+    inst = Instance(rule, tuple(sorted(shapes.items())), tuple(sorted(attrs.items())), where,
+                    tuple(sorted((k, d) for k, d in dtypes.items() if d != ops.DEFAULT_DTYPE)))
     return inst if _applies(inst) else None
 
 
@@ -173,7 +180,7 @@ def graph_instances(rules: Sequence[Rule], graph: Graph, where: str, limit: int 
             tried += 1
             inst = _instance(rule, graph, env, where)
             if inst is not None:
-                found.setdefault((rule.name, inst.shapes, inst.attrs), inst)
+                found.setdefault((rule.name, inst.shapes, inst.attrs, inst.dtypes), inst)
             if tried >= limit:
                 break
     return list(found.values())
@@ -250,6 +257,16 @@ def _model_cost(patterns: Sequence[Pattern], shapes: Mapping[str, Shape], model:
     return sum(seen.values())
 
 
+def _random(rng: np.random.Generator, shape: Shape, dtype: str) -> jax.Array:
+    """Positive floats (every op in its domain: a batchnorm's variance, a log), small integers, bits."""
+    kind = ops.dtype_kind(dtype)
+    if kind == "bool":
+        return jnp.asarray(rng.random(shape) > 0.5)
+    if kind == "int":
+        return jnp.asarray(rng.integers(0, 8, shape).astype(ops.numpy_dtype(dtype)))
+    return jnp.asarray((np.abs(rng.standard_normal(shape)) + 0.5).astype(ops.numpy_dtype(dtype)))
+
+
 def time_instance(inst: Instance, budget_s: float = 2.0, rounds: int = 40, model: Any = None,
                   seed: int = 0) -> InstanceTiming:
     """Jit both sides of `inst`, check they agree on random inputs, and time them (paired rounds)."""
@@ -259,8 +276,8 @@ def time_instance(inst: Instance, budget_s: float = 2.0, rounds: int = 40, model
     rhs = [_bind(p, inst.env) for p in bound.rhs]
     names = sorted(tensors)
     rng = np.random.default_rng(seed)
-    # positive values keep every op in its domain (a batchnorm's variance, a log); timing does not care
-    args = [jnp.asarray(np.abs(rng.standard_normal(tensors[n])).astype(np.float32) + np.float32(0.5)) for n in names]
+    dtypes = dict(inst.dtypes)
+    args = [_random(rng, tensors[n], dtypes.get(n, ops.DEFAULT_DTYPE)) for n in names]
     left, right = side_function(lhs, names, sizes), side_function(rhs, names, sizes)
     agree = bool(outputs_agree([np.asarray(a) for a in left(*args)], [np.asarray(b) for b in right(*args)],
                                rtol=AGREE_RTOL))

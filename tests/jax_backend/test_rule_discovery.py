@@ -136,3 +136,22 @@ def test_a_two_output_merge_is_matched_on_a_pair_and_timed_with_its_split() -> N
     (inst,) = graph_instances(merge, g, "qk")
     assert inst.describe() == "a=8x16 b=16x8 c=16x8"
     assert time_instance(inst, budget_s=0.1, rounds=8).agree
+
+
+def test_instances_keep_their_dtype_and_computing_rules_skip_integers() -> None:
+    from jax_backend.rule_discovery import graph_instances, time_instance
+
+    rules = [_library("poolavg-separable-5x5-s1-same")]
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 12, 12), dtype="bfloat16")
+    (inst,) = graph_instances(rules, b.build([b.poolavg(x, (5, 5), (1, 1))]), "bf16")
+    assert inst.describe() == "x=1x4x12x12:bfloat16"
+    assert time_instance(inst, budget_s=0.1, rounds=8).agree
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 12, 12), dtype="int32")
+    g = b.build([b.transpose(b.transpose(x, (0, 2, 3, 1)), (0, 3, 1, 2))])
+    moves = parse_rule_text("(transpose [0 3 1 2] (transpose [0 2 3 1] ?x)) => ?x", "t")  # any dtype
+    computes = parse_rule_text("(transpose [0 3 1 2] (transpose [0 2 3 1] ?x)) => (relu ?x)", "t")  # floats only
+    (inst,) = graph_instances(moves, g, "int")
+    assert inst.describe() == "x=1x4x12x12:int32" and time_instance(inst, budget_s=0.1, rounds=8).agree
+    assert graph_instances(computes, g, "int") == []
