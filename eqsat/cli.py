@@ -23,7 +23,7 @@ from eqsat.interrupt import ending_handler
 
 COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "extract": ("eqsat.extract.command", "extract the best term from E-graph JSON files"),
-    "rules": ("eqsat.rewrites.command", "verify or synthesize rewrite rules"),
+    "rules": ("eqsat.commands.rules", "verify, synthesize or time (discover) rewrite rules"),
     "optimize": ("eqsat.commands.optimize", "optimize a model end to end"),
     "bench": ("eqsat.commands.bench", "run a named benchmark (eqsat bench --help lists them)"),
     "parallel": ("eqsat.commands.parallel", "plan a model on a device mesh: algebra and sharding from one ILP"),
