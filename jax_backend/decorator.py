@@ -43,6 +43,7 @@ from jax_backend.decorator_options import (
     cost_device,
     make_options,
 )
+from jax_backend.shape_reuse import ShapeMemory
 from jax_backend.timing import paired_timing
 
 __all__ = ["optimize", "OptimizedFunction", "BoundOptimizedFunction", "SignatureReport", "SegmentReport",
@@ -184,6 +185,7 @@ class OptimizedFunction:
         self._static = _argnums_and_argnames(fun, opts.static_argnums, opts.static_argnames)
         self._donate = _argnums_and_argnames(fun, opts.donate_argnums, opts.donate_argnames)
         self._jit_splits: dict[tuple[int, ...], Any] = {}  # per donated leaf positions
+        self._shapes = ShapeMemory()  # search results and plans, reused at new input shapes
         functools.update_wrapper(self, fun)
 
         def direct(*args: Any, **kwargs: Any) -> Any:
@@ -352,7 +354,8 @@ class OptimizedFunction:
             if note:
                 self._warn_once("device", note, EqsatDeviceWarning)
             try:
-                entry = _outside_traces(build_signature, flat_fun, avals, signature, self.options, device)
+                entry = _outside_traces(build_signature, flat_fun, avals, signature, self.options, device,
+                                        self._shapes)
             except Exception as exc:  # noqa: BLE001 - the optimizer's own failure: run the original
                 reason = f"optimizing failed: {type(exc).__name__}: {exc}"
                 entry = Entry(None, None, SignatureReport(signature, "original", reason),
