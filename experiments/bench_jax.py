@@ -94,7 +94,7 @@ def bench_program(prog: JaxProgram, rounds: int, options: dict[str, Any], budget
 def bench_heldout(prog: Any, rounds: int, options: dict[str, Any], budget_s: float = 8.0) -> dict[str, Any]:
     """One held-out program (`experiments.jax_heldout`): outputs and gradients against `jax.jit`,
     speedup with its interval (the one timing policy), kept or not, the first call cold (a fresh
-    wrapper, empty on-disk caches) beside `jax.jit`'s, and the first call at a new input shape of
+    wrapper, no decision or measured op cost cached: `_cache_dir`) beside `jax.jit`'s, and the first call at a new input shape of
     the same program (warm: the wrapper has optimized it at another shape)."""
     from jax_backend.decorator import optimize
     from jax_backend.timing import paired_timing
@@ -315,12 +315,23 @@ def _geomean_row(label: str, rows: Sequence[dict[str, Any]]) -> dict[str, Any] |
 
 @contextlib.contextmanager
 def _cache_dir(path: str) -> Iterator[None]:
-    """`EQSAT_CACHE_DIR` set to `path` for the block (a bench's cold first call), then restored."""
+    """`EQSAT_CACHE_DIR` set to `path` for the block (a bench's cold first call), then restored.
+    The rule-verification cache is copied in: rules are verified once per installation (minutes
+    on a loaded 2-core box), not per program; decisions and measured op costs start empty."""
+    import shutil
+
+    from eqsat.paths import cache_dir
+
+    verify = cache_dir("verify")
+    if verify.is_dir():
+        shutil.copytree(verify, Path(path) / "verify", dirs_exist_ok=True)
     before = os.environ.get("EQSAT_CACHE_DIR")
     os.environ["EQSAT_CACHE_DIR"] = path
     try:
         yield
     finally:
+        if (Path(path) / "verify").is_dir():  # rules verified here are kept, as a user's cache keeps them
+            shutil.copytree(Path(path) / "verify", verify, dirs_exist_ok=True)
         if before is None:
             os.environ.pop("EQSAT_CACHE_DIR", None)
         else:
@@ -400,7 +411,7 @@ def run_bench(out_dir: Path | None = None, rounds: int = 40, time_limit: float =
             bar.advance(task)
         for held in heldout:
             bar.update(task, description=held.name)
-            with tempfile.TemporaryDirectory() as empty, _cache_dir(empty):  # cold: empty on-disk caches
+            with tempfile.TemporaryDirectory() as empty, _cache_dir(empty):  # cold: no decision, no measured costs
                 rows.append(bench_heldout(held, rounds, options, budget_s))
             bar.advance(task)
         if "overhead" in groups:

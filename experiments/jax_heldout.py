@@ -60,7 +60,7 @@ def gpt2_block() -> HeldOut:
     model = Block()
     params = model.init(jax.random.key(0), jnp.zeros((1, 32, 128)))
 
-    def block(params: Any, x: jax.Array) -> jax.Array:
+    def block(params: Any, x: jax.Array) -> Any:
         return model.apply(params, x)
 
     return HeldOut("gpt2_block_linen", block, lambda s, b: (params, _normal(s, b, 32, 128)), 4, 6)
