@@ -231,11 +231,12 @@ class OptimizedFunction:
 
     def clear_cache(self) -> None:
         """As `jax.jit(f).clear_cache()`: compiled code is dropped and the next call traces anew
-        (re-reading globals), with this wrapper's per-signature results (a persisted keep/discard
-        decision is still reused)."""
+        (re-reading globals), with this wrapper's per-signature results and the search results it
+        kept for other shapes (a persisted keep/discard decision is still reused)."""
         for jitted in (self._jit_direct, self._jit_plain, *self._jit_splits.values()):
             jitted.clear_cache()
         self._cache.clear()
+        self._shapes = ShapeMemory()
 
     def _dispatch(self, stage: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A call (`stage` "") or a `jax.jit` stage ("lower", "trace", "eval_shape") of the direct
