@@ -190,7 +190,7 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
     plan_key = shape_reuse.program_key(steps)
     plan = shape_reuse.plan_for(memory, plan_key, searched) if opts.decision_cache else None
     if plan is not None and plan.label is None:
-        return outcome.original(f"the plan of signature {plan.signature} reused at this shape (not built or timed "
+        return outcome.original(f"the plan of signature {plan.where} reused at this shape (not built or timed "
                                 f"again): {plan.reason}", unchanged, warn=False)
     if plan is not None:
         variants = [v for v in variants if v[0] == plan.label] or variants
@@ -218,7 +218,7 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
                 "time_optimized_s": decision.other_s, "speedup_ci": decision.speedup_ci, "decision": decision}
     how = (f"speedup {decision.speedup:.3f}, {decision.confidence:.0%} interval [{low:.3f}, {high:.3f}] vs threshold "
            f"{decision.threshold:.3f}, {decision.rounds} rounds" + (", decision from the cache" if decision.from_cache else "")
-           + (f", the plan of signature {plan.signature} re-timed briefly" if plan is not None else ""))
+           + (f", the plan of signature {plan.where} re-timed briefly" if plan is not None else ""))
     shape_reuse.record_plan(memory, plan_key, shape_reuse.Plan(signature, label if decision.keep else None,
                                                                f"not faster with confidence ({how})"))
     if not decision.keep:

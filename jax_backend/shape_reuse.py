@@ -73,6 +73,11 @@ class Plan:
     label: str | None
     reason: str
 
+    @property
+    def where(self) -> str:
+        """The signature, shortened for a report's reason (a model's has dozens of leaves)."""
+        return self.signature if len(self.signature) <= 80 else self.signature[:77] + "..."
+
 
 @dataclass
 class ShapeMemory:
