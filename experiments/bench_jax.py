@@ -15,12 +15,14 @@ arguments): target overhead ≤ max(5%, 20 µs).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,7 @@ from eqsat.errors import EqsatError
 from eqsat.ir import Graph, Node
 from eqsat.models.jax_programs import PROGRAMS, JaxProgram, transformer_stack
 
-__all__ = ["run_bench", "bench_program", "rank_check", "transformer_first_call", "plot_speedups", "wrapper_overhead"]
+__all__ = ["run_bench", "bench_program", "bench_heldout", "rank_check", "transformer_first_call", "plot_speedups", "wrapper_overhead"]
 
 RTOL = 2e-4
 
@@ -87,6 +89,72 @@ def bench_program(prog: JaxProgram, rounds: int, options: dict[str, Any], budget
             "opaque": ",".join(sorted(set(report.opaque))), "opaque_why": list(report.opaque_why),
             "reason": report.reason,
             "rules_fired": sorted({r for s in report.segments for r in s.rules_fired})}
+
+
+def bench_heldout(prog: Any, rounds: int, options: dict[str, Any], budget_s: float = 8.0) -> dict[str, Any]:
+    """One held-out program (`experiments.jax_heldout`): outputs and gradients against `jax.jit`,
+    speedup with its interval (the one timing policy), kept or not, the first call cold (a fresh
+    wrapper, no decision or measured op cost cached: `_cache_dir`) beside `jax.jit`'s, and the first call at a new input shape of
+    the same program (warm: the wrapper has optimized it at another shape)."""
+    from jax_backend.decorator import optimize
+    from jax_backend.timing import paired_timing
+
+    args, new_args = prog.make_args(0, prog.batch), prog.make_args(1, prog.new_batch)
+    ref = jax.jit(prog.fn)
+    start = time.perf_counter()
+    expected = jax.block_until_ready(ref(*args))
+    jit_first_s = time.perf_counter() - start
+    opt = optimize(prog.fn, **options)
+    start = time.perf_counter()
+    out = jax.block_until_ready(opt(*args))
+    cold_s = time.perf_counter() - start
+    report = opt.report(*args)
+    start = time.perf_counter()
+    new_expected = jax.block_until_ready(ref(*new_args))
+    jit_new_s = time.perf_counter() - start  # jax.jit's own first call at the new shape (its compile)
+    start = time.perf_counter()
+    new_out = jax.block_until_ready(opt(*new_args))
+    warm_s = time.perf_counter() - start
+    new_report = opt.report(*new_args)
+    outputs_ok = _close(out, expected) and _close(new_out, new_expected)
+    grads_ok: bool | None = None
+    if prog.differentiable:
+        def loss(f: Any) -> Any:
+            return lambda *a: sum(jnp.sum(jnp.square(v.astype(jnp.float32))) for v in jax.tree_util.tree_leaves(f(*a)))
+
+        argnums = tuple(range(len(args)))
+        grads_ok = _close(jax.jit(jax.grad(loss(opt), argnums))(*args), jax.jit(jax.grad(loss(prog.fn), argnums))(*args))
+    timing = paired_timing(ref, opt, args, rounds, budget_s)
+    return {"program": prog.name, "group": "heldout", "used": report.used, "kept": report.used == "optimized",
+            **timing.to_json(), "jit_ms": timing.base_s * 1e3, "optimized_ms": timing.other_s * 1e3,
+            "decorator_speedup_ci": report.speedup_ci, "first_call_cold_s": cold_s, "jit_first_call_s": jit_first_s,
+            "new_shape_warm_s": warm_s, "jit_new_shape_s": jit_new_s, "new_shape_used": new_report.used,
+            "new_shape_search_reused": new_report.searched_regions == 0 and new_report.shape_reused_regions > 0,
+            "outputs_ok": outputs_ok, "grads_ok": grads_ok,
+            "opaque": ",".join(sorted(set(report.opaque))), "reason": report.reason,
+            "new_shape_reason": new_report.reason}
+
+
+def _heldout_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The held-out group's geomean (with the per-program bounds' geomeans), kept count (kept
+    with an interval above 1) and first-call medians, each against its target."""
+    if not rows:
+        return None
+    geo = _geomean([r["speedup"] for r in rows])
+    cold = float(np.median([r["first_call_cold_s"] for r in rows]))
+    warm = float(np.median([r["new_shape_warm_s"] for r in rows]))
+    kept = sum(1 for r in rows if r["kept"] and r["speedup_ci_low"] > 1.0)
+    return {"program": "GEOMEAN_HELDOUT", "group": "heldout", "programs": sorted(r["program"] for r in rows),
+            "speedup": geo, "speedup_ci_low": _geomean([r["speedup_ci_low"] for r in rows]),
+            "speedup_ci_high": _geomean([r["speedup_ci_high"] for r in rows]),
+            "speedup_min": min(r["speedup"] for r in rows), "kept": sum(1 for r in rows if r["kept"]),
+            "kept_with_interval_above_1": kept, "first_call_cold_median_s": cold,
+            "new_shape_warm_median_s": warm, "new_shape_warm_max_s": max(r["new_shape_warm_s"] for r in rows),
+            "jit_first_call_median_s": float(np.median([r["jit_first_call_s"] for r in rows])),
+            "jit_new_shape_median_s": float(np.median([r["jit_new_shape_s"] for r in rows])),
+            "all_outputs_grads_ok": all(r["outputs_ok"] and r["grads_ok"] is not False for r in rows),
+            "targets_met": {"geomean>=1.03": geo >= 1.03, "every>=0.98": min(r["speedup"] for r in rows) >= 0.98,
+                            "kept>=3": kept >= 3, "cold_median<=5s": cold <= 5.0, "new_shape_warm<=1s": warm <= 1.0}}
 
 
 def _op_text(graphs: Iterable[Any]) -> str:
@@ -250,6 +318,31 @@ def _geomean_row(label: str, rows: Sequence[dict[str, Any]]) -> dict[str, Any] |
             "all_outputs_grads_vmap_ok": all(r["outputs_ok"] and r["grads_ok"] and r["vmap_ok"] for r in rows)}
 
 
+@contextlib.contextmanager
+def _cache_dir(path: str) -> Iterator[None]:
+    """`EQSAT_CACHE_DIR` set to `path` for the block (a bench's cold first call), then restored.
+    The rule-verification cache is copied in: rules are verified once per installation (minutes
+    on a loaded 2-core box), not per program; decisions and measured op costs start empty."""
+    import shutil
+
+    from eqsat.paths import cache_dir
+
+    verify = cache_dir("verify")
+    if verify.is_dir():
+        shutil.copytree(verify, Path(path) / "verify", dirs_exist_ok=True)
+    before = os.environ.get("EQSAT_CACHE_DIR")
+    os.environ["EQSAT_CACHE_DIR"] = path
+    try:
+        yield
+    finally:
+        if (Path(path) / "verify").is_dir():  # rules verified here are kept, as a user's cache keeps them
+            shutil.copytree(Path(path) / "verify", verify, dirs_exist_ok=True)
+        if before is None:
+            os.environ.pop("EQSAT_CACHE_DIR", None)
+        else:
+            os.environ["EQSAT_CACHE_DIR"] = before
+
+
 def plot_speedups(rows: Sequence[dict[str, Any]], path: Path) -> None:
     """Bar plot of speedup over jax.jit per program, with the bootstrap interval as error bars."""
     import matplotlib
@@ -277,8 +370,9 @@ def plot_speedups(rows: Sequence[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-GROUPS = ("targets", "models", "overhead")
-"""The benchmark's groups: the JAX target programs, real Flax / Equinox models, wrapper overhead."""
+GROUPS = ("targets", "models", "overhead", "heldout")
+"""The benchmark's groups: the JAX target programs, real Flax / Equinox models, wrapper overhead,
+the held-out real programs (`experiments.jax_heldout`: first call cold and at a new shape)."""
 
 
 def run_bench(out_dir: Path | None = None, rounds: int = 40, time_limit: float = 10.0,
@@ -302,17 +396,28 @@ def run_bench(out_dir: Path | None = None, rounds: int = 40, time_limit: float =
 
         built = model_programs()
         models = [p for p in built if programs is None or p.name in programs]
-    unknown = sorted(set(programs or ()) - {p.name for p in (*PROGRAMS, *built)})
+    heldout_all: tuple[Any, ...] = ()
+    if "heldout" in groups:
+        from experiments.jax_heldout import heldout_programs
+
+        heldout_all = heldout_programs()
+    heldout = [p for p in heldout_all if programs is None or p.name in programs]
+    unknown = sorted(set(programs or ()) - {p.name for p in (*PROGRAMS, *built, *heldout_all)})
     if unknown:  # a misspelt name is one error line, not a run that silently times nothing
         raise EqsatError(f"--programs: unknown program(s) {', '.join(map(repr, unknown))} in groups {', '.join(groups)}; "
-                         f"known: {', '.join(p.name for p in (*PROGRAMS, *built))}")
+                         f"known: {', '.join(p.name for p in (*PROGRAMS, *built, *heldout_all))}")
     first_call = first_call and "targets" in groups
     rows: list[dict[str, Any]] = []
     with Progress(transient=True, console=Console(stderr=True)) as bar:
-        task = bar.add_task("bench jax", total=len(chosen) + len(models) + 2 + 2 * first_call)
+        task = bar.add_task("bench jax", total=len(chosen) + len(models) + len(heldout) + 2 + 2 * first_call)
         for prog in chosen + models:
             bar.update(task, description=prog.name)
             rows.append(bench_program(prog, rounds, options, budget_s))
+            bar.advance(task)
+        for held in heldout:
+            bar.update(task, description=held.name)
+            with tempfile.TemporaryDirectory() as empty, _cache_dir(empty):  # cold: no decision, no measured costs
+                rows.append(bench_heldout(held, rounds, options, budget_s))
             bar.advance(task)
         if "overhead" in groups:
             bar.update(task, description="wrapper overhead")
@@ -334,6 +439,8 @@ def run_bench(out_dir: Path | None = None, rounds: int = 40, time_limit: float =
     rows += [summary for label, names in (("GEOMEAN", targets), ("GEOMEAN_WITH_EXTRAS", {p.name for p in chosen}),
                                           ("GEOMEAN_REAL_MODELS", {p.name for p in models}))
              if (summary := _geomean_row(label, [r for r in rows if r["program"] in names]))]
+    if (held_summary := _heldout_summary([r for r in rows if r.get("group") == "heldout"])) is not None:
+        rows.append(held_summary)
     if with_ranking and chosen:
         rows += rank_check(15)
     if out_dir is not None:

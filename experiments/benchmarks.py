@@ -100,10 +100,11 @@ def _jax_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--programs", nargs="+", default=None, help="programs to run (default: all)")
     parser.add_argument("--no-ranking", action="store_true", help="skip the cost models' ranking check")
     parser.add_argument("--no-first-call", action="store_true", help="skip the 12-layer first call in fresh processes")
-    groups = ("targets", "models", "overhead")
+    groups = ("targets", "models", "overhead", "heldout")
     parser.add_argument("--groups", nargs="+", choices=groups, default=list(groups),
                         help="targets: the JAX target programs; models: Flax / Equinox models; "
-                             "overhead: the wrapper's cost over jax.jit")
+                             "overhead: the wrapper's cost over jax.jit; heldout: held-out real programs "
+                             "(geomean, kept count, first call cold and at a new shape)")
 
 
 def _jax(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -44,6 +44,7 @@ from jax_backend.decorator_options import (
     make_options,
 )
 from jax_backend.leaf_names import traced_leaf_names
+from jax_backend.shape_reuse import ShapeMemory
 from jax_backend.timing import paired_timing
 
 __all__ = ["optimize", "OptimizedFunction", "BoundOptimizedFunction", "SignatureReport", "SegmentReport",
@@ -185,6 +186,7 @@ class OptimizedFunction:
         self._static = _argnums_and_argnames(fun, opts.static_argnums, opts.static_argnames)
         self._donate = _argnums_and_argnames(fun, opts.donate_argnums, opts.donate_argnames)
         self._jit_splits: dict[tuple[int, ...], Any] = {}  # per donated leaf positions
+        self._shapes = ShapeMemory()  # search results and plans, reused at new input shapes
         functools.update_wrapper(self, fun)
 
         def direct(*args: Any, **kwargs: Any) -> Any:
@@ -230,11 +232,12 @@ class OptimizedFunction:
 
     def clear_cache(self) -> None:
         """As `jax.jit(f).clear_cache()`: compiled code is dropped and the next call traces anew
-        (re-reading globals), with this wrapper's per-signature results (a persisted keep/discard
-        decision is still reused)."""
+        (re-reading globals), with this wrapper's per-signature results and the search results it
+        kept for other shapes (a persisted keep/discard decision is still reused)."""
         for jitted in (self._jit_direct, self._jit_plain, *self._jit_splits.values()):
             jitted.clear_cache()
         self._cache.clear()
+        self._shapes = ShapeMemory()
 
     def _dispatch(self, stage: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A call (`stage` "") or a `jax.jit` stage ("lower", "trace", "eval_shape") of the direct
@@ -354,7 +357,8 @@ class OptimizedFunction:
                 self._warn_once("device", note, EqsatDeviceWarning)
             try:
                 names = traced_leaf_names(self.fun, args, kwargs, {k for k, _ in split.declared}, _is_array_leaf)
-                entry = _outside_traces(build_signature, flat_fun, avals, signature, self.options, device, names)
+                entry = _outside_traces(build_signature, flat_fun, avals, signature, self.options, device, names,
+                                        self._shapes)
             except Exception as exc:  # noqa: BLE001 - the optimizer's own failure: run the original
                 reason = f"optimizing failed: {type(exc).__name__}: {exc}"
                 entry = Entry(None, None, SignatureReport(signature, "original", reason),

@@ -24,10 +24,12 @@ from eqsat.candidates import RegionSearch, SegmentReport
 from eqsat.compare import outputs_agree
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
+from jax_backend import shape_reuse
 from jax_backend.capture import GraphStep, Program, capture, graph_leaf_name, replay
 from jax_backend.decorator_options import Entry, Options, Outcome, cost_device
 from jax_backend.decisions import DecisionKey, device_name, load_decision, program_hash, save_decision
 from jax_backend.leaf_names import value_names
+from jax_backend.shape_reuse import ShapeMemory
 from jax_backend.timing import Decision, choose_faster
 
 __all__ = ["build_signature"]
@@ -145,10 +147,12 @@ def _variants(steps: Sequence[GraphStep], search: RegionSearch, mode: str) -> li
 
 
 def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.ShapeDtypeStruct], signature: str,
-                    opts: Options, device: str | None = None, leaf_names: Sequence[str] = ()) -> Entry:
+                    opts: Options, device: str | None = None, leaf_names: Sequence[str] = (),
+                    memory: ShapeMemory | None = None) -> Entry:
     """Capture, optimize, lower, check and time one signature; `device`: the cost-model device to
     extract for (default: `cost_device()`, read from the JAX device); `leaf_names`: the user's name
-    of each flat argument, for the report (`jax_backend.leaf_names`)."""
+    of each flat argument, for the report (`jax_backend.leaf_names`); `memory`: the wrapper's
+    results at other shapes (`jax_backend.shape_reuse`), reused and added to."""
     from eqsat.structure import canonicalize
 
     start = time.perf_counter()
@@ -168,27 +172,39 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
     steps = program.graphs
     device = cost_device()[0] if device is None else device
     outcome = outcome.with_facts(cost_device=device)
+    graphs = [s.graph for s in steps]
     try:
-        search = candidates.make_search(opts.rules, opts.candidate_models or (opts.cost_model,),
-                                        [s.graph for s in steps], device, opts.extractor, opts.iterations,
-                                        opts.max_enodes)
+        search = (memory.setup(device, graphs) if memory is not None else None) or candidates.make_search(
+            opts.rules, opts.candidate_models or (opts.cost_model,), graphs, device, opts.extractor, opts.iterations,
+            opts.max_enodes)
     except Exception as exc:  # noqa: BLE001 - no rules or no cost model: nothing to optimize with
         return outcome.original(f"setting up failed: {type(exc).__name__}: {exc}")
+    seeded = shape_reuse.seed_search(search, graphs, memory) if memory is not None else 0
     distinct = len({canonicalize(s.graph).graph for s in steps})
     per_graph = opts.time_limit / max(distinct, 1)  # identical graphs reuse the first one's regions
     seconds = [candidates.collect_candidates(s.graph, per_graph, search) for s in steps]
+    searched = (shape_reuse.remember(search, device, graphs, memory, seeded) if memory is not None
+                else len(search.candidates) + len(search.failed))
     outcome = outcome.with_facts(distinct_regions=len(search.candidates) + len(search.failed),
-                                 reused_regions=search.reused)
+                                 reused_regions=search.reused, searched_regions=searched, shape_reused_regions=seeded)
     variants = _variants(steps, search, outcome.mode)
     unchanged = [candidates.segment_report(s.graph, s.graph, search, t) for s, t in zip(steps, seconds)]
     if not variants:
         return outcome.original("no rewrite changed the program", unchanged, warn=False)
+    plan_key = shape_reuse.program_key(steps)
+    plan = shape_reuse.plan_for(memory, plan_key, searched) if opts.decision_cache else None
+    if plan is not None and plan.label is None:
+        return outcome.original(f"the plan of signature {plan.where} reused at this shape (not built or timed "
+                                f"again): {plan.reason}", unchanged, warn=False)
+    if plan is not None:
+        variants = [v for v in variants if v[0] == plan.label] or variants
     original_flat = jax.jit(flat_fun)
     try:
         args = _random_args(avals, seed=0)
         built, problems = _build_candidates(program, variants, original_flat(*args), args, opts, outcome.mode,
                                             search, seconds)
         if not built:
+            shape_reuse.record_plan(memory, plan_key, shape_reuse.Plan(signature, None, "; ".join(problems)))
             return outcome.original("; ".join(problems), unchanged, numerics_ok=False)
         if not opts.check_speed:
             label, fn, segs, err = built[0]
@@ -196,7 +212,8 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
                                      numerics_ok=True, max_rel_err=err)
         key = DecisionKey(program_hash(program, variants, (outcome.mode, f"margin={opts.speed_margin}")), signature,
                           device_name()) if opts.decision_cache else None
-        (label, fn, segs, err), decision = _decide(original_flat, built, args, opts, key)
+        (label, fn, segs, err), decision = _decide(original_flat, built, args, opts, key,
+                                                   opts.reuse_timing_budget_s if plan is not None else None)
     except Exception as exc:  # noqa: BLE001 - any failure means: run the original
         return outcome.original(f"checking the optimized version failed: {type(exc).__name__}: {exc}", unchanged)
     low, high = decision.speedup_ci
@@ -204,7 +221,10 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
     measured = {"numerics_ok": True, "max_rel_err": err, "time_original_s": decision.base_s,
                 "time_optimized_s": decision.other_s, "speedup_ci": decision.speedup_ci, "decision": decision}
     how = (f"speedup {decision.speedup:.3f}, {decision.confidence:.0%} interval [{low:.3f}, {high:.3f}] vs threshold "
-           f"{decision.threshold:.3f}, {decision.rounds} rounds" + (", decision from the cache" if decision.from_cache else ""))
+           f"{decision.threshold:.3f}, {decision.rounds} rounds" + (", decision from the cache" if decision.from_cache else "")
+           + (f", the plan of signature {plan.where} re-timed briefly" if plan is not None else ""))
+    shape_reuse.record_plan(memory, plan_key, shape_reuse.Plan(signature, label if decision.keep else None,
+                                                               f"not faster with confidence ({how})"))
     if not decision.keep:
         why = ("slower or not faster enough" if decision.verdict == "slower" else
                "inconclusive within the timing budget")
@@ -242,8 +262,9 @@ def _build_candidates(program: Program, variants: Sequence[tuple[str, list[Graph
 
 
 def _decide(original: Callable[..., Any], built: Sequence[Built], args: Sequence[Any], opts: Options,
-            key: DecisionKey | None) -> tuple[Built, Decision]:
-    """The candidate to keep or not, and the decision. A decision persisted for `key` (this
+            key: DecisionKey | None, budget_s: float | None = None) -> tuple[Built, Decision]:
+    """The candidate to keep or not, and the decision (`budget_s`: timing budget other than the
+    options'). A decision persisted for `key` (this
     program, its candidates, signature and device) is reused without timing. Otherwise, with
     several candidates, all are screened in the same interleaved rounds and the fastest goes
     through the sequential test on fresh rounds (so the luckiest screen does not bias it)."""
@@ -253,7 +274,8 @@ def _decide(original: Callable[..., Any], built: Sequence[Built], args: Sequence
         chosen = [b for b in built if b[0] == label]
         if chosen or not decision.keep:
             return (chosen or list(built))[0], decision
-    choice = choose_faster(original, [b[1] for b in built], args, opts.timing_rounds, opts.timing_budget_s,
+    choice = choose_faster(original, [b[1] for b in built], args, opts.timing_rounds,
+                           opts.timing_budget_s if budget_s is None else budget_s,
                            screen_budget_s=opts.screen_budget_s, margin=opts.speed_margin)
     if key is not None:
         save_decision(key, built[choice.best][0], choice.decision)

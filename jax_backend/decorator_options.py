@@ -64,6 +64,8 @@ class SignatureReport:
     cost_device: str = ""  # the cost-model device the candidates were extracted for (`cost_device`)
     decision: Decision | None = None  # the sequential keep/discard test: interval, rounds, from the cache or not
     leaf_names: tuple[tuple[str, str], ...] = ()  # (IR leaf name "v3", the user's name "params['w']"), for reading
+    searched_regions: int = 0  # regions the e-graph searched for this signature
+    shape_reused_regions: int = 0  # regions whose search result came from another input shape (not searched)
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ class Options:
     timing_rounds: int = 40  # rounds of the screen that picks the fastest of several candidates
     timing_budget_s: float = 8.0  # the longest the sequential keep/discard test times (it stops when decided)
     screen_budget_s: float = 1.5
+    reuse_timing_budget_s: float = 0.5  # timing of a kept plan reused at a new input shape (`shape_reuse`)
     speed_margin: float = 0.01  # kept only when faster than the original by more than this, with confidence
     decision_cache: bool = True  # persist decisions per (program, signature, device); reuse them
     lowering: str = "auto"  # "auto" | "xla" | "pallas"

@@ -200,7 +200,7 @@ def _stub_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     built: list[str] = []
 
-    def fake_build(flat_fun: Any, avals: Any, signature: str, opts: Any, device: Any = None, *_: Any) -> Entry:
+    def fake_build(flat_fun: Any, avals: Any, signature: str, opts: Any, device: Any = None, *_: Any, **__: Any) -> Entry:
         jax.make_jaxpr(flat_fun)(*avals)
         built.append(signature)
         return Entry(None, None, SignatureReport(signature, "original", "stub"))

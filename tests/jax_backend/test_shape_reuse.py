@@ -1,0 +1,130 @@
+"""A new input shape of a program `@eqsat.optimize` has seen reuses the search results found at the
+other shape (no e-graph search runs) and the keep/discard plan, and still equals `jax.jit`."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqsat.candidates as candidates
+import jax_backend.decorator_checks as checks
+from eqsat.compare import outputs_agree
+from eqsat.ir import GraphBuilder
+from eqsat.rulesets import XLA_GROUPS, library_rules
+from jax_backend.decorator import optimize
+from jax_backend.shape_reuse import reshape_like, shape_free_key
+from jax_backend.timing import Choice, Decision
+
+
+def _rand(*shape: int, seed: int = 0) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) / np.sqrt(shape[-1]), jnp.float32)
+
+
+W = [_rand(32, 32, seed=k) for k in range(3)]
+RULES = [r for r in library_rules(XLA_GROUPS) if r.name == "matmul-merge-right"]  # one rule: a short verification
+
+
+def _qkv(x: jax.Array) -> jax.Array:
+    """Three projections of one input (a merge the rules find), then a softmax attention."""
+    q, k, v = x @ W[0], x @ W[1], x @ W[2]
+    return jax.nn.softmax(q @ k.T, axis=-1) @ v
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
+    calls: list[int] = []
+    real: Callable[..., Any] = getattr(module, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def _agrees(got: Any, want: Any) -> bool:
+    return outputs_agree([want], [got], 2e-4, 1e-5).ok
+
+
+def test_a_new_shape_reuses_the_search_and_equals_jit(monkeypatch: pytest.MonkeyPatch) -> None:
+    searches = _counting(monkeypatch, candidates, "region_candidates")
+    opt = optimize(_qkv, check_speed=False, time_limit=1.0, cost_model="roofline", rules=RULES)
+    x16, x24 = _rand(16, 32, seed=7), _rand(24, 32, seed=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert _agrees(opt(x16), jax.jit(_qkv)(x16))
+        first = len(searches)
+        assert first >= 1 and opt.report(x16).searched_regions == first
+        assert _agrees(opt(x24), jax.jit(_qkv)(x24))
+    assert len(searches) == first  # no e-graph search for the new shape
+    report, seen = opt.report(x24), opt.report(x16)
+    assert report.searched_regions == 0 and report.shape_reused_regions >= 1
+    assert report.used == seen.used  # the rewrite found at 16 rows, re-built for 24 rows
+    if seen.used == "optimized":
+        assert any(s.after != s.before for s in report.segments)
+
+
+def test_a_new_shape_reuses_a_discard_without_building_or_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    decisions: list[int] = []
+
+    def discard(base: Any, cands: Any, args: Any, *a: Any, **k: Any) -> Choice:
+        decisions.append(1)
+        d = Decision("slower", 0.9, 0.85, 0.95, 1.01, 8, 1e-3, 1.1e-3, 0.99, 0.1, 1)
+        return Choice(0, d, (d.as_paired(),))
+
+    monkeypatch.setattr(checks, "choose_faster", discard)
+    built = _counting(monkeypatch, checks, "_build_candidates")
+    opt = optimize(_qkv, time_limit=1.0, cost_model="roofline", rules=RULES)
+    x16, x24 = _rand(16, 32, seed=7), _rand(24, 32, seed=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert _agrees(opt(x16), jax.jit(_qkv)(x16))
+        if opt.report(x16).used != "original" or not decisions:
+            pytest.skip("no candidate reached the timing at this shape")
+        n_built = len(built)
+        assert _agrees(opt(x24), jax.jit(_qkv)(x24))
+    report = opt.report(x24)
+    assert len(decisions) == 1 and len(built) == n_built  # neither built nor timed again
+    assert report.used == "original" and "plan of signature" in report.reason
+
+
+def test_a_changed_program_is_searched_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reuse is per program structure: a static argument that changes the ops is a new search."""
+    searches = _counting(monkeypatch, candidates, "region_candidates")
+
+    def layer(x: jax.Array, act: str) -> jax.Array:
+        return getattr(jnp, act)(x @ W[0]) @ W[1] + x @ W[2]
+
+    opt = optimize(layer, static_argnums=1, check_speed=False, time_limit=1.0, cost_model="roofline", rules=RULES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt(_rand(8, 32), "tanh")
+        before = len(searches)
+        got = opt(_rand(12, 32, seed=2), "sin")
+    assert _agrees(got, jax.jit(layer, static_argnums=1)(_rand(12, 32, seed=2), "sin"))
+    assert len(searches) > before and opt.report(_rand(12, 32, seed=2), "sin").searched_regions >= 1
+
+
+def _reshape_graph(rows: int, cols: int = 8, act: str = "relu") -> Any:
+    g = GraphBuilder()
+    x, w = g.input("L0", (rows, cols)), g.weight("L1", (cols, cols))
+    return g.build([g.reshape(getattr(g, act)(g.matmul(x, w)), (rows, 2, cols // 2))])
+
+
+def test_reshape_like_maps_sizes_and_refuses_what_does_not_fit() -> None:
+    old, new = _reshape_graph(2), _reshape_graph(3)
+    assert shape_free_key(old) == shape_free_key(new) != shape_free_key(_reshape_graph(2, act="tanh"))
+    rebuilt = reshape_like(old, old, new)
+    assert rebuilt == new  # sizes, reshape target included, mapped to the new region's
+    x, w = np.ones((3, 8), np.float32), np.ones((8, 8), np.float32)
+    np.testing.assert_allclose(rebuilt.evaluate({"L0": x, "L1": w})[0], new.evaluate({"L0": x, "L1": w})[0])
+    assert reshape_like(old, old, _reshape_graph(3, 16)) is not None  # both leaves resized consistently
+    other = GraphBuilder()
+    a = other.input("L0", (2, 8))
+    assert reshape_like(other.build([other.relu(a)]), old, new) is None  # its output shape is not the region's
