@@ -12,7 +12,7 @@ import pytest
 from eqsat.cost import cost_model
 from eqsat.cycle_guard import CYCLE_FILTERS, ClassGraph, related_pairs, related_pairs_each
 from eqsat.errors import EqsatError, ExtractionError, LimitError
-from eqsat.extract import Status, check_selection, extract, load_egraph
+from eqsat.extract import Status, check_selection, extract
 from eqsat.extract.tensat_ilp import ORDER_VARS, tensat_ilp
 from eqsat.ir import Graph, GraphBuilder
 from eqsat.pipeline import optimize_graph
