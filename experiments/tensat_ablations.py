@@ -198,12 +198,15 @@ def write_plot(rows: Sequence[Mapping[str, Any]], path: Path, label: str) -> Non
     width = 0.8 / max(len(filters), 1)
     for i, cf in enumerate(filters):
         by = {(r["model"], r["k_multi"]): r["saturate_s"] for r in sat if r["cycle_filter"] == cf}
-        a1.bar([j + width * (i - (len(filters) - 1) / 2) for j in range(len(cases))],
-               [by.get(c, 0.0) for c in cases], width=width, label=cf)
+        xs = [j + width * (i - (len(filters) - 1) / 2) for j in range(len(cases))]
+        a1.bar(xs, [by.get(c, 0.0) for c in cases], width=width, label=cf)
+        guard = {(r["model"], r["k_multi"]): r["filter_s"] for r in sat if r["cycle_filter"] == cf}
+        a1.bar(xs, [guard.get(c, 0.0) for c in cases], width=width / 2, color="black", alpha=0.5,
+               label="of which filtering" if i == 0 else None)
     a1.set_xticks(list(range(len(cases))), [f"{m}\nk={k}" for m, k in cases], fontsize=7)
     a1.set_ylabel("saturation time, s")
     a1.set_yscale("log")
-    a1.set_title("cycle filtering: saturation time", fontsize=9)
+    a1.set_title("cycle filtering: saturation time (black: finding related pairs)", fontsize=9)
     a1.legend(fontsize="small")
     icases = list(dict.fromkeys((r["model"], r["k_multi"], r["cycle_filter"]) for r in ilp))
     kinds = list(dict.fromkeys(r["order_vars"] for r in ilp))
@@ -212,19 +215,24 @@ def write_plot(rows: Sequence[Mapping[str, Any]], path: Path, label: str) -> Non
         iby = {(r["model"], r["k_multi"], r["cycle_filter"]): r["solve_s"] for r in ilp if r["order_vars"] == ov}
         a2.bar([j + width * (i - (len(kinds) - 1) / 2) for j in range(len(icases))],
                [iby.get(c, 0.0) for c in icases], width=width, label=f"{ov} t")
-    a2.set_xticks(list(range(len(icases))), [f"{m}\nk={k} {cf}" for m, k, cf in icases], fontsize=7)
+    a2.set_xticks(list(range(len(icases))), [f"{m} k={k} {cf}" for m, k, cf in icases], fontsize=7, rotation=45,
+                  ha="right")
     a2.set_ylabel("tensat-ilp solve time, s")
     a2.set_yscale("log")
     a2.set_title("ILP ordering variables: real vs integer", fontsize=9)
     a2.legend(fontsize="small")
     main = "efficient" if "efficient" in filters else (filters[0] if filters else "")
-    for model in dict.fromkeys(r["model"] for r in sat):
-        rs = sorted((r for r in sat if r["model"] == model and r["cycle_filter"] == main), key=lambda r: r["k_multi"])
-        a3.plot([r["k_multi"] for r in rs], [r["enodes"] for r in rs], marker="o", label=model)
+    for n, model in enumerate(dict.fromkeys(r["model"] for r in sat)):
+        for cf, style in ((main, "-"), ("off", "--")):
+            rs = sorted((r for r in sat if r["model"] == model and r["cycle_filter"] == cf), key=lambda r: r["k_multi"])
+            if rs and (cf == main or main != "off"):
+                a3.plot([r["k_multi"] for r in rs], [r["enodes"] for r in rs], style, marker="o", color=f"C{n}",
+                        label=f"{model} ({cf})")
     a3.set_xlabel("k_multi")
     a3.set_ylabel("e-nodes")
     a3.set_yscale("log")
-    a3.set_title(f"e-graph size vs k_multi ({main} filter)", fontsize=9)
+    a3.set_title(f"e-graph size vs k_multi ({main} filter; dashed: off)", fontsize=9)
+    a3.set_xticks(sorted({r["k_multi"] for r in sat}))
     a3.legend(fontsize="small")
     fig.suptitle(f"The rest of Tensat's paper, cost model {label}", fontsize=10)
     fig.tight_layout()
