@@ -38,7 +38,9 @@ instead of 2.6k, for no gain).
 Cycle guard: before a two-output round (or a merge round), every class pair those rules match is recorded, the
 class graph is read from egglog's tables (`eqsat.cycle_guard`), and pairs where one class descends
 from the other (merging them would create a cycle the extractor must then avoid) are marked in
-egglog so the rules skip them. Exact.
+egglog so the rules skip them. Exact. `Limits.cycle_filter` (`eqsat.cycle_guard.CYCLE_FILTERS`):
+"efficient" (one pass, the default), "vanilla" (Tensat's: a fresh search per pair, same pairs,
+slower) or "off" (no pair marked: merges may make cycles, which the extractors avoid).
 
 A shape conflict (a rule that gives one e-class two shapes) raises RuleError naming the rule,
 found by replaying the run up to the failing iteration and trying rules one by one.
@@ -55,7 +57,8 @@ from typing import Any
 
 from egglog import bindings
 
-from eqsat.cycle_guard import class_graph_of_serialized, class_graph_of_tables, related_pairs
+from eqsat.cycle_guard import (CYCLE_FILTERS, class_graph_of_serialized, class_graph_of_tables, related_pairs,
+                               related_pairs_each)
 from eqsat.egglog_schema import SHAPE_RULESET
 from eqsat.egraph import TensorEGraph, congruence_closed, tensor_enodes
 from eqsat.errors import LimitError, RuleError
@@ -81,10 +84,13 @@ class Limits:
     match_limit: int = 1_000
     multi_schedule: str = "after-saturation"
     merge_rounds: int = 2
+    cycle_filter: str = "efficient"  # eqsat.cycle_guard.CYCLE_FILTERS
 
     def __post_init__(self) -> None:
         if self.multi_schedule not in MULTI_SCHEDULES:
             raise LimitError(f"unknown multi_schedule {self.multi_schedule!r}; choose from {', '.join(MULTI_SCHEDULES)}")
+        if self.cycle_filter not in CYCLE_FILTERS:
+            raise LimitError(f"unknown cycle filter {self.cycle_filter!r}; choose from {', '.join(CYCLE_FILTERS)}")
         counts = (self.iterations, self.multi_rounds, self.merge_rounds)
         if min(counts) < 0 or self.nodes < 1 or self.seconds < 0 or self.match_limit < 1:
             raise LimitError(f"invalid limits {self}: iterations, multi_rounds, merge_rounds, seconds must be >= 0, "
@@ -133,7 +139,8 @@ class SaturationReport:
             "limits": {"iterations": self.limits.iterations, "nodes": self.limits.nodes,
                        "seconds": self.limits.seconds, "multi_rounds": self.limits.multi_rounds,
                        "merge_rounds": self.limits.merge_rounds,
-                       "match_limit": self.limits.match_limit, "multi_schedule": self.limits.multi_schedule},
+                       "match_limit": self.limits.match_limit, "multi_schedule": self.limits.multi_schedule,
+                       "cycle_filter": self.limits.cycle_filter},
             "iterations": [row.to_json() for row in self.iterations],
             "total_matches": dict(self.total_matches),
         }
@@ -256,16 +263,19 @@ class _Stepper:
     def guard_cycles(self, group: str) -> tuple[int, int]:
         """Record every pair of classes the joined two-output rules of `group` match, then mark the pairs where
         one class descends from the other (merging them would make a cycle): those rules fire
-        only on unmarked pairs. Exact, computed in Python on egglog's tables between steps.
+        only on unmarked pairs. Exact, computed in Python on egglog's tables between steps, by
+        `Limits.cycle_filter`'s method ("off": the pairs are recorded, none marked).
         Returns (pairs, related pairs)."""
         if group not in self.installed.pairs:
             return 0, 0
         self._run(f"(run-schedule (run {self.installed.pairs[group]}))", self.installed.pairs[group])
+        if self.limits.cycle_filter == "off":
+            return 0, 0
         graph = class_graph_of_tables(self.egraph.egglog)
         if graph is None:  # some id in egglog's tables may be stale: read the canonical serialized e-graph
             roots = [bindings.Var(bindings.PanicSpan(), g) for g in self.egraph.output_globals]
             graph = class_graph_of_serialized(congruence_closed(json.loads(self.egglog_serialized(roots))))
-        scan = related_pairs(graph)
+        scan = (related_pairs_each if self.limits.cycle_filter == "vanilla" else related_pairs)(graph)
         if scan.found:
             facts = "\n".join(f"(set ({PAIR_FUNCTION} {a} {b}) 1)" for a, b in sorted(scan.found))
             self.egraph.run(facts, record=True)

@@ -149,10 +149,35 @@ def _tensat_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidates", nargs="*", default=None, metavar="NAME",
                         help="plans timed beside the ILP's answer, as for eqsat optimize (default: greedy "
                              "roofline-launch0)")
+    parser.add_argument("--ablations", action="store_true",
+                        help="instead: the rest of Tensat's paper (experiments/tensat_ablations.py): cycle filtering "
+                             "efficient vs vanilla, tensat-ilp real vs integer order variables, e-graph sizes, the "
+                             "k_multi sweep (default models squeezenet nasrnn bert, k_multi 1 2)")
+    parser.add_argument("--cycle-filters", nargs="+", default=None, metavar="NAME",
+                        help="with --ablations: efficient vanilla off (default: all)")
+    parser.add_argument("--order-vars", nargs="+", default=None, metavar="KIND",
+                        help="with --ablations: tensat-ilp order variables, real int (default: both)")
 
 
 def _tensat(module: Any, args: argparse.Namespace) -> Iterable[dict[str, Any]]:
+    if getattr(args, "ablations", False):
+        return _tensat_ablations(args)
     return module.run_bench(out_dir=args.out, options=module.options_from_args(args))
+
+
+def _tensat_ablations(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
+    """`bench tensat --ablations`: options checked (one error line) before any work."""
+    ablations = importlib.import_module("experiments.tensat_ablations")
+    d = ablations.AblationOptions()
+    chosen = args.cost_models or []
+    if len(chosen) > 1:
+        raise EqsatError("bench tensat --ablations: give one --cost-models MODEL/DEVICE (default: xla/cpu, calibrated)")
+    cost = importlib.import_module("experiments.bench_tensat")._cost_model_arg(chosen[0]) if chosen else None
+    options = ablations.AblationOptions(
+        models=tuple(args.models or d.models), k_multi=tuple(d.k_multi if args.k_multi is None else args.k_multi),
+        cycle_filters=tuple(args.cycle_filters or d.cycle_filters), order_vars=tuple(args.order_vars or d.order_vars),
+        cost_model=cost, time_limit=args.time_limit)
+    return ablations.run_bench(args.out, options)
 
 
 def _schedules_flags(parser: argparse.ArgumentParser) -> None:

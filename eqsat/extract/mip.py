@@ -356,10 +356,11 @@ def class_sccs(problem: Problem) -> list[int]:
 
 
 def order_model(
-    problem: Problem, h: highspy.Highs, only_cyclic: bool = True
+    problem: Problem, h: highspy.Highs, only_cyclic: bool = True, integer: bool = False
 ) -> int:
-    """Topological-order acyclicity: a continuous t_c per class and, per class edge c→k made by
-    nodes X, t_c - t_k - S·sum(X) >= 1 - S (S = size of the component, so t ∈ [0, S-1]).
+    """Topological-order acyclicity: a continuous t_c per class (integer with `integer`, Tensat's
+    `--order_var_int`) and, per class edge c→k made by nodes X, t_c - t_k - S·sum(X) >= 1 - S
+    (S = size of the component, so t ∈ [0, S-1]).
     With only_cyclic, just the classes and edges inside non-trivial strongly connected
     components (no other edge can be on a cycle). Returns the number of rows added."""
     edges = class_edges(problem)
@@ -379,7 +380,7 @@ def order_model(
     if not ordered:
         return 0
     add_columns(
-        h, np.zeros(len(ordered)), np.zeros(len(ordered)), np.array([span[c] - 1.0 for c in ordered]), False
+        h, np.zeros(len(ordered)), np.zeros(len(ordered)), np.array([span[c] - 1.0 for c in ordered]), integer
     )
     rows = Rows()
     for c, k in inside:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from types import MappingProxyType
 
 import numpy as np
@@ -109,6 +110,9 @@ def _registry() -> Mapping[str, Extractor]:
                   rows=True, accepts_negative_costs=True),
         Extractor("tensat-ilp", _plain(tensat_ilp), "Tensat's topological-order formulation, to compare encodings",
                   2_000.0, 2e-5, accepts_negative_costs=True),
+        Extractor("tensat-ilp-int", _plain(partial(tensat_ilp, order_vars="int")),
+                  "tensat-ilp with integer order variables (Tensat's --order_var_int), for the paper's real-vs-int "
+                  "comparison", 2_000.0, 2e-5, accepts_negative_costs=True),
         Extractor(
             "ilp-reduced",
             _plain(reduced_ilp),

@@ -20,7 +20,7 @@ from eqsat.extract.selection import dag_cost, reachable_choice
 
 from .helpers import brute_force, egraph
 
-EXACT = ("ilp", "tensat-ilp")
+EXACT = ("ilp", "tensat-ilp", "tensat-ilp-int")
 ALL = tuple(EXTRACTORS)
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "egraphs"
 
