@@ -29,6 +29,8 @@ on other weights, joined at replicated values of the same shapes).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -468,6 +470,7 @@ def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Lim
             "blocks": {"copies": blocks.copies, "segments_per_block": blocks.segments_per_block,
                        "block_nodes": len(blocks.nodes[0]), "planned_once": True,
                        "block_plan_nodes": len(b.plan.nodes), "rest_planned": r is not None,
+                       "block_plan_hash": plan_hash(b.plan),
                        "block_search_s": b.search_s},
             **({"predicted_mem_with_state": _with_state(plan, report.mem_bytes, state_bytes)} if state_bytes else {})}
     return PlanResult(strategy, mesh, plan, report, ok, diff,
@@ -475,6 +478,11 @@ def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Lim
                       sum(p.extract_s for p in parts_res), sum(p.enodes for p in parts_res),
                       sum(p.eclasses for p in parts_res), b.ilp_status if r is None else f"{b.ilp_status}/{r.ilp_status}",
                       b.ilp_gap, b.rules, b.stop_reason, info)
+
+
+def plan_hash(plan: Graph) -> str:
+    """A plan graph's identity (nodes, attributes, names): equal hashes, the same plan."""
+    return hashlib.sha256(json.dumps(plan.to_json(), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def weight_shard_bytes(plan: Graph) -> float:
@@ -504,5 +512,6 @@ def depth_reuse_summary(result: PlanResult) -> str:
             + ("; prefix/suffix planned beside" if b["rest_planned"] else ""))
 
 
-__all__ = ["Blocks", "block_graph", "compose", "depth_reuse_summary", "find_blocks", "plan_repeated", "rest_graph",
+__all__ = ["Blocks", "block_graph", "compose", "depth_reuse_summary", "find_blocks", "plan_hash", "plan_repeated",
+           "rest_graph",
            "weight_shard_bytes"]

@@ -1,0 +1,108 @@
+"""Deep models: finding identical blocks, composing a block's plan over every copy, and planning
+one block instead of the whole chain (`eqsat.parallel.blocks`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from eqsat.ir import Graph, GraphBuilder, Value
+from eqsat.models.parallel_cases import gpt, mlp
+from eqsat.parallel.blocks import block_graph, compose, find_blocks, plan_hash, plan_repeated, rest_graph
+from eqsat.parallel.mesh import parse_mesh
+from eqsat.parallel.planner import graph_axes
+from eqsat.pipeline import numerics_match
+
+
+def _tiny_gpt(layers: int) -> Graph:
+    return gpt(layers, d=16, heads=2, seq=8)
+
+
+def test_gpt_blocks_are_found_whatever_the_depth() -> None:
+    for layers in (2, 6):
+        g = _tiny_gpt(layers)
+        b = find_blocks(g)
+        assert b is not None and b.copies == layers
+        assert b.entries[0] == next(Value(i) for i, n in g.leaves() if n.attr["name"] == "x")
+        assert all(b.entries[k + 1] == b.exits[k] for k in range(layers - 1))
+        assert b.exits[-1] == g.outputs[0]
+        # each copy has its own six weights, in the same roles
+        names = [[str(g.nodes[i].attr["name"]) for i in own] for own in b.own_leaves]
+        assert [[n.split(".")[1] for n in copy] for copy in names] == [[n.split(".")[1] for n in names[0]]] * layers
+        assert all(n.startswith(f"b{k}.") for k, copy in enumerate(names) for n in copy)
+
+
+def test_one_block_and_blocks_of_different_shapes_are_no_chain() -> None:
+    assert find_blocks(_tiny_gpt(1)) is None
+    b = GraphBuilder()
+    h = b.input("x", (4, 8))
+    for i, (m, n) in enumerate(((8, 16), (16, 32), (32, 64))):
+        h = b.matmul(h, b.weight(f"w{i}", (m, n)), act=2)
+    assert find_blocks(b.build([h])) is None
+
+
+def test_mlp_chain_with_a_different_last_layer_leaves_it_to_the_rest() -> None:
+    g = mlp(5, 16, 32)  # relu on the first four layers, none on the last
+    b = find_blocks(g)
+    assert b is not None and b.copies == 4
+    rest, exit_name, where = rest_graph(g, b)
+    assert rest is not None and exit_name in rest.leaf_shapes() and where == (0,)
+
+
+@pytest.mark.parametrize("make", [lambda: _tiny_gpt(3), lambda: mlp(5, 16, 32)])
+def test_composing_the_block_itself_is_the_program(make) -> None:  # type: ignore[no-untyped-def]
+    """The block graph is a (replicated) plan of the block: composed over the copies it must
+    compute exactly the program, on each copy's own weights."""
+    g = make()
+    b = find_blocks(g)
+    assert b is not None
+    block, entry = block_graph(g, b)
+    rest, exit_name, where = rest_graph(g, b)
+    whole = compose(g, b, block, entry, rest, exit_name, where)
+    assert whole.leaf_shapes() == g.leaf_shapes()
+    ok, diff = numerics_match(g, whole)
+    assert ok, diff
+
+
+def test_composing_a_sharded_block_plan_keeps_it_sharded_in_every_copy() -> None:
+    """A Megatron block plan written by hand (w1 split by columns, w2 by rows over axis 0, the
+    product summed) composed over 4 copies: every copy is sharded, the whole is one SPMD program
+    and equals the program."""
+    g = mlp(5, 8, 16)
+    b = find_blocks(g)
+    assert b is not None
+    block, entry = block_graph(g, b)
+    (_, x), (_, w) = block.leaves()[0], block.leaves()[1]
+    pb = GraphBuilder()
+    xi = pb.input(str(x.attr["name"]), x.shapes[0])
+    wi = pb.weight(str(w.attr["name"]), w.shapes[0])
+    parts = pb.apply("partition", [wi], {"dim": -1, "parts": 2, "axis": 0})[0]
+    rep = pb.apply("replicate", [xi], {"parts": 2, "axis": 0})[0]
+    y = pb.matmul(rep, parts, act=2)
+    out = pb.apply("combine", [y], {"dim": -1, "axis": 0})[0]
+    plan = pb.build([out])
+    assert numerics_match(block, plan)[0]
+    rest, exit_name, where = rest_graph(g, b)
+    whole = compose(g, b, plan, entry, rest, exit_name, where)
+    graph_axes(whole)  # one SPMD program
+    assert whole.op_counts()["partition"] == 4 and whole.op_counts()["combine"] == 4
+    assert numerics_match(g, whole)[0]
+
+
+def test_plan_hash_tells_plans_apart() -> None:
+    assert plan_hash(_tiny_gpt(2)) == plan_hash(_tiny_gpt(2))
+    assert plan_hash(_tiny_gpt(2)) != plan_hash(_tiny_gpt(3))
+
+
+@pytest.mark.slow
+def test_six_layers_plan_as_the_two_layer_plan_repeated() -> None:
+    """The deep target on a small depth: 2 and 6 layers plan the same block plan, once each, and
+    the 6-layer plan is that block plan over six copies, checked against the program."""
+    mesh = parse_mesh("2x4")
+    two, six = (plan_repeated(gpt(n, d=64, heads=4, seq=16), mesh) for n in (2, 6))
+    for res, n in ((two, 2), (six, 6)):
+        assert res.info["blocks"]["copies"] == n and res.info["blocks"]["planned_once"]
+        assert res.numerics_ok and res.info["numerics"] == "whole plan checked"
+    assert two.info["blocks"]["block_plan_hash"] == six.info["blocks"]["block_plan_hash"]
+    # the same block plan: six copies cost three times two (no prefix or suffix here)
+    np.testing.assert_allclose(six.report.comm_bytes(None), 3 * two.report.comm_bytes(None), rtol=1e-9)
