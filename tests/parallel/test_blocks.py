@@ -8,9 +8,12 @@ import pytest
 
 from eqsat.ir import Graph, GraphBuilder, Value
 from eqsat.models.parallel_cases import gpt, mlp
-from eqsat.parallel.blocks import block_graph, compose, find_blocks, plan_hash, plan_repeated, rest_graph
+from eqsat.cost import cost_model
+from eqsat.parallel.blocks import (block_graph, compose, find_blocks, plan_hash, plan_repeated, rest_graph,
+                                   weight_shard_bytes)
+from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import parse_mesh
-from eqsat.parallel.planner import graph_axes
+from eqsat.parallel.planner import PlanError, graph_axes, plan_report
 from eqsat.pipeline import numerics_match
 
 
@@ -106,3 +109,47 @@ def test_six_layers_plan_as_the_two_layer_plan_repeated() -> None:
     assert two.info["blocks"]["block_plan_hash"] == six.info["blocks"]["block_plan_hash"]
     # the same block plan: six copies cost three times two (no prefix or suffix here)
     np.testing.assert_allclose(six.report.comm_bytes(None), 3 * two.report.comm_bytes(None), rtol=1e-9)
+
+
+def test_plan_repeated_plans_the_block_once_and_the_last_layer_beside() -> None:
+    """Data parallel (a quick search) on an MLP whose last layer differs: four copies of one block
+    plan, the last layer planned as the rest, the whole checked against the program and re-priced
+    as a whole."""
+    g = mlp(5, 64, 32)
+    res = plan_repeated(g, parse_mesh("8"), "data-parallel")
+    blocks = res.info["blocks"]
+    assert blocks["copies"] == 4 and blocks["rest_planned"] and blocks["planned_once"]
+    assert res.numerics_ok and res.info["numerics"] == "whole plan checked"
+    assert res.plan.leaf_shapes() == g.leaf_shapes()
+    assert res.report == plan_report(res.plan, ParallelCostModel(parse_mesh("8"), cost_model("roofline", "cpu-nominal")))
+
+
+@pytest.mark.slow
+def test_a_budget_no_block_plan_meets_is_refused() -> None:
+    with pytest.raises(PlanError):
+        plan_repeated(mlp(5, 64, 32), parse_mesh("8"), "data-parallel", mem_budget=1.0)
+
+
+def test_optimizer_state_counts_against_the_budget() -> None:
+    """`state_bytes` (Adam: 2 per weight byte) is added to the plan's predicted memory."""
+    g = mlp(5, 64, 32)
+    res = plan_repeated(g, parse_mesh("8"), "data-parallel", state_bytes=2.0)
+    weights = sum(4.0 * np.prod(n.shapes[0]) for _, n in g.leaves("weight"))  # replicated under data parallel
+    assert res.info["predicted_mem_with_state"] == pytest.approx(res.report.mem_bytes + 2 * weights)
+    assert weight_shard_bytes(res.plan) == pytest.approx(weights)
+
+
+@pytest.mark.slow
+def test_user_gpt_with_four_layers_reuses_its_block_plan() -> None:
+    """`eqsat.parallel.plan` on a 4-layer GPT-2-style program: the captured graph's four layers are
+    planned once, and the report says so."""
+    import jax
+
+    import eqsat.parallel as ep
+    from experiments.parallel_user_programs import gpt_problem
+
+    step, args = gpt_problem(layers=4)
+    plan = ep.plan(step, *args, mesh=jax.make_mesh((2, 4), ("data", "model")), params_argnums=(0, 1),
+                   baselines=False)
+    assert any("4 identical blocks" in line for line in plan.report.blocks), plan.report.blocks
+    assert "deep model: 4 identical blocks" in plan.explain()
