@@ -114,7 +114,7 @@ def test_six_layers_plan_as_the_two_layer_plan_repeated() -> None:
 def test_plan_repeated_plans_the_block_once_and_the_last_layer_beside() -> None:
     """Data parallel (a quick search) on an MLP whose last layer differs: four copies of one block
     plan, the last layer planned as the rest, the whole checked against the program and re-priced
-    as a whole."""
+    as a whole; optimizer state counted beside it."""
     g = mlp(5, 64, 32)
     res = plan_repeated(g, parse_mesh("8"), "data-parallel")
     blocks = res.info["blocks"]
@@ -122,21 +122,17 @@ def test_plan_repeated_plans_the_block_once_and_the_last_layer_beside() -> None:
     assert res.numerics_ok and res.info["numerics"] == "whole plan checked"
     assert res.plan.leaf_shapes() == g.leaf_shapes()
     assert res.report == plan_report(res.plan, ParallelCostModel(parse_mesh("8"), cost_model("roofline", "cpu-nominal")))
+    # optimizer state (`state_bytes`, Adam: 2 per weight byte) is added to the predicted memory
+    with_state = plan_repeated(g, parse_mesh("8"), "data-parallel", state_bytes=2.0)
+    weights = sum(4.0 * np.prod(n.shapes[0]) for _, n in g.leaves("weight"))  # replicated under data parallel
+    assert with_state.info["predicted_mem_with_state"] == pytest.approx(with_state.report.mem_bytes + 2 * weights)
+    assert weight_shard_bytes(with_state.plan) == pytest.approx(weights)
 
 
 @pytest.mark.slow
 def test_a_budget_no_block_plan_meets_is_refused() -> None:
     with pytest.raises(PlanError):
         plan_repeated(mlp(5, 64, 32), parse_mesh("8"), "data-parallel", mem_budget=1.0)
-
-
-def test_optimizer_state_counts_against_the_budget() -> None:
-    """`state_bytes` (Adam: 2 per weight byte) is added to the plan's predicted memory."""
-    g = mlp(5, 64, 32)
-    res = plan_repeated(g, parse_mesh("8"), "data-parallel", state_bytes=2.0)
-    weights = sum(4.0 * np.prod(n.shapes[0]) for _, n in g.leaves("weight"))  # replicated under data parallel
-    assert res.info["predicted_mem_with_state"] == pytest.approx(res.report.mem_bytes + 2 * weights)
-    assert weight_shard_bytes(res.plan) == pytest.approx(weights)
 
 
 @pytest.mark.slow
