@@ -118,6 +118,27 @@ def test_six_layers_plan_as_the_two_layer_plan_repeated() -> None:
                for op in counts[2])
 
 
+def test_plan_repeated_plans_the_block_once_and_the_last_layer_beside() -> None:
+    """Data parallel (a quick search) on an MLP whose last layer differs: four copies of one block
+    plan, the last layer planned as the rest, the whole checked against the program and re-priced
+    as a whole; optimizer state counted beside it."""
+    g = mlp(5, 64, 32)
+    res = plan_repeated(g, parse_mesh("8"), "data-parallel", state_bytes=2.0)
+    blocks = res.info["blocks"]
+    assert blocks["copies"] == 4 and blocks["rest_planned"] and blocks["planned_once"]
+    assert res.numerics_ok and res.info["numerics"] == "whole plan checked"
+    assert res.plan.leaf_shapes() == g.leaf_shapes()
+    assert res.report == plan_report(res.plan, ParallelCostModel(parse_mesh("8"), cost_model("roofline", "cpu-nominal")))
+    # optimizer state (`state_bytes`, Adam: 2 per byte of a weight's shard) is added to the predicted memory
+    shards = 0.0
+    split = sharded_leaves(res.plan)
+    for i, n in res.plan.leaves("weight"):
+        parts = res.plan.nodes[res.plan.users[i][0]].attr["parts"] if i in split else 1
+        shards += 4.0 * float(np.prod(n.shapes[0])) / parts
+    assert weight_shard_bytes(res.plan) == pytest.approx(shards)
+    assert res.info["predicted_mem_with_state"] == pytest.approx(res.report.mem_bytes + 2 * shards)
+
+
 @pytest.mark.slow
 def test_a_budget_no_block_plan_meets_is_refused() -> None:
     with pytest.raises(PlanError):
