@@ -10,8 +10,9 @@ Design (docs/parallel.md, "Parallelize your training step"):
    gradients and gradient sync, the others stay data.
 2. Each captured graph with a product in it (matmul / conv) is planned by the e-graph planner
    through its one door (`eqsat.parallel.planner.plan_graph`: one e-graph, one ILP with the memory
-   and bytes rows). Equations the capture leaves opaque (integer label gathers, the optimizer
-   update, ...) are not planned: they are the boundaries where GSPMD propagates.
+   and bytes rows); a chain of identical blocks in a graph (transformer layers) is planned once and
+   its plan repeated (`eqsat.parallel.blocks.plan_repeated`). Equations the capture leaves opaque
+   (integer label gathers, the optimizer update, ...) are not planned: they are the boundaries where GSPMD propagates.
 3. The plan's choices for its leaves (which dim of which argument is split over which mesh axis:
    the `partition`s a leaf goes through, read back through `broadcast` and `transpose`) become a
    `PartitionSpec` per pytree leaf. Optimizer state that mirrors a parameter (same shape, the
