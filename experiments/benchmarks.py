@@ -216,7 +216,8 @@ def _parallel(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _multiprocess_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="a parallel case (eqsat parallel --help)")
+    parser.add_argument("model", help="a parallel case (eqsat parallel --help; its plan, forward) or a user "
+                        "program, mlp or gpt (its training step: loss, grad, Adam)")
     parser.add_argument("--mesh", default="8", help="mesh shape over the 2 x 4 CPU devices")
 
 
@@ -246,7 +247,7 @@ RULES = Benchmark("experiments.bench_rules", _rules,
 PARALLEL = Benchmark("experiments.bench_parallel", _parallel,
                      "eqsat parallel over the cases and meshes: predicted step, compiled bytes, memory", _parallel_flags)
 MULTIPROCESS = Benchmark("experiments.parallel_multiprocess", _multiprocess,
-                         "a parallel plan as 2 processes x 4 CPU devices (jax.distributed), checked against numpy",
+                         "a parallel plan as 2 processes x 4 CPU devices (jax.distributed), checked against one process",
                          _multiprocess_flags)
 
 BENCHMARKS: Mapping[str, Benchmark] = MappingProxyType({

@@ -10,8 +10,9 @@ Design (docs/parallel.md, "Parallelize your training step"):
    gradients and gradient sync, the others stay data.
 2. Each captured graph with a product in it (matmul / conv) is planned by the e-graph planner
    through its one door (`eqsat.parallel.planner.plan_graph`: one e-graph, one ILP with the memory
-   and bytes rows). Equations the capture leaves opaque (integer label gathers, the optimizer
-   update, ...) are not planned: they are the boundaries where GSPMD propagates.
+   and bytes rows); a chain of identical blocks in a graph (transformer layers) is planned once and
+   its plan repeated (`eqsat.parallel.blocks.plan_repeated`). Equations the capture leaves opaque
+   (integer label gathers, the optimizer update, ...) are not planned: they are the boundaries where GSPMD propagates.
 3. The plan's choices for its leaves (which dim of which argument is split over which mesh axis:
    the `partition`s a leaf goes through, read back through `broadcast` and `transpose`) become a
    `PartitionSpec` per pytree leaf. Optimizer state that mirrors a parameter (same shape, the
@@ -48,8 +49,9 @@ from jax.sharding import PartitionSpec as P
 from eqsat import ops
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph, Node
+from eqsat.parallel.blocks import depth_reuse_summary, plan_repeated
 from eqsat.parallel.mesh import CPU_LINK, INFINIBAND, NVLINK, Mesh, MeshAxis
-from eqsat.parallel.planner import DEFAULT_LIMITS, PlanError, PlanResult, graph_axes, plan_graph, with_weights
+from eqsat.parallel.planner import DEFAULT_LIMITS, PlanError, PlanResult, graph_axes, with_weights
 from jax_backend.capture import Program, bind_eqn, capture_jaxpr, graph_leaf_name
 from jax_backend.leaf_names import argument_names
 from jax_backend.shard import compiled_collectives
@@ -133,6 +135,7 @@ class PlanSummary:
     compiled: Compiled | None
     baselines: tuple[Baseline, ...] = ()
     constraints: tuple[tuple[str, str], ...] = ()  # (jaxpr value, PartitionSpec) held by with_sharding_constraint
+    blocks: tuple[str, ...] = ()  # per planned graph with repeated blocks: how they were reused (`eqsat.parallel.blocks`)
 
     def to_json(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "mesh": self.mesh, "mesh_note": self.mesh_note,
@@ -141,6 +144,7 @@ class PlanSummary:
                 "plan_s": self.plan_s, "graphs_planned": self.graphs_planned,
                 "opaque_equations": self.opaque_equations, "warnings": list(self.warnings),
                 "leaf_specs": dict(self.leaf_specs), "constraints": [list(c) for c in self.constraints],
+                "blocks": list(self.blocks),
                 **(self.compiled.to_json() if self.compiled is not None else {}),
                 "baselines": [b.to_json() for b in self.baselines]}
 
@@ -185,6 +189,7 @@ class Plan:
                          f"planned {r.graphs_planned} graph(s) in {r.plan_s:.1f} s; {r.opaque_equations} opaque equations "
                          "left to GSPMD")
         lines += [f"warning: {w}" for w in r.warnings]
+        lines += [f"deep model: {b}" for b in r.blocks]
         lines.append("")
         lines.append(f"{'argument leaf':<48} PartitionSpec")
         lines += [f"{path:<48} {spec}" for path, spec in r.leaf_specs]
@@ -563,14 +568,16 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
         # saturation, pricing, the ILP and the numpy check of one graph take about twice the
         # saturation and ILP limits: a third and a sixth of what is left keep the step near time_limit
         limits = replace(DEFAULT_LIMITS, seconds=min(DEFAULT_LIMITS.seconds, left / 3))
-        res = plan_graph(graph, pmesh, "joint", limits=limits, time_limit=max(left / 6, 1.0),
-                         mem_budget=memory_budget, comm_budget=comm_budget)
+        # a chain of identical blocks (transformer layers) is planned once and its plan repeated
+        res = plan_repeated(graph, pmesh, "joint", limits=limits, time_limit=max(left / 6, 1.0),
+                            mem_budget=memory_budget, comm_budget=comm_budget)
         if not res.numerics_ok:
             raise PlanError(f"the plan of a captured graph differs from it in numpy (max |diff| {res.max_abs_diff:.3g})")
         results.append(res)
         if predict_dp:  # the data-parallel baseline's prediction: the same search with the data-parallel rule only
             try:
-                dp_s += plan_graph(graph, pmesh, "data-parallel", limits=limits, time_limit=max(left / 8, 1.0)).report.step_s
+                dp_s += plan_repeated(graph, pmesh, "data-parallel", limits=limits,
+                                      time_limit=max(left / 8, 1.0)).report.step_s
             except EqsatError:
                 pass
         shapes = {str(n.attr["name"]): n.shapes[0] for _, n in res.plan.leaves()}
@@ -727,7 +734,8 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
         sum(r.report.mem_bytes for r in results) if results else None,
         _collective_rows(results, names), plan_s, len(results), planned.opaque if planned else 0, tuple(warns),
         tuple((_path_str(p, arg_names), str(P(*s))) for p, s in zip(leaves.paths, specs)), None,
-        constraints=tuple((str(var), str(P(*spec))) for var, spec in constraints)), results)
+        constraints=tuple((str(var), str(P(*spec))) for var, spec in constraints),
+        blocks=tuple(depth_reuse_summary(r) for r in results if r.info.get("blocks"))), results)
     compiled = compile_figures(jax.jit(fn, in_shardings=in_shardings, out_shardings=out_sh), abstract)
     rows: list[Baseline] = []
     if baselines and len(all_names) and math.prod(sizes.values()) > 1:
