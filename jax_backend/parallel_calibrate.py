@@ -56,6 +56,7 @@ SIZES: tuple[int, ...] = (16 * 1024, 256 * 1024, 2 * 1024 * 1024)
 """Bytes per device of the timed collectives: latency-bound to bandwidth-bound on a CPU mesh."""
 KINDS = ("all-reduce", "all-gather")
 EXTRA = 4  # more operations in the long chain than in the short one
+MAX_REPEAT = 20  # step calls per sample of the fastest plan, at most
 MATMULS: tuple[tuple[int, int], ...] = ((128, 256), (256, 512))  # (m, k): (m, k) @ (k, k) per device
 
 
@@ -101,6 +102,14 @@ def _compute_chain(jm: Any, step: Callable[[jax.Array, int], jax.Array], local: 
     return build
 
 
+def _matmul_step(k: int) -> Callable[[jax.Array, int], jax.Array]:
+    w = jnp.asarray(np.random.default_rng(1).standard_normal((k, k)) / np.sqrt(k), jnp.float32)
+
+    def step(x: jax.Array, i: int) -> jax.Array:
+        return jnp.tanh(x @ w)
+    return step
+
+
 def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None] = lambda _: None) -> MeshCalibration:
     """Measure alpha, beta per axis of `mesh` and the compute rates on JAX's devices (about
     `budget_s` per timed pair: 6 pairs per axis and 4 for compute)."""
@@ -125,8 +134,7 @@ def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None]
         axes.append(AxisCalibration(size, link, tuple(samples)))
     rates = []
     for m, k in MATMULS:
-        w = jnp.asarray(np.random.default_rng(1).standard_normal((k, k)) / np.sqrt(k), jnp.float32)
-        t = _marginal(_compute_chain(jm, lambda x, i, w=w: jnp.tanh(x @ w), (m, k)), budget_s)
+        t = _marginal(_compute_chain(jm, _matmul_step(k), (m, k)), budget_s)
         rates.append(2.0 * m * k * k / t)
         say(f"matmul ({m}, {k}) @ ({k}, {k}) per device, all devices busy: {rates[-1] / 1e9:.2f} GFLOP/s")
     big = 256 * 1024
@@ -171,7 +179,7 @@ def parallel_calibrated(device: str = "cpu", mesh: str | Mesh = "8", overlap: bo
     """Factory registered as `parallel-calibrated`: the training-step model priced from the cached
     calibration of `mesh`'s shape on this machine (`device` is the compute device's label, unused:
     the calibration is of JAX's devices)."""
-    cal, _ = load_mesh_calibration(mesh, measure_if_missing=False)
+    cal, _status = load_mesh_calibration(mesh, measure_if_missing=False)
     return calibrated_model(cal, overlap)
 
 
@@ -182,17 +190,24 @@ def step_seconds(graph: Graph, plans: Sequence[Graph], mesh: Mesh, budget_s: flo
                  rounds: int = 40) -> list[float]:
     """Median seconds of each plan's training step (the jitted gradient program `eqsat parallel`
     checks, `jax_backend.shard.step_program`) on JAX's devices, all plans timed in the same
-    interleaved rounds (`interleaved_rounds`: every plan sees the same machine state)."""
+    interleaved rounds (`interleaved_rounds`: every plan sees the same machine state). Plans differ
+    by 100x in time and a sample's call count is set by the fastest, so each plan's thunk runs its
+    step `repeat` times (about as long as the slowest plan's one step, each call waited for: no
+    queue of pending steps holds their buffers) and its time is divided by that."""
     from jax_backend.checks import _scaled_inputs
     from jax_backend.shard import shard_plan, step_program
 
     values: Mapping[str, np.ndarray] = _scaled_inputs(graph, 0)
     weights = [n.attr["name"] for _, n in graph.leaves("weight")]
-    thunks = []
+    steps = []
     for plan in plans:
         program = shard_plan(plan, mesh)
         step = step_program(program, weights)
         args = program.place(values)
-        thunks.append(lambda step=step, args=args: step(*args))
-    times, _ = interleaved_rounds(thunks, rounds, budget_s=budget_s, min_rounds=5, warmup=1)
-    return [float(statistics.median(t)) for t in times]
+        steps.append(lambda step=step, args=args: jax.block_until_ready(step(*args)))
+    single, _ = interleaved_rounds(steps, 1, min_rounds=1, warmup=1)  # compiles each; one sample per plan
+    slowest = max(t[0] for t in single)
+    repeat = [max(1, min(MAX_REPEAT, round(slowest / max(t[0], 1e-7)))) for t in single]
+    thunks = [lambda s=s, r=r: [s() for _ in range(r)][-1] for s, r in zip(steps, repeat)]
+    times, _ = interleaved_rounds(thunks, rounds, budget_s=budget_s, min_rounds=min(5, rounds), warmup=0)
+    return [float(statistics.median(t)) / r for t, r in zip(times, repeat)]

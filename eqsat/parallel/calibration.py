@@ -75,13 +75,16 @@ class MeshCalibration:
             if not isinstance(data, dict) or data.get("format") != FORMAT:
                 raise ValueError("not a mesh calibration of this format")
             shape = tuple(_whole(s) for s in data["shape"])
-            axes = tuple(AxisCalibration(_whole(a["size"]), LinkFit(**{k: _number(v) for k, v in a["link"].items()}),
+            axes = tuple(AxisCalibration(_whole(a["size"]), LinkFit(_number(a["link"]["alpha"]), _number(a["link"]["beta"]),
+                                                                    _number(a["link"]["rms_rel_error"]),
+                                                                    _whole(a["link"]["samples"])),
                                          tuple(LinkSample(str(s["kind"]), _whole(s["n"]), _number(s["bytes"]),
                                                           _number(s["seconds"])) for s in a["samples"]))
                          for a in data["axes"])
             spec = data["compute"]
-            compute = cost_models.DeviceSpec(str(spec["name"]), *(_number(spec[k]) for k in (
-                "peak_flops_fp32", "peak_flops_bf16", "bandwidth", "launch_s")), str(spec.get("source", "")))
+            compute = cost_models.DeviceSpec(str(spec["name"]), _number(spec["peak_flops_fp32"]),
+                                             _number(spec["peak_flops_bf16"]), _number(spec["bandwidth"]),
+                                             _number(spec["launch_s"]), str(spec.get("source", "")))
             cal = MeshCalibration(str(data["machine"]), str(data["device"]), shape, axes, compute,
                                   _number(data["seconds"]))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
