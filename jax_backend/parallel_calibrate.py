@@ -57,7 +57,7 @@ SIZES: tuple[int, ...] = (16 * 1024, 256 * 1024, 2 * 1024 * 1024)
 KINDS = ("all-reduce", "all-gather")
 EXTRA = 4  # more operations in the long chain than in the short one
 MAX_REPEAT = 20  # step calls per sample of the fastest plan, at most
-MATMULS: tuple[tuple[int, int], ...] = ((128, 256), (256, 512))  # (m, k): (m, k) @ (k, k) per device
+MATMULS: tuple[tuple[int, int], ...] = ((64, 256), (128, 512), (256, 768))  # (m, k): (m, k) @ (k, k) per device
 
 
 def _marginal(build: Callable[[int], Callable[[], Any]], budget_s: float) -> float:
@@ -132,10 +132,11 @@ def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None]
         say(f"axis {name}: alpha {link.alpha * 1e6:.2f} us per ring step, beta {link.beta / 1e9:.2f} GB/s "
             f"(rms error {link.rms_rel_error:.0%})")
         axes.append(AxisCalibration(size, link, tuple(samples)))
-    rates = []
+    rates, matmul = [], []
     for m, k in MATMULS:
         t = _marginal(_compute_chain(jm, _matmul_step(k), (m, k)), budget_s)
         rates.append(2.0 * m * k * k / t)
+        matmul.append((2.0 * m * k * k, t))
         say(f"matmul ({m}, {k}) @ ({k}, {k}) per device, all devices busy: {rates[-1] / 1e9:.2f} GFLOP/s")
     big = 256 * 1024
     t_big = _marginal(_compute_chain(jm, lambda x, i: x * 0.5 + 1.0, (big,)), budget_s)
@@ -145,7 +146,8 @@ def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None]
     peak = max(rates)
     compute = DeviceSpec("cpu-calibrated", peak, peak, bandwidth, launch,
                          f"measured with {mesh.n_devices} devices busy ({device_key()})")
-    return MeshCalibration(_machine_key(), device_key(), mesh.shape, tuple(axes), compute, time.perf_counter() - start)
+    return MeshCalibration(_machine_key(), device_key(), mesh.shape, tuple(axes), compute, time.perf_counter() - start,
+                           tuple(matmul))
 
 
 def load_mesh_calibration(mesh: str | Mesh, force: bool = False, measure_if_missing: bool = True,

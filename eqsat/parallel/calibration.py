@@ -22,17 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from eqsat import cost as cost_models
+from eqsat import ops
 from eqsat.atomic_write import atomic_write_text
 from eqsat.errors import EqsatError
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import Mesh, MeshAxis
 from eqsat.parallel.timemodel import LinkFit, LinkSample
 from eqsat.paths import cache_dir
+from eqsat.xla_cost import Curve
 
-__all__ = ["AxisCalibration", "MeshCalibration", "MeshCalibrationError", "calibrated_model", "calibration_file",
+__all__ = ["AxisCalibration", "CalibratedCompute", "MeshCalibration", "MeshCalibrationError", "calibrated_model", "calibration_file",
            "read_mesh_calibration", "write_mesh_calibration"]
 
-FORMAT = 1
+FORMAT = 2
+Shape = tuple[int, ...]
 
 
 class MeshCalibrationError(EqsatError):
@@ -56,6 +59,7 @@ class MeshCalibration:
     axes: tuple[AxisCalibration, ...]
     compute: cost_models.DeviceSpec  # per device, with every device of the mesh busy
     seconds: float  # how long measuring took
+    matmul: tuple[tuple[float, float], ...] = ()  # (flops, seconds) of the timed matmuls: the efficiency curve
 
     def mesh(self) -> Mesh:
         """The planner's mesh: this shape, each axis with its own fitted link and ring latency."""
@@ -66,7 +70,7 @@ class MeshCalibration:
         return {"format": FORMAT, "machine": self.machine, "device": self.device, "shape": list(self.shape),
                 "axes": [{"size": a.size, "link": asdict(a.link), "samples": [asdict(s) for s in a.samples]}
                          for a in self.axes],
-                "compute": asdict(self.compute), "seconds": self.seconds}
+                "compute": asdict(self.compute), "seconds": self.seconds, "matmul": [list(p) for p in self.matmul]}
 
     @staticmethod
     def from_json(data: Any) -> MeshCalibration:
@@ -85,9 +89,11 @@ class MeshCalibration:
             compute = cost_models.DeviceSpec(str(spec["name"]), _number(spec["peak_flops_fp32"]),
                                              _number(spec["peak_flops_bf16"]), _number(spec["bandwidth"]),
                                              _number(spec["launch_s"]), str(spec.get("source", "")))
+            matmul = tuple((_number(f), _number(t)) for f, t in data["matmul"])
             cal = MeshCalibration(str(data["machine"]), str(data["device"]), shape, axes, compute,
-                                  _number(data["seconds"]))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                                  _number(data["seconds"]), matmul)
+            Curve.fit(matmul)  # at least two points, all positive
+        except (KeyError, TypeError, ValueError, AttributeError, EqsatError) as exc:
             raise MeshCalibrationError(f"damaged mesh calibration ({type(exc).__name__}: {exc})") from None
         if tuple(a.size for a in axes) != shape or not shape:
             raise MeshCalibrationError("damaged mesh calibration (its axes do not match its shape)")
@@ -136,8 +142,33 @@ def write_mesh_calibration(path: Path, cal: MeshCalibration) -> None:
     atomic_write_text(path, json.dumps(cal.to_json(), indent=1))
 
 
+@dataclass(frozen=True)
+class CalibratedCompute:
+    """Per-device compute as measured with every device busy: a matmul or conv takes the time the
+    measured curve gives for its flops (`eqsat.xla_cost.Curve`: a bigger product gets a lower
+    rate once the devices share caches), or its memory time if longer; every other op is the
+    roofline at the measured rates."""
+
+    spec: cost_models.DeviceSpec
+    matmul: Curve
+    name: str = "calibrated-compute"
+
+    @property
+    def device(self) -> str:
+        return self.spec.name
+
+    def op_cost(self, op: str, attrs: Any, input_shapes: Sequence[Shape]) -> float:
+        roofline = cost_models.RooflineModel(self.spec)
+        if not ops.op_spec(op).contraction:
+            return roofline.op_cost(op, attrs, input_shapes)
+        shapes = [tuple(s) for s in input_shapes]
+        memory = ops.bytes_moved(op, shapes, attrs, roofline.itemsize) / self.spec.bandwidth
+        return max(self.matmul.seconds_for(ops.flops(op, shapes, attrs)), memory) + self.spec.launch_s
+
+
 def calibrated_model(cal: MeshCalibration, overlap: bool = True) -> ParallelCostModel:
     """The training-step model priced with the calibration: the fitted links per axis (ring
-    latency), the measured compute rates as a roofline, collectives hidden behind independent
+    latency), the measured compute (`CalibratedCompute`), collectives hidden behind independent
     compute in a plan's report (`overlap`)."""
-    return ParallelCostModel(cal.mesh(), cost_models.RooflineModel(cal.compute), "parallel-calibrated", overlap)
+    return ParallelCostModel(cal.mesh(), CalibratedCompute(cal.compute, Curve.fit(cal.matmul)), "parallel-calibrated",
+                             overlap)

@@ -107,7 +107,8 @@ def test_overlap_hides_comm_behind_independent_compute_only() -> None:
 def _calibration(machine: str = "m1", device: str = "cpu-test") -> MeshCalibration:
     axes = tuple(AxisCalibration(n, tm.fit_link(_samples(a, b, n)), tuple(_samples(a, b, n)))
                  for n, a, b in ((2, 30e-6, 1e9), (4, 10e-6, 2e9)))
-    return MeshCalibration(machine, device, (2, 4), axes, DeviceSpec("cpu-calibrated", 5e9, 5e9, 8e9, 1e-6, "test"), 1.0)
+    return MeshCalibration(machine, device, (2, 4), axes, DeviceSpec("cpu-calibrated", 5e9, 5e9, 8e9, 1e-6, "test"), 1.0,
+                           ((1e7, 1e-3), (1e8, 2e-2)))
 
 
 def test_calibration_round_trips_and_prices_per_axis(tmp_path: Path) -> None:
@@ -119,9 +120,13 @@ def test_calibration_round_trips_and_prices_per_axis(tmp_path: Path) -> None:
     model = calibrated_model(back)
     assert model.mesh.axes[0].algorithm == "ring" and model.mesh.axes[0].latency == pytest.approx(30e-6)
     assert model.mesh.collective_seconds("all-reduce", 1, 1e6) == pytest.approx(6 * 10e-6 + 1.5e6 / 2e9)
+    # a product costs what the measured curve says for its flops (1e8 flops: 2e-2 s), plus a kernel
+    assert model.compute.op_cost("matmul", {"act": 0}, [(100, 500), (500, 1000)]) == pytest.approx(2e-2 + 1e-6)
+    assert model.compute.op_cost("ewadd", {}, [(1000,), (1000,)]) == pytest.approx(12e3 / 8e9 + 1e-6)
 
 
-@pytest.mark.parametrize("damage", ["not json {", "[]", "null", "zero-rate", "negative-alpha", "wrong-shape", "bool"])
+@pytest.mark.parametrize("damage", ["not json {", "[]", "null", "zero-rate", "negative-alpha", "wrong-shape", "bool",
+                                    "one-matmul"])
 def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
     path = tmp_path / "cal.json"
     data = _calibration().to_json()
@@ -133,6 +138,8 @@ def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
         data["shape"] = [8]
     elif damage == "bool":
         data["axes"][1]["size"] = True
+    elif damage == "one-matmul":
+        data["matmul"] = data["matmul"][:1]
     path.write_text(damage if damage in ("not json {", "[]", "null") else json.dumps(data))
     with pytest.raises(MeshCalibrationError, match="damaged"):
         read_mesh_calibration(path, "m1", "cpu-test", (2, 4))
@@ -160,7 +167,8 @@ def test_damaged_cache_is_measured_again(tmp_path: Path, monkeypatch: pytest.Mon
 
     def fake(mesh: Mesh, budget_s: float = 1.0, say: object = None) -> MeshCalibration:
         measured.append(1)
-        return MeshCalibration(_machine_key(), device_key(), mesh.shape, _calibration().axes, _calibration().compute, 0.1)
+        return MeshCalibration(_machine_key(), device_key(), mesh.shape, _calibration().axes, _calibration().compute, 0.1,
+                               _calibration().matmul)
 
     monkeypatch.setattr(pc, "calibrate_mesh", fake)
     path = pc.calibration_file(device_key(), (2, 4))
