@@ -192,7 +192,8 @@ def step_seconds(graph: Graph, plans: Sequence[Graph], mesh: Mesh, budget_s: flo
                  rounds: int = 40) -> list[float]:
     """Median seconds of each plan's training step (the jitted gradient program `eqsat parallel`
     checks, `jax_backend.shard.step_program`) on JAX's devices, all plans timed in the same
-    interleaved rounds (`interleaved_rounds`: every plan sees the same machine state). Plans differ
+    interleaved rounds (`interleaved_rounds`: every plan sees the same machine state); NaN for a
+    plan the `shard_map` lowering cannot run (said on stderr). Plans differ
     by 100x in time and a sample's call count is set by the fastest, so each plan's thunk runs its
     step `repeat` times (about as long as the slowest plan's one step, each call waited for: no
     queue of pending steps holds their buffers) and its time is divided by that."""
@@ -201,15 +202,24 @@ def step_seconds(graph: Graph, plans: Sequence[Graph], mesh: Mesh, budget_s: flo
 
     values: Mapping[str, np.ndarray] = _scaled_inputs(graph, 0)
     weights = [n.attr["name"] for _, n in graph.leaves("weight")]
-    steps = []
-    for plan in plans:
+    steps: dict[int, Callable[[], Any]] = {}
+    for i, plan in enumerate(plans):
         program = shard_plan(plan, mesh)
         step = step_program(program, weights)
         args = program.place(values)
-        steps.append(lambda step=step, args=args: jax.block_until_ready(step(*args)))
-    single, _ = interleaved_rounds(steps, 1, min_rounds=1, warmup=1)  # compiles each; one sample per plan
+        try:
+            jax.block_until_ready(step(*args))  # compiles it
+        except (TypeError, ValueError) as exc:  # a plan the shard_map lowering cannot run: not timed
+            print(f"eqsat: warning: plan {i} does not lower ({type(exc).__name__}: {str(exc).splitlines()[0]})",
+                  file=sys.stderr)
+            continue
+        steps[i] = lambda step=step, args=args: jax.block_until_ready(step(*args))
+    if not steps:
+        return [float("nan")] * len(plans)
+    single, _ = interleaved_rounds(list(steps.values()), 1, min_rounds=1, warmup=0)  # one sample per plan
     slowest = max(t[0] for t in single)
     repeat = [max(1, min(MAX_REPEAT, round(slowest / max(t[0], 1e-7)))) for t in single]
-    thunks = [lambda s=s, r=r: [s() for _ in range(r)][-1] for s, r in zip(steps, repeat)]
+    thunks = [lambda s=s, r=r: [s() for _ in range(r)][-1] for s, r in zip(steps.values(), repeat)]
     times, _ = interleaved_rounds(thunks, rounds, budget_s=budget_s, min_rounds=min(5, rounds), warmup=0)
-    return [float(statistics.median(t)) / r for t, r in zip(times, repeat)]
+    timed = {i: float(statistics.median(t)) / r for i, t, r in zip(steps, times, repeat)}
+    return [timed.get(i, float("nan")) for i in range(len(plans))]
