@@ -188,6 +188,11 @@ def parallel_calibrated(device: str = "cpu", mesh: str | Mesh = "8", overlap: bo
 register_cost_model("parallel-calibrated", parallel_calibrated)
 
 
+def _runner(step: Callable[..., Any], args: Sequence[Any]) -> Callable[[], Any]:
+    """One training step, waited for."""
+    return lambda: jax.block_until_ready(step(*args))
+
+
 def step_seconds(graph: Graph, plans: Sequence[Graph], mesh: Mesh, budget_s: float = 10.0,
                  rounds: int = 40) -> list[float]:
     """Median seconds of each plan's training step (the jitted gradient program `eqsat parallel`
@@ -213,7 +218,7 @@ def step_seconds(graph: Graph, plans: Sequence[Graph], mesh: Mesh, budget_s: flo
             print(f"eqsat: warning: plan {i} does not lower ({type(exc).__name__}: {str(exc).splitlines()[0]})",
                   file=sys.stderr)
             continue
-        steps[i] = lambda step=step, args=args: jax.block_until_ready(step(*args))
+        steps[i] = _runner(step, args)
     if not steps:
         return [float("nan")] * len(plans)
     single, _ = interleaved_rounds(list(steps.values()), 1, min_rounds=1, warmup=0)  # one sample per plan
