@@ -226,5 +226,11 @@ def step_seconds(graph: Graph, plans: Sequence[Graph], mesh: Mesh, budget_s: flo
     repeat = [max(1, min(MAX_REPEAT, round(slowest / max(t[0], 1e-7)))) for t in single]
     thunks = [lambda s=s, r=r: [s() for _ in range(r)][-1] for s, r in zip(steps.values(), repeat)]
     times, _ = interleaved_rounds(thunks, rounds, budget_s=budget_s, min_rounds=min(5, rounds), warmup=0)
-    timed = {i: float(statistics.median(t)) / r for i, t, r in zip(steps, times, repeat)}
+    per_call = np.asarray(times, dtype=np.float64) / np.asarray(repeat, dtype=np.float64)[:, None]  # plan x round
+    # each plan against its own round's level (the geometric mean of that round's plans), then the
+    # median over rounds: the load of other work drifts between rounds, and this cancels it as a
+    # paired ratio does (the one policy's reason for interleaving); scaled back by the median level
+    level = np.exp(np.log(per_call).mean(axis=0))
+    relative = np.median(per_call / level[None, :], axis=1) * float(np.median(level))
+    timed = {i: float(t) for i, t in zip(steps, relative)}
     return [timed.get(i, float("nan")) for i in range(len(plans))]
