@@ -233,3 +233,58 @@ def test_spearman_ranks_with_ties() -> None:
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 1, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)  # scipy.stats.spearmanr
     assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))
+
+
+def _fake_measuring(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[int]:
+    from eqsat.cost import _machine_key
+    from jax_backend import parallel_calibrate as pc
+    from jax_backend.measured_cost import device_key
+
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))
+    measured: list[int] = []
+
+    def fake(mesh: Mesh, budget_s: float = 1.0, say: object = None) -> MeshCalibration:
+        measured.append(1)
+        base = _calibration()
+        return MeshCalibration(_machine_key(), device_key(), mesh.shape, base.axes[-len(mesh.shape):], base.compute,
+                               0.1, base.matmul)
+
+    monkeypatch.setattr(pc, "calibrate_mesh", fake)
+    return measured
+
+
+def test_cli_calibrate_reports_links_per_axis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    measured = _fake_measuring(monkeypatch, tmp_path)
+    assert cli.main(["parallel", "calibrate", "--mesh", "2x4", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["status"] == "measured" and row["mesh"] == "2x4"
+    assert row["a0_alpha_us"] == pytest.approx(30.0) and row["a1_beta_gbs"] == pytest.approx(2.0)
+    assert cli.main(["parallel", "calibrate", "--mesh", "2x4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "cached" and measured == [1]
+    assert cli.main(["parallel", "calibrate", "--mesh", "2x4", "--force", "--json"]) == 0
+    assert measured == [1, 1]
+
+
+@pytest.mark.slow
+def test_calibrated_planning_prices_with_the_measured_links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    _fake_measuring(monkeypatch, tmp_path)
+    assert cli.main(["parallel", "unity-mlp", "--mesh", "2x4", "--calibrated", "--no-measure", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert row["mesh"] == "2x4" and row["collectives"]
+    for c in row["collectives"]:  # ring latency, the fitted link of the collective's own axis
+        n, alpha, beta = ((2, 30e-6, 1e9), (4, 10e-6, 2e9))[c["axis"]]
+        assert c["seconds"] == pytest.approx(tm.collective_seconds(c["kind"], n, c["bytes"], alpha, beta, "ring"))
+
+
+@pytest.mark.slow
+def test_spearman_case_runs_plans_on_the_devices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end on the devices: a real (short) calibration, random plans timed, a rank correlation."""
+    from experiments.bench_parallel import spearman_case
+
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))
+    row = spearman_case("unity-mlp", "2", plans=3, budget_s=1.0)
+    assert row["plans"] + row["plans_not_lowered"] >= 2
+    assert all(m > 0 for m in row["measured_ms"] if math.isfinite(m))
+    assert -1.0 <= row["spearman_calibrated"] <= 1.0 or math.isnan(row["spearman_calibrated"])
