@@ -171,3 +171,109 @@ def _pareto(rows: Sequence[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# --- the time model against measured steps (`eqsat bench parallel --spearman`) ------------------
+
+SPEARMAN_PLANS = 10  # random plans per case: distinct plans, each compiled and timed
+SPEARMAN_MESH = "2x4"  # two axes: each with its own fitted link
+SPEARMAN_NOTE = ("measured on 8 XLA host-CPU 'devices' in one process sharing this machine's cores (and, on a shared "
+                 "box, other users' work): a collective is a memcpy between threads and 'parallel' compute is time-"
+                 "sliced, so a rank correlation says whether the model orders plans as these devices run them, "
+                 "not how a GPU cluster would, and absolute times are not wall-clock predictions for any accelerator")
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (ties get their average rank); NaN when either side is constant."""
+    import numpy as np
+
+    def ranks(v: Sequence[float]) -> Any:
+        a = np.asarray(v, dtype=np.float64)
+        order = np.argsort(a, kind="stable")
+        r = np.empty(len(a))
+        r[order] = np.arange(len(a), dtype=np.float64)
+        for value in np.unique(a):  # average rank of ties
+            tied = a == value
+            r[tied] = r[tied].mean()
+        return r
+
+    rx, ry = ranks(x), ranks(y)
+    if len(rx) < 2 or np.ptp(rx) == 0 or np.ptp(ry) == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def spearman_case(model: str, mesh_spec: str = SPEARMAN_MESH, plans: int = SPEARMAN_PLANS,
+                  budget_s: float = 6.0) -> dict[str, Any]:
+    """One case's distinct random plans (from a briefly saturated joint e-graph), each priced by the
+    nominal model (the mesh preset's links, roofline at the preset's peak), the calibrated one
+    (`eqsat parallel calibrate`'s links and compute, without and with overlap), and timed as a
+    training step on the devices (`jax_backend.parallel_calibrate.step_seconds`)."""
+    import math
+    import time
+
+    import numpy as np
+
+    from eqsat.models import build_parallel_model
+    from eqsat.parallel.calibration import calibrated_model
+    from eqsat.parallel.mesh import parse_mesh
+    from eqsat.parallel.planner import plan_report, saturate_and_price
+    from eqsat.saturate import Limits
+    from jax_backend.parallel_calibrate import load_mesh_calibration, step_seconds
+
+    t0 = time.perf_counter()
+    mesh = parse_mesh(mesh_spec)
+    cal, _ = load_mesh_calibration(mesh)
+    graph = build_parallel_model(model)
+    pe = saturate_and_price(graph, mesh, "joint", Limits(iterations=12, nodes=50_000, seconds=15.0))
+    # random plans as `random_plans` draws them, but node costs log-uniform over six decades: with
+    # uniform costs a plan with fewer nodes nearly always wins (the unsplit program), so few differ
+    rng = np.random.default_rng(1)
+    distinct: dict[str, Any] = {}
+    for _ in range(4 * plans):
+        if len(distinct) >= plans:
+            break
+        p = pe.priced.with_costs(10 ** rng.uniform(-3, 3, size=pe.data.n_nodes)).extract("greedy-dag", 10.0)[1]
+        distinct.setdefault(repr(p.live().nodes), p)
+    chosen = list(distinct.values())
+    models = {"nominal": pe.model, "calibrated": calibrated_model(cal, overlap=False),
+              "calibrated_overlap": calibrated_model(cal, overlap=True)}
+    predicted = {k: [plan_report(p, m).step_s for p in chosen] for k, m in models.items()}
+    wire = [float(sum(c.wire_bytes for _, c in plan_report(p, pe.model).collectives)) for p in chosen]
+    measured = step_seconds(graph, chosen, mesh, budget_s=budget_s)
+    ran = [i for i, m in enumerate(measured) if math.isfinite(m)]  # a plan that does not lower is left out
+    row: dict[str, Any] = {"model": model, "mesh": mesh_spec, "plans": len(ran), "plans_not_lowered": len(chosen) - len(ran)}
+    row.update({f"spearman_{k}": spearman([v[i] for i in ran], [measured[i] for i in ran]) for k, v in predicted.items()})
+    row.update(measured_ms=[m * 1e3 for m in measured], **{f"predicted_{k}_ms": [s * 1e3 for s in v]
+                                                          for k, v in predicted.items()},
+               step_wire_bytes=wire, seconds=time.perf_counter() - t0)
+    return row
+
+
+def run_spearman(out_dir: Path, models: Sequence[str] | None = None, mesh: str = SPEARMAN_MESH,
+                 plans: int = SPEARMAN_PLANS, budget_s: float = 6.0) -> list[dict[str, Any]]:
+    """`spearman_case` over the cases: `parallel_spearman.jsonl` (every plan's times) and
+    `parallel_spearman.md` (Spearman per case and model, and what such figures mean)."""
+    unknown = sorted(set(models or ()) - set(CASES))
+    if unknown:
+        raise EqsatError(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(CASES)}")
+    if plans < 3:
+        raise EqsatError(f"--random-plans: a rank correlation needs at least 3 plans, not {plans}")
+    from eqsat.parallel.mesh import parse_mesh
+    from jax_backend.parallel_calibrate import load_mesh_calibration
+
+    load_mesh_calibration(parse_mesh(mesh))  # a bad mesh fails before any case; calibrated once
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with open(out_dir / "parallel_spearman.jsonl", "w") as log:
+        for model in models or CASES:
+            row = spearman_case(model, mesh, plans, budget_s)
+            rows.append(row)
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+    keys = ("model", "mesh", "plans", "plans_not_lowered", "spearman_nominal", "spearman_calibrated", "spearman_calibrated_overlap")
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(_fmt(r[k]) for k in keys) + " |" for r in rows]
+    (out_dir / "parallel_spearman.md").write_text("\n".join(lines) + f"\n\nTimes {SPEARMAN_NOTE}.\n")
+    return [{**{k: r[k] for k in keys}, "note": SPEARMAN_NOTE} for r in rows]

@@ -209,10 +209,22 @@ def _parallel_flags(parser: argparse.ArgumentParser) -> None:
     _out(parser)
     _time_limit(parser, 20.0, "per plan's ILP")
     parser.add_argument("--models", nargs="+", default=None, help="cases (default: all)")
+    parser.add_argument("--spearman", action="store_true",
+                        help="instead: Spearman(predicted, measured step time) over each case's random plans on the "
+                             "devices at hand (calibrates the mesh first if not cached)")
+    parser.add_argument("--random-plans", type=POSITIVE_INT, default=None,
+                        help="random plans per case (default: 20; with --spearman 10)")
+    parser.add_argument("--mesh", default="2x4", help="--spearman: the mesh shape")
+    parser.add_argument("--timing-budget", type=POSITIVE, default=6.0,
+                        help="--spearman: seconds of interleaved timing rounds per case")
 
 
 def _parallel(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
-    return list(module.run_bench(out_dir=args.out, time_limit=args.time_limit, models=args.models))
+    if args.spearman:
+        return module.run_spearman(args.out, args.models, args.mesh, args.random_plans or module.SPEARMAN_PLANS,
+                                   args.timing_budget)
+    return list(module.run_bench(out_dir=args.out, time_limit=args.time_limit, models=args.models,
+                                 random_plans=args.random_plans or module.RANDOM_PLANS))
 
 
 def _multiprocess_flags(parser: argparse.ArgumentParser) -> None:

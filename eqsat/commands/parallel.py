@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -36,6 +37,7 @@ from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from eqsat.models import PARALLEL_MODELS, build_parallel_model, lookup
 from eqsat.models.parallel_hand import megatron_by_hand
+from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import PRESETS, Mesh, parse_mesh
 from eqsat.parallel.planner import (
     PlanResult,
@@ -61,21 +63,22 @@ def _within(pred: float, measured: float, tol: float) -> bool:
 
 def run_case(model: str, mesh_spec: str, time_limit: float = 20.0, budget_fraction: float | None = None,
              random: int = 0, measure: bool = True, base: str = "cpu8", comm_budget: float | None = None,
-             graph: Graph | None = None) -> dict[str, Any]:
+             graph: Graph | None = None, cost: ParallelCostModel | None = None) -> dict[str, Any]:
     """One row: the joint plan (within the memory and communication budgets if given), the
     baselines, the joint plan at each baseline's bytes, and (with `measure`) the device checks.
-    `graph`: a program of the user's (`--graph`), named `model`; it has no Megatron by hand."""
+    `graph`: a program of the user's (`--graph`), named `model`; it has no Megatron by hand.
+    `cost`: the training-step model every plan is priced with (default: the mesh's nominal links)."""
     graph = graph if graph is not None else build_parallel_model(model)
     mesh = parse_mesh(mesh_spec, base)
     budget = None
     if budget_fraction is not None:
         budget = budget_fraction * plan_report(graph, _replicated_model(mesh)).mem_bytes
-    priced = saturate_and_price(graph, mesh, "joint")  # the joint plan's e-graph, also the random plans'
+    priced = saturate_and_price(graph, mesh, "joint", model=cost)  # the joint plan's e-graph, also the random plans'
     joint = plan_graph(graph, mesh, "joint", time_limit=time_limit, mem_budget=budget, priced=priced,
                        comm_budget=comm_budget)
-    baselines = {name: plan_graph(graph, mesh, s, time_limit=time_limit) for name, s in SEARCHED.items()}
+    baselines = {name: plan_graph(graph, mesh, s, time_limit=time_limit, model=cost) for name, s in SEARCHED.items()}
     if model in PARALLEL_MODELS:
-        baselines["megatron"] = hand_plan(model, graph, mesh)
+        baselines["megatron"] = hand_plan(model, graph, mesh, cost)
     row: dict[str, Any] = {"model": model, **joint.to_json()}
     row.update(_baseline_fields(joint, baselines))
     if model == "unity-mlp":
@@ -102,13 +105,13 @@ def run_case(model: str, mesh_spec: str, time_limit: float = 20.0, budget_fracti
     return row
 
 
-def hand_plan(model: str, graph: Graph, mesh: Mesh) -> PlanResult:
+def hand_plan(model: str, graph: Graph, mesh: Mesh, cost: ParallelCostModel | None = None) -> PlanResult:
     """Megatron by hand as a `PlanResult`: priced by the same model, checked in numpy like a search's."""
     from eqsat.pipeline import numerics_match
 
     t = time.perf_counter()
     plan = megatron_by_hand(model, graph, mesh)
-    report = plan_report(plan, _replicated_model(mesh))
+    report = plan_report(plan, cost or _replicated_model(mesh))
     ok, diff = numerics_match(graph, plan)
     return PlanResult("megatron-by-hand", mesh, plan, report, ok, diff, 0.0, 0.0, 0.0, 0, 0, "hand-written", None, 0,
                       "hand-written", {"build_s": time.perf_counter() - t})
@@ -230,7 +233,8 @@ def _random_checks(graph: Graph, mesh: Mesh, count: int, pe: PricedEGraph | None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", nargs="?", help=f"model: {', '.join(PARALLEL_MODELS)} (or --graph FILE)")
+    parser.add_argument("model", nargs="?", help=f"model: {', '.join(PARALLEL_MODELS)} (or --graph FILE); "
+                        "`calibrate`: measure the mesh's links and compute for --calibrated (cached)")
     parser.add_argument("--graph", default=None, help="plan this Graph JSON file instead of a built-in model")
     parser.add_argument("--weights", default=None,
                         help="with --graph: the leaves that are weights (NAME,...); the others are data")
@@ -243,9 +247,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bytes per device a training step may move (all collectives, forward, backward, sync)")
     parser.add_argument("--random-plans", type=int, default=0, help="also check this many random plans on the devices")
     parser.add_argument("--no-measure", action="store_true", help="plan only: no JAX run or compile")
+    parser.add_argument("--calibrated", action="store_true",
+                        help="price with the links and compute measured on these devices (cost model "
+                             "parallel-calibrated; measured first if not cached)")
+    parser.add_argument("--force", action="store_true", help="calibrate: measure again even if cached")
 
 
 def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
+    if args.model == "calibrate":
+        yield _calibrate(args)
+        return
+    if args.force:
+        raise EqsatError("--force belongs to `eqsat parallel calibrate`")
     graph = None
     if args.graph is not None:
         if args.model is not None:
@@ -269,8 +282,44 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
     if args.random_plans < 0:
         raise EqsatError(f"--random-plans is a count of plans (>= 0), not {args.random_plans}")
     parse_mesh(args.mesh, args.base)  # a bad mesh fails here, before any work
+    cost = _calibrated_cost(args.mesh, args.base) if args.calibrated else None
     t = time.perf_counter()
     row = run_case(args.model, args.mesh, args.time_limit, args.budget, args.random_plans, not args.no_measure, args.base,
-                   args.comm_budget, graph)
+                   args.comm_budget, graph, cost)
     row["total_s"] = time.perf_counter() - t
     yield row
+
+
+def _calibrated_cost(mesh_spec: str, base: str) -> ParallelCostModel:
+    """The `parallel-calibrated` model of the mesh (through the one cost-model registry), measuring
+    the mesh first when no calibration of it is cached."""
+    from eqsat.cost import cost_model
+    from jax_backend.parallel_calibrate import load_mesh_calibration
+
+    mesh = parse_mesh(mesh_spec, base)
+    load_mesh_calibration(mesh, say=lambda line: print(line, file=sys.stderr))
+    model = cost_model("parallel-calibrated", "cpu", mesh=mesh)
+    assert isinstance(model, ParallelCostModel)
+    return model
+
+
+def _calibrate(args: argparse.Namespace) -> dict[str, Any]:
+    """`eqsat parallel calibrate --mesh SHAPE [--force]`: alpha, beta per axis and compute rates."""
+    from jax_backend.parallel_calibrate import load_mesh_calibration
+
+    if args.graph is not None or args.weights is not None:
+        raise EqsatError("eqsat parallel calibrate measures a mesh; it takes no --graph or --weights")
+    mesh = parse_mesh(args.mesh, args.base)
+    if mesh.name in PRESETS and mesh.device != "cpu-nominal":
+        raise EqsatError(f"mesh {args.mesh} is an on-paper preset ({mesh.device}); calibrate a shape of the devices "
+                         "at hand (e.g. --mesh 8 or 2x4)")
+    cal, status = load_mesh_calibration(mesh, force=args.force, say=lambda line: print(line, file=sys.stderr))
+    row: dict[str, Any] = {"mesh": "x".join(map(str, cal.shape)), "device": cal.device, "status": status,
+                           "seconds": cal.seconds}
+    for i, a in enumerate(cal.axes):
+        row[f"a{i}_alpha_us"] = a.link.alpha * 1e6
+        row[f"a{i}_beta_gbs"] = a.link.beta / 1e9
+        row[f"a{i}_fit_rms_error"] = a.link.rms_rel_error
+    row.update(matmul_gflops=cal.compute.peak_flops_fp32 / 1e9, elementwise_gbs=cal.compute.bandwidth / 1e9,
+               kernel_us=cal.compute.launch_s * 1e6)
+    return row

@@ -23,7 +23,10 @@ prediction itself is the liveness simulation of the whole plan's training step
 (`eqsat.parallel.memory.step_memory`), which no per-node sum can express.
 S, the bytes of a collective, is the per-device buffer: the gathered result of an all-gather, the
 input of a reduce-scatter / all-to-all, the value of an all-reduce (what `compile().as_text()`
-shows as the collective's operand or result shape).
+shows as the collective's operand or result shape); `wire_bytes` beside it is what a device sends
+(the ring factors of `eqsat.parallel.timemodel`). The seconds are the mesh axis's alpha-beta time
+(`Mesh.collective_seconds`); the `parallel-calibrated` model (`eqsat.parallel.calibration`) prices
+with links and compute rates measured on the devices at hand.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class Collective:
     phase: str  # forward | backward | grad-sync
     op: str
     why: str
+    wire_bytes: float = 0.0  # what one device sends: `bytes` times the ring factor (`timemodel.wire_factor`)
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ class ParallelCostModel:
     mesh: Mesh
     compute: cost_models.CostModel
     name: str = "parallel"
+    overlap: bool = False  # a plan's report lets collectives hide behind independent compute (`timemodel.overlapped_step`)
 
     @property
     def device(self) -> str:
@@ -151,7 +156,8 @@ class ParallelCostModel:
         return tuple(found)
 
     def _collective(self, kind: str, axis: int, size: float, phase: str, op: str, why: str) -> Collective:
-        return Collective(kind, axis, size, self.mesh.collective_seconds(kind, axis, size), phase, op, why)
+        return Collective(kind, axis, size, self.mesh.collective_seconds(kind, axis, size), phase, op, why,
+                          self.mesh.wire_bytes(kind, axis, size))
 
 
 def parallel_model(device: str, mesh: str | Mesh = "cpu8", compute: str = "roofline", **options: Any) -> ParallelCostModel:

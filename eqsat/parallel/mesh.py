@@ -1,8 +1,10 @@
 """Device meshes: named axes, each with a size and an alpha-beta link model.
 
-A collective over one axis of size n moving S bytes per device costs alpha + factor(n) * S / beta
+A collective over one axis of size n moving S bytes per device costs steps * alpha + factor(n) * S / beta
 (factor 2(n-1)/n for an all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all: the
-bandwidth-optimal ring / pairwise algorithms). Presets and where their numbers come from:
+bandwidth-optimal ring / pairwise algorithms; steps by the axis's latency algorithm,
+`eqsat.parallel.timemodel`: the presets pay alpha once per collective, a calibrated mesh
+(`eqsat parallel calibrate`) (n-1) per ring phase). Presets and where their numbers come from:
 
 - `h100x8`: one DGX H100 node, NVLink 4 through NVSwitch: 450 GB/s per direction per GPU
   (NVIDIA H100 SXM datasheet: 900 GB/s bidirectional); latency 5 us assumed (NCCL small-message).
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from eqsat.errors import EqsatError
+from eqsat.parallel import timemodel
 
 
 class MeshError(EqsatError):
@@ -34,6 +37,7 @@ class MeshAxis:
     size: int
     bandwidth: float  # bytes/s per device per direction
     latency: float  # seconds per collective step (alpha)
+    algorithm: str = "once"  # latency steps per collective: ring, tree or once (`timemodel.latency_steps`)
 
 
 # Collective kind -> factor of S (bytes per device) each device sends, on an axis of size n.
@@ -71,10 +75,11 @@ class Mesh:
     def collective_seconds(self, kind: str, axis: int, bytes_per_device: float) -> float:
         """alpha-beta time of one collective over `axis`, S = bytes per device (see module doc)."""
         ax = self.axis(axis)
-        n = ax.size
-        if n == 1 or bytes_per_device == 0:
-            return 0.0
-        return ax.latency + COLLECTIVE_FACTORS[kind] * (n - 1) / n * bytes_per_device / ax.bandwidth
+        return timemodel.collective_seconds(kind, ax.size, bytes_per_device, ax.latency, ax.bandwidth, ax.algorithm)
+
+    def wire_bytes(self, kind: str, axis: int, bytes_per_device: float) -> float:
+        """Bytes one device sends for the collective (ring factors), beside its buffer size S."""
+        return timemodel.wire_bytes(kind, self.axis(axis).size, bytes_per_device)
 
     def reshaped(self, shape: Sequence[int]) -> Mesh:
         """The same kind of devices and links on another shape, using the first prod(shape) of them
@@ -86,7 +91,7 @@ class Mesh:
                             f"more than the {self.n_devices} of {self.name}")
         bw = min(a.bandwidth for a in self.axes)
         lat = max(a.latency for a in self.axes)
-        axes = tuple(MeshAxis(f"a{i}", s, bw, lat) for i, s in enumerate(shape))
+        axes = tuple(MeshAxis(f"a{i}", s, bw, lat, self.axes[0].algorithm) for i, s in enumerate(shape))
         return Mesh(f"{self.name}[{'x'.join(map(str, shape))}]", axes, self.device, self.memory_bytes)
 
 

@@ -32,6 +32,7 @@ from eqsat.ir import Graph
 from eqsat.parallel.cost import Collective, ParallelCostModel
 from eqsat.parallel.memory import StepMemory, per_device_bytes, step_memory
 from eqsat.parallel.mesh import Mesh
+from eqsat.parallel.timemodel import overlapped_step
 from eqsat.parallel.rules import applicable, instantiate, mesh_rules
 from eqsat.pipeline import Objective, Priced, numerics_match
 from eqsat.rewrites.rule import Rule
@@ -156,12 +157,14 @@ class PlanReport:
         return {
             "predicted_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
             "predicted_comm_bytes": self.comm_bytes("forward"), "predicted_step_comm_bytes": self.comm_bytes(None),
+            "predicted_step_wire_bytes": float(sum(c.wire_bytes for _, c in self.collectives)),
             "predicted_mem_bytes": self.mem_bytes, "predicted_mem_row_bytes": self.mem_row_bytes,
             "predicted_mem_bound_bytes": self.mem_bound_bytes, "predicted_step_contractions": self.contractions,
             **({"predicted_mem": {"arguments": self.memory.arguments, "outputs": self.memory.outputs,
                                   "temp": self.memory.temp}} if self.memory is not None else {}),
             "collectives": [{"node": i, "enode_op": graph.nodes[i].op, "kind": c.kind, "axis": c.axis,
-                             "bytes": c.bytes, "seconds": c.seconds, "phase": c.phase, "why": c.why}
+                             "bytes": c.bytes, "wire_bytes": c.wire_bytes, "seconds": c.seconds, "phase": c.phase,
+                             "why": c.why}
                             for i, c in self.collectives],
         }
 
@@ -196,6 +199,7 @@ def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
     compute = comm = row = bound = 0.0
     contractions = 0
     found: list[tuple[int, Collective]] = []
+    per_node: list[tuple[float, float]] = []  # (compute, comm) seconds: the overlap model's input
     moved = ops.weight_derived(((i, n.op, [v.node for v in n.inputs]) for i, n in enumerate(g.nodes)), moved_only=True)
     derived = [i in moved for i in range(len(g.nodes))]
     grad: list[bool] = []
@@ -207,6 +211,7 @@ def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
                                           tuple(facts[v.node] for v in n.inputs), facts[i]))
         compute += c.compute_s
         comm += c.comm_s
+        per_node.append((c.compute_s, c.comm_s))
         row += c.mem_bytes
         bound += c.mem_bound_bytes
         found.extend((i, col) for col in c.collectives)
@@ -214,7 +219,9 @@ def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
             contractions += step_products(n.op, [g.shape(v) for v in n.inputs], [grad[v.node] for v in n.inputs])
     bound += sum(output_cotangent_bytes(g.shape(v), len(axes[v.node])) for v in set(g.outputs))
     memory = step_memory(g, axes)
-    return PlanReport(compute + comm, compute, comm, memory.peak, tuple(found), memory, row, bound, contractions)
+    step = compute + comm if not model.overlap else overlapped_step(
+        [c for c, _ in per_node], [m for _, m in per_node], [[v.node for v in n.inputs] for n in g.nodes])
+    return PlanReport(step, compute, comm, memory.peak, tuple(found), memory, row, bound, contractions)
 
 
 def output_cotangent_bytes(shape: tuple[int, ...], depth: int) -> float:

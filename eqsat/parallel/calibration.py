@@ -1,0 +1,174 @@
+"""A mesh calibrated on the devices at hand: alpha and beta per mesh axis and the compute rates of
+one device while all of them run, as `eqsat parallel calibrate` measures them
+(`jax_backend.parallel_calibrate`), and the cost model built from them.
+
+What is kept: for each axis the fitted link (`timemodel.fit_link` over timed all-reduces and
+all-gathers of a few sizes on that axis, ring latency) and the samples it was fitted to; for the
+compute a roofline `DeviceSpec` whose peak is the measured matmul rate, bandwidth the measured
+elementwise rate and launch the measured cost of one more small kernel, each taken with every
+device of the mesh busy (on 8 emulated CPU devices sharing a few cores, one device's share).
+The cache file is keyed by machine (`eqsat.cost._machine_key`), JAX device and mesh shape; a
+damaged one, or one from another machine or device, is refused (`read_mesh_calibration`) and
+measured again. This module needs no JAX; the measuring does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from eqsat import cost as cost_models
+from eqsat import ops
+from eqsat.atomic_write import atomic_write_text
+from eqsat.errors import EqsatError
+from eqsat.parallel.cost import ParallelCostModel
+from eqsat.parallel.mesh import Mesh, MeshAxis
+from eqsat.parallel.timemodel import LinkFit, LinkSample
+from eqsat.paths import cache_dir
+from eqsat.xla_cost import Curve
+
+__all__ = ["AxisCalibration", "CalibratedCompute", "MeshCalibration", "MeshCalibrationError", "calibrated_model", "calibration_file",
+           "read_mesh_calibration", "write_mesh_calibration"]
+
+FORMAT = 2
+Shape = tuple[int, ...]
+
+
+class MeshCalibrationError(EqsatError):
+    """No usable mesh calibration: missing, damaged, or measured on another machine, device or mesh."""
+
+
+@dataclass(frozen=True)
+class AxisCalibration:
+    """One mesh axis: its size, the fitted link and the timings it was fitted to."""
+
+    size: int
+    link: LinkFit
+    samples: tuple[LinkSample, ...]
+
+
+@dataclass(frozen=True)
+class MeshCalibration:
+    machine: str
+    device: str  # JAX's device key (`jax_backend.measured_cost.device_key`)
+    shape: tuple[int, ...]
+    axes: tuple[AxisCalibration, ...]
+    compute: cost_models.DeviceSpec  # per device, with every device of the mesh busy
+    seconds: float  # how long measuring took
+    matmul: tuple[tuple[float, float], ...] = ()  # (flops, seconds) of the timed matmuls: the efficiency curve
+
+    def mesh(self) -> Mesh:
+        """The planner's mesh: this shape, each axis with its own fitted link and ring latency."""
+        axes = tuple(MeshAxis(f"a{i}", a.size, a.link.beta, a.link.alpha, "ring") for i, a in enumerate(self.axes))
+        return Mesh(f"calibrated[{'x'.join(map(str, self.shape))}]", axes, self.compute.name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "machine": self.machine, "device": self.device, "shape": list(self.shape),
+                "axes": [{"size": a.size, "link": asdict(a.link), "samples": [asdict(s) for s in a.samples]}
+                         for a in self.axes],
+                "compute": asdict(self.compute), "seconds": self.seconds, "matmul": [list(p) for p in self.matmul]}
+
+    @staticmethod
+    def from_json(data: Any) -> MeshCalibration:
+        """The calibration `to_json` wrote; `MeshCalibrationError` for anything else (a cache is only a file)."""
+        try:
+            if not isinstance(data, dict) or data.get("format") != FORMAT:
+                raise ValueError("not a mesh calibration of this format")
+            shape = tuple(_whole(s) for s in data["shape"])
+            axes = tuple(AxisCalibration(_whole(a["size"]), LinkFit(_number(a["link"]["alpha"]), _number(a["link"]["beta"]),
+                                                                    _number(a["link"]["rms_rel_error"]),
+                                                                    _whole(a["link"]["samples"])),
+                                         tuple(LinkSample(str(s["kind"]), _whole(s["n"]), _number(s["bytes"]),
+                                                          _number(s["seconds"])) for s in a["samples"]))
+                         for a in data["axes"])
+            spec = data["compute"]
+            compute = cost_models.DeviceSpec(str(spec["name"]), _number(spec["peak_flops_fp32"]),
+                                             _number(spec["peak_flops_bf16"]), _number(spec["bandwidth"]),
+                                             _number(spec["launch_s"]), str(spec.get("source", "")))
+            matmul = tuple((_number(f), _number(t)) for f, t in data["matmul"])
+            cal = MeshCalibration(str(data["machine"]), str(data["device"]), shape, axes, compute,
+                                  _number(data["seconds"]), matmul)
+            Curve.fit(matmul)  # at least two points, all positive
+        except (KeyError, TypeError, ValueError, AttributeError, EqsatError) as exc:
+            raise MeshCalibrationError(f"damaged mesh calibration ({type(exc).__name__}: {exc})") from None
+        if tuple(a.size for a in axes) != shape or not shape:
+            raise MeshCalibrationError("damaged mesh calibration (its axes do not match its shape)")
+        rates = (compute.peak_flops_fp32, compute.bandwidth, compute.launch_s,
+                 *(x for a in axes for x in (a.link.beta,)))
+        if not all(r > 0 for r in rates) or any(a.link.alpha < 0 for a in axes):
+            raise MeshCalibrationError("damaged mesh calibration (a rate is not positive)")
+        return cal
+
+
+def _number(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{v!r} is not a finite number")
+    return float(v)
+
+
+def _whole(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{v!r} is not a positive whole number")
+    return v
+
+
+def calibration_file(device: str, shape: Sequence[int]) -> Path:
+    """The cache file of a mesh shape on a JAX device (its machine is checked inside)."""
+    safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in device)
+    return cache_dir("parallel") / f"{safe}-{'x'.join(map(str, shape))}.json"
+
+
+def read_mesh_calibration(path: Path, machine: str, device: str, shape: Sequence[int]) -> MeshCalibration:
+    """The cached calibration at `path` if it is whole and from this machine, device and mesh shape;
+    otherwise `MeshCalibrationError` saying why."""
+    if not path.exists():
+        raise MeshCalibrationError(f"no mesh calibration at {path}: run `eqsat parallel calibrate`")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise MeshCalibrationError(f"mesh calibration cache {path} is damaged ({type(exc).__name__})") from None
+    cal = MeshCalibration.from_json(data)
+    if cal.machine != machine or cal.device != device or cal.shape != tuple(shape):
+        raise MeshCalibrationError(f"mesh calibration cache {path} was measured on another machine, device or mesh "
+                                   f"({cal.machine}/{cal.device}/{'x'.join(map(str, cal.shape))})")
+    return cal
+
+
+def write_mesh_calibration(path: Path, cal: MeshCalibration) -> None:
+    atomic_write_text(path, json.dumps(cal.to_json(), indent=1))
+
+
+@dataclass(frozen=True)
+class CalibratedCompute:
+    """Per-device compute as measured with every device busy: a matmul or conv takes the time the
+    measured curve gives for its flops (`eqsat.xla_cost.Curve`: a bigger product gets a lower
+    rate once the devices share caches), or its memory time if longer; every other op is the
+    roofline at the measured rates."""
+
+    spec: cost_models.DeviceSpec
+    matmul: Curve
+    name: str = "calibrated-compute"
+
+    @property
+    def device(self) -> str:
+        return self.spec.name
+
+    def op_cost(self, op: str, attrs: Any, input_shapes: Sequence[Shape]) -> float:
+        roofline = cost_models.RooflineModel(self.spec)
+        if not ops.op_spec(op).contraction:
+            return roofline.op_cost(op, attrs, input_shapes)
+        shapes = [tuple(s) for s in input_shapes]
+        memory = ops.bytes_moved(op, shapes, attrs, roofline.itemsize) / self.spec.bandwidth
+        return max(self.matmul.seconds_for(ops.flops(op, shapes, attrs)), memory) + self.spec.launch_s
+
+
+def calibrated_model(cal: MeshCalibration, overlap: bool = True) -> ParallelCostModel:
+    """The training-step model priced with the calibration: the fitted links per axis (ring
+    latency), the measured compute (`CalibratedCompute`), collectives hidden behind independent
+    compute in a plan's report (`overlap`)."""
+    return ParallelCostModel(cal.mesh(), CalibratedCompute(cal.compute, Curve.fit(cal.matmul)), "parallel-calibrated",
+                             overlap)

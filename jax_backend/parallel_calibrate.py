@@ -1,0 +1,236 @@
+"""`eqsat parallel calibrate`: measure the mesh at hand for the parallel time model, cache it, and
+time plans' training steps on it (what the model's predictions are checked against).
+
+Each measurement is the marginal cost of one more operation inside a jitted `shard_map` program
+over the whole mesh (a chain of 1 + `EXTRA` against a chain of 1, timed in the same interleaved
+rounds of the one timing policy, `jax_backend.timing.interleaved_rounds`), so the dispatch of a
+call cancels out and every device is busy, as in a planned step:
+
+- per mesh axis, all-reduces and all-gathers of `SIZES` bytes per device over that axis; alpha and
+  beta fitted by least squares (`eqsat.parallel.timemodel.fit_link`, ring latency);
+- compute, on every device at once: matmuls (the flop rate), an elementwise op on 1 MiB (the
+  bandwidth) and on a few bytes (the cost of one more kernel), each kept apart from its neighbours
+  by `optimization_barrier` so that XLA cannot fuse the chain into one loop.
+
+The result is cached per machine, JAX device and mesh shape (`eqsat.parallel.calibration`); a
+damaged or foreign cache is measured again with a one-line warning. Importing this module
+registers the `parallel-calibrated` cost model, which refuses to run without a cached calibration
+(measuring belongs outside an optimizer's clock).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from eqsat.cost import DeviceSpec, _machine_key, register_cost_model
+from eqsat.ir import Graph
+from eqsat.parallel.calibration import (
+    AxisCalibration,
+    MeshCalibration,
+    MeshCalibrationError,
+    calibrated_model,
+    calibration_file,
+    read_mesh_calibration,
+    write_mesh_calibration,
+)
+from eqsat.parallel.cost import ParallelCostModel
+from eqsat.parallel.mesh import Mesh, parse_mesh
+from eqsat.parallel.timemodel import LinkSample, fit_link
+from jax_backend.measured_cost import device_key
+from jax_backend.timing import interleaved_rounds
+
+__all__ = ["EXTRA", "SIZES", "calibrate_mesh", "load_mesh_calibration", "parallel_calibrated", "step_seconds"]
+
+SIZES: tuple[int, ...] = (16 * 1024, 256 * 1024, 2 * 1024 * 1024)
+"""Bytes per device of the timed collectives: latency-bound to bandwidth-bound on a CPU mesh."""
+KINDS = ("all-reduce", "all-gather")
+EXTRA = 4  # more operations in the long chain than in the short one
+MAX_REPEAT = 20  # step calls per sample of the fastest plan, at most
+MATMULS: tuple[tuple[int, int], ...] = ((64, 256), (128, 512), (256, 768))  # (m, k): (m, k) @ (k, k) per device
+
+
+def _marginal(build: Callable[[int], Callable[[], Any]], budget_s: float) -> float:
+    """Seconds one more operation adds: `build(k)` is a thunk running a chain of k of them."""
+    short, long = build(1), build(1 + EXTRA)
+    times, _ = interleaved_rounds([short, long], 40, budget_s=budget_s, min_rounds=6)
+    return max(float(statistics.median(b - a for a, b in zip(*times))) / EXTRA, 1e-8)
+
+
+def _mesh_program(jm: Any, body: Callable[[jax.Array], jax.Array], local: tuple[int, ...],
+                  dtype: Any = jnp.float32) -> Callable[[], Any]:
+    """`body` on every device's own `local` block, as a thunk on a placed argument."""
+    names = tuple(jm.axis_names)
+    spec = P(names, *([None] * (len(local) - 1)))
+    fn = jax.jit(jax.shard_map(body, mesh=jm, in_specs=spec, out_specs=spec, check_vma=False))
+    glob = (local[0] * jm.devices.size, *local[1:])
+    x = jax.device_put(jnp.asarray(np.random.default_rng(0).standard_normal(glob), dtype), NamedSharding(jm, spec))
+    return lambda: fn(x)
+
+
+def _collective_chain(jm: Any, kind: str, axis: str, n: int, elems: int) -> Callable[[int], Callable[[], Any]]:
+    def build(k: int) -> Callable[[], Any]:
+        def body(x: jax.Array) -> jax.Array:
+            for _ in range(k):  # each waits for the last: XLA can neither merge nor reorder them
+                if kind == "all-reduce":
+                    x = lax.psum(x, axis) * (1.0 / n)
+                else:
+                    y = lax.all_gather(x, axis, axis=0, tiled=True)
+                    x = lax.dynamic_slice_in_dim(y, lax.axis_index(axis) * x.shape[0], x.shape[0], axis=0)
+            return x
+        return _mesh_program(jm, body, (elems,))
+    return build
+
+
+def _compute_chain(jm: Any, step: Callable[[jax.Array, int], jax.Array], local: tuple[int, ...]) -> Callable[[int], Callable[[], Any]]:
+    def build(k: int) -> Callable[[], Any]:
+        def body(x: jax.Array) -> jax.Array:
+            for i in range(k):
+                x = lax.optimization_barrier(step(x, i))
+            return x
+        return _mesh_program(jm, body, local)
+    return build
+
+
+def _matmul_step(k: int) -> Callable[[jax.Array, int], jax.Array]:
+    w = jnp.asarray(np.random.default_rng(1).standard_normal((k, k)) / np.sqrt(k), jnp.float32)
+
+    def step(x: jax.Array, i: int) -> jax.Array:
+        return jnp.tanh(x @ w)
+    return step
+
+
+def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None] = lambda _: None) -> MeshCalibration:
+    """Measure alpha, beta per axis of `mesh` and the compute rates on JAX's devices (about
+    `budget_s` per timed pair: 6 pairs per axis and 4 for compute)."""
+    from jax_backend.shard import jax_mesh
+
+    start = time.perf_counter()
+    jm = jax_mesh(mesh)
+    axes: list[AxisCalibration] = []
+    for name, size in zip(mesh.axis_names, mesh.shape):
+        samples = []
+        for kind in KINDS:
+            for nbytes in SIZES:
+                elems = nbytes // 4
+                if kind == "all-gather":
+                    elems //= size  # S is the gathered buffer
+                t = _marginal(_collective_chain(jm, kind, name, size, elems), budget_s)
+                samples.append(LinkSample(kind, size, float(elems * 4 * (size if kind == "all-gather" else 1)), t))
+                say(f"axis {name} ({size}): {kind} of {samples[-1].bytes / 1024:.0f} KiB: {t * 1e6:.1f} us")
+        link = fit_link(samples, "ring")
+        say(f"axis {name}: alpha {link.alpha * 1e6:.2f} us per ring step, beta {link.beta / 1e9:.2f} GB/s "
+            f"(rms error {link.rms_rel_error:.0%})")
+        axes.append(AxisCalibration(size, link, tuple(samples)))
+    rates, matmul = [], []
+    for m, k in MATMULS:
+        t = _marginal(_compute_chain(jm, _matmul_step(k), (m, k)), budget_s)
+        rates.append(2.0 * m * k * k / t)
+        matmul.append((2.0 * m * k * k, t))
+        say(f"matmul ({m}, {k}) @ ({k}, {k}) per device, all devices busy: {rates[-1] / 1e9:.2f} GFLOP/s")
+    big = 256 * 1024
+    t_big = _marginal(_compute_chain(jm, lambda x, i: x * 0.5 + 1.0, (big,)), budget_s)
+    bandwidth = 2 * 4 * big / t_big
+    launch = _marginal(_compute_chain(jm, lambda x, i: x * 0.5 + 1.0, (8,)), budget_s)
+    say(f"elementwise per device: {bandwidth / 1e9:.2f} GB/s; one more kernel: {launch * 1e6:.2f} us")
+    peak = max(rates)
+    compute = DeviceSpec("cpu-calibrated", peak, peak, bandwidth, launch,
+                         f"measured with {mesh.n_devices} devices busy ({device_key()})")
+    return MeshCalibration(_machine_key(), device_key(), mesh.shape, tuple(axes), compute, time.perf_counter() - start,
+                           tuple(matmul))
+
+
+def load_mesh_calibration(mesh: str | Mesh, force: bool = False, measure_if_missing: bool = True,
+                          budget_s: float = 1.0, say: Callable[[str], None] = lambda _: None) -> tuple[MeshCalibration, str]:
+    """The cached calibration of `mesh`'s shape, or a fresh one (cached), and how it was obtained:
+    "cached", "measured" or "re-measured: WHY" (a damaged or foreign cache is never trusted; one
+    line on stderr says so)."""
+    m = mesh if isinstance(mesh, Mesh) else parse_mesh(mesh)
+    path = calibration_file(device_key(), m.shape)
+    status = "measured"
+    if not force:
+        try:
+            return read_mesh_calibration(path, _machine_key(), device_key(), m.shape), "cached"
+        except MeshCalibrationError as exc:
+            if not path.exists() and not measure_if_missing:
+                raise MeshCalibrationError(f"no calibration of mesh {'x'.join(map(str, m.shape))} on {device_key()} "
+                                           "is cached: run `eqsat parallel calibrate --mesh "
+                                           f"{'x'.join(map(str, m.shape))}` first") from None
+            if path.exists():
+                print(f"eqsat: warning: {exc}; measuring it again", file=sys.stderr)
+                status = f"re-measured: {exc}"
+    cal = calibrate_mesh(m, budget_s, say)
+    try:
+        write_mesh_calibration(path, cal)
+    except OSError as exc:
+        say(f"could not write the mesh calibration cache {path}: {exc}")
+    return cal, status
+
+
+def parallel_calibrated(device: str = "cpu", mesh: str | Mesh = "8", overlap: bool = True, **_: Any) -> ParallelCostModel:
+    """Factory registered as `parallel-calibrated`: the training-step model priced from the cached
+    calibration of `mesh`'s shape on this machine (`device` is the compute device's label, unused:
+    the calibration is of JAX's devices)."""
+    cal, _status = load_mesh_calibration(mesh, measure_if_missing=False)
+    return calibrated_model(cal, overlap)
+
+
+register_cost_model("parallel-calibrated", parallel_calibrated)
+
+
+def _runner(step: Callable[..., Any], args: Sequence[Any]) -> Callable[[], Any]:
+    """One training step, waited for."""
+    return lambda: jax.block_until_ready(step(*args))
+
+
+def step_seconds(graph: Graph, plans: Sequence[Graph], mesh: Mesh, budget_s: float = 10.0,
+                 rounds: int = 40) -> list[float]:
+    """Median seconds of each plan's training step (the jitted gradient program `eqsat parallel`
+    checks, `jax_backend.shard.step_program`) on JAX's devices, all plans timed in the same
+    interleaved rounds (`interleaved_rounds`: every plan sees the same machine state); NaN for a
+    plan the `shard_map` lowering cannot run (said on stderr). Plans differ
+    by 100x in time and a sample's call count is set by the fastest, so each plan's thunk runs its
+    step `repeat` times (about as long as the slowest plan's one step, each call waited for: no
+    queue of pending steps holds their buffers) and its time is divided by that."""
+    from jax_backend.checks import _scaled_inputs
+    from jax_backend.shard import shard_plan, step_program
+
+    values: Mapping[str, np.ndarray] = _scaled_inputs(graph, 0)
+    weights = [n.attr["name"] for _, n in graph.leaves("weight")]
+    steps: dict[int, Callable[[], Any]] = {}
+    for i, plan in enumerate(plans):
+        program = shard_plan(plan, mesh)
+        step = step_program(program, weights)
+        args = program.place(values)
+        try:
+            jax.block_until_ready(step(*args))  # compiles it
+        except (TypeError, ValueError) as exc:  # a plan the shard_map lowering cannot run: not timed
+            print(f"eqsat: warning: plan {i} does not lower ({type(exc).__name__}: {str(exc).splitlines()[0]})",
+                  file=sys.stderr)
+            continue
+        steps[i] = _runner(step, args)
+    if not steps:
+        return [float("nan")] * len(plans)
+    single, _ = interleaved_rounds(list(steps.values()), 1, min_rounds=1, warmup=0)  # one sample per plan
+    slowest = max(t[0] for t in single)
+    repeat = [max(1, min(MAX_REPEAT, round(slowest / max(t[0], 1e-7)))) for t in single]
+    thunks = [lambda s=s, r=r: [s() for _ in range(r)][-1] for s, r in zip(steps.values(), repeat)]
+    times, _ = interleaved_rounds(thunks, rounds, budget_s=budget_s, min_rounds=min(5, rounds), warmup=0)
+    per_call = np.asarray(times, dtype=np.float64) / np.asarray(repeat, dtype=np.float64)[:, None]  # plan x round
+    # each plan against its own round's level (the geometric mean of that round's plans), then the
+    # median over rounds: the load of other work drifts between rounds, and this cancels it as a
+    # paired ratio does (the one policy's reason for interleaving); scaled back by the median level
+    level = np.exp(np.log(per_call).mean(axis=0))
+    relative = np.median(per_call / level[None, :], axis=1) * float(np.median(level))
+    timed = {i: float(t) for i, t in zip(steps, relative)}
+    return [timed.get(i, float("nan")) for i in range(len(plans))]

@@ -1,0 +1,290 @@
+"""The checked time model: ring factors, ring / tree latency, per-axis links, fitting alpha and beta
+from timings, overlap, and the mesh calibration's cache (damaged or foreign caches are refused)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from eqsat import cli
+from eqsat.cost import DeviceSpec
+from eqsat.parallel import timemodel as tm
+from eqsat.parallel.calibration import (
+    AxisCalibration,
+    MeshCalibration,
+    MeshCalibrationError,
+    calibrated_model,
+    read_mesh_calibration,
+    write_mesh_calibration,
+)
+from eqsat.parallel.mesh import PRESETS, Mesh, MeshAxis
+
+
+def test_ring_factors_are_the_bytes_each_device_sends() -> None:
+    assert tm.wire_factor("all-reduce", 8) == pytest.approx(2 * 7 / 8)
+    for kind in ("all-gather", "reduce-scatter", "all-to-all"):
+        assert tm.wire_factor(kind, 4) == pytest.approx(3 / 4)
+    assert tm.wire_factor("all-reduce", 2) == pytest.approx(1.0)  # Unity's two-device figure: S per device
+    assert tm.wire_bytes("all-gather", 1, 1e6) == 0.0
+    with pytest.raises(tm.TimeModelError, match="unknown collective kind"):
+        tm.wire_factor("broadcast", 4)
+
+
+def test_latency_steps_by_algorithm_and_kind() -> None:
+    assert tm.latency_steps("all-reduce", 8, "ring") == 14  # reduce-scatter + all-gather, 7 steps each
+    assert tm.latency_steps("all-gather", 8, "ring") == 7
+    assert tm.latency_steps("all-reduce", 8, "tree") == 6  # 2 log2 8
+    assert tm.latency_steps("reduce-scatter", 5, "tree") == 3  # ceil(log2 5)
+    assert tm.latency_steps("all-to-all", 8, "once") == 1
+    assert tm.latency_steps("all-reduce", 1, "ring") == 0
+    with pytest.raises(tm.TimeModelError, match="latency algorithm"):
+        tm.latency_steps("all-reduce", 4, "butterfly")
+
+
+def test_collective_seconds_per_axis_link() -> None:
+    mesh = Mesh("m", (MeshAxis("slow", 2, 1e9, 50e-6, "ring"), MeshAxis("fast", 4, 100e9, 2e-6, "tree")))
+    s = 4e6
+    assert mesh.collective_seconds("all-reduce", 0, s) == pytest.approx(2 * 50e-6 + 1.0 * s / 1e9)
+    assert mesh.collective_seconds("all-gather", 1, s) == pytest.approx(2 * 2e-6 + 0.75 * s / 100e9)
+    assert mesh.wire_bytes("all-reduce", 1, s) == pytest.approx(1.5 * s)
+    # the presets keep their convention: alpha once per collective
+    nv = PRESETS["h100x8"]
+    assert nv.collective_seconds("all-reduce", 0, s) == pytest.approx(5e-6 + 2 * 7 / 8 * s / 450e9)
+
+
+def _samples(alpha: float, beta: float, n: int, noise: float = 0.0) -> list[tm.LinkSample]:
+    rng = np.random.default_rng(0)
+    out = []
+    for kind in ("all-reduce", "all-gather"):
+        for size in (16e3, 256e3, 2e6, 8e6):
+            t = tm.collective_seconds(kind, n, size, alpha, beta, "ring")
+            out.append(tm.LinkSample(kind, n, size, t * (1 + noise * rng.standard_normal())))
+    return out
+
+
+def test_fit_recovers_known_alpha_beta() -> None:
+    fit = tm.fit_link(_samples(20e-6, 5e9, 4))
+    assert fit.alpha == pytest.approx(20e-6, rel=1e-6) and fit.beta == pytest.approx(5e9, rel=1e-6)
+    assert fit.rms_rel_error < 1e-9 and fit.samples == 8
+    noisy = tm.fit_link(_samples(20e-6, 5e9, 8, noise=0.03))
+    assert noisy.alpha == pytest.approx(20e-6, rel=0.15) and noisy.beta == pytest.approx(5e9, rel=0.15)
+
+
+def test_fit_keeps_alpha_and_beta_physical() -> None:
+    """Timings with no latency term fit alpha 0, not a negative number."""
+    samples = [tm.LinkSample("all-gather", 4, s, 0.75 * s / 1e9 * f) for s, f in ((1e3, 0.5), (1e6, 1.0), (4e6, 1.0))]
+    fit = tm.fit_link(samples)
+    assert fit.alpha >= 0 and fit.beta > 0
+
+
+def test_fit_refuses_what_cannot_fit() -> None:
+    with pytest.raises(tm.TimeModelError, match="two timed"):
+        tm.fit_link([tm.LinkSample("all-reduce", 4, 1e6, 1e-3)])
+    with pytest.raises(tm.TimeModelError, match="two sizes"):
+        tm.fit_link([tm.LinkSample("all-reduce", 4, 1e6, 1e-3)] * 2)
+    with pytest.raises(tm.TimeModelError, match="non-positive"):
+        tm.fit_link([tm.LinkSample("all-reduce", 4, 1e6, 0.0), tm.LinkSample("all-reduce", 4, 1e3, 1e-4)])
+
+
+def test_overlap_hides_comm_behind_independent_compute_only() -> None:
+    # 0, 1 leaves; 2 = f(0) with a collective; 3 = g(1), independent of 2; 4 = h(2, 3)
+    inputs = [[], [], [0], [1], [2, 3]]
+    compute = [0.0, 0.0, 1.0, 3.0, 1.0]
+    comm = [0.0, 0.0, 2.0, 0.0, 0.0]
+    assert tm.overlapped_step(compute, comm, inputs) == pytest.approx(5.0)  # 2 s hidden behind node 3
+    chain = [[], [0], [1]]  # everything depends on everything: nothing hides
+    assert tm.overlapped_step([1.0, 1.0, 1.0], [0.0, 2.0, 0.0], chain) == pytest.approx(5.0)
+    # never below the longer of all compute and all communication
+    assert tm.overlapped_step([0.0, 0.0, 1.0, 0.5, 0.0], [0.0, 0.0, 2.0, 2.0, 0.0], inputs) >= 4.0
+
+
+# --- the calibration's cache ---------------------------------------------------------------------
+
+def _calibration(machine: str = "m1", device: str = "cpu-test") -> MeshCalibration:
+    axes = tuple(AxisCalibration(n, tm.fit_link(_samples(a, b, n)), tuple(_samples(a, b, n)))
+                 for n, a, b in ((2, 30e-6, 1e9), (4, 10e-6, 2e9)))
+    return MeshCalibration(machine, device, (2, 4), axes, DeviceSpec("cpu-calibrated", 5e9, 5e9, 8e9, 1e-6, "test"), 1.0,
+                           ((1e7, 1e-3), (1e8, 2e-2)))
+
+
+def test_calibration_round_trips_and_prices_per_axis(tmp_path: Path) -> None:
+    cal = _calibration()
+    path = tmp_path / "cal.json"
+    write_mesh_calibration(path, cal)
+    back = read_mesh_calibration(path, "m1", "cpu-test", (2, 4))
+    assert back == cal
+    model = calibrated_model(back)
+    assert model.mesh.axes[0].algorithm == "ring" and model.mesh.axes[0].latency == pytest.approx(30e-6)
+    assert model.mesh.collective_seconds("all-reduce", 1, 1e6) == pytest.approx(6 * 10e-6 + 1.5e6 / 2e9)
+    # a product costs what the measured curve says for its flops (1e8 flops: 2e-2 s), plus a kernel
+    assert model.compute.op_cost("matmul", {"act": 0}, [(100, 500), (500, 1000)]) == pytest.approx(2e-2 + 1e-6)
+    assert model.compute.op_cost("ewadd", {}, [(1000,), (1000,)]) == pytest.approx(12e3 / 8e9 + 1e-6)
+
+
+@pytest.mark.parametrize("damage", ["not json {", "[]", "null", "zero-rate", "negative-alpha", "wrong-shape", "bool",
+                                    "one-matmul"])
+def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "cal.json"
+    data = _calibration().to_json()
+    if damage == "zero-rate":
+        data["compute"]["bandwidth"] = 0
+    elif damage == "negative-alpha":
+        data["axes"][0]["link"]["alpha"] = -1.0
+    elif damage == "wrong-shape":
+        data["shape"] = [8]
+    elif damage == "bool":
+        data["axes"][1]["size"] = True
+    elif damage == "one-matmul":
+        data["matmul"] = data["matmul"][:1]
+    path.write_text(damage if damage in ("not json {", "[]", "null") else json.dumps(data))
+    with pytest.raises(MeshCalibrationError, match="damaged"):
+        read_mesh_calibration(path, "m1", "cpu-test", (2, 4))
+
+
+def test_foreign_cache_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "cal.json"
+    write_mesh_calibration(path, _calibration(machine="elsewhere"))
+    with pytest.raises(MeshCalibrationError, match="another machine"):
+        read_mesh_calibration(path, "m1", "cpu-test", (2, 4))
+    write_mesh_calibration(path, _calibration())
+    with pytest.raises(MeshCalibrationError, match="another machine, device or mesh"):
+        read_mesh_calibration(path, "m1", "cpu-test", (4, 2))
+
+
+def test_damaged_cache_is_measured_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A damaged cache is re-measured (one warning line) and replaced by a valid one; the next load reads it."""
+    from eqsat.cost import _machine_key
+    from jax_backend import parallel_calibrate as pc
+    from jax_backend.measured_cost import device_key
+
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))
+    measured: list[int] = []
+
+    def fake(mesh: Mesh, budget_s: float = 1.0, say: object = None) -> MeshCalibration:
+        measured.append(1)
+        return MeshCalibration(_machine_key(), device_key(), mesh.shape, _calibration().axes, _calibration().compute, 0.1,
+                               _calibration().matmul)
+
+    monkeypatch.setattr(pc, "calibrate_mesh", fake)
+    path = pc.calibration_file(device_key(), (2, 4))
+    path.parent.mkdir(parents=True)
+    path.write_text('{"format": 1, "machine": ')
+    cal, status = pc.load_mesh_calibration("2x4")
+    assert status.startswith("re-measured") and measured == [1]
+    assert "damaged" in capsys.readouterr().err
+    assert pc.load_mesh_calibration("2x4") == (cal, "cached") and measured == [1]
+    model = pc.parallel_calibrated(mesh="2x4")
+    assert model.name == "parallel-calibrated" and model.overlap
+
+
+def test_calibrated_model_needs_a_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from eqsat.cost import cost_model
+
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))
+    import jax_backend  # noqa: F401 - registers the model
+
+    with pytest.raises(MeshCalibrationError, match="eqsat parallel calibrate --mesh 2x4"):
+        cost_model("parallel-calibrated", "cpu", mesh="2x4")
+
+
+def test_report_gives_wire_bytes_beside_buffer_sizes() -> None:
+    from eqsat.models import build_parallel_model
+    from eqsat.parallel.cost import ParallelCostModel
+    from eqsat.cost import cost_model
+    from eqsat.models.parallel_hand import megatron_by_hand
+    from eqsat.parallel.mesh import parse_mesh
+    from eqsat.parallel.planner import plan_report
+
+    mesh = parse_mesh("2x4")
+    graph = build_parallel_model("mlp16")
+    plan = megatron_by_hand("mlp16", graph, mesh)
+    report = plan_report(plan, ParallelCostModel(mesh, cost_model("roofline", mesh.device)))
+    assert report.collectives
+    for _, c in report.collectives:
+        assert c.wire_bytes == pytest.approx(tm.wire_factor(c.kind, mesh.shape[c.axis]) * c.bytes)
+    js = report.to_json(plan.live())
+    assert js["predicted_step_wire_bytes"] == pytest.approx(sum(c["wire_bytes"] for c in js["collectives"]))
+    overlapped = plan_report(plan, ParallelCostModel(mesh, cost_model("roofline", mesh.device), overlap=True))
+    assert max(report.compute_s, report.comm_s) - 1e-15 <= overlapped.step_s <= report.step_s + 1e-15
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["parallel", "calibrate", "--mesh", "3x3"], "needs 9 devices"),
+    (["parallel", "calibrate", "--mesh", "h100x8"], "on-paper preset"),
+    (["parallel", "calibrate", "--graph", "g.json"], "takes no --graph"),
+    (["parallel", "mlp16", "--force", "--no-measure"], "--force belongs"),
+    (["parallel", "calibrate", "--mesh", "2xq"], "neither a preset"),
+])
+def test_cli_bad_input_is_one_line_exit_2(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+
+
+def test_spearman_ranks_with_ties() -> None:
+    from experiments.bench_parallel import spearman
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 1, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)  # scipy.stats.spearmanr
+    assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))
+
+
+def _fake_measuring(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[int]:
+    from eqsat.cost import _machine_key
+    from jax_backend import parallel_calibrate as pc
+    from jax_backend.measured_cost import device_key
+
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))
+    measured: list[int] = []
+
+    def fake(mesh: Mesh, budget_s: float = 1.0, say: object = None) -> MeshCalibration:
+        measured.append(1)
+        base = _calibration()
+        return MeshCalibration(_machine_key(), device_key(), mesh.shape, base.axes[-len(mesh.shape):], base.compute,
+                               0.1, base.matmul)
+
+    monkeypatch.setattr(pc, "calibrate_mesh", fake)
+    return measured
+
+
+def test_cli_calibrate_reports_links_per_axis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    measured = _fake_measuring(monkeypatch, tmp_path)
+    assert cli.main(["parallel", "calibrate", "--mesh", "2x4", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["status"] == "measured" and row["mesh"] == "2x4"
+    assert row["a0_alpha_us"] == pytest.approx(30.0) and row["a1_beta_gbs"] == pytest.approx(2.0)
+    assert cli.main(["parallel", "calibrate", "--mesh", "2x4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "cached" and measured == [1]
+    assert cli.main(["parallel", "calibrate", "--mesh", "2x4", "--force", "--json"]) == 0
+    assert measured == [1, 1]
+
+
+@pytest.mark.slow
+def test_calibrated_planning_prices_with_the_measured_links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    _fake_measuring(monkeypatch, tmp_path)
+    assert cli.main(["parallel", "unity-mlp", "--mesh", "2x4", "--calibrated", "--no-measure", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert row["mesh"] == "2x4" and row["collectives"]
+    for c in row["collectives"]:  # ring latency, the fitted link of the collective's own axis
+        n, alpha, beta = ((2, 30e-6, 1e9), (4, 10e-6, 2e9))[c["axis"]]
+        assert c["seconds"] == pytest.approx(tm.collective_seconds(c["kind"], n, c["bytes"], alpha, beta, "ring"))
+
+
+@pytest.mark.slow
+def test_spearman_case_runs_plans_on_the_devices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end on the devices: a real (short) calibration, random plans timed, a rank correlation."""
+    from experiments.bench_parallel import spearman_case
+
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))
+    row = spearman_case("unity-mlp", "2", plans=3, budget_s=1.0)
+    assert row["plans"] + row["plans_not_lowered"] >= 2
+    assert all(m > 0 for m in row["measured_ms"] if math.isfinite(m))
+    assert -1.0 <= row["spearman_calibrated"] <= 1.0 or math.isnan(row["spearman_calibrated"])
