@@ -56,11 +56,19 @@ class PlanError(EqsatError):
     """No valid plan (e.g. the memory budget cannot be met)."""
 
 
-def node_axes(op: str, attrs: Mapping[str, Any], child_axes: Sequence[Axes]) -> Axes | None:
-    """Device axes of an op's output from its inputs'; None when the node is no SPMD program."""
+def node_axes(op: str, attrs: Mapping[str, Any], child_axes: Sequence[Axes],
+              first_rank: int | None = None) -> Axes | None:
+    """Device axes of an op's output from its inputs'; None when the node is no SPMD program.
+
+    `first_rank`: the first input's rank (device axes included). A distribution op's `dim` must
+    name a data dimension: one that names a device axis passes the numpy check but no per-device
+    program can express it (the lowering would split a data dimension instead)."""
     spec = ops.op_spec(op)
     if spec.is_leaf:
         return ()
+    if first_rank is not None and "dim" in attrs and (op in ENTER or op in LEAVE or op in KEEP) \
+            and -int(attrs["dim"]) > first_rank - len(child_axes[0]):
+        return None
     if op in ENTER:
         a = int(attrs["axis"])
         return None if a in child_axes[0] else (a, *child_axes[0])
@@ -172,7 +180,8 @@ class PlanReport:
 def graph_axes(graph: Graph) -> list[Axes]:
     out: list[Axes] = []
     for i, n in enumerate(graph.nodes):
-        axes = node_axes(n.op, n.attr, [out[v.node] for v in n.inputs])
+        axes = node_axes(n.op, n.attr, [out[v.node] for v in n.inputs],
+                          len(graph.shape(n.inputs[0])) if n.inputs else None)
         if axes is None:
             raise PlanError(f"plan node {i} ({n.op}) is not an SPMD program (device axes disagree)")
         out.append(axes)
@@ -258,12 +267,17 @@ def spmd_context(enodes: ENodes) -> EGraphContext:
     nodes = enodes.nodes
 
     def axes_of(n: ENode, known: Mapping[str, Axes]) -> Axes | None:
-        return node_axes(n.op, n.attrs, [known[k] for k in n.children]) if all(k in known for k in n.children) else None
+        if not all(k in known for k in n.children):
+            return None
+        return node_axes(n.op, n.attrs, [known[k] for k in n.children], rank_of(n))
+
+    def rank_of(n: ENode) -> int | None:
+        return len(enodes.shapes[n.children[0]]) if n.children and n.children[0] in enodes.shapes else None
 
     class_axes = _fixpoint(nodes, axes_of)  # a class's axes from any node whose children are known
     keep = {nid: n for nid, n in nodes.items()
             if n.eclass in class_axes and all(k in class_axes for k in n.children)
-            and node_axes(n.op, n.attrs, [class_axes[k] for k in n.children]) == class_axes[n.eclass]}
+            and node_axes(n.op, n.attrs, [class_axes[k] for k in n.children], rank_of(n)) == class_axes[n.eclass]}
     while True:  # drop nodes whose input class lost all its nodes
         alive = {n.eclass for n in keep.values()}
         dead = [nid for nid, n in keep.items() if any(k not in alive for k in n.children)]
