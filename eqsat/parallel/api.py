@@ -48,6 +48,8 @@ from jax.sharding import PartitionSpec as P
 from eqsat import ops
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph, Node
+from eqsat.cost import cost_model
+from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import CPU_LINK, INFINIBAND, NVLINK, Mesh, MeshAxis
 from eqsat.parallel.planner import DEFAULT_LIMITS, PlanError, PlanResult, graph_axes, plan_graph, with_weights
 from jax_backend.capture import Program, bind_eqn, capture_jaxpr, graph_leaf_name
@@ -548,6 +550,8 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
         return _Planned(empty, (), program, len(program.opaque),
                         "the loss captures to no matmul or convolution (nothing to split)", None)
     state_names = {graph_leaf_name(i) for i in range(len(leaves.paths)) if leaves.state[i]}
+    model = ParallelCostModel(pmesh, cost_model("roofline", pmesh.device),
+                              state_copies=optimizer_state_copies(program, leaves))
     specs: list[Spec | None] = list(empty)
     results: list[PlanResult] = []
     batch: list[tuple[int, Any]] = []
@@ -563,13 +567,14 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
         # saturation and ILP limits: a third and a sixth of what is left keep the step near time_limit
         limits = replace(DEFAULT_LIMITS, seconds=min(DEFAULT_LIMITS.seconds, left / 3))
         res = plan_graph(graph, pmesh, "joint", limits=limits, time_limit=max(left / 6, 1.0),
-                         mem_budget=memory_budget, comm_budget=comm_budget)
+                         mem_budget=memory_budget, comm_budget=comm_budget, model=model)
         if not res.numerics_ok:
             raise PlanError(f"the plan of a captured graph differs from it in numpy (max |diff| {res.max_abs_diff:.3g})")
         results.append(res)
         if predict_dp:  # the data-parallel baseline's prediction: the same search with the data-parallel rule only
             try:
-                dp_s += plan_graph(graph, pmesh, "data-parallel", limits=limits, time_limit=max(left / 8, 1.0)).report.step_s
+                dp_s += plan_graph(graph, pmesh, "data-parallel", limits=limits, time_limit=max(left / 8, 1.0),
+                                   model=model).report.step_s
             except EqsatError:
                 pass
         shapes = {str(n.attr["name"]): n.shapes[0] for _, n in res.plan.leaves()}
@@ -585,6 +590,22 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
                     batch.append((shapes[name][0], spec[0]))
     return _Planned(specs, tuple(results), program, len(program.opaque), "", dp_s or None, tuple(batch),
                     _constraints(program, boundary, closed))
+
+
+def optimizer_state_copies(program: Program, leaves: _Leaves) -> float:
+    """The optimizer state per parameter, in copies of it: the bytes of the model-state leaves the
+    forward does not read (Adam's mu and nu, its step count) over those of the ones it reads (the
+    parameters). What the planner's memory row and update time charge per weight (ZeRO / FSDP
+    shards both with the weight)."""
+    read = {str(n.attr["name"]) for s in program.graphs for _, n in s.graph.leaves()}
+    params = other = 0.0
+    for i, shape in enumerate(leaves.shapes):
+        if leaves.state[i]:
+            if graph_leaf_name(i) in read:
+                params += math.prod(shape)
+            else:
+                other += math.prod(shape)
+    return other / params if params else 0.0
 
 
 def _constraints(program: Program, boundary: Mapping[int, Spec], closed: Any) -> tuple[tuple[Any, Spec], ...]:

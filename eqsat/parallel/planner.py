@@ -213,7 +213,7 @@ def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
         if n.op in CONTRACTIONS:
             contractions += step_products(n.op, [g.shape(v) for v in n.inputs], [grad[v.node] for v in n.inputs])
     bound += sum(output_cotangent_bytes(g.shape(v), len(axes[v.node])) for v in set(g.outputs))
-    memory = step_memory(g, axes)
+    memory = step_memory(g, axes, model.state_copies or 0.0)
     return PlanReport(compute + comm, compute, comm, memory.peak, tuple(found), memory, row, bound, contractions)
 
 
