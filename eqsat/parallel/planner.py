@@ -103,7 +103,10 @@ SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-
                 "partition-exp",
                 "heads-max", "heads-sum", "heads-bcast",
                 "ewadd-reduce", "relu-replicate", "combine-partition", "partition-combine", "all-reduce", "all-gather",
-                "reduce-scatter", "all-to-all")
+                "reduce-scatter", "all-to-all",
+                "rsqrt-combine", "sqrt-combine", "neg-combine", "erf-combine", "log-combine", "ewmax-combine",
+                "ewmin-combine", "sum-last-combine", "max-last-combine", "sum-last-combine3", "max-last-combine3",
+                "sum-last-combine3-rows", "max-last-combine3-rows")
 
 
 def _base(rule_name: str) -> str:
