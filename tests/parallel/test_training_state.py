@@ -16,7 +16,7 @@ from eqsat.parallel.planner import graph_axes, plan_graph, plan_report, verified
 MESH = parse_mesh("8")
 # data parallel and its FSDP form only: a small e-graph, so the test is quick
 DP_RULES = ("dp-matmul", "combine-partition", "partition-combine", "relu-combine", "unfuse-relu")
-RULES = (*DP_RULES, "fsdp-gather")
+RULES = (*DP_RULES, "fsdp-gather", "fsdp-gather-rows")
 
 
 def _mlp(layers: int = 2, batch: int = 512, d: int = 256) -> Graph:
