@@ -533,6 +533,7 @@ class _Planned:
     dp_predicted_s: float | None
     batch: tuple[tuple[int, Any], ...] = ()  # (leading dim, its split) of planned leaves no argument is
     constraints: tuple[tuple[Any, Spec], ...] = ()  # (step jaxpr variable, spec): `_constraints`
+    fsdp_predicted_s: float | None = None
 
 
 def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str], sizes: Mapping[str, int],
@@ -556,7 +557,8 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
     results: list[PlanResult] = []
     batch: list[tuple[int, Any]] = []
     boundary: dict[int, Spec] = {}
-    dp_s = 0.0
+    dp_s: list[float] = []
+    fsdp_s: list[float] = []
     t0 = time.perf_counter()
     for step in graphs:
         left = time_limit - (time.perf_counter() - t0)
@@ -571,10 +573,11 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
         if not res.numerics_ok:
             raise PlanError(f"the plan of a captured graph differs from it in numpy (max |diff| {res.max_abs_diff:.3g})")
         results.append(res)
-        if predict_dp:  # the data-parallel baseline's prediction: the same search with the data-parallel rule only
+        # the data-parallel and FSDP baselines' predictions: the same search with their rules only
+        for strategy, acc in (("data-parallel", dp_s), ("fsdp", fsdp_s)) if predict_dp else ():
             try:
-                dp_s += plan_graph(graph, pmesh, "data-parallel", limits=limits, time_limit=max(left / 8, 1.0),
-                                   model=model).report.step_s
+                acc.append(plan_graph(graph, pmesh, strategy, limits=limits, time_limit=max(left / 8, 1.0),
+                                      model=model).report.step_s)
             except EqsatError:
                 pass
         shapes = {str(n.attr["name"]): n.shapes[0] for _, n in res.plan.leaves()}
@@ -588,8 +591,8 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
                 boundary.setdefault(vid, spec)
                 if spec[0] is not None:
                     batch.append((shapes[name][0], spec[0]))
-    return _Planned(specs, tuple(results), program, len(program.opaque), "", dp_s or None, tuple(batch),
-                    _constraints(program, boundary, closed))
+    return _Planned(specs, tuple(results), program, len(program.opaque), "", sum(dp_s) if dp_s else None,
+                    tuple(batch), _constraints(program, boundary, closed), sum(fsdp_s) if fsdp_s else None)
 
 
 def optimizer_state_copies(program: Program, leaves: _Leaves) -> float:
@@ -757,7 +760,8 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
             b_in = _shardings(amesh, treedef, bspecs)
             b_out = _out_shardings(out_shape, args, b_in, state_argnums, amesh)
             fig = compile_figures(jax.jit(train_step, in_shardings=b_in, out_shardings=b_out), abstract)
-            pred = planned.dp_predicted_s if (name == "data-parallel" and planned is not None) else None
+            pred = None if planned is None else {"data-parallel": planned.dp_predicted_s,
+                                                 "fsdp": planned.fsdp_predicted_s}.get(name)
             rows.append(Baseline(name, _describe(bspecs, leaves), fig, pred))
     summary = replace(step.report, compiled=compiled, baselines=tuple(rows))
     if memory_budget is not None and compiled.mem_bytes > memory_budget:

@@ -84,6 +84,7 @@ STRATEGY_RULES: Mapping[str, tuple[str, ...] | None] = {
     "joint": None,  # every rule: algebra and sharding saturated together
     "data-parallel": ("dp-matmul", "dp-conv"),
     "megatron": ("col-matmul", "row-matmul", "batch-matmul", "col-conv", "row-conv"),
+    "fsdp": ("dp-matmul", "dp-conv", "fsdp-gather", "fsdp-gather-rows"),  # data parallel, weights kept sharded or not
     # the algebra as given (activations stay fused, as a single-device optimizer leaves them), then sharding
     "algebra-first": ("dp-matmul", "col-matmul", "row-matmul", "batch-matmul", "dp-conv", "col-conv", "row-conv"),
 }
