@@ -79,3 +79,12 @@ def test_state_is_sharded_with_its_weight() -> None:
     axes = graph_axes(graph)
     with_state = step_memory(graph, axes, 2.0).arguments - step_memory(graph, axes).arguments
     assert with_state == 2 * 64 * 32 * 4 / 8
+
+
+def test_fsdp_strategy_is_data_parallel_with_sharded_weights() -> None:
+    """The FSDP baseline's search (`eqsat.parallel.plan` predicts that baseline with it)."""
+    from eqsat.parallel.planner import STRATEGY_RULES
+
+    names = set(STRATEGY_RULES["fsdp"] or ())
+    assert {"dp-matmul", "fsdp-gather", "fsdp-gather-rows"} <= names
+    assert not names & {"col-matmul", "row-matmul", "batch-matmul"}
