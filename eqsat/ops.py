@@ -300,13 +300,14 @@ def _pointwise_flops(per_element: float) -> Callable[[Sequence[Shape], Sequence[
 
 
 def _unary(name: str, fn: Callable[[np.ndarray], np.ndarray], flops_per: float, doc: str, **facts: Any) -> OpSpec:
+    """An elementwise float op: each device runs it on its piece, at any device depth."""
     return OpSpec(name, (), 1, _same_shape(name), lambda xs, a: (fn(xs[0]),), _pointwise_flops(flops_per), doc=doc,
-                  elementwise=True, fusible=True, **facts)
+                  elementwise=True, fusible=True, **{"on_devices": _any_depth, **facts})
 
 
 def _binary(name: str, fn: Callable[[np.ndarray, np.ndarray], np.ndarray], doc: str, **facts: Any) -> OpSpec:
     return OpSpec(name, (), 2, _same_shape(name), lambda xs, a: (fn(xs[0], xs[1]),), _pointwise_flops(1), doc=doc,
-                  elementwise=True, fusible=True, **facts)
+                  elementwise=True, fusible=True, **{"on_devices": _any_depth, **facts})
 
 
 # --- on values with leading device axes (`OpSpec.on_devices`) --------------------------------------

@@ -173,7 +173,10 @@ def test_parallel_name_sets_keep_their_membership() -> None:
         "plan.KEEP": {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"},
         "plan.CONTRACTIONS": {"matmul", "conv2d"},
         "plan.DISTRIBUTABLE": {"matmul", "conv2d", "relu", "tanh", "sigmoid", "exp", "ewadd", "ewmul", "ewsub", "ewdiv",
-                               "transpose", "broadcast", "reduce_sum", "reduce_max"},
+                               "transpose", "broadcast", "reduce_sum", "reduce_max",
+                               # every float elementwise op (`ops._unary`, `ops._binary`)
+                               "abs", "cos", "erf", "erfc", "ewmax", "ewmin", "log", "neg", "pow", "rsqrt", "sin",
+                               "sqrt"},
         "ops.DISTRIBUTION_OPS": distribution,  # memory.MOVERS
         "memory.ELEMENTWISE_SAVE_OUTPUT": {"tanh", "sigmoid", "exp"},
         "memory.ELEMENTWISE_SAVE_INPUT": {"relu"},

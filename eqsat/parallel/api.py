@@ -50,6 +50,8 @@ from eqsat import ops
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph, Node
 from eqsat.parallel.blocks import depth_reuse_summary, plan_repeated
+from eqsat.cost import cost_model
+from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import CPU_LINK, INFINIBAND, NVLINK, Mesh, MeshAxis
 from eqsat.parallel.planner import DEFAULT_LIMITS, PlanError, PlanResult, graph_axes, with_weights
 from jax_backend.capture import Program, bind_eqn, capture_jaxpr, graph_leaf_name
@@ -537,6 +539,7 @@ class _Planned:
     dp_predicted_s: float | None
     batch: tuple[tuple[int, Any], ...] = ()  # (leading dim, its split) of planned leaves no argument is
     constraints: tuple[tuple[Any, Spec], ...] = ()  # (step jaxpr variable, spec): `_constraints`
+    fsdp_predicted_s: float | None = None
 
 
 def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str], sizes: Mapping[str, int],
@@ -554,11 +557,14 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
         return _Planned(empty, (), program, len(program.opaque),
                         "the loss captures to no matmul or convolution (nothing to split)", None)
     state_names = {graph_leaf_name(i) for i in range(len(leaves.paths)) if leaves.state[i]}
+    model = ParallelCostModel(pmesh, cost_model("roofline", pmesh.device),
+                              state_copies=optimizer_state_copies(program, leaves))
     specs: list[Spec | None] = list(empty)
     results: list[PlanResult] = []
     batch: list[tuple[int, Any]] = []
     boundary: dict[int, Spec] = {}
-    dp_s = 0.0
+    dp_s: list[float] = []
+    fsdp_s: list[float] = []
     t0 = time.perf_counter()
     for step in graphs:
         left = time_limit - (time.perf_counter() - t0)
@@ -570,14 +576,15 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
         limits = replace(DEFAULT_LIMITS, seconds=min(DEFAULT_LIMITS.seconds, left / 3))
         # a chain of identical blocks (transformer layers) is planned once and its plan repeated
         res = plan_repeated(graph, pmesh, "joint", limits=limits, time_limit=max(left / 6, 1.0),
-                            mem_budget=memory_budget, comm_budget=comm_budget)
+                            mem_budget=memory_budget, comm_budget=comm_budget, model=model)
         if not res.numerics_ok:
             raise PlanError(f"the plan of a captured graph differs from it in numpy (max |diff| {res.max_abs_diff:.3g})")
         results.append(res)
-        if predict_dp:  # the data-parallel baseline's prediction: the same search with the data-parallel rule only
+        # the data-parallel and FSDP baselines' predictions: the same search with their rules only
+        for strategy, acc in (("data-parallel", dp_s), ("fsdp", fsdp_s)) if predict_dp else ():
             try:
-                dp_s += plan_repeated(graph, pmesh, "data-parallel", limits=limits,
-                                      time_limit=max(left / 8, 1.0)).report.step_s
+                acc.append(plan_repeated(graph, pmesh, strategy, limits=limits, time_limit=max(left / 8, 1.0),
+                                         model=model).report.step_s)
             except EqsatError:
                 pass
         shapes = {str(n.attr["name"]): n.shapes[0] for _, n in res.plan.leaves()}
@@ -591,8 +598,24 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
                 boundary.setdefault(vid, spec)
                 if spec[0] is not None:
                     batch.append((shapes[name][0], spec[0]))
-    return _Planned(specs, tuple(results), program, len(program.opaque), "", dp_s or None, tuple(batch),
-                    _constraints(program, boundary, closed))
+    return _Planned(specs, tuple(results), program, len(program.opaque), "", sum(dp_s) if dp_s else None,
+                    tuple(batch), _constraints(program, boundary, closed), sum(fsdp_s) if fsdp_s else None)
+
+
+def optimizer_state_copies(program: Program, leaves: _Leaves) -> float:
+    """The optimizer state per parameter, in copies of it: the bytes of the model-state leaves the
+    forward does not read (Adam's mu and nu, its step count) over those of the ones it reads (the
+    parameters). What the planner's memory row and update time charge per weight (ZeRO / FSDP
+    shards both with the weight)."""
+    read = {str(n.attr["name"]) for s in program.graphs for _, n in s.graph.leaves()}
+    params = other = 0.0
+    for i, shape in enumerate(leaves.shapes):
+        if leaves.state[i]:
+            if graph_leaf_name(i) in read:
+                params += math.prod(shape)
+            else:
+                other += math.prod(shape)
+    return other / params if params else 0.0
 
 
 def _constraints(program: Program, boundary: Mapping[int, Spec], closed: Any) -> tuple[tuple[Any, Spec], ...]:
@@ -746,7 +769,8 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
             b_in = _shardings(amesh, treedef, bspecs)
             b_out = _out_shardings(out_shape, args, b_in, state_argnums, amesh)
             fig = compile_figures(jax.jit(train_step, in_shardings=b_in, out_shardings=b_out), abstract)
-            pred = planned.dp_predicted_s if (name == "data-parallel" and planned is not None) else None
+            pred = None if planned is None else {"data-parallel": planned.dp_predicted_s,
+                                                 "fsdp": planned.fsdp_predicted_s}.get(name)
             rows.append(Baseline(name, _describe(bspecs, leaves), fig, pred))
     summary = replace(step.report, compiled=compiled, baselines=tuple(rows))
     if memory_budget is not None and compiled.mem_bytes > memory_budget:

@@ -16,6 +16,9 @@ value with no device axes is replicated on every device (SPMD: every device comp
 | all_to_all | all-to-all | all-to-all |
 
 Backward compute is taken as twice the forward (two products per matmul; the usual estimate).
+With an optimizer (`ParallelCostModel.state_copies`), a weight's update and state are priced on
+the piece of it each device keeps: replicated (data parallel: every device updates all of it) or
+partitioned (ZeRO / FSDP, the `fsdp-gather` rule: all-gathered before use, gradient reduce-scattered).
 Memory per device: `mem_bytes` is the node's term of the ILP's memory row
 (`eqsat.parallel.memory.node_kept`, what it keeps through the step) and `mem_bound_bytes` every
 buffer it allocates (`node_bound`, summed over a plan an upper bound of the simulated peak); the
@@ -92,6 +95,12 @@ class ParallelCostModel:
     compute: cost_models.CostModel
     name: str = "parallel"
     overlap: bool = False  # a plan's report lets collectives hide behind independent compute (`timemodel.overlapped_step`)
+    # The step's optimizer: None when it ends at the gradients (the built-in cases); else the
+    # optimizer state per weight in copies of it (Adam: 2, SGD: 0). Then each weight's state is
+    # held as the weight is passed (so a sharded weight has sharded state: ZeRO / FSDP) and its
+    # update, which reads the weight, gradient and state and writes weight and state, is priced on
+    # the device's piece (`_update_s`).
+    state_copies: float | None = None
 
     @property
     def device(self) -> str:
@@ -124,15 +133,31 @@ class ParallelCostModel:
         out_bytes = per_device_bytes(out_shape, depth)
         derived = [v.weight_derived for v in node.inputs]
         grad = [v.needs_grad for v in node.inputs]
-        kept = node_kept(op, attrs, in_bytes, out_bytes, leaf_children, derived, grad)
-        bound = node_bound(op, attrs, in_bytes, out_bytes, leaf_children, derived, grad)
+        copies = self.state_copies or 0.0
+        kept = node_kept(op, attrs, in_bytes, out_bytes, leaf_children, derived, grad, copies)
+        bound = node_bound(op, attrs, in_bytes, out_bytes, leaf_children, derived, grad, copies)
+        local = [tuple(s[d:]) for s, d in zip(input_shapes, input_depths)]
+        update = self._update_s(op, local, tuple(out_shape[depth:]), leaf_children)
         if op in COLLECTIVES:
             found = self._distribution(op, attrs, input_shapes[0], input_depths[0], out_shape, depth, leaf_children[0],
                                        not grad[0])
-            return NodeCost(0.0, 0.0, found, kept, bound)  # a collective's sums are priced in its alpha-beta time
-        local = [tuple(s[d:]) for s, d in zip(input_shapes, input_depths)]
+            return NodeCost(update, 0.0, found, kept, bound)  # a collective's sums are priced in its alpha-beta time
         forward = self.compute.op_cost(op, local_attrs(op, attrs, depth), local)
-        return NodeCost(forward * (1 + BACKWARD_FACTOR), forward, (), kept, bound)
+        return NodeCost(forward * (1 + BACKWARD_FACTOR) + update, forward, (), kept, bound)
+
+    def _update_s(self, op: str, local_in: Sequence[Shape], local_out: Shape, leaves: Sequence[str | None]) -> float:
+        """The optimizer update of the weights this node reads, on the piece each device holds (a
+        `partition`'s output, else the whole weight): an elementwise pass over 3 + 2 x state_copies
+        buffers of that size (read w, g and the state, write w and the state), priced as `ewadd`
+        (which moves 3) is."""
+        if self.state_copies is None:
+            return 0.0
+        total = 0.0
+        for shape, leaf in zip(local_in, leaves):
+            if leaf == "weight":
+                piece = local_out if op == "partition" else shape
+                total += self.compute.op_cost("ewadd", {}, [piece, piece]) * (3 + 2 * self.state_copies) / 3
+        return total
 
     def _distribution(self, op: str, attrs: Mapping[str, Any], in_shape: Shape, in_depth: int, out_shape: Shape,
                       depth: int, leaf: str | None, grad_free: bool = False) -> tuple[Collective, ...]:

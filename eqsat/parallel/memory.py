@@ -242,9 +242,10 @@ def _best_fit(order: Sequence[int], size: Mapping[int, float], span: Mapping[int
     return top
 
 
-def step_memory(graph: Graph, axes: Sequence[Axes]) -> StepMemory:
+def step_memory(graph: Graph, axes: Sequence[Axes], state_copies: float = 0.0) -> StepMemory:
     """Simulate the training step of `graph` (device axes per node, `plan.graph_axes`); see the
-    module docstring for what is live when."""
+    module docstring for what is live when. `state_copies`: optimizer state per weight, in copies
+    of it (Adam: 2), held as the weight is passed (sharded with it: ZeRO / FSDP)."""
     g = graph
     n_nodes = len(g.nodes)
     size = [per_device_bytes(n.shapes[0], len(axes[i])) for i, n in enumerate(g.nodes)]
@@ -253,7 +254,7 @@ def step_memory(graph: Graph, axes: Sequence[Axes]) -> StepMemory:
     for j, n in enumerate(g.nodes):  # a leaf passed sharded is as big as its partition
         if n.op == "partition" and n.inputs[0].node in sharded:
             size[n.inputs[0].node] = size[j]
-    arguments = sum(size[i] for i in range(n_nodes) if leaf[i])
+    arguments = sum(size[i] * (1 + state_copies if g.nodes[i].op == "weight" else 1) for i in range(n_nodes) if leaf[i])
     needs_grad: list[bool] = []
     for n in g.nodes:
         needs_grad.append(n.op == "weight" or any(needs_grad[v.node] for v in n.inputs))
@@ -379,7 +380,7 @@ def saved_bytes(op: str, attrs: Mapping[str, object], in_bytes: Sequence[float],
 
 def node_bound(op: str, attrs: Mapping[str, object], in_bytes: Sequence[float], out_bytes: float,
                leaf_children: Sequence[str | None], derived_children: Sequence[bool],
-               grad_children: Sequence[bool]) -> float:
+               grad_children: Sequence[bool], state_copies: float = 0.0) -> float:
     """Bytes per device that one plan node adds to `StepMemory.allocated` at most: the linear term
     of the ILP's memory row. A leaf argument is counted where it is used: its shard under a
     `partition`, else whole. Then the node's forward buffer, the buffers its forward makes besides
@@ -394,7 +395,7 @@ def node_bound(op: str, attrs: Mapping[str, object], in_bytes: Sequence[float], 
     partition_of_leaf = op == "partition" and leaf_children[0] is not None
     for size, leaf in zip(in_bytes, leaf_children):
         if leaf is not None:
-            total += out_bytes if op == "partition" else size
+            total += (out_bytes if op == "partition" else size) * (1 + state_copies if leaf == "weight" else 1)
     if op not in ALIASES and not ops.OPS[op].is_view and not partition_of_leaf:
         total += out_bytes
     total += saved_bytes(op, attrs, in_bytes, out_bytes, grad_children, frozenset({"new", "scratch"}))
@@ -417,16 +418,17 @@ KEPT_OUTPUTS = ops.ops_where(lambda s: s.contraction or (s.collectives is not No
 
 def node_kept(op: str, attrs: Mapping[str, object], in_bytes: Sequence[float], out_bytes: float,
               leaf_children: Sequence[str | None], derived_children: Sequence[bool],
-              grad_children: Sequence[bool]) -> float:
+              grad_children: Sequence[bool], state_copies: float = 0.0) -> float:
     """Bytes per device one plan node keeps through the step, the ILP's memory row: the leaf
-    arguments it uses (a shard under a `partition`) and a weight's gradient, its output if it is a
+    arguments it uses (a shard under a `partition`) and a weight's gradient and optimizer state
+    (`state_copies` copies of it), its output if it is a
     matmul's or a data-moving collective's (what the backward reads), the buffers its forward
     makes for its backward (a relu's product, a conv's relaid operands), and a weight's unreduced
     gradient under a `replicate` / `partition` (it waits for the combined all-reduce)."""
     total = 0.0
     for size, leaf in zip(in_bytes, leaf_children):
         if leaf is not None:
-            total += (out_bytes if op == "partition" else size) * (2 if leaf == "weight" else 1)
+            total += (out_bytes if op == "partition" else size) * (2 + state_copies if leaf == "weight" else 1)
     if op in KEPT_OUTPUTS:
         total += out_bytes
     total += saved_bytes(op, attrs, in_bytes, out_bytes, grad_children, frozenset({"new"}))

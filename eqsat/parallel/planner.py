@@ -93,6 +93,7 @@ STRATEGY_RULES: Mapping[str, tuple[str, ...] | None] = {
     "joint": None,  # every rule: algebra and sharding saturated together
     "data-parallel": ("dp-matmul", "dp-conv"),
     "megatron": ("col-matmul", "row-matmul", "batch-matmul", "col-conv", "row-conv"),
+    "fsdp": ("dp-matmul", "dp-conv", "fsdp-gather", "fsdp-gather-rows"),  # data parallel, weights kept sharded or not
     # the algebra as given (activations stay fused, as a single-device optimizer leaves them), then sharding
     "algebra-first": ("dp-matmul", "col-matmul", "row-matmul", "batch-matmul", "dp-conv", "col-conv", "row-conv"),
 }
@@ -112,7 +113,10 @@ SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-
                 "partition-exp",
                 "heads-max", "heads-sum", "heads-bcast",
                 "ewadd-reduce", "relu-replicate", "combine-partition", "partition-combine", "all-reduce", "all-gather",
-                "reduce-scatter", "all-to-all")
+                "reduce-scatter", "all-to-all",
+                "rsqrt-combine", "sqrt-combine", "neg-combine", "erf-combine", "log-combine", "ewmax-combine",
+                "ewmin-combine", "sum-last-combine", "max-last-combine", "sum-last-combine3", "max-last-combine3",
+                "sum-last-combine3-rows", "max-last-combine3-rows")
 
 
 def _base(rule_name: str) -> str:
@@ -227,7 +231,7 @@ def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
         if n.op in CONTRACTIONS:
             contractions += step_products(n.op, [g.shape(v) for v in n.inputs], [grad[v.node] for v in n.inputs])
     bound += sum(output_cotangent_bytes(g.shape(v), len(axes[v.node])) for v in set(g.outputs))
-    memory = step_memory(g, axes)
+    memory = step_memory(g, axes, model.state_copies or 0.0)
     step = compute + comm if not model.overlap else overlapped_step(
         [c for c, _ in per_node], [m for _, m in per_node], [[v.node for v in n.inputs] for n in g.nodes])
     return PlanReport(step, compute, comm, memory.peak, tuple(found), memory, row, bound, contractions)

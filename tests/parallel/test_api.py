@@ -329,3 +329,22 @@ def test_with_weights_marks_the_named_leaves() -> None:
     assert ops_of == {"x": "input", "w": "weight"}
     with pytest.raises(PlanError, match="no leaf named v"):
         with_weights(g, ["v"])
+
+
+def test_adam_state_is_two_copies_of_the_parameters() -> None:
+    """What the planner charges per weight for the optimizer (ZeRO / FSDP shards it with the
+    weight): Adam's mu and nu, and its step count, over the parameters the forward reads."""
+    params, opt_state, batch = problem()
+    args = (params, opt_state, batch)
+    leaves, treedef = api._flat_leaves(args, (0, 1))
+    closed = jax.make_jaxpr(lambda *xs: train_step(*jax.tree_util.tree_unflatten(treedef, xs)))(
+        *jax.tree_util.tree_leaves(args))
+    state_vars = {v for v, s in zip(closed.jaxpr.invars, leaves.state) if s}
+    found = api._forward_jaxpr(closed, state_vars, api._state_outputs(
+        jax.eval_shape(train_step, *args), args, (0, 1)))
+    assert found is not None
+    from jax_backend.capture import capture_jaxpr
+
+    copies = api.optimizer_state_copies(capture_jaxpr(found[0]), leaves)
+    n_params = sum(int(np.prod(np.shape(p))) for p in jax.tree_util.tree_leaves(params))
+    assert copies == pytest.approx(2 + 1 / n_params)
