@@ -980,12 +980,15 @@ def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> 
     # under the guard, the right side's typing may need unequal dims (a merge_gconv's even group
     # count) that the enumeration's equal dims miss: the left side's ranks are a superset then
     wide = _rank_assignments(rule, guarded) or (_rank_assignments(rule, False) if guarded else [])
+    if guarded and ops_used_by(rule) & DISTRIBUTION:  # the guard may need unequal dims (a size-1 broadcast axis)
+        wide += [c for c in _rank_assignments(rule, False) if c not in wide]
     tail, middle = tail_bound(rule), device_bound(rule)
     if tail is not None:  # higher ranks collapse onto rank tail + 1 (see `tail_bound`)
         wide = [c for c in wide if max(c.values(), default=0) <= tail + 1]
     elif middle is not None:  # higher ranks collapse onto rank `middle` (see `device_bound`)
         wide = [c for c in wide if max(c.values(), default=0) <= middle]
-    if not wide or len(wide) >= 256 or any(r > MAX_RANK for c in wide for r in c.values()):
+    top = MAX_RANK if middle is None else middle  # a bound from `device_bound` covers the ranks above it
+    if not wide or len(wide) >= 256 or any(r > top for c in wide for r in c.values()):
         return None  # no rank types it, too many, or the rank is unbounded (rank-polymorphic rules)
     used = ops_used_by(rule)
     if used & WINDOW_OPS:
@@ -1048,22 +1051,26 @@ def tail_bound(rule: Rule) -> int | None:
 
 
 def device_bound(rule: Rule) -> int | None:
-    """For a rule with distribution ops made of elementwise ops, matmul and distribution ops with
-    literal dims counted from the end (T: the deepest such dim, 2 for a matmul): the rank 2 + T (None
-    for other rules). Every op passes the axes between a value's leading device axis and its last T
-    axes through unchanged (elementwise ops and matmul's batch axes read the same index, partition
-    and combine act at a dim counted from the end, replicate and reduce at the front), so
-    flattening them into one axis maps a counterexample at any rank onto one at rank 2 + T or less,
-    and a proof there holds at every rank. Conditions may only equate stacked arguments' device
-    counts (dim 0) or bound a rank from below by at most 1 + T (both survive the flattening)."""
+    """For a rule with distribution ops made of elementwise ops, matmul, broadcasts with literal dims
+    and distribution ops with literal dims counted from the end (T: the deepest such dim, 2 for a
+    matmul): a rank that stands for every higher rank (None for other rules). Each value has front
+    axes (its device axes; a broadcast's output up to its last mapped axis) and its last T axes;
+    every op passes the axes between them through unchanged (elementwise ops and matmul's batch
+    axes read the same index, partition and combine act at a dim counted from the end, replicate
+    and reduce at the front, a broadcast repeats them), so flattening them into one axis maps a
+    counterexample at any rank onto one at rank front + 1 + T or less, and a proof there holds at
+    every rank. Conditions may only equate device counts (dim 0 of a variable with a device axis)
+    or bound a rank by at most 1 + T (both survive the flattening)."""
     used = ops_used_by(rule)
-    if not used & DISTRIBUTION or not used <= ELEMENTWISE | {"exp", "ewdiv", "matmul"} | DISTRIBUTION:
+    if not used & DISTRIBUTION or not used <= ELEMENTWISE | {"exp", "ewdiv", "matmul", "broadcast"} | DISTRIBUTION:
         return None
     deepest, names = 1, set()
     for p in rule.lhs + rule.rhs:
         for t in subterms(p):
             if t.op == "matmul":
                 deepest = max(deepest, 2)
+            if t.op == "broadcast" and not all(type(d) is int for d in t.attr["dims"]):
+                return None
             for key in ("dim", "split_dim", "concat_dim"):
                 if t.op in DISTRIBUTION and key in t.attr:
                     v = t.attr[key]
@@ -1072,21 +1079,29 @@ def device_bound(rule: Rule) -> int | None:
                     deepest = max(deepest, -v)
             names |= {a.name for a in t.args if isinstance(a, Var)}
     for values in itertools.product((0, 1), repeat=len(names)):  # device axes per variable: one consistent scheme
-        depth = dict(zip(sorted(names), values))
-        sides = [[_device_depth(p, depth) for p in side] for side in (rule.lhs, rule.rhs)]
+        depth: dict[str, int] = dict(zip(sorted(names), values))
+        sides = [[_front(p, depth) for p in side] for side in (rule.lhs, rule.rhs)]
         if None in sides[0] or sides[0] != sides[1]:
             continue
         if all(_flattening_keeps(c, depth, deepest) for c in rule.conditions):
-            return 2 + deepest
+            bound = max(depth.values(), default=0) + 1 + deepest
+            return bound if bound <= MAX_RANK + 1 else None
     return None
 
 
-def _device_depth(p: Pattern, depth: Mapping[str, int]) -> int | None:
-    """How many leading device axes `p` has when each variable has `depth`'s; None when an op would
-    read a variable's middle axes as device axes (then flattening them is not harmless)."""
+def _front(p: Pattern, depth: dict[str, int]) -> int | None:
+    """How many front axes `p` has (never flattened) when each variable has `depth`'s (an
+    attribute variable giving a broadcast's shape gets its own entry); None when an op would read a
+    value's middle axes specially (then flattening them is not harmless)."""
     if isinstance(p, Var):
         return depth[p.name]
-    ds = [_device_depth(a, depth) for a in p.args]
+    if p.op == "broadcast":
+        shape, need = p.attr["shape"], max(p.attr["dims"], default=-1) + 1
+        if isinstance(shape, AttrVar) and depth.setdefault(f"shape {shape.name}", need) == need:
+            return need
+        got = _front(shape.pattern, depth) if isinstance(shape, ShapeOf) else None
+        return got if got is not None and got >= need and _front(p.args[0], depth) is not None else None
+    ds = [_front(a, depth) for a in p.args]
     if None in ds or not ds:
         return None
     first = ds[0]
@@ -1110,8 +1125,9 @@ def _flattening_keeps(c: Any, depth: Mapping[str, int], deepest: int) -> bool:
         return False
     if c.op == "=" and all(device_count(a) for a in c.args):
         return True
-    return (c.op == "<=" and isinstance(c.args[0], Term) and c.args[0].op == "const" and isinstance(c.args[1], Term)
-            and c.args[1].op == "rank" and c.args[0].attr["value"] <= 1 + deepest)
+    bound, rank = c.args if c.op == "<=" else sorted(c.args, key=lambda a: isinstance(a, Term) and a.op == "rank")
+    return (c.op in ("<=", "=") and isinstance(bound, Term) and bound.op == "const" and isinstance(rank, Term)
+            and rank.op == "rank" and bound.attr["value"] <= 1 + deepest)
 
 
 def _unify(rule: Rule, ranks: Mapping[str, int], guarded: bool, dims: dict[str, Dims],

@@ -102,22 +102,32 @@ def test_perturbed_rules_proved_only_where_they_hold(name: str) -> None:
 
 
 def test_device_bound_needs_every_op_to_pass_middle_axes_through() -> None:
-    assert device_bound(_one("relu-combine[D=-2]@0")) == 4
-    assert device_bound(_one("bcast-partition@0")) is None  # broadcast reads axes from the front
-    (front,) = parse_rule_text("(combine -1 0 (relu ?x)) => (combine -1 0 ?x)")
-    assert device_bound(front) == 3
+    assert device_bound(_one("relu-combine[D=-2]@0")) == 4  # device axis, one middle axis, two named from the end
+    assert device_bound(_one("bcast-partition@0")) == 7  # the broadcast's shape: three front axes
+    (stacked,) = parse_rule_text("(combine -1 0 (relu ?x)) => (combine -1 0 ?x)")
+    assert device_bound(stacked) == 3
+    (front,) = parse_rule_text("(reduce_sum [0] (combine -1 0 ?x)) => ?x")  # reads an axis from the front
+    assert device_bound(front) is None
+
+
+def test_heads_bcast_is_not_proved_it_fails_beyond_rank_3() -> None:
+    """heads-bcast holds for a rank-3 broadcast only: at rank 6 (m of shape (2, 1), S = (2, 1, 1, 2,
+    1, 1)) both sides are typed alike and device 0 reads m[1] on the left, m[0] on the right."""
+    rule = _one("heads-bcast@0")
+    assert prove_symbolic(rule) is None and prove_symbolic(rule, guarded=True) is None
+    assert prove_symbolic(_one("bcast-partition@0"), guarded=True) is not None
 
 
 def test_planner_default_trusts_only_rules_proved_for_all_shapes() -> None:
     mesh = parse_mesh("2")
-    names = ("bcast-partition", "combine-partition", "row-matmul")
+    names = ("heads-bcast", "combine-partition", "row-matmul")
     rules = instantiate(0, 2, names=names)
     results = {r.name: res for r, res in zip(rules, verify_rules(rules))}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the default never warns: it trusts nothing tested
         default = verified_parallel_rules(mesh, names)
     assert default and all(is_trusted(results[r.name]) for r in default)
-    assert not any(r.name.startswith("bcast-partition") for r in default)  # tested only (see docs/parallel.md)
-    with pytest.warns(UserWarning, match="bcast-partition"):
+    assert not any(r.name.startswith("heads-bcast") for r in default)  # tested only (see docs/parallel.md)
+    with pytest.warns(UserWarning, match="heads-bcast"):
         opted = verified_parallel_rules(mesh, names, trust_tested=True)
-    assert {r.name for r in opted} == {r.name for r in default} | {"bcast-partition@0"}
+    assert {r.name for r in opted} == {r.name for r in default} | {"heads-bcast@0"}
