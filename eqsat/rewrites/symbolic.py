@@ -24,6 +24,15 @@ sums. Channel groups are written as products (`_parametrize`: C = G * Ci, O = G 
 so a grouped conv's channel arithmetic is polynomial and a merge_gconv's block is decided per
 residue of the group mod its count.
 
+Distribution ops (`eqsat.distribution`, a leading device axis) in rules that use them: device d's
+piece of a partition into a literal N reads d * (S / N) + i (under an assumed typing a fresh piece p
+with S = N * p, so a sum over S splits into N partial sums), combine concatenates (an If per device
+for a literal count, quotient and remainder by the piece for a symbolic one; a sum over a combined
+axis is a sum over devices of sums over pieces), replicate reads x, reduce sums over devices, the
+collectives are their definitions; exp and ewdiv are atoms, reduce_sum nested sums and reduce_max
+an uninterpreted MAX there. Dims the hypotheses equate become one symbol (`_unify`), goals are
+shown at each value of a literal (device) axis, and `device_bound` bounds the rank.
+
 Ranks are enumerated (`shapes.rank_choices` up to rank 7); a rule whose variables may take rank 7
 is not bounded in rank unless it is made of elementwise ops and broadcasts only (`tail_bound`:
 axes past the broadcast ones are passed through, so rank B + 1 stands for every higher rank).
