@@ -131,3 +131,10 @@ def test_planner_default_trusts_only_rules_proved_for_all_shapes() -> None:
     with pytest.warns(UserWarning, match="heads-bcast"):
         opted = verified_parallel_rules(mesh, names, trust_tested=True)
     assert {r.name for r in opted} == {r.name for r in default} | {"heads-bcast@0"}
+
+
+def test_parallel_command_has_the_opt_in() -> None:
+    from eqsat.cli import build_parser
+
+    assert build_parser().parse_args(["parallel", "unity-mlp", "--trust-tested"]).trust_tested
+    assert not build_parser().parse_args(["parallel", "unity-mlp"]).trust_tested
