@@ -991,7 +991,7 @@ def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> 
     wide = _rank_assignments(rule, guarded) or (_rank_assignments(rule, False) if guarded else [])
     if guarded and ops_used_by(rule) & DISTRIBUTION:  # the guard may need unequal dims (a size-1 broadcast axis)
         wide += [c for c in _rank_assignments(rule, False) if c not in wide]
-    tail, middle = tail_bound(rule), device_bound(rule)
+    tail, middle = tail_bound(rule), device_bound(rule, guarded)
     if tail is not None:  # higher ranks collapse onto rank tail + 1 (see `tail_bound`)
         wide = [c for c in wide if max(c.values(), default=0) <= tail + 1]
     elif middle is not None:  # higher ranks collapse onto rank `middle` (see `device_bound`)
@@ -1059,7 +1059,10 @@ def tail_bound(rule: Rule) -> int | None:
     return bound
 
 
-def device_bound(rule: Rule) -> int | None:
+FIXED = -1  # `_front` of a value whose rank is a literal (a broadcast to a shape of listed dims)
+
+
+def device_bound(rule: Rule, guarded: bool = False) -> int | None:
     """For a rule with distribution ops made of elementwise ops, matmul, broadcasts with literal dims
     and distribution ops with literal dims counted from the end (T: the deepest such dim, 2 for a
     matmul): a rank that stands for every higher rank (None for other rules). Each value has front
@@ -1069,7 +1072,9 @@ def device_bound(rule: Rule) -> int | None:
     and reduce at the front, a broadcast repeats them), so flattening them into one axis maps a
     counterexample at any rank onto one at rank front + 1 + T or less, and a proof there holds at
     every rank. Conditions may only equate device counts (dim 0 of a variable with a device axis)
-    or bound a rank by at most 1 + T (both survive the flattening)."""
+    or bound a rank by at most 1 + T (both survive the flattening). Under the guard a side of a
+    literal rank matches the other at any front: above the bound the ranks differ and the guard
+    never holds."""
     used = ops_used_by(rule)
     if not used & DISTRIBUTION or not used <= ELEMENTWISE | {"exp", "ewdiv", "matmul", "broadcast"} | DISTRIBUTION:
         return None
@@ -1090,10 +1095,10 @@ def device_bound(rule: Rule) -> int | None:
     for values in itertools.product((0, 1), repeat=len(names)):  # device axes per variable: one consistent scheme
         depth: dict[str, int] = dict(zip(sorted(names), values))
         sides = [[_front(p, depth) for p in side] for side in (rule.lhs, rule.rhs)]
-        if None in sides[0] or sides[0] != sides[1]:
+        if None in sides[0] + sides[1] or any(a != b and not (guarded and FIXED in (a, b)) for a, b in zip(*sides)):
             continue
         if all(_flattening_keeps(c, depth, deepest) for c in rule.conditions):
-            bound = max(depth.values(), default=0) + 1 + deepest
+            bound = max([*depth.values(), 0]) + 1 + deepest
             return bound if bound <= MAX_RANK + 1 else None
     return None
 
@@ -1108,11 +1113,15 @@ def _front(p: Pattern, depth: dict[str, int]) -> int | None:
         shape, need = p.attr["shape"], max(p.attr["dims"], default=-1) + 1
         if isinstance(shape, AttrVar) and depth.setdefault(f"shape {shape.name}", need) == need:
             return need
+        if isinstance(shape, (tuple, list)):  # a literal rank: nothing to flatten
+            return FIXED if need <= len(shape) and _front(p.args[0], depth) is not None else None
         got = _front(shape.pattern, depth) if isinstance(shape, ShapeOf) else None
         return got if got is not None and got >= need and _front(p.args[0], depth) is not None else None
     ds = [_front(a, depth) for a in p.args]
     if None in ds or not ds:
         return None
+    if FIXED in ds:  # its rank is a literal, and so are its operands' where it is typed
+        return FIXED
     first = ds[0]
     assert first is not None
     if p.op in ("partition", "replicate"):
