@@ -74,7 +74,6 @@ ACTIVATIONS = {0: None, 1: "sigmoid", 2: "relu", 3: "tanh"}  # `ops.Activation` 
 DISTRIBUTION = frozenset({"partition", "combine", "replicate", "reduce", "all_reduce", "all_gather", "reduce_scatter",
                           "all_to_all"})
 DISTRIBUTED_ONLY = frozenset({"exp", "ewdiv", "reduce_sum", "reduce_max"})  # modelled in rules with distribution ops
-STACKED_ARGS = DISTRIBUTION - {"partition", "replicate"}  # ops whose argument carries a leading device axis
 MAX_RANK = 6  # ranks are enumerated up to MAX_RANK + 1; a variable typed at that rank means the rank is unbounded
 
 Dims = tuple[z3.ArithRef, ...]
