@@ -63,7 +63,8 @@ def _within(pred: float, measured: float, tol: float) -> bool:
 
 def run_case(model: str, mesh_spec: str, time_limit: float = 20.0, budget_fraction: float | None = None,
              random: int = 0, measure: bool = True, base: str = "cpu8", comm_budget: float | None = None,
-             graph: Graph | None = None, cost: ParallelCostModel | None = None) -> dict[str, Any]:
+             graph: Graph | None = None, cost: ParallelCostModel | None = None,
+             trust_tested: bool = False) -> dict[str, Any]:
     """One row: the joint plan (within the memory and communication budgets if given), the
     baselines, the joint plan at each baseline's bytes, and (with `measure`) the device checks.
     `graph`: a program of the user's (`--graph`), named `model`; it has no Megatron by hand.
@@ -73,10 +74,12 @@ def run_case(model: str, mesh_spec: str, time_limit: float = 20.0, budget_fracti
     budget = None
     if budget_fraction is not None:
         budget = budget_fraction * plan_report(graph, _replicated_model(mesh)).mem_bytes
-    priced = saturate_and_price(graph, mesh, "joint", model=cost)  # the joint plan's e-graph, also the random plans'
+    priced = saturate_and_price(graph, mesh, "joint", model=cost, trust_tested=trust_tested)  # also the random plans'
     joint = plan_graph(graph, mesh, "joint", time_limit=time_limit, mem_budget=budget, priced=priced,
                        comm_budget=comm_budget)
-    baselines = {name: plan_graph(graph, mesh, s, time_limit=time_limit, model=cost) for name, s in SEARCHED.items()}
+    baselines = {name: plan_graph(graph, mesh, s, time_limit=time_limit, model=cost,
+                                  priced=saturate_and_price(graph, mesh, s, model=cost, trust_tested=trust_tested))
+                 for name, s in SEARCHED.items()}
     if model in PARALLEL_MODELS:
         baselines["megatron"] = hand_plan(model, graph, mesh, cost)
     row: dict[str, Any] = {"model": model, **joint.to_json()}
@@ -251,6 +254,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="price with the links and compute measured on these devices (cost model "
                              "parallel-calibrated; measured first if not cached)")
     parser.add_argument("--force", action="store_true", help="calibrate: measure again even if cached")
+    parser.add_argument("--trust-tested", action="store_true",
+                        help="also use parallel rules proved only on the tested shapes, not for all shapes (warns naming them)")
 
 
 def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
@@ -285,7 +290,7 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
     cost = _calibrated_cost(args.mesh, args.base) if args.calibrated else None
     t = time.perf_counter()
     row = run_case(args.model, args.mesh, args.time_limit, args.budget, args.random_plans, not args.no_measure, args.base,
-                   args.comm_budget, graph, cost)
+                   args.comm_budget, graph, cost, args.trust_tested)
     row["total_s"] = time.perf_counter() - t
     yield row
 

@@ -123,25 +123,31 @@ def _base(rule_name: str) -> str:
     return rule_name.split("@")[0]
 
 
-def verified_parallel_rules(mesh: Mesh, names: Sequence[str] | None = None) -> list[Rule]:
-    """The mesh's rule instances whose generic form the verifier accepts at N = 2 and N = 4."""
-    from eqsat.rewrites.verify import verified_rules
+def verified_parallel_rules(mesh: Mesh, names: Sequence[str] | None = None, trust_tested: bool = False) -> list[Rule]:
+    """The mesh's rule instances whose generic form the one trust policy (`eqsat.rulesets.is_trusted`)
+    accepts at N = 2 and N = 4: proved for all shapes (under the guard); with `trust_tested` also
+    those proved on the tested shapes only, with a warning naming them."""
+    from eqsat.rewrites.verify import verify_rules
+    from eqsat.rulesets import is_trusted, warn_tested
 
     family = [r for n in (2, 4) for r in instantiate(0, n, names=names)]
-    accepted = {_base(r.name) for r in verified_rules(family, allow_guarded=True, all_shapes=False, allow_tested=True)}
+    results = verify_rules(family)
+    accepted = {_base(r.name) for r, res in zip(family, results) if is_trusted(res, trust_tested=trust_tested)}
+    warn_tested(sorted({_base(r.name) for r, res in zip(family, results) if trust_tested and not is_trusted(res)
+                        and _base(r.name) in accepted}))
     per_n = {n: {_base(r.name) for r in instantiate(0, n, names=names)} for n in (2, 4)}
     ok = {b for b in per_n[2] | per_n[4] if (b not in per_n[2] or b in accepted) and (b not in per_n[4] or b in accepted)}
     return [r for r in mesh_rules(mesh, names) if _base(r.name) in ok]
 
 
-def strategy_rules(mesh: Mesh, strategy: str) -> list[Rule]:
+def strategy_rules(mesh: Mesh, strategy: str, trust_tested: bool = False) -> list[Rule]:
     if strategy not in STRATEGY_RULES:
         raise PlanError(f"unknown strategy '{strategy}'; choose from {', '.join(STRATEGY_RULES)}")
     names = STRATEGY_RULES[strategy]
     if names is None:
-        return verified_parallel_rules(mesh)
+        return verified_parallel_rules(mesh, trust_tested=trust_tested)
     shared = tuple(r for r in SHARED_RULES if strategy != "algebra-first" or r not in ALGEBRA_RULES)
-    return verified_parallel_rules(mesh, (*names, *shared))
+    return verified_parallel_rules(mesh, (*names, *shared), trust_tested)
 
 
 # --- pricing -------------------------------------------------------------------------------------
@@ -356,11 +362,13 @@ class PricedEGraph:
 
 
 def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
-                       model: ParallelCostModel | None = None, rules: Sequence[Rule] | None = None) -> PricedEGraph:
+                       model: ParallelCostModel | None = None, rules: Sequence[Rule] | None = None,
+                       trust_tested: bool = False) -> PricedEGraph:
     from eqsat.cost import cost_model
 
     model = model or ParallelCostModel(mesh, cost_model("roofline", mesh.device))
-    stages = [list(rules)] if rules is not None else [strategy_rules(mesh, s) for s in STAGES.get(strategy, (strategy,))]
+    stages = [list(rules)] if rules is not None else [strategy_rules(mesh, s, trust_tested)
+                                                      for s in STAGES.get(strategy, (strategy,))]
     t0 = time.perf_counter()
     egraph = TensorEGraph.from_graph(graph)
     rule_list: list[Rule] = []

@@ -24,6 +24,15 @@ sums. Channel groups are written as products (`_parametrize`: C = G * Ci, O = G 
 so a grouped conv's channel arithmetic is polynomial and a merge_gconv's block is decided per
 residue of the group mod its count.
 
+Distribution ops (`eqsat.distribution`, a leading device axis) in rules that use them: device d's
+piece of a partition into a literal N reads d * (S / N) + i (under an assumed typing a fresh piece p
+with S = N * p, so a sum over S splits into N partial sums), combine concatenates (an If per device
+for a literal count, quotient and remainder by the piece for a symbolic one; a sum over a combined
+axis is a sum over devices of sums over pieces), replicate reads x, reduce sums over devices, the
+collectives are their definitions; exp and ewdiv are atoms, reduce_sum nested sums and reduce_max
+an uninterpreted MAX there. Dims the hypotheses equate become one symbol (`_unify`), goals are
+shown at each value of a literal (device) axis, and `device_bound` bounds the rank.
+
 Ranks are enumerated (`shapes.rank_choices` up to rank 7); a rule whose variables may take rank 7
 is not bounded in rank unless it is made of elementwise ops and broadcasts only (`tail_bound`:
 axes past the broadcast ones are passed through, so rank B + 1 stands for every higher rank).
@@ -41,6 +50,7 @@ for that enumeration, never for the proof.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -61,6 +71,9 @@ POOL_OPS = frozenset({"poolmax", "poolavg"})
 POOL_TIMEOUT_MS = 4000  # a 3x3 max over window decompositions: z3 case-splits on the nine reads
 GROUPED_TIMEOUT_MS = 1000
 ACTIVATIONS = {0: None, 1: "sigmoid", 2: "relu", 3: "tanh"}  # `ops.Activation` codes
+DISTRIBUTION = frozenset({"partition", "combine", "replicate", "reduce", "all_reduce", "all_gather", "reduce_scatter",
+                          "all_to_all"})
+DISTRIBUTED_ONLY = frozenset({"exp", "ewdiv", "reduce_sum", "reduce_max"})  # modelled in rules with distribution ops
 MAX_RANK = 6  # ranks are enumerated up to MAX_RANK + 1; a variable typed at that rank means the rank is unbounded
 
 Dims = tuple[z3.ArithRef, ...]
@@ -99,6 +112,10 @@ class _Builder:
     quotients: dict[tuple[int, int], tuple[z3.ArithRef, z3.ArithRef]] = field(default_factory=dict)
     slots: tuple[int, int] = (0, 0)  # (count, case): the one fresh quotient is count * q' + case
     sliced: dict[tuple[int, int], z3.ArithRef] = field(default_factory=dict)  # quotient key -> q'
+    pieces: dict[tuple[int, int], z3.ArithRef] = field(default_factory=dict)  # (dim, parts) -> a partition's piece
+    multiples: dict[int, tuple[int, z3.ArithRef]] = field(default_factory=dict)  # dim -> (parts, piece): dim = parts * piece
+    blocked: dict[int, tuple[z3.ArithRef, z3.ArithRef]] = field(default_factory=dict)  # combined dim -> (piece, count)
+    digits: dict[tuple[int, int], tuple[z3.ArithRef, z3.ArithRef]] = field(default_factory=dict)  # (index, piece) -> (q, r)
 
     def value(self, p: Pattern, typed: list[z3.BoolRef]) -> _Value:
         if isinstance(p, Var):
@@ -145,6 +162,18 @@ class _Builder:
             return self._reshape(t, args[0], typed)
         if t.op == "merge_gconv":
             return self._merge_gconv(t, args[0], typed)
+        if t.op in DISTRIBUTION:
+            return self._distribution(t, args[0], typed)
+        if t.op == "exp":
+            (x,) = args
+            return _Value(x.dims, lambda i: _act("exp", x.elem(i)))
+        if t.op == "ewdiv":  # x * (1/y), 1/y an atom (as the concrete prover's "recip")
+            x, y = args
+            _same_rank(t.op, x, y)
+            typed += [d == e for d, e in zip(x.dims, y.dims)]
+            return _Value(x.dims, lambda i: x.elem(i) * _act("recip", y.elem(i)))
+        if t.op in ("reduce_sum", "reduce_max"):
+            return self._reduction(t, args[0], typed)
         if t.op == "transpose":
             (x,) = args
             perm = tuple(a["perm"])
@@ -412,6 +441,156 @@ class _Builder:
 
         return _Value((o, ci * count, w.dims[2], w.dims[3]), merged)
 
+    def _distribution(self, t: Term, x: _Value, typed: list[z3.BoolRef]) -> _Value:
+        """`eqsat.distribution` in the stacked representation: a distributed value has a leading
+        device axis. partition along dim a into n pieces: device d's piece reads x at d * (S / n) + i
+        on axis a (typed when n divides S); combine: concatenation of the device slices (a literal
+        count: an If per device, as concat; a symbolic one: quotient and remainder by the piece);
+        replicate: every device reads x; reduce: the sum over the device axis. The collectives are
+        their definitions (all_reduce = replicate . reduce, all_gather = replicate . combine,
+        reduce_scatter = partition . reduce, all_to_all = partition . combine)."""
+        a = t.attr
+        if any(type(v) is not int for k, v in a.items() if k != "axis"):
+            raise Unsupported(f"{t.op}: attributes that are not integer literals")
+        if t.op == "partition":
+            return self._partition(x, a["dim"], a["parts"], typed)
+        if t.op == "replicate":
+            if a["parts"] < 1:
+                raise _IllTyped("replicate: parts")
+            return _replicate(x, z3.IntVal(a["parts"]))
+        if len(x.dims) < 2:
+            raise _IllTyped(f"{t.op}: needs a leading device axis and one more")
+        count = z3.simplify(x.dims[0])
+        if t.op == "combine":
+            return self._combine(x, a["dim"])
+        if t.op == "reduce":
+            return self._reduce(x)
+        if t.op == "all_reduce":
+            return _replicate(self._reduce(x), x.dims[0])
+        if t.op == "all_gather":
+            return _replicate(self._combine(x, a["dim"]), x.dims[0])
+        if not z3.is_int_value(count):
+            raise Unsupported(f"{t.op}: a symbolic device count")
+        inner = self._reduce(x) if t.op == "reduce_scatter" else self._combine(x, a["concat_dim"])
+        return self._partition(inner, a["dim" if t.op == "reduce_scatter" else "split_dim"], count.as_long(), typed)
+
+    def _partition(self, x: _Value, dim: int, parts: int, typed: list[z3.BoolRef]) -> _Value:
+        r = len(x.dims)
+        if not -r <= dim < 0 or parts < 1:
+            raise _IllTyped("partition: dim or parts")
+        ax = r + dim
+        piece = self._piece(x.dims[ax], parts, typed)
+
+        def part(idx: Sequence[z3.ArithRef]) -> z3.ArithRef:
+            device, rest = z3.simplify(idx[0]), list(idx[1:])
+
+            def read(d: int) -> z3.ArithRef:
+                return x.elem(rest[:ax] + [_poly(d * piece + rest[ax])] + rest[ax + 1:])
+
+            if z3.is_int_value(device):
+                return read(device.as_long())
+            out = read(parts - 1)
+            for d in reversed(range(parts - 1)):
+                out = z3.If(device == d, read(d), out)
+            return out
+
+        return _Value((z3.IntVal(parts), *x.dims[:ax], piece, *x.dims[ax + 1:]), part)
+
+    def _piece(self, size: z3.ArithRef, parts: int, typed: list[z3.BoolRef]) -> z3.ArithRef:
+        """size / parts with parts | size: a literal multiple divides exactly; where the typing is a
+        hypothesis, a fresh piece p with size = parts * p (so a sum over size splits into parts sums
+        over p, `_sum_n`); where it is a goal, the term size / parts and the goal parts | size."""
+        if parts == 1:
+            return size
+        poly = _poly(size)
+        if z3.is_mul(poly) and poly.num_args() == 2 and z3.is_int_value(poly.arg(0)) \
+                and poly.arg(0).as_long() % parts == 0:
+            return _poly(poly.arg(0).as_long() // parts * poly.arg(1))
+        key = (poly.get_id(), parts)
+        if key in self.pieces:
+            return self.pieces[key]
+        if self.typed_is_assumed or self.guarded_mode:
+            p = z3.Int(f"piece{len(self.pieces)}")
+            typed.append(poly == parts * p)
+            self.pieces[key] = p
+            self.multiples[poly.get_id()] = (parts, p)
+            return p
+        typed.append(poly % parts == 0)
+        return poly / parts
+
+    def _combine(self, y: _Value, dim: int) -> _Value:
+        r = len(y.dims) - 1
+        if not -r <= dim < 0:
+            raise _IllTyped("combine: dim")
+        ax = r + dim
+        count, piece = z3.simplify(y.dims[0]), y.dims[1 + ax]
+        rest_dims = list(y.dims[1:])
+        if z3.is_int_value(count):
+            n = count.as_long()
+
+            def concat(idx: Sequence[z3.ArithRef]) -> z3.ArithRef:
+                def read(d: int) -> z3.ArithRef:
+                    return y.elem([z3.IntVal(d), *idx[:ax], _poly(idx[ax] - d * piece), *idx[ax + 1:]])
+
+                out = read(n - 1)
+                for d in reversed(range(n - 1)):
+                    out = z3.If(idx[ax] < (d + 1) * piece, read(d), out)
+                return out
+
+            rest_dims[ax] = _poly(n * piece)
+            return _Value(tuple(rest_dims), concat)
+        out = piece * y.dims[0]
+        self.blocked[out.get_id()] = (piece, y.dims[0])
+
+        def gathered(idx: Sequence[z3.ArithRef]) -> z3.ArithRef:
+            q, rem = self.digits.get((idx[ax].get_id(), piece.get_id())) or self._quotient(idx[ax], piece)
+            return y.elem([q, *idx[:ax], rem, *idx[ax + 1:]])
+
+        rest_dims[ax] = out
+        return _Value(tuple(rest_dims), gathered)
+
+    def _reduce(self, y: _Value) -> _Value:
+        count = z3.simplify(y.dims[0])
+        if z3.is_int_value(count):
+            return _Value(y.dims[1:], lambda i: z3.Sum([y.elem([z3.IntVal(d), *i]) for d in range(count.as_long())]))
+        return _Value(y.dims[1:], lambda i: self._sum(lambda d: y.elem([d, *i]), y.dims[0]))
+
+    def _reduction(self, t: Term, x: _Value, typed: list[z3.BoolRef]) -> _Value:
+        """reduce_sum / reduce_max over literal axes (counted from the front): nested sums (`_sum_n`),
+        or nested maxima as an uninterpreted MAX of the length and the masked body."""
+        axes = t.attr["axes"]
+        if not all(type(v) is int for v in axes):
+            raise Unsupported(f"{t.op}: axes that are not literals")
+        if len(set(axes)) != len(axes) or any(not 0 <= v < len(x.dims) for v in axes):
+            raise _IllTyped(f"{t.op}: axes")
+        kept = [k for k in range(len(x.dims)) if k not in axes]
+        order = sorted(axes)
+
+        def element(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
+            def level(pos: int, chosen: dict[int, z3.ArithRef]) -> z3.ArithRef:
+                if pos == len(order):
+                    full = dict(zip(kept, i)) | chosen
+                    return x.elem([full[k] for k in range(len(x.dims))])
+                ax = order[pos]
+                body = lambda k: level(pos + 1, {**chosen, ax: k})  # noqa: E731
+                return self._sum(body, x.dims[ax]) if t.op == "reduce_sum" else self._max(body, x.dims[ax])
+
+            return level(0, {})
+
+        return _Value(tuple(x.dims[k] for k in kept), element)
+
+    def _max(self, body: Callable[[z3.ArithRef], z3.ArithRef], n: z3.ArithRef) -> z3.ArithRef:
+        """max(body(k) for 0 <= k < n), uninterpreted: equal lengths and equal masked bodies give equal
+        maxima (the length is an argument: the masked body alone does not determine the range)."""
+        k = z3.Int(f"m{self.depth}")
+        self.depth += 1
+        try:
+            expr = body(k)
+        finally:
+            self.depth -= 1
+        fn = z3.Function("MAX", z3.IntSort(), z3.ArraySort(z3.IntSort(), z3.RealSort()), z3.RealSort())
+        return fn(n, z3.Lambda([k], z3.If(z3.And(k >= 0, k < n), expr, z3.RealVal(0))))
+
     def _factor_groups(self, c: z3.ArithRef, ci: z3.ArithRef, o: z3.ArithRef) -> tuple[z3.ArithRef, z3.ArithRef] | None:
         """(groups, O / groups) when C = groups * Ci and O = groups * og are polynomial identities for
         some groups, og built from the group factors `_parametrize` introduced (small multiples of
@@ -471,6 +650,22 @@ class _Builder:
         terms agree up to such factors (a scaled or added weight, a batchnorm folded into it) are
         equal. Bound indices are named by nesting depth, so alpha-equal sums are one z3 term. A
         length a + b (a concatenated dim) is split into [0, a) and [a, a + b)."""
+        if n.get_id() in self.multiples:  # n = parts * piece (a partitioned dim): one sum per piece
+            count, size = self.multiples[n.get_id()]
+            return z3.Sum([self._sum_n(lambda ks, j=j: body([_poly(ks[0] + j * size), *ks[1:]]), size, arity)  # type: ignore[misc]
+                           for j in range(count)])
+        if arity == 1 and n.get_id() in self.blocked:  # n = piece * count (a combined dim): sum over devices of pieces
+            piece, count = self.blocked[n.get_id()]
+
+            def device(ds: Sequence[z3.ArithRef]) -> z3.ArithRef:
+                def within(hs: Sequence[z3.ArithRef]) -> z3.ArithRef:
+                    k = ds[0] * piece + hs[0]
+                    self.digits[(k.get_id(), piece.get_id())] = (ds[0], hs[0])
+                    return body([k])
+
+                return self._sum_n(within, piece, 1)
+
+            return self._sum_n(device, count, 1)
         if z3.is_add(n) and n.num_args() == 2:
             first, second = n.arg(0), n.arg(1)
             return (self._sum_n(body, first, arity)
@@ -650,6 +845,10 @@ def _window(size: z3.ArithRef, k: z3.ArithRef, stride: int, pad: int,
     return out, z3.If(total > 0, total, 0) / 2
 
 
+def _replicate(x: _Value, parts: z3.ArithRef) -> _Value:
+    return _Value((parts, *x.dims), lambda i: x.elem(i[1:]))
+
+
 def _activation(op: str, code: Any) -> str | None:
     if type(code) is not int or code not in ACTIVATIONS:
         raise Unsupported(f"{op}: activation code {code!r}")
@@ -715,7 +914,8 @@ def _python_mod(x: Any, y: Any) -> Any:
 
 def why_not(rule: Rule) -> str | None:
     """Why the symbolic prover cannot take the rule (None when it can try)."""
-    other = sorted({o for p in rule.lhs + rule.rhs for o in ops_used(p)} - SUPPORTED)
+    used = {o for p in rule.lhs + rule.rhs for o in ops_used(p)}
+    other = sorted(used - SUPPORTED - ((DISTRIBUTION | DISTRIBUTED_ONLY) if used & DISTRIBUTION else frozenset()))
     if other:
         return f"no symbolic semantics for {', '.join(other)} (index arithmetic of windows, broadcasts, reshapes)"
     if any(_condition_ops(c) - _CONDITION_OPS for c in rule.conditions):
@@ -788,10 +988,15 @@ def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> 
     # under the guard, the right side's typing may need unequal dims (a merge_gconv's even group
     # count) that the enumeration's equal dims miss: the left side's ranks are a superset then
     wide = _rank_assignments(rule, guarded) or (_rank_assignments(rule, False) if guarded else [])
-    tail = tail_bound(rule)
+    if guarded and ops_used_by(rule) & DISTRIBUTION:  # the guard may need unequal dims (a size-1 broadcast axis)
+        wide += [c for c in _rank_assignments(rule, False) if c not in wide]
+    tail, middle = tail_bound(rule), device_bound(rule, guarded)
     if tail is not None:  # higher ranks collapse onto rank tail + 1 (see `tail_bound`)
         wide = [c for c in wide if max(c.values(), default=0) <= tail + 1]
-    if not wide or len(wide) >= 256 or any(r > MAX_RANK for c in wide for r in c.values()):
+    elif middle is not None:  # higher ranks collapse onto rank `middle` (see `device_bound`)
+        wide = [c for c in wide if max(c.values(), default=0) <= middle]
+    top = MAX_RANK if middle is None else middle  # a bound from `device_bound` covers the ranks above it
+    if not wide or len(wide) >= 256 or any(r > top for c in wide for r in c.values()):
         return None  # no rank types it, too many, or the rank is unbounded (rank-polymorphic rules)
     used = ops_used_by(rule)
     if used & WINDOW_OPS:
@@ -806,8 +1011,10 @@ def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> 
     except (z3.Z3Exception, KeyError, TypeError, ValueError, IndexError):  # a shape the table misreads: no proof
         return None
     assignments = sorted({tuple(sorted(c.items())) for c in wide})
-    every = ("every rank that types the rule" if tail is None else
-             f"rank {tail + 1} stands for every higher rank: axes from {tail} on are only passed through")
+    every = (f"rank {tail + 1} stands for every higher rank: axes from {tail} on are only passed through"
+             if tail is not None else
+             f"rank {middle} stands for every higher rank: axes between the device axis and the last "
+             f"{middle - 2} are only passed through" if middle is not None else "every rank that types the rule")
     return (f"z3 over symbolic dims and indices, {'under the guard, ' if guarded else ''}"
             f"{len(assignments)} rank assignment(s) ({every})")
 
@@ -851,6 +1058,165 @@ def tail_bound(rule: Rule) -> int | None:
     return bound
 
 
+FIXED = -1  # `_front` of a value whose rank is a literal (a broadcast to a shape of listed dims)
+
+
+def device_bound(rule: Rule, guarded: bool = False) -> int | None:
+    """For a rule with distribution ops made of elementwise ops, matmul, broadcasts with literal dims
+    and distribution ops with literal dims counted from the end (T: the deepest such dim, 2 for a
+    matmul): a rank that stands for every higher rank (None for other rules). Each value has front
+    axes (its device axes; a broadcast's output up to its last mapped axis) and its last T axes;
+    every op passes the axes between them through unchanged (elementwise ops and matmul's batch
+    axes read the same index, partition and combine act at a dim counted from the end, replicate
+    and reduce at the front, a broadcast repeats them), so flattening them into one axis maps a
+    counterexample at any rank onto one at rank front + 1 + T or less, and a proof there holds at
+    every rank. Conditions may only equate device counts (dim 0 of a variable with a device axis)
+    or bound a rank by at most 1 + T (both survive the flattening). Under the guard a side of a
+    literal rank matches the other at any front: above the bound the ranks differ and the guard
+    never holds."""
+    used = ops_used_by(rule)
+    if not used & DISTRIBUTION or not used <= ELEMENTWISE | {"exp", "ewdiv", "matmul", "broadcast"} | DISTRIBUTION:
+        return None
+    deepest, names = 1, set()
+    for p in rule.lhs + rule.rhs:
+        for t in subterms(p):
+            if t.op == "matmul":
+                deepest = max(deepest, 2)
+            if t.op == "broadcast" and not all(type(d) is int for d in t.attr["dims"]):
+                return None
+            for key in ("dim", "split_dim", "concat_dim"):
+                if t.op in DISTRIBUTION and key in t.attr:
+                    v = t.attr[key]
+                    if type(v) is not int or v >= 0:
+                        return None
+                    deepest = max(deepest, -v)
+            names |= {a.name for a in t.args if isinstance(a, Var)}
+    for values in itertools.product((0, 1), repeat=len(names)):  # device axes per variable: one consistent scheme
+        depth: dict[str, int] = dict(zip(sorted(names), values))
+        sides = [[_front(p, depth) for p in side] for side in (rule.lhs, rule.rhs)]
+        if None in sides[0] + sides[1] or any(a != b and not (guarded and FIXED in (a, b)) for a, b in zip(*sides)):
+            continue
+        if all(_flattening_keeps(c, depth, deepest) for c in rule.conditions):
+            bound = max([*depth.values(), 0]) + 1 + deepest
+            return bound if bound <= MAX_RANK + 1 else None
+    return None
+
+
+def _front(p: Pattern, depth: dict[str, int]) -> int | None:
+    """How many front axes `p` has (never flattened) when each variable has `depth`'s (an
+    attribute variable giving a broadcast's shape gets its own entry); None when an op would read a
+    value's middle axes specially (then flattening them is not harmless)."""
+    if isinstance(p, Var):
+        return depth[p.name]
+    if p.op == "broadcast":
+        shape, need = p.attr["shape"], max(p.attr["dims"], default=-1) + 1
+        if isinstance(shape, AttrVar) and depth.setdefault(f"shape {shape.name}", need) == need:
+            return need
+        if isinstance(shape, (tuple, list)):  # a literal rank: nothing to flatten
+            return FIXED if need <= len(shape) and _front(p.args[0], depth) is not None else None
+        got = _front(shape.pattern, depth) if isinstance(shape, ShapeOf) else None
+        return got if got is not None and got >= need and _front(p.args[0], depth) is not None else None
+    ds = [_front(a, depth) for a in p.args]
+    if None in ds or not ds:
+        return None
+    if FIXED in ds:  # its rank is a literal, and so are its operands' where it is typed
+        return FIXED
+    first = ds[0]
+    assert first is not None
+    if p.op in ("partition", "replicate"):
+        return first + 1
+    if p.op in DISTRIBUTION:  # combine and reduce leave the axis; the collectives keep it
+        return None if first < 1 else first - (p.op in ("combine", "reduce"))
+    return first if all(d == first for d in ds) else None
+
+
+def _flattening_keeps(c: Any, depth: Mapping[str, int], deepest: int) -> bool:
+    """A condition that still holds after flattening middle axes: equal device counts (dim 0 of a
+    variable with a device axis) or constants, or a lower bound on a rank of at most 1 + deepest."""
+    def device_count(x: Any) -> bool:
+        return isinstance(x, Term) and (x.op == "const" or (
+            x.op == "dim" and isinstance(x.args[0], Var) and depth[x.args[0].name] >= 1
+            and isinstance(x.args[1], Term) and x.args[1].op == "const" and x.args[1].attr["value"] == 0))
+
+    if not isinstance(c, Term):
+        return False
+    if c.op == "=" and all(device_count(a) for a in c.args):
+        return True
+    bound, rank = c.args if c.op == "<=" else sorted(c.args, key=lambda a: isinstance(a, Term) and a.op == "rank")
+    return (c.op in ("<=", "=") and isinstance(bound, Term) and bound.op == "const" and isinstance(rank, Term)
+            and rank.op == "rank" and bound.attr["value"] <= 1 + deepest)
+
+
+def _unify(rule: Rule, ranks: Mapping[str, int], guarded: bool, dims: dict[str, Dims],
+           funcs: dict[str, z3.FuncDeclRef], sum_fn: z3.FuncDeclRef) -> None:
+    """Dims that the hypotheses equate (the conditions, the left side's typing, and under the guard
+    the right side's) become one symbol or literal, in `dims`: x = y, or x * c = y * c for a dim c
+    >= 1. Only shapes that violate a hypothesis are lost, and the proof is over those that satisfy
+    them; one symbol per dim lets two partitions of one dim share their piece and sums match."""
+    for _ in range(2):
+        scratch = _Builder(ranks, dict(dims), funcs, sum_fn)
+        facts: list[z3.BoolRef] = []
+        try:
+            facts += [_condition(c, dims) for c in rule.conditions]
+            for p in rule.lhs:
+                scratch.value(p, facts)
+            if guarded:
+                scratch.guarded_mode, scratch.typed_is_assumed = True, False
+                rhs: list[z3.BoolRef] = []
+                for p in rule.rhs:
+                    scratch.value(p, rhs)
+                facts += rhs
+        except (_IllTyped, Unsupported, _NeedsFactors, KeyError, IndexError, TypeError):
+            pass
+        plain = {d.get_id() for ds in dims.values() for d in ds if z3.is_const(d) and not z3.is_int_value(d)}
+        parent = _union(facts, plain)
+        if not parent:
+            return
+        pairs = [(d, _find(parent, d)) for ds in dims.values() for d in ds if d.get_id() in parent]
+        for v in dims:
+            dims[v] = tuple(z3.substitute(d, *pairs) if pairs else d for d in dims[v])
+
+
+def _find(parent: Mapping[int, z3.ArithRef], d: z3.ArithRef) -> z3.ArithRef:
+    while d.get_id() in parent:
+        d = parent[d.get_id()]
+    return d
+
+
+def _union(facts: Sequence[z3.BoolRef], plain: set[int]) -> dict[int, z3.ArithRef]:
+    """Union-find over the dims that `facts` equate (x = y, x * c = y * c for a dim c): each plain dim
+    symbol points towards its class's representative (a literal where the class has one)."""
+    parent: dict[int, z3.ArithRef] = {}
+    for f in facts:
+        if not (z3.is_eq(f) and f.arg(0).sort() == z3.IntSort()):
+            continue
+        a, b = f.arg(0), f.arg(1)
+        if z3.is_mul(a) and z3.is_mul(b) and a.num_args() == b.num_args() == 2 and a.arg(1).eq(b.arg(1)) \
+                and a.arg(1).get_id() in plain:
+            a, b = a.arg(0), b.arg(0)
+        if not all(x.get_id() in plain or z3.is_int_value(x) for x in (a, b)):
+            continue
+        a, b = _find(parent, a), _find(parent, b)
+        if a.eq(b):
+            continue
+        if z3.is_int_value(a) or (not z3.is_int_value(b) and str(b) < str(a)):
+            a, b = b, a
+        if a.get_id() in plain:
+            parent[a.get_id()] = b
+    return parent
+
+
+def _goal_points(dims: Dims) -> list[dict[int, z3.ArithRef]]:
+    """Values for the output axes of literal size (a device axis: at most 8): the goal is shown at
+    each, so a partition's device index is a literal and its reads stay linear."""
+    points: list[dict[int, z3.ArithRef]] = [{}]
+    for k, d in enumerate(dims):
+        size = z3.simplify(d)
+        if z3.is_int_value(size) and 1 <= size.as_long() <= 8:
+            points = [p | {k: z3.IntVal(v)} for p in points for v in range(size.as_long())]
+    return points
+
+
 def _condition_terms(c: Any) -> list[Term]:
     if isinstance(c, Var):
         return []
@@ -874,6 +1240,9 @@ def _holds_at(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: i
     dims = {v: tuple(z3.Int(f"{v}_{k}") for k in range(r)) for v, r in ranks.items()}
     funcs = {v: z3.Function(f"T_{v}", *([z3.IntSort()] * r), z3.RealSort()) for v, r in ranks.items()}
     sum_fn = z3.Function("SUM", z3.ArraySort(z3.IntSort(), z3.RealSort()), z3.RealSort())
+    distributed = bool(ops_used_by(rule) & DISTRIBUTION)
+    if distributed:
+        _unify(rule, ranks, guarded, dims, funcs, sum_fn)
     factors = _parametrize(rule, dims, guarded) if factor else []
     builder = _Builder(ranks, dims, funcs, sum_fn, factors=factors, slots=slots)
     conditions = [_condition(c, dims) for c in rule.conditions]
@@ -912,7 +1281,9 @@ def _holds_at(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: i
     for n, (a, b) in enumerate(zip(lhs, rhs)):
         idx = [z3.Int(f"i{n}_{k}") for k in range(len(a.dims))]
         solver.add(*[z3.And(i >= 0, i < d) for i, d in zip(idx, a.dims)])
-        goals.append(a.elem(idx) == b.elem(idx))
+        for point in _goal_points(a.dims) if distributed else [{}]:
+            at = [point.get(k, i) for k, i in enumerate(idx)]
+            goals.append(a.elem(at) == b.elem(at))
     goal = z3.And(*goals) if guarded else z3.And(*rhs_typed, *same_shape, *goals)
     zero_sums = [f(z3.Lambda([z3.Int(f"z{m}") for m in range(arity)], z3.RealVal(0))) == 0
                  for arity, f in builder.sum_fns.items()]  # a sum of zeros is zero
