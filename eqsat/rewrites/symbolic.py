@@ -29,8 +29,9 @@ piece of a partition into a literal N reads d * (S / N) + i (under an assumed ty
 with S = N * p, so a sum over S splits into N partial sums), combine concatenates (an If per device
 for a literal count, quotient and remainder by the piece for a symbolic one; a sum over a combined
 axis is a sum over devices of sums over pieces), replicate reads x, reduce sums over devices, the
-collectives are their definitions; exp and ewdiv are atoms, reduce_sum nested sums and reduce_max
-an uninterpreted MAX there. Dims the hypotheses equate become one symbol (`_unify`), goals are
+collectives are their definitions; exp, erf, log, rsqrt, sqrt and ewdiv are atoms, ewmax and ewmin
+selects, reduce_sum nested sums and reduce_max an uninterpreted MAX there. Dims the hypotheses
+equate become one symbol (`_unify`), goals are
 shown at each value of a literal (device) axis, and `device_bound` bounds the rank.
 
 Ranks are enumerated (`shapes.rank_choices` up to rank 7); a rule whose variables may take rank 7
@@ -73,7 +74,10 @@ GROUPED_TIMEOUT_MS = 1000
 ACTIVATIONS = {0: None, 1: "sigmoid", 2: "relu", 3: "tanh"}  # `ops.Activation` codes
 DISTRIBUTION = frozenset({"partition", "combine", "replicate", "reduce", "all_reduce", "all_gather", "reduce_scatter",
                           "all_to_all"})
-DISTRIBUTED_ONLY = frozenset({"exp", "ewdiv", "reduce_sum", "reduce_max"})  # modelled in rules with distribution ops
+UNARY_ATOMS = frozenset({"exp", "erf", "log", "rsqrt", "sqrt"})  # elementwise, each an uninterpreted function
+BINARY_SELECTS: dict[str, Callable[[z3.ArithRef, z3.ArithRef], z3.ArithRef]] = {
+    "ewmax": lambda x, y: z3.If(x >= y, x, y), "ewmin": lambda x, y: z3.If(x <= y, x, y)}
+DISTRIBUTED_ONLY = UNARY_ATOMS | set(BINARY_SELECTS) | {"ewdiv", "reduce_sum", "reduce_max"}  # modelled in rules with distribution ops
 MAX_RANK = 6  # ranks are enumerated up to MAX_RANK + 1; a variable typed at that rank means the rank is unbounded
 
 Dims = tuple[z3.ArithRef, ...]
@@ -164,9 +168,22 @@ class _Builder:
             return self._merge_gconv(t, args[0], typed)
         if t.op in DISTRIBUTION:
             return self._distribution(t, args[0], typed)
-        if t.op == "exp":
+        if t.op in UNARY_ATOMS:
             (x,) = args
-            return _Value(x.dims, lambda i: _act("exp", x.elem(i)))
+            name = t.op
+
+            def atom(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
+                return _act(name, x.elem(i))
+            return _Value(x.dims, atom)
+        if t.op in BINARY_SELECTS:
+            x, y = args
+            _same_rank(t.op, x, y)
+            typed += [d == e for d, e in zip(x.dims, y.dims)]
+            pick = BINARY_SELECTS[t.op]
+
+            def select(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
+                return pick(x.elem(i), y.elem(i))
+            return _Value(x.dims, select)
         if t.op == "ewdiv":  # x * (1/y), 1/y an atom (as the concrete prover's "recip")
             x, y = args
             _same_rank(t.op, x, y)
@@ -1075,7 +1092,8 @@ def device_bound(rule: Rule, guarded: bool = False) -> int | None:
     literal rank matches the other at any front: above the bound the ranks differ and the guard
     never holds."""
     used = ops_used_by(rule)
-    if not used & DISTRIBUTION or not used <= ELEMENTWISE | {"exp", "ewdiv", "matmul", "broadcast"} | DISTRIBUTION:
+    modelled = ELEMENTWISE | UNARY_ATOMS | set(BINARY_SELECTS) | {"ewdiv", "matmul", "broadcast"} | DISTRIBUTION
+    if not used & DISTRIBUTION or not used <= modelled:
         return None
     deepest, names = 1, set()
     for p in rule.lhs + rule.rhs:
@@ -1132,7 +1150,8 @@ def _front(p: Pattern, depth: dict[str, int]) -> int | None:
 
 def _flattening_keeps(c: Any, depth: Mapping[str, int], deepest: int) -> bool:
     """A condition that still holds after flattening middle axes: equal device counts (dim 0 of a
-    variable with a device axis) or constants, or a lower bound on a rank of at most 1 + deepest."""
+    variable with a device axis) or constants, a lower bound on a rank of at most 1 + deepest, or
+    any upper bound on a rank."""
     def device_count(x: Any) -> bool:
         return isinstance(x, Term) and (x.op == "const" or (
             x.op == "dim" and isinstance(x.args[0], Var) and depth[x.args[0].name] >= 1
@@ -1142,9 +1161,15 @@ def _flattening_keeps(c: Any, depth: Mapping[str, int], deepest: int) -> bool:
         return False
     if c.op == "=" and all(device_count(a) for a in c.args):
         return True
+    if c.op == "<=" and _is_rank_of_var(c.args[0]) and isinstance(c.args[1], Term) and c.args[1].op == "const":
+        return True  # an upper bound on a rank: flattening only lowers ranks, so it still holds
     bound, rank = c.args if c.op == "<=" else sorted(c.args, key=lambda a: isinstance(a, Term) and a.op == "rank")
     return (c.op in ("<=", "=") and isinstance(bound, Term) and bound.op == "const" and isinstance(rank, Term)
             and rank.op == "rank" and bound.attr["value"] <= 1 + deepest)
+
+
+def _is_rank_of_var(x: Any) -> bool:
+    return isinstance(x, Term) and x.op == "rank" and isinstance(x.args[0], Var)
 
 
 def _unify(rule: Rule, ranks: Mapping[str, int], guarded: bool, dims: dict[str, Dims],

@@ -36,6 +36,10 @@ def _one(name: str, parts: int = 2) -> Rule:
     ("dp-matmul[ACT=2]@0", True),  # right side typed only where N divides the rows: under the guard
     ("row-matmul@0", True),  # the inner sum split into N partial sums
     ("row-conv[PAD=1,ST=2]@0", True),
+    ("fsdp-gather@0", True),  # an upper bound on a rank survives flattening: proved at every rank it admits
+    ("fsdp-gather-rows@0", True),
+    ("erf-combine[D=-2]@0", False),  # unary atoms and selects of the norm / activation rules
+    ("ewmax-combine[D=-1]@0", False),
 ])
 def test_distribution_rules_are_proved_for_all_shapes(name: str, guarded: bool) -> None:
     how = prove_symbolic(_one(name), guarded=guarded)
@@ -49,6 +53,9 @@ def test_distribution_rules_are_proved_for_all_shapes(name: str, guarded: bool) 
     "(relu (reduce 0 ?x)) => (reduce 0 (relu ?x))",  # relu of a partial sum
     "(ewmul (reduce 0 ?x) (reduce 0 ?y)) => (reduce 0 (ewmul ?x ?y)) if (= (dim ?x 0) (dim ?y 0))",
     "(exp (combine -1 0 ?x)) => (combine -1 0 (tanh ?x))",
+    "(erf (combine -1 0 ?x)) => (combine -1 0 (log ?x))",  # another atom
+    "(ewmax (combine -1 0 ?x) (combine -1 0 ?y)) => (combine -1 0 (ewmin ?x ?y))",
+    "(replicate 0 2 ?w) => (all_gather -2 0 (partition -1 0 2 ?w)) if (<= (rank ?w) 3)",  # gathered on the wrong dim
     "(partition -1 0 2 ?x) => (partition -2 0 2 ?x)",  # wrong dim (never typed alike: not proved strictly)
 ])
 def test_wrong_distribution_rules_are_not_proved(text: str) -> None:
