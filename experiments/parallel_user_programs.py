@@ -1,10 +1,10 @@
 """User programs for `eqsat.parallel.plan`, written as users write them (none is a built-in case): an
-MLP classifier and a GPT-2-style decoder (pre-LN, fused QKV + split, causal mask, GELU, batch x seq
+MLP classifier, a GPT-2-style decoder (pre-LN, fused QKV + split, causal mask, GELU, batch x seq
 x d, token embedding gather), each with an optax Adam step. For each program and mesh one JSON row:
 plan time, the plan's predicted step and compiled bytes / memory beside the baselines', and whether
 3 steps equal the single-device `jax.jit(train_step)`'s (loss rtol 1e-4, params within 2 lr steps).
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.parallel_user_programs [mlp|gpt] [8|2x4|4x2]
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.parallel_user_programs [mlp|gpt|moe] [8|2x4|4x2]
 
 Times are predictions of the `parallel` cost model; the 8 emulated CPU devices share this machine's
 cores, so wall-clock figures mean nothing here. Bytes and memory are the compiled programs'.
@@ -108,7 +108,43 @@ def gpt_problem(batch: int = 8, seq: int = 32, d: int = 128, heads: int = 4, voc
     return _adam_step(gpt), (params, OPT.init(params), (tokens, jnp.roll(tokens, -1, axis=1)))
 
 
-PROGRAMS: dict[str, Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]] = {"mlp": mlp_problem, "gpt": gpt_problem}
+# --- a mixture-of-experts layer with token dispatch ----------------------------------------------
+
+def moe_problem(batch: int = 8, seq: int = 32, d: int = 64, hidden: int = 256, experts: int = 8, top: int = 2,
+                classes: int = 32) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """Embed, a residual top-k MoE layer (router logits, `jax.lax.top_k`, one-hot dispatch einsum
+    into per-expert MLPs stacked as (E, d, h), combine weighted by the renormalized router
+    probabilities), mean-pool, classify."""
+    keys = iter(jax.random.split(jax.random.key(0), 16))
+
+    def normal(*shape: int) -> Any:
+        return jax.random.normal(next(keys), shape) / shape[-2] ** 0.5
+
+    params = {"embed": normal(d, d), "router": normal(d, experts), "w_in": normal(experts, d, hidden),
+              "b_in": jnp.zeros((experts, hidden)), "w_out": normal(experts, hidden, d), "head": normal(d, classes)}
+
+    def moe_layer(p: Any, x: Any) -> Any:
+        probs = jax.nn.softmax(x @ p["router"], axis=-1)                      # (b, t, E)
+        gate, choice = jax.lax.top_k(probs, top)                              # (b, t, k)
+        gate = gate / gate.sum(-1, keepdims=True)
+        dispatch = jax.nn.one_hot(choice, experts, dtype=x.dtype)             # (b, t, k, E)
+        combine = jnp.einsum("btk,btke->bte", gate, dispatch)                 # each token's weight per expert
+        xe = jnp.einsum("bte,btd->ebtd", dispatch.sum(2), x)                  # tokens routed to each expert
+        h = jax.nn.gelu(jnp.einsum("ebtd,edh->ebth", xe, p["w_in"]) + p["b_in"][:, None, None, :])
+        ye = jnp.einsum("ebth,ehd->ebtd", h, p["w_out"])
+        return x + jnp.einsum("ebtd,bte->btd", ye, combine)
+
+    def model(p: Any, x: Any) -> Any:
+        h = moe_layer(p, jnp.tanh(x @ p["embed"]))
+        return h.mean(1) @ p["head"]
+
+    x = jax.random.normal(next(keys), (batch, seq, d))
+    y = jax.random.randint(next(keys), (batch,), 0, classes)
+    return _adam_step(model), (params, OPT.init(params), (x, y))
+
+
+PROGRAMS: dict[str, Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]] = {
+    "mlp": mlp_problem, "gpt": gpt_problem, "moe": moe_problem}
 
 
 def same_as_single_device(plan: Any, step: Callable[..., Any], args: tuple[Any, ...], steps: int = 3) -> dict[str, Any]:
@@ -149,7 +185,7 @@ def run(program: str, mesh_spec: str, time_limit: float = 60.0) -> dict[str, Any
 
 def main(argv: list[str]) -> None:
     programs = [a for a in argv if a in PROGRAMS] or list(PROGRAMS)
-    meshes = [a for a in argv if a not in PROGRAMS] or ["8", "2x4"]
+    meshes = [a for a in argv if a not in PROGRAMS] or ["8", "2x4", "4x2"]
     for program in programs:
         for mesh in meshes:
             print(json.dumps(run(program, mesh), default=lambda o: float(o) if isinstance(o, np.floating) else str(o)),
