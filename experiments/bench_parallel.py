@@ -173,6 +173,41 @@ def _pareto(rows: Sequence[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+# --- user programs through `eqsat.parallel.plan` (`eqsat bench parallel --user-programs ...`) ----
+
+USER_MESHES: tuple[str, ...] = ("8", "2x4", "4x2")
+
+
+def run_user_programs(out_dir: Path, programs: Sequence[str], meshes: Sequence[str] | None = None,
+                      time_limit: float = 60.0) -> list[dict[str, Any]]:
+    """`experiments.parallel_user_programs.run` per program and mesh: `parallel_user.jsonl` (its whole
+    rows) and `parallel_user.md` (`SUMMARY_COLUMNS`: predicted ms, compiled bytes and memory of the
+    plan, data parallel and FSDP, plan seconds, dominance, loss match)."""
+    from experiments import parallel_user_programs as upp
+
+    unknown = sorted(set(programs) - set(upp.PROGRAMS))
+    if unknown:
+        raise EqsatError(f"unknown user program(s) {', '.join(unknown)}; known: {', '.join(upp.PROGRAMS)}")
+    bad = [m for m in meshes or USER_MESHES if not all(p.isdigit() and int(p) > 0 for p in m.lower().split("x"))]
+    if bad:  # before any plan
+        raise EqsatError(f"mesh {bad[0]!r} is not a shape like 8 or 2x4")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with open(out_dir / "parallel_user.jsonl", "w") as log:
+        for program in programs:
+            for mesh in meshes or USER_MESHES:
+                row = upp.run(program, mesh, time_limit)
+                rows.append(row)
+                log.write(json.dumps(row, default=str) + "\n")
+                log.flush()
+    cols = upp.SUMMARY_COLUMNS
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_fmt(r.get(k)) for k in cols) + " |" for r in rows]
+    (out_dir / "parallel_user.md").write_text("\n".join(lines) + "\n")
+    return [{k: r.get(k) for k in cols} for r in rows]
+
+
 # --- the time model against measured steps (`eqsat bench parallel --spearman`) ------------------
 
 SPEARMAN_PLANS = 10  # random plans per case: distinct plans, each compiled and timed

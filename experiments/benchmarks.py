@@ -214,6 +214,10 @@ def _parallel_flags(parser: argparse.ArgumentParser) -> None:
                              "devices at hand (calibrates the mesh first if not cached)")
     parser.add_argument("--random-plans", type=POSITIVE_INT, default=None,
                         help="random plans per case (default: 20; with --spearman 10)")
+    parser.add_argument("--user-programs", nargs="+", default=None, metavar="PROGRAM",
+                        help="instead: these user programs (mlp, gpt, moe) through eqsat.parallel.plan, 3 Adam steps "
+                             "checked against one device")
+    parser.add_argument("--meshes", nargs="+", default=None, help="mesh shapes (default: 8 2x4 4x2)")
     parser.add_argument("--mesh", default="2x4", help="--spearman: the mesh shape")
     parser.add_argument("--timing-budget", type=POSITIVE, default=6.0,
                         help="--spearman: seconds of interleaved timing rounds per case")
@@ -223,8 +227,10 @@ def _parallel(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.spearman:
         return module.run_spearman(args.out, args.models, args.mesh, args.random_plans or module.SPEARMAN_PLANS,
                                    args.timing_budget)
+    if args.user_programs:
+        return module.run_user_programs(args.out, args.user_programs, args.meshes, args.time_limit)
     return list(module.run_bench(out_dir=args.out, time_limit=args.time_limit, models=args.models,
-                                 random_plans=args.random_plans or module.RANDOM_PLANS))
+                                 meshes=args.meshes, random_plans=args.random_plans or module.RANDOM_PLANS))
 
 
 def _multiprocess_flags(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """User programs for `eqsat.parallel.plan`, written as users write them (none is a built-in case): an
 MLP classifier, a GPT-2-style decoder (pre-LN, fused QKV + split, causal mask, GELU, batch x seq
-x d, token embedding gather), each with an optax Adam step. For each program and mesh one JSON row:
+x d, token embedding gather) and an MoE layer (top-k token dispatch), each with an optax Adam step. For each program and mesh one JSON row:
 plan time, the plan's predicted step and compiled bytes / memory beside the baselines', and whether
 3 steps equal the single-device `jax.jit(train_step)`'s (loss rtol 1e-4, params within 2 lr steps).
 
@@ -179,8 +179,40 @@ def run(program: str, mesh_spec: str, time_limit: float = 60.0) -> dict[str, Any
     if dp.compiled is not None and plan.report.compiled is not None:
         row["bytes_le_dp"] = plan.report.compiled.comm_bytes <= dp.compiled.comm_bytes
         row["memory_le_dp"] = plan.report.compiled.mem_bytes <= dp.compiled.mem_bytes
+    row.update(summary(plan.report))
     print(plan.explain(), file=sys.stderr)
     return row
+
+
+SUMMARY_COLUMNS = ("program", "mesh", "plan_s", "plan_ms", "dp_ms", "fsdp_ms", "plan_bytes", "dp_bytes", "fsdp_bytes",
+                   "plan_mem_mb", "dp_mem_mb", "fsdp_mem_mb", "no_baseline_dominates", "faster_than_all_predicted",
+                   "loss_rel_diff", "same_as_single_device")
+"""The flat fields of a row (`eqsat bench parallel --user-programs` writes these as its table)."""
+
+
+def summary(report: Any) -> dict[str, Any]:
+    """Predicted ms, compiled bytes and memory (MB) per device of the plan, data parallel and FSDP;
+    whether any baseline with a prediction is better in all three (time, bytes, memory), and
+    whether the plan is predicted faster than every baseline with a prediction."""
+    def figures(pred: float | None, compiled: Any) -> tuple[float | None, float | None, float | None]:
+        return (None if pred is None else pred * 1e3, None if compiled is None else compiled.comm_bytes,
+                None if compiled is None else compiled.mem_bytes / 1e6)
+
+    mine = figures(report.predicted_step_s, report.compiled)
+    out: dict[str, Any] = dict(zip(("plan_ms", "plan_bytes", "plan_mem_mb"), mine))
+    for b in report.baselines:
+        if b.name in ("data-parallel", "fsdp"):
+            key = "dp" if b.name == "data-parallel" else "fsdp"
+            out.update(zip((f"{key}_ms", f"{key}_bytes", f"{key}_mem_mb"), figures(b.predicted_s, b.compiled)))
+    rivals = [figures(b.predicted_s, b.compiled) for b in report.baselines if b.predicted_s is not None]
+    if None in mine or any(None in r for r in rivals):
+        return {**out, "no_baseline_dominates": None, "faster_than_all_predicted": None}
+    def below(r: tuple[float | None, ...], i: int) -> bool:
+        return float(r[i] or 0.0) < float(mine[i] or 0.0)
+
+    out["no_baseline_dominates"] = not any(all(below(r, i) for i in range(3)) for r in rivals)
+    out["faster_than_all_predicted"] = all(float(mine[0] or 0.0) < float(r[0] or 0.0) for r in rivals) if rivals else None
+    return out
 
 
 def main(argv: list[str]) -> None:
