@@ -88,7 +88,7 @@ def test_broken_optimizer_falls_back_with_warning(monkeypatch: pytest.MonkeyPatc
     ({"lowering": "cuda"}, "lowering"),
     ({"time_limit": 0}, "time_limit"),
     ({"extractor": "simplex"}, "unknown extractor 'simplex'; choose from .*ilp"),
-    ({"cost_model": "rooflien"}, "unknown cost model 'rooflien'; known cost models: measured, merge, (parallel, )?roofline"),
+    ({"cost_model": "rooflien"}, "unknown cost model 'rooflien'; known cost models: measured, merge, (parallel[-a-z]*, )*roofline"),
     ({"cost_model": ["roofline", "nope"]}, "unknown cost model 'nope'"),
     ({"rules": "/no/such/file.rules"}, "cannot read rule file"),
     ({"rules": 3}, "rules must be"),

@@ -34,6 +34,7 @@ def _on_devices(graph: Graph, result: PlanResult) -> dict[str, object]:
     return check
 
 
+@pytest.mark.slow
 def test_softmax_gpt_block_is_megatron_with_heads_split_through_the_softmax() -> None:
     graph = gpt(1)  # softmax attention with a causal (additive) mask, d 256, 8 heads
     assert {"reduce_max", "exp", "ewdiv"} <= set(graph.op_counts())

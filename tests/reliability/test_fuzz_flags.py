@@ -223,7 +223,7 @@ def _check_bench(name: str, args: argparse.Namespace, rows: list[dict[str, Any]]
         assert all(m and d for m, d in o.cost_models)
     if name == "jax":
         assert isinstance(args.rounds, int) and args.rounds >= 1 and _finite(args.budget, 0.0)
-        assert set(args.groups) <= {"targets", "models", "overhead"}
+        assert set(args.groups) <= {"targets", "models", "overhead", "heldout"}
 
 
 @st.composite
