@@ -11,10 +11,10 @@ hand, and the H100 roofline) it runs
 - the TASO-style search (`experiments/taso_search.py`) with the same rules and the same cost model,
   at TASO's default budget (1000 graphs) and, under the roofline, a longer one.
 
-Writes one JSON row per (model, k_multi, cost model), `DIR/table.md` (measured speedups first,
-predictions labelled, the paper's numbers in their own columns), PNG plots, and each model's
-saturated e-graph as E-graph JSON under `DIR/egraphs/`. Measured speedup = original time ÷ plan
-time (×); predicted % = cost_original / cost_optimized - 1, as in the paper.
+Writes one JSON row per (model, k_multi, cost model, rule set, conventions: `--rules`,
+`--conventions`), `DIR/table.md` (measured speedups first, predictions labelled, the paper's
+numbers in their own columns), PNG plots, and each model's saturated e-graph as E-graph JSON
+under `DIR/egraphs/`. Measured speedup = original time ÷ plan time (×); predicted % = cost_original / cost_optimized - 1, as in the paper.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from eqsat.cost import CostModel, cost_model, graph_cost
 from eqsat.ir import Graph
 from eqsat.rewrites.rule import Rule
 
-__all__ = ["PAPER", "TENSAT_MODELS", "BenchOptions", "bench_rules", "check_cost_models", "options_from_args", "render_table",
-           "run_bench", "write_plots"]
+__all__ = ["PAPER", "TENSAT_MODELS", "BenchOptions", "bench_rules", "check_cost_models", "options_from_args",
+           "render_attribution", "render_table", "run_bench", "write_plots"]
 
 TENSAT_MODELS: tuple[str, ...] = ("bert", "resnext50", "nasneta", "nasrnn", "inceptionv3", "squeezenet", "vgg")
 
