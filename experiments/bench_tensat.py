@@ -11,10 +11,10 @@ hand, and the H100 roofline) it runs
 - the TASO-style search (`experiments/taso_search.py`) with the same rules and the same cost model,
   at TASO's default budget (1000 graphs) and, under the roofline, a longer one.
 
-Writes one JSON row per (model, k_multi, cost model), `DIR/table.md` (measured speedups first,
-predictions labelled, the paper's numbers in their own columns), PNG plots, and each model's
-saturated e-graph as E-graph JSON under `DIR/egraphs/`. Measured speedup = original time ÷ plan
-time (×); predicted % = cost_original / cost_optimized - 1, as in the paper.
+Writes one JSON row per (model, k_multi, cost model, rule set, conventions: `--rules`,
+`--conventions`), `DIR/table.md` (measured speedups first, predictions labelled, the paper's
+numbers in their own columns), PNG plots, and each model's saturated e-graph as E-graph JSON
+under `DIR/egraphs/`. Measured speedup = original time ÷ plan time (×); predicted % = cost_original / cost_optimized - 1, as in the paper.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from eqsat.cost import CostModel, cost_model, graph_cost
 from eqsat.ir import Graph
 from eqsat.rewrites.rule import Rule
 
-__all__ = ["PAPER", "TENSAT_MODELS", "BenchOptions", "bench_rules", "check_cost_models", "options_from_args", "render_table",
-           "run_bench", "write_plots"]
+__all__ = ["PAPER", "TENSAT_MODELS", "BenchOptions", "bench_rules", "check_cost_models", "options_from_args",
+           "render_attribution", "render_table", "run_bench", "write_plots"]
 
 TENSAT_MODELS: tuple[str, ...] = ("bert", "resnext50", "nasneta", "nasrnn", "inceptionv3", "squeezenet", "vgg")
 
@@ -81,11 +81,24 @@ class BenchOptions:
     passes: int = 3  # whole runs of `eqsat optimize`'s path per row (mean ± s.e. over them)
     candidates: tuple[str, ...] = ("greedy", "roofline-launch0")
     seed: int = 0
+    conventions: tuple[str, ...] = ("ours",)  # eqsat.cost.CONVENTIONS, one row set each
+    rules: tuple[str, ...] = ("default",)  # eqsat.rulesets.RULE_SETS, one row set each
 
     def __post_init__(self) -> None:
-        """Bad counts are one error line (exit 2), before any work."""
+        """Bad counts and unknown conventions or rule sets are one error line (exit 2), before any work."""
         from eqsat.commands.optimize import check_candidates
+        from eqsat.cost import conventions
         from eqsat.errors import EqsatError
+        from eqsat.rulesets import RULE_SETS, named_rules
+
+        for name in self.conventions:
+            conventions(name)
+        for name in self.rules:
+            if name not in RULE_SETS:
+                named_rules(name)  # the one error line
+        for flag, names in (("--conventions", self.conventions), ("--rules", self.rules)):
+            if not names:
+                raise EqsatError(f"bench tensat: {flag} needs at least one name")
 
         for flag, value, least in (("--passes", self.passes, 1), ("--repeats", self.repeats, 5)):
             if not value >= least:
@@ -121,17 +134,18 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
                         taso_budget=getattr(args, "taso_budget", None) or d.taso_budget,
                         repeats=getattr(args, "repeats", d.repeats),
                         timing_budget=getattr(args, "timing_budget", d.timing_budget),
-                        candidates=d.candidates if getattr(args, "candidates", None) is None else tuple(args.candidates))
+                        candidates=d.candidates if getattr(args, "candidates", None) is None else tuple(args.candidates),
+                        conventions=tuple(getattr(args, "conventions", None) or d.conventions),
+                        rules=tuple(getattr(args, "rules", None) or d.rules))
 
 
-def bench_rules(graph: Graph) -> list[Rule]:
-    """The rules `eqsat optimize` uses (Tensat's and `conv_merges`) that can match `graph`, as the
-    verifier accepts them."""
+def bench_rules(graph: Graph, rule_set: str = "default") -> list[Rule]:
+    """The rules of `rule_set` (`eqsat.rulesets.RULE_SETS`, as `eqsat optimize --rules`) that can
+    match `graph`, as the verifier accepts them."""
     from eqsat.egraph import encoded_signatures
-    from eqsat.rulesets import select_rules
-    from eqsat.rulesets import candidate_rules
+    from eqsat.rulesets import named_rules, select_rules
 
-    return list(select_rules(candidate_rules(), encoded_signatures(graph)).trusted)
+    return list(select_rules(named_rules(rule_set), encoded_signatures(graph)).trusted)
 
 
 def _speedup(before: float, after: float) -> float:
@@ -178,6 +192,7 @@ def pass_summary(passes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def _model_rows(name: str, options: BenchOptions, out_dir: Path, progress: Any) -> Iterable[dict[str, Any]]:
     from eqsat.commands.optimize import optimize_and_judge
+    from eqsat.cost import conventions
     from eqsat.egraph import flatten_concats
     from eqsat.pipeline import numerics_match
     from eqsat.saturate import Limits
@@ -185,22 +200,29 @@ def _model_rows(name: str, options: BenchOptions, out_dir: Path, progress: Any) 
     from experiments.taso_search import TasoOptions, taso_search
 
     graph = build_model(name)
-    rules = bench_rules(graph)
-    steps = len(options.cost_models) * (1 + len(options.k_multi) * options.passes) + 1
+    rules_of = {rule_set: bench_rules(graph, rule_set) for rule_set in options.rules}
+    variants = [(cm, device, rule_set, conv) for cm, device in options.cost_models for rule_set in options.rules
+                for conv in options.conventions]
+    steps = len(variants) * (1 + len(options.k_multi) * options.passes) + 1
     task = progress.add_task(f"{name}: rules", total=steps)
     inputs = graph.random_inputs(options.seed)
     # float32 through JAX against the numpy reference: outputs of BERT (no softmax) reach ~10^2, so
     # the absolute tolerance scales with the largest output (reassociated products differ by ~1e-6 of it)
     scale = max(1.0, max(float(np.max(np.abs(o))) for o in graph.evaluate(inputs)))
-    for cm_name, device in options.cost_models:
-        costs: CostModel = cost_model(cm_name, device=device)
+    for cm_name, device, rule_set, conv_name in variants:
+        # each (rule set, conventions) is its own row set, so each gain can be attributed (issue 24)
+        convention = conventions(conv_name)
+        base: CostModel = cost_model(cm_name, device=device)
+        costs: CostModel = convention.apply(base)
+        rules = rules_of[rule_set]
         label = f"{cm_name}/{device}"
+        tag = "" if (rule_set, conv_name) == ("default", "ours") else f".{rule_set}.{conv_name}"
         graph_cost(graph, costs)  # a measured model times the original's ops here, outside both searches' clocks
-        progress.update(task, description=f"{name} [{label}]: TASO-style search")
+        progress.update(task, description=f"{name} [{label}{tag}]: TASO-style search")
         taso = taso_search(graph, rules, costs, TasoOptions(budget=options.taso_budget, seconds=options.taso_seconds))
         taso_long = None
         if cm_name == "roofline" and options.taso_long_seconds > 0:
-            progress.update(task, description=f"{name} [{label}]: TASO-style search, longer budget")
+            progress.update(task, description=f"{name} [{label}{tag}]: TASO-style search, longer budget")
             taso_long = taso_search(graph, rules, costs, TasoOptions(budget=options.taso_long_budget,
                                                                      seconds=options.taso_long_seconds))
         taso_ok, _ = numerics_match(graph, taso.best, options.seed)
@@ -209,25 +231,25 @@ def _model_rows(name: str, options: BenchOptions, out_dir: Path, progress: Any) 
         cost_taso = min(taso.cost_best, graph_cost(flatten_concats(taso.best), costs))
         cost_taso_long = (min(taso_long.cost_best, graph_cost(flatten_concats(taso_long.best), costs))
                           if taso_long else None)
-        cost_original_flat = graph_cost(flatten_concats(graph), costs)
+        cost_original_flat = graph_cost(flatten_concats(graph), costs, fold_weights=convention.fold_weights)
         progress.advance(task)
         for k in options.k_multi:
             limits = Limits(nodes=options.node_limit, seconds=options.saturate_seconds, multi_rounds=k)
             judged, fields = [], []
             for p in range(options.passes):
-                progress.update(task, description=f"{name} [{label}]: k_multi {k}, pass {p + 1}/{options.passes}: "
+                progress.update(task, description=f"{name} [{label}{tag}]: k_multi {k}, pass {p + 1}/{options.passes}: "
                                                   "saturate, extract, run every plan")
                 # the same path and the same keep/discard decision as `eqsat optimize`
                 one = optimize_and_judge(graph, rules, limits, costs, extractor="ilp",
                                          time_limit=options.extract_time_limit, seed=options.seed,
                                          candidates=options.candidates, rounds=options.repeats,
                                          budget_s=options.timing_budget, rtol=1e-4, atol=1e-5 * scale,
-                                         strict=False)
+                                         strict=False, fold_weights=convention.fold_weights)
                 judged.append(one)
                 fields.append(one.fields(costs))
                 progress.advance(task)
             result = judged[0].result
-            egraph_file = out_dir / "egraphs" / f"{name}.k{k}.{cm_name}-{device}.json"
+            egraph_file = out_dir / "egraphs" / f"{name}.k{k}.{cm_name}-{device}{tag}.json"
             egraph_file.parent.mkdir(parents=True, exist_ok=True)
             egraph_file.write_text(json.dumps(result.egraph_json or {}))
             greedy = dict(judged[0].plans).get("greedy-dag")
@@ -238,7 +260,10 @@ def _model_rows(name: str, options: BenchOptions, out_dir: Path, progress: Any) 
                 "saturate_s": _mean_se([j.result.saturate_s for j in judged])[0],
                 "extract_s": _mean_se([j.result.extract_s for j in judged])[0], "taso_s": taso.seconds,
                 "cost_original": result.cost_before, "cost_taso": cost_taso, "cost_eqsat": cost_eqsat,
-                "cost_model": label,
+                "cost_model": label, "conventions": conv_name, "rules": rule_set,
+                # the ILP's answer priced as it runs (our conventions: weight-only ops folded, every op priced),
+                # so row sets found under different conventions compare on one yardstick
+                "predicted_speedup_as_run": _speedup(graph_cost(graph, base), graph_cost(result.optimized, base)),
                 "measured_original_s": _mean_se([f["measured_before_s"] for f in fields])[0],
                 "measured_eqsat_s": _mean_se([f["measured_after_s"] for f in fields])[0],
                 "numerics_ok": bool(result.numerics_ok and taso_ok and all(j.numerics_ok for j in judged)),
@@ -264,7 +289,7 @@ def _model_rows(name: str, options: BenchOptions, out_dir: Path, progress: Any) 
                 "cost_greedy": graph_cost(greedy, costs) if greedy is not None else None,
                 "greedy_s": judged[0].candidates_s - sum(a.seconds for a in result.alternatives.values()),
                 "candidates_s": judged[0].candidates_s, "stop_reason": result.stop_reason,
-                "selection_status": result.selection_status, "extractor_used": "ilp", "rules": len(rules),
+                "selection_status": result.selection_status, "extractor_used": "ilp", "rules_used": len(rules),
                 "measured_speedup_eqsat": summary["measured_speedup"] - 1.0,
                 "nodes_original": len(graph.live().nodes), "nodes_eqsat": len(judged[0].plan_graph.live().nodes),
                 "egraph_file": str(egraph_file),
@@ -353,6 +378,42 @@ def _launch_cell(r: Mapping[str, Any]) -> str:
     return " / ".join(_pct(sens.get(k)) for k in ("0", "1", "5")) if sens else ""
 
 
+def _variant(r: Mapping[str, Any]) -> tuple[str, str]:
+    """A row's (conventions, rule set); rows from before the options existed are ("ours", "default")."""
+    return r.get("conventions", "ours"), r.get("rules", "default") if isinstance(r.get("rules"), str) else "default"
+
+
+def _groups(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
+    """(cost model, conventions, rule set) in the rows' order: one table each."""
+    return list(dict.fromkeys((r["cost_model"], *_variant(r)) for r in rows))
+
+
+def render_attribution(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown: per cost model and model, one line per (conventions, rule set), so a gain can be
+    attributed to our conventions or our extra rules (empty when the rows have one row set)."""
+    if len({_variant(r) for r in rows}) < 2:
+        return ""
+    k = _main_k(rows)
+    lines = ["## Where the gains come from (conventions × rule sets)", "",
+             ("Predicted columns are cost ratios, not measurements: *own conventions* prices original and plan under "
+              "the row's conventions (Tensat's: weight-only ops charged, transposes free); *as run* prices both under "
+              "ours (weight-only ops folded at load, as the plans run). Measured: the plan run end to end through JAX "
+              "against the original (×, median with 95% interval)."), "",
+             ("| cost model | model | conventions | rules | predicted % (own conventions) | predicted % (as run) | "
+              "measured × [95% CI] | kept | kernels orig → plan | GFLOP orig → plan |"), "|" + "---|" * 10]
+    for r in rows:
+        if r["k_multi"] != k:
+            continue
+        conv, rule_set = _variant(r)
+        as_run = r.get("predicted_speedup_as_run")
+        kernels = f"{r['kernels_original']} → {r['kernels_eqsat']}" if "kernels_original" in r else ""
+        gflop = f"{r['flops_original'] / 1e9:.2f} → {r['flops_eqsat'] / 1e9:.2f}" if "flops_original" in r else ""
+        lines.append(f"| {r['cost_model']} | {r['model']} | {conv} | {rule_set} | {_pct(100 * r['speedup_eqsat'])} | "
+                     f"{_pct(None if as_run is None else 100 * as_run)} | {_measured_cell(r)} | {r.get('kept', '')} | "
+                     f"{kernels} | {gflop} |")
+    return "\n".join(lines) + "\n"
+
+
 def render_table(rows: Sequence[Mapping[str, Any]], seconds: float) -> str:
     """Markdown: per cost model, measured speedups first, predictions beside them (labelled), the
     paper's Table 2 in its own columns."""
@@ -372,9 +433,10 @@ def render_table(rows: Sequence[Mapping[str, Any]], seconds: float) -> str:
               f"**Paper**: {PAPER_SOURCE}; not run here. "
               "Optimizer time: ours = saturate + the ILP's extraction (mean ± s.e. over the passes); the TASO-style "
               "search's whole run, capped (in brackets the time it found its best)."), ""]
-    for label in dict.fromkeys(r["cost_model"] for r in rows):
-        sel = [r for r in rows if r["cost_model"] == label and r["k_multi"] == k]
-        lines += [f"## cost model {label}", "",
+    for label, conv, rule_set in _groups(rows):
+        sel = [r for r in rows if r["cost_model"] == label and _variant(r) == (conv, rule_set) and r["k_multi"] == k]
+        variant = "" if (conv, rule_set) == ("ours", "default") else f", conventions {conv}, rules {rule_set}"
+        lines += [f"## cost model {label}{variant}", "",
                   ("| model | measured speedup × [95% CI] | kept | predicted × (plan) | "
                    "predicted % at launch 0 / 1 / 5 µs | kernels orig → plan | GFLOP orig → plan | "
                    "measured orig → plan (ms) | eqsat s (ours) | TASO-style s (ours) | eqsat % (predicted) | "
@@ -424,7 +486,8 @@ def render_table(rows: Sequence[Mapping[str, Any]], seconds: float) -> str:
                    f"Ours ≤ TASO-style (predicted cost) on {le}/{len(sel)} models, "
                    f"strictly lower on {lt}" + (f"; ≤ the longer TASO-style search on {longer_le}/{longer_n}."
                                                 if longer_n else ".")), ""]
-    return "\n".join(lines) + "\n"
+    attribution = render_attribution(rows)
+    return "\n".join(lines) + "\n" + ("\n" + attribution if attribution else "")
 
 
 # --- plots ---------------------------------------------------------------------------------------
@@ -490,6 +553,11 @@ def write_plots(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> None:
     k = _main_k(rows)
     labels = list(dict.fromkeys(r["cost_model"] for r in rows))
     for label in labels:
+        # one row set per plot: ours and the default rules when run, else the first run
+        variant = next(_variant(r) for r in rows if r["cost_model"] == label)
+        if any(r["cost_model"] == label and _variant(r) == ("ours", "default") for r in rows):
+            variant = ("ours", "default")
+        rows = [r for r in rows if r["cost_model"] != label or _variant(r) == variant]
         sel = [r for r in rows if r["cost_model"] == label and r["k_multi"] == k]
         if not sel:
             continue

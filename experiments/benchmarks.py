@@ -149,6 +149,15 @@ def _tensat_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidates", nargs="*", default=None, metavar="NAME",
                         help="plans timed beside the ILP's answer, as for eqsat optimize (default: greedy "
                              "roofline-launch0)")
+    from eqsat.cost import CONVENTIONS
+    from eqsat.rulesets import RULE_SETS
+
+    parser.add_argument("--conventions", nargs="+", default=None, metavar="NAME",
+                        help=f"extraction conventions, one row set each ({', '.join(CONVENTIONS)}; default: ours), "
+                             "as for eqsat optimize")
+    parser.add_argument("--rules", nargs="+", default=None, metavar="NAME",
+                        help=f"rule sets, one row set each ({', '.join(RULE_SETS)}; default: default), as for "
+                             "eqsat optimize: both ways attribute each gain")
     parser.add_argument("--ablations", action="store_true",
                         help="instead: the rest of Tensat's paper (experiments/tensat_ablations.py): cycle filtering "
                              "efficient vs vanilla, tensat-ilp real vs integer order variables, e-graph sizes, the "

@@ -113,3 +113,67 @@ def test_taso_budget_flag_reaches_the_options(tmp_path: Path) -> None:
     assert options_from_args(args).taso_seconds == 600.0
     with pytest.raises(SystemExit):
         parser.parse_args(["--out", str(tmp_path), "--taso-budget", "0"])
+
+
+def test_conventions_and_rules_flags_reach_the_options(tmp_path: Path) -> None:
+    """Both flags take one or several names from eqsat optimize's registries; one row set each."""
+    import argparse
+
+    from experiments.bench_tensat import options_from_args
+    from experiments.benchmarks import _tensat_flags
+
+    parser = argparse.ArgumentParser()
+    _tensat_flags(parser)
+    both = options_from_args(parser.parse_args(["--out", str(tmp_path), "--conventions", "ours", "tensat",
+                                                "--rules", "default", "tensat-only"]))
+    assert both.conventions == ("ours", "tensat") and both.rules == ("default", "tensat-only")
+    plain = options_from_args(parser.parse_args(["--out", str(tmp_path)]))
+    assert plain.conventions == ("ours",) and plain.rules == ("default",)
+
+
+@pytest.mark.parametrize("flag,value,message", [("--conventions", "taso", "unknown conventions 'taso'"),
+                                                ("--rules", "mine", "unknown rule set 'mine'")])
+def test_an_unknown_convention_or_rule_set_is_one_line_before_any_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, message: str) -> None:
+    from eqsat.cli import main
+
+    out = tmp_path / "out"
+    code = main(["bench", "tensat", "--models", "nasrnn", "--out", str(out), flag, "ours" if flag == "--conventions"
+                 else "default", value])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and message in err
+    assert not out.exists() or not list(out.iterdir())  # --out checked writable, nothing run
+
+
+def _variant_row(model: str, conv: str, rules: str, eqsat: float) -> dict:  # type: ignore[type-arg]
+    return {**_row(model, 1, "roofline/cpu", eqsat, 0.95), "conventions": conv, "rules": rules,
+            "predicted_speedup_as_run": 1 / eqsat - 1, "measured_speedup": 1.1, "measured_speedup_ci": [1.0, 1.2],
+            "kept": "optimized", "kernels_original": 10, "kernels_eqsat": 8, "flops_original": 2e9, "flops_eqsat": 1e9}
+
+
+def test_the_table_groups_by_conventions_and_rules_and_attributes_the_gains() -> None:
+    variants = [(c, r) for r in ("default", "tensat-only") for c in ("ours", "tensat")]
+    rows = [_variant_row(m, c, r, 0.8 + 0.05 * i) for m in ("bert", "inceptionv3") for i, (c, r) in enumerate(variants)]
+    text = render_table(rows, 3.0)
+    assert "## cost model roofline/cpu\n" in text  # ours + default: the heading it always had
+    for c, r in variants[1:]:
+        assert f"## cost model roofline/cpu, conventions {c}, rules {r}\n" in text
+    assert "## Where the gains come from" in text
+    attribution = text.split("## Where the gains come from")[1]
+    assert "| roofline/cpu | bert | tensat | tensat-only | 5.3 | 5.3 |" in attribution  # 1 / 0.95 - 1
+    assert sum(line.startswith("| roofline/cpu | ") for line in attribution.splitlines()) == 8
+    assert "Where the gains come from" not in render_table(rows[:1], 1.0)  # one row set: no attribution
+
+
+@pytest.mark.slow
+def test_a_small_run_carries_conventions_and_rules(tmp_path: Path) -> None:
+    options = BenchOptions(models=("nasrnn-small",), cost_models=(("roofline", "h100"),), taso_seconds=10,
+                           taso_budget=2, taso_long_seconds=0, repeats=5, passes=1, timing_budget=0.5,
+                           conventions=("ours", "tensat"), rules=("default", "tensat-only"))
+    rows = list(run_bench(tmp_path, options))
+    assert [(r["conventions"], r["rules"]) for r in rows] == [
+        ("ours", "default"), ("tensat", "default"), ("ours", "tensat-only"), ("tensat", "tensat-only")]
+    assert all(set(CONTRACT) <= set(r) and r["numerics_ok"] for r in rows)
+    assert rows[2]["rules_used"] <= rows[0]["rules_used"]  # Tensat's rules alone are a subset
+    assert "Where the gains come from" in (tmp_path / "table.md").read_text()
+    assert (tmp_path / "speedup.roofline-h100.png").exists()  # one row set per plot
