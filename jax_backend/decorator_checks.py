@@ -188,7 +188,8 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
     outcome = outcome.with_facts(distinct_regions=len(search.candidates) + len(search.failed),
                                  reused_regions=search.reused, searched_regions=searched, shape_reused_regions=seeded)
     variants = _variants(steps, search, outcome.mode)
-    unchanged = [candidates.segment_report(s.graph, s.graph, search, t) for s, t in zip(steps, seconds)]
+    reporting = _unmeasured(search) if seeded and not searched else search  # (no op timed for a report)
+    unchanged = [candidates.segment_report(s.graph, s.graph, reporting, t) for s, t in zip(steps, seconds)]
     if not variants:
         return outcome.original("no rewrite changed the program", unchanged, warn=False)
     plan_key = shape_reuse.program_key(steps)
@@ -202,7 +203,7 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
     try:
         args = _random_args(avals, seed=0)
         built, problems = _build_candidates(program, variants, original_flat(*args), args, opts, outcome.mode,
-                                            search, seconds)
+                                            reporting, seconds)
         if not built:
             shape_reuse.record_plan(memory, plan_key, shape_reuse.Plan(signature, None, "; ".join(problems)))
             return outcome.original("; ".join(problems), unchanged, numerics_ok=False)
@@ -232,6 +233,16 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
                                 segs, warn=False, **measured)
     return outcome.optimized(fn, f"candidate '{label}' (of {tried}) checked equal and faster with confidence: {how}",
                              segs, **measured)
+
+
+def _unmeasured(search: RegionSearch) -> RegionSearch:
+    """`search` without its measured cost models, for the reports of a signature whose search came
+    from another shape: there their predicted costs would time every op at the new shapes (seconds
+    of a first call, for a report only), so they are left unknown."""
+    from jax_backend.measured_cost import MeasuredModel
+
+    return dataclasses.replace(search, models={k: m for k, m in search.models.items()
+                                               if not isinstance(m, MeasuredModel)})
 
 
 def _build_candidates(program: Program, variants: Sequence[tuple[str, list[Graph]]], ref: Sequence[Any],

@@ -26,7 +26,7 @@ from eqsat.timer import sample_seconds
 
 __all__ = ["MAX_CALLS_PER_SAMPLE", "MIN_SAMPLE_S", "Choice", "Decision", "PairedTiming", "bootstrap_median_ci",
            "calls_per_sample", "choose_faster", "interleaved_rounds", "paired_timing", "rotation", "screen_timings",
-           "sequential_decision"]
+           "sequential_decision", "FUTILE_AFTER"]
 
 MIN_SAMPLE_S = 5e-3  # a sample shorter than this is mostly timer and dispatch noise: repeat calls
 MAX_CALLS_PER_SAMPLE = 1000  # ...but a sample of a ~free call stays bounded (and the warm-up short)
@@ -201,6 +201,10 @@ class Decision:
                         rounds=int(data["rounds"]), calls_per_sample=int(data["calls_per_sample"]), from_cache=True)
 
 
+FUTILE_AFTER = 0.25
+"""The share of a sequential test's budget after which a pair not faster at its median stops."""
+
+
 def sequential_decision(base: Callable[[], Any], other: Callable[[], Any], *, margin: float = 0.01,
                         budget_s: float = 8.0, confidence: float = 0.99, min_rounds: int = 8,
                         max_rounds: int = 5000, warmup: int = 2) -> Decision:
@@ -211,7 +215,9 @@ def sequential_decision(base: Callable[[], Any], other: Callable[[], Any], *, ma
     one on noise; looking again as rounds come in stops early on the first and keeps measuring the
     second. The interval is looked at after `min_rounds` and then every ~25% more rounds (a few
     dozen looks at most), each at `confidence` (99%: repeated looks would otherwise let noise
-    cross the threshold by chance)."""
+    cross the threshold by chance). Past `FUTILE_AFTER` of the budget, a pair whose median shows
+    no speedup at all stops "inconclusive" (discarded, as the full budget would almost surely end):
+    most of a cold first call's timing went to such pairs."""
     thunks = (base, other)
     for _ in range(warmup):  # (and compilation)
         for thunk in thunks:
@@ -238,6 +244,9 @@ def sequential_decision(base: Callable[[], Any], other: Callable[[], Any], *, ma
                 verdict = "slower"
                 break
             if out_of_time and n >= min_rounds:
+                break
+            if n >= min_rounds and time.perf_counter() - start > FUTILE_AFTER * budget_s and \
+                    float(np.median(ratios)) >= 1.0:  # futile: not faster at all so far; the rest would discard too
                 break
             next_look = max(n + 2, math.ceil(n * 1.25))
     ratio = float(np.median(np.asarray(times[1]) / np.asarray(times[0])))

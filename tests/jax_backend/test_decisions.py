@@ -61,6 +61,41 @@ def test_a_close_call_times_until_the_budget_and_is_inconclusive(monkeypatch: py
     assert decision.rounds > 8  # it kept looking
 
 
+def test_a_pair_not_faster_at_its_median_stops_before_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Futility: the interval straddles the threshold but the median shows no speedup, so the test
+    stops after `FUTILE_AFTER` of the budget, inconclusive (discarded), not at its end."""
+    base, other = (lambda: None), (lambda: None)
+    flip = [0]
+
+    def other_times() -> Iterator[float]:
+        while True:
+            flip[0] += 1
+            time.sleep(0.002)  # the clock moves, as timing would
+            yield 0.9 if flip[0] % 2 else 1.3
+
+    _scripted(monkeypatch, base, {0: iter(lambda: 1.0, None), 1: other_times()})
+    decision = sequential_decision(base, other, budget_s=4.0)
+    low, high = decision.speedup_ci
+    assert decision.verdict == "inconclusive" and not decision.keep and low < decision.threshold < high
+    assert decision.speedup < 1.0 and decision.elapsed_s < 0.6 * 4.0
+
+
+def test_a_faster_median_is_not_cut_short(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pair faster at its median but not yet decided keeps timing to the end of the budget."""
+    base, other = (lambda: None), (lambda: None)
+    flip = [0]
+
+    def other_times() -> Iterator[float]:
+        while True:
+            flip[0] += 1
+            time.sleep(0.002)
+            yield 0.7 if flip[0] % 3 else 1.4  # median 0.7 of base, but a heavy tail keeps the interval wide
+
+    _scripted(monkeypatch, base, {0: iter(lambda: 1.0, None), 1: other_times()})
+    decision = sequential_decision(base, other, budget_s=0.4)
+    assert decision.speedup > 1.0 and (decision.verdict == "faster" or decision.elapsed_s >= 0.4)
+
+
 def test_an_equal_pair_is_discarded_against_a_margin(monkeypatch: pytest.MonkeyPatch) -> None:
     """Equal speed is not "faster by more than the margin": the upper bound falls below 1 + margin."""
     base, other = (lambda: None), (lambda: None)

@@ -75,3 +75,16 @@ def test_fusible_ops_are_charged_their_marginal_time(tmp_path, monkeypatch: pyte
     assert model.op_cost("relu", {}, [(512, 512)]) == pytest.approx(4e-5)
     assert model.isolated_cost("relu", {}, [(512, 512)]) == 3e-4
     assert model.op_cost("relu", {}, [(512, 512)]) == pytest.approx(4e-5)  # cached: the script is spent
+
+
+def test_the_producer_chain_is_timed_once_per_shape(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two fusible ops on one shape share the `neg` chain's time (the same measurement), so a cold
+    first call compiles and times it once, not once per op; another shape times its own."""
+    from jax_backend.measured_cost import MeasuredModel
+
+    timings = iter([5e-4, 4.6e-4, 4.9e-4, 7e-4, 6e-4])  # relu chain, neg alone, exp chain; relu at a new shape, neg
+    monkeypatch.setattr(MeasuredModel, "_time", lambda self, fn, args: next(timings))
+    model = cost_model("measured", cache_dir=tmp_path)
+    assert model.op_cost("relu", {}, [(512, 512)]) == pytest.approx(4e-5)
+    assert model.op_cost("exp", {}, [(512, 512)]) == pytest.approx(3e-5)  # the chain alone not timed again
+    assert model.op_cost("relu", {}, [(256, 512)]) == pytest.approx(1e-4)

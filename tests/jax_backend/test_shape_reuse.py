@@ -128,3 +128,23 @@ def test_reshape_like_maps_sizes_and_refuses_what_does_not_fit() -> None:
     other = GraphBuilder()
     a = other.input("L0", (2, 8))
     assert reshape_like(other.build([other.relu(a)]), old, new) is None  # its output shape is not the region's
+
+
+def test_a_reused_shape_measures_no_op_costs_for_its_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a new shape whose search is reused, the measured model's predicted costs are not timed
+    (left unknown in the report); the first shape's are."""
+    from jax_backend.measured_cost import MeasuredModel
+
+    measured = _counting(monkeypatch, MeasuredModel, "_measure")
+    opt = optimize(_qkv, check_speed=False, time_limit=1.0, cost_model="measured", rules=RULES)
+    x16, x24 = _rand(16, 32, seed=7), _rand(24, 32, seed=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt(x16)
+        first = len(measured)
+        out = opt(x24)
+    report = opt.report(x24)
+    assert first > 0 and len(measured) == first
+    assert report.searched_regions == 0 and report.shape_reused_regions > 0
+    assert all(s.cost_before is None for s in report.segments if s.cost_model == "measured")
+    assert _agrees(out, jax.jit(_qkv)(x24))
