@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from pathlib import Path
 
 import eqsat.candidates as candidates
 import jax_backend.decorator_checks as checks
@@ -130,10 +131,12 @@ def test_reshape_like_maps_sizes_and_refuses_what_does_not_fit() -> None:
     assert reshape_like(other.build([other.relu(a)]), old, new) is None  # its output shape is not the region's
 
 
-def test_a_reused_shape_measures_no_op_costs_for_its_report(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reused_shape_measures_no_op_costs_for_its_report(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """At a new shape whose search is reused, the measured model's predicted costs are not timed
     (left unknown in the report); the first shape's are."""
     from jax_backend.measured_cost import MeasuredModel
+
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))  # op costs another test measured are not in it
 
     measured = _counting(monkeypatch, MeasuredModel, "_measure")
     opt = optimize(_qkv, check_speed=False, time_limit=1.0, cost_model="measured", rules=RULES)
