@@ -12,7 +12,8 @@ plan, `block_plan_hash`, composed over more copies).
 `paper13b`: a paper pricing, nothing runs: the same stack at GPT-3 13B's size (40 layers,
 d = 5120, 40 heads, seq 2048: 12.6e9 weights, no embedding) built as Graph IR (shapes only), planned on
 the `h100x32` preset (4 nodes x 8 H100: InfiniBand across nodes, NVLink inside) under an 80 GB
-per-device budget counting Adam's two moments per weight shard (`state_bytes=2`, fp32). Data
+per-device budget counting Adam's two moments per weight as it is passed (`ParallelCostModel.state_copies=2`,
+fp32: in the planner's memory row, the update priced on each device's piece). Data
 parallel is priced the same way (the data-parallel rules only) to show it does not fit. The numpy
 check is skipped at this size (`check=False`).
 """
@@ -25,9 +26,11 @@ import sys
 import time
 from typing import Any
 
+from eqsat.cost import cost_model
 from eqsat.ir import Graph
 from eqsat.models.parallel_cases import gpt
 from eqsat.parallel.blocks import find_blocks, plan_repeated
+from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import PRESETS, parse_mesh
 from eqsat.parallel.planner import PlanError, PlanResult
 
@@ -71,12 +74,13 @@ def paper13b(layers: int = 40, d: int = 5120, heads: int = 40, seq: int = 2048) 
     for strategy, budget in (("joint", BUDGET), ("data-parallel", None)):
         t0, c0 = time.perf_counter(), time.process_time()
         try:
-            result = plan_repeated(graph, mesh, strategy, mem_budget=budget, check=False, state_bytes=ADAM_STATE)
+            model = ParallelCostModel(mesh, cost_model("roofline", mesh.device), state_copies=ADAM_STATE)
+            result = plan_repeated(graph, mesh, strategy, mem_budget=budget, model=model, check=False)
         except PlanError as exc:
             rows.append({"case": f"gpt3-13b[{strategy}]", "error": str(exc), "fits": False,
                          "plan_s": round(time.perf_counter() - t0, 1)})
             continue
-        with_state = result.info.get("predicted_mem_with_state", result.report.mem_bytes)
+        with_state = result.report.mem_bytes  # Adam's state included (`state_copies`)
         rows.append(_row(f"gpt3-13b[{strategy}]", graph, result, time.perf_counter() - t0, time.process_time() - c0,
                          weights=weights,
                          copies=blocks.copies if blocks else 0, budget_bytes=BUDGET,

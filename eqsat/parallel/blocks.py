@@ -415,24 +415,20 @@ def _at(at: Mapping[int, Value], v: Value) -> Value:
 
 def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
                   time_limit: float = 20.0, mem_budget: float | None = None, model: ParallelCostModel | None = None,
-                  comm_budget: float | None = None, check: bool = True, state_bytes: float = 0.0,
+                  comm_budget: float | None = None, check: bool = True,
                   min_copies: int = MIN_COPIES) -> PlanResult:
     """`plan_graph(graph, ...)`, planning a chain of identical blocks once (`find_blocks`) and
-    repeating the block's plan. `state_bytes`: optimizer state per byte of a weight's shard (Adam: 2),
-    counted with the plan's memory against `mem_budget` (the planner's memory row has no optimizer
-    state). `check=False`: no numpy check at all (a paper pricing of a model too big to run).
+    repeating the block's plan. Optimizer state is the cost model's (`ParallelCostModel.state_copies`),
+    in the planner's memory row as everywhere else. `check=False`: no numpy check at all (a paper
+    pricing of a model too big to run).
     Without `min_copies` identical blocks this is `plan_graph` itself."""
     from eqsat.cost import cost_model
 
     model = model or ParallelCostModel(mesh, cost_model("roofline", mesh.device))
     blocks = find_blocks(graph, min_copies)
     if blocks is None:
-        res = plan_graph(graph, mesh, strategy, limits, time_limit, mem_budget, model, comm_budget=comm_budget,
-                         check=check)
-        if state_bytes and mem_budget is not None and _with_state(res.plan, res.report.mem_bytes, state_bytes) > mem_budget:
-            raise PlanError(f"no plan within {mem_budget:.4g} bytes per device with optimizer state was found "
-                            f"(best: {_with_state(res.plan, res.report.mem_bytes, state_bytes):.4g})")
-        return res
+        return plan_graph(graph, mesh, strategy, limits, time_limit, mem_budget, model, comm_budget=comm_budget,
+                          check=check)
     t0 = time.perf_counter()
     block, entry_name = block_graph(graph, blocks)
     rest, exit_name, where = rest_graph(graph, blocks)
@@ -447,13 +443,13 @@ def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Lim
         plan = compose(graph, blocks, b.plan, entry_name, r.plan if r is not None else None, exit_name, where)
         graph_axes(plan)  # raises if the copies do not join into one SPMD program
         report = plan_report(plan, model)
-        peak = _with_state(plan, report.mem_bytes, state_bytes)
+        peak = report.mem_bytes
         if mem_budget is None or block_mem is None or peak <= mem_budget * (1 + 1e-9):
             break
         block_mem *= 0.95 * mem_budget / peak  # the blocks' share of the budget, tightened by how far the whole is over
     else:
         raise PlanError(f"no plan within {mem_budget:.4g} bytes per device was found by planning one block "
-                        f"(best: {peak:.4g} predicted with optimizer state)")
+                        f"(best: {peak:.4g} predicted)")
     if comm_budget is not None and report.comm_bytes(None) > comm_budget * (1 + 1e-9):
         raise PlanError(f"no plan moving at most {comm_budget:.4g} bytes per device in a step was found "
                         f"(best: {report.comm_bytes(None):.4g})")
@@ -471,8 +467,7 @@ def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Lim
                        "block_nodes": len(blocks.nodes[0]), "planned_once": True,
                        "block_plan_nodes": len(b.plan.nodes), "rest_planned": r is not None,
                        "block_plan_hash": plan_hash(b.plan),
-                       "block_search_s": b.search_s},
-            **({"predicted_mem_with_state": _with_state(plan, report.mem_bytes, state_bytes)} if state_bytes else {})}
+                       "block_search_s": b.search_s}}
     return PlanResult(strategy, mesh, plan, report, ok, diff,
                       sum(p.search_s for p in parts_res), sum(p.saturate_s for p in parts_res),
                       sum(p.extract_s for p in parts_res), sum(p.enodes for p in parts_res),
@@ -485,24 +480,6 @@ def plan_hash(plan: Graph) -> str:
     return hashlib.sha256(json.dumps(plan.to_json(), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def weight_shard_bytes(plan: Graph) -> float:
-    """Per-device bytes of the plan's weights as passed (a shard where every use is the same partition)."""
-    from eqsat.parallel.memory import per_device_bytes, sharded_leaves
-
-    split = sharded_leaves(plan)
-    total = 0.0
-    for i, n in plan.leaves("weight"):
-        parts = 1
-        if i in split:
-            parts = int(plan.nodes[plan.users[i][0]].attr["parts"])
-        total += per_device_bytes(n.shapes[0], 0) / max(parts, 1)
-    return total
-
-
-def _with_state(plan: Graph, mem_bytes: float, state_bytes: float) -> float:
-    return mem_bytes + state_bytes * weight_shard_bytes(plan) if state_bytes else mem_bytes
-
-
 def depth_reuse_summary(result: PlanResult) -> str:
     """One line for a report: whether blocks were planned once and reused."""
     b = result.info.get("blocks")
@@ -513,5 +490,4 @@ def depth_reuse_summary(result: PlanResult) -> str:
 
 
 __all__ = ["Blocks", "block_graph", "compose", "depth_reuse_summary", "find_blocks", "plan_hash", "plan_repeated",
-           "rest_graph",
-           "weight_shard_bytes"]
+           "rest_graph"]
