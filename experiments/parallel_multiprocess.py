@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -92,19 +93,9 @@ def run(model: str, mesh_spec: str, timeout: float = 600.0) -> dict[str, Any]:
         port = _free_port()
         env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={LOCAL_DEVICES}",
                "JAX_PLATFORMS": "cpu"}
-        procs = [subprocess.Popen([sys.executable, "-m", "experiments.parallel_multiprocess", model, "--mesh", mesh_spec,
-                                   "--child", str(pid), "--port", str(port), "--plan", str(plan_path), "--out", str(out)],
-                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for pid in range(PROCESSES)]
-        errors = []
-        for p in procs:
-            try:
-                _, err = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                _, err = p.communicate()
-            if p.returncode != 0:
-                errors.append(err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}")
+        errors = _run_children(lambda pid: [sys.executable, "-m", "experiments.parallel_multiprocess", model,
+                                            "--mesh", mesh_spec, "--child", str(pid), "--port", str(port),
+                                            "--plan", str(plan_path), "--out", str(out)], env, timeout)
         if errors:
             return {"model": model, "mesh": mesh_spec, "processes": PROCESSES, "numerics_ok": False, "error": errors[0]}
         got = [v for _, v in sorted(np.load(out).items(), key=lambda kv: int(kv[0].split("_")[1]))]
@@ -200,6 +191,23 @@ def _npz(path: Path) -> list[np.ndarray]:
         return [v for _, v in sorted(f.items(), key=lambda kv: int(kv[0].split("_")[1]))]
 
 
+def _run_children(argv_of: Callable[[int], list[str]], env: Mapping[str, str], timeout: float) -> list[str]:
+    """Start the `PROCESSES` child processes together (they meet in `jax.distributed`), wait for
+    each within `timeout`, and return the last error line of each that failed."""
+    procs = [subprocess.Popen(argv_of(pid), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for pid in range(PROCESSES)]
+    errors = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+        if p.returncode != 0:
+            errors.append(_last_error(err, p.returncode))
+    return errors
+
+
 def _last_error(err: str, code: int) -> str:
     return err.strip().splitlines()[-1] if err.strip() else f"exit {code}"
 
@@ -220,18 +228,7 @@ def run_training(program: str, mesh_spec: str, timeout: float = 600.0) -> dict[s
             return {**row, "same_as_one_process": False, "error": _last_error(one.stderr, one.returncode)}
         port = _free_port()
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={LOCAL_DEVICES}"
-        procs = [subprocess.Popen([*me, "--child", str(pid), "--port", str(port)], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for pid in range(PROCESSES)]
-        errors = []
-        for p in procs:
-            try:
-                _, err = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                _, err = p.communicate()
-            if p.returncode != 0:
-                errors.append(_last_error(err, p.returncode))
+        errors = _run_children(lambda pid: [*me, "--child", str(pid), "--port", str(port)], env, timeout)
         if errors:
             return {**row, "same_as_one_process": False, "error": errors[0]}
         plan = json.loads((d / "plan.json").read_text())

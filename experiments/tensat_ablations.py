@@ -32,12 +32,12 @@ from typing import Any
 from eqsat.cost import CostModel, cost_model
 from eqsat.cycle_guard import CYCLE_FILTERS
 from eqsat.errors import EqsatError
-from eqsat.extract.tensat_ilp import ORDER_VARS
 
 __all__ = ["AblationOptions", "DEFAULT_MODELS", "pick_cost_model", "render_table", "run_bench", "write_plot"]
 
 DEFAULT_MODELS: tuple[str, ...] = ("squeezenet", "nasrnn", "bert")
-ILP_NAMES: Mapping[str, str] = {"real": "tensat-ilp", "int": "tensat-ilp-int"}
+ILP_NAMES: Mapping[str, str] = {"real": "tensat-ilp", "int": "tensat-ilp-int"}  # registry names, by order variables
+ORDER_VARS: tuple[str, ...] = tuple(ILP_NAMES)
 FALLBACK = ("roofline", "cpu")
 
 
