@@ -40,7 +40,7 @@ from eqsat import ops
 from eqsat.ir import Graph, Node, Value
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import Mesh
-from eqsat.parallel.planner import DEFAULT_LIMITS, PlanError, PlanResult, graph_axes, plan_graph, plan_report
+from eqsat.parallel.planner import DEFAULT_LIMITS, PlanError, PlanResult, RuleBook, graph_axes, plan_graph, plan_report
 from eqsat.pipeline import numerics_match
 from eqsat.saturate import Limits
 
@@ -416,11 +416,11 @@ def _at(at: Mapping[int, Value], v: Value) -> Value:
 def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
                   time_limit: float = 20.0, mem_budget: float | None = None, model: ParallelCostModel | None = None,
                   comm_budget: float | None = None, check: bool = True,
-                  min_copies: int = MIN_COPIES) -> PlanResult:
+                  min_copies: int = MIN_COPIES, book: RuleBook | None = None) -> PlanResult:
     """`plan_graph(graph, ...)`, planning a chain of identical blocks once (`find_blocks`) and
     repeating the block's plan. Optimizer state is the cost model's (`ParallelCostModel.state_copies`),
     in the planner's memory row as everywhere else. `check=False`: no numpy check at all (a paper
-    pricing of a model too big to run).
+    pricing of a model too big to run). `book`: the mesh's verified rules, made once (`RuleBook`).
     Without `min_copies` identical blocks this is `plan_graph` itself."""
     from eqsat.cost import cost_model
 
@@ -428,7 +428,7 @@ def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Lim
     blocks = find_blocks(graph, min_copies)
     if blocks is None:
         return plan_graph(graph, mesh, strategy, limits, time_limit, mem_budget, model, comm_budget=comm_budget,
-                          check=check)
+                          check=check, book=book)
     t0 = time.perf_counter()
     block, entry_name = block_graph(graph, blocks)
     rest, exit_name, where = rest_graph(graph, blocks)
@@ -437,8 +437,10 @@ def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Lim
     block_mem = None if mem_budget is None else mem_budget / parts
     plan: Graph | None = None
     for _ in range(BUDGET_ATTEMPTS):
-        b = plan_graph(block, mesh, strategy, limits, time_limit, block_mem, model, comm_budget=block_comm, check=check)
-        r = (plan_graph(rest, mesh, strategy, limits, time_limit, block_mem, model, comm_budget=block_comm, check=check)
+        b = plan_graph(block, mesh, strategy, limits, time_limit, block_mem, model, comm_budget=block_comm, check=check,
+                       book=book)
+        r = (plan_graph(rest, mesh, strategy, limits, time_limit, block_mem, model, comm_budget=block_comm, check=check,
+                        book=book)
              if rest is not None else None)
         plan = compose(graph, blocks, b.plan, entry_name, r.plan if r is not None else None, exit_name, where)
         graph_axes(plan)  # raises if the copies do not join into one SPMD program

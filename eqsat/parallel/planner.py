@@ -14,6 +14,7 @@ SPMD program, so they are left out before extraction.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -140,14 +141,53 @@ def verified_parallel_rules(mesh: Mesh, names: Sequence[str] | None = None, trus
     return [r for r in mesh_rules(mesh, names) if _base(r.name) in ok]
 
 
-def strategy_rules(mesh: Mesh, strategy: str, trust_tested: bool = False) -> list[Rule]:
+def _strategy_names(strategy: str) -> tuple[str, ...] | None:
+    """The rule names of a strategy (None: every rule)."""
     if strategy not in STRATEGY_RULES:
         raise PlanError(f"unknown strategy '{strategy}'; choose from {', '.join(STRATEGY_RULES)}")
     names = STRATEGY_RULES[strategy]
     if names is None:
-        return verified_parallel_rules(mesh, trust_tested=trust_tested)
+        return None
     shared = tuple(r for r in SHARED_RULES if strategy != "algebra-first" or r not in ALGEBRA_RULES)
-    return verified_parallel_rules(mesh, (*names, *shared), trust_tested)
+    return (*names, *shared)
+
+
+def strategy_rules(mesh: Mesh, strategy: str, trust_tested: bool = False, book: RuleBook | None = None) -> list[Rule]:
+    """The verified rules of `strategy` on `mesh`; from `book` (every verified rule of the mesh,
+    made once) where given, else instantiated and verified here."""
+    names = _strategy_names(strategy)
+    if book is not None:
+        if book.mesh != mesh or book.trust_tested != trust_tested:
+            raise PlanError(f"the rule book is for mesh {book.mesh.name} (trust_tested={book.trust_tested}), "
+                            f"not {mesh.name} (trust_tested={trust_tested})")
+        return book.rules_of(names)
+    return verified_parallel_rules(mesh, names, trust_tested)
+
+
+_INSTANCE_SUFFIX = re.compile(r"(\[[^\]]*\])?@\d+$")
+
+
+@dataclass(frozen=True)
+class RuleBook:
+    """Every verified rule instance of one mesh, made once (`RuleBook.of`): each strategy's rules
+    are those of its names in the same order, so one `eqsat.parallel.plan` call parses and
+    verifies the rules once for its stages, its graphs and the baselines' searches, where each
+    search did it again (most of a small graph's plan time)."""
+
+    mesh: Mesh
+    rules: tuple[Rule, ...]
+    trust_tested: bool = False
+
+    @staticmethod
+    def of(mesh: Mesh, trust_tested: bool = False) -> RuleBook:
+        return RuleBook(mesh, tuple(verified_parallel_rules(mesh, trust_tested=trust_tested)), trust_tested)
+
+    def rules_of(self, names: Sequence[str] | None) -> list[Rule]:
+        """The instances of the rules named `names` (None: all), as `verified_parallel_rules(mesh, names)`."""
+        if names is None:
+            return list(self.rules)
+        wanted = set(names)
+        return [r for r in self.rules if _INSTANCE_SUFFIX.sub("", r.name) in wanted]
 
 
 # --- pricing -------------------------------------------------------------------------------------
@@ -363,11 +403,11 @@ class PricedEGraph:
 
 def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
                        model: ParallelCostModel | None = None, rules: Sequence[Rule] | None = None,
-                       trust_tested: bool = False) -> PricedEGraph:
+                       trust_tested: bool = False, book: RuleBook | None = None) -> PricedEGraph:
     from eqsat.cost import cost_model
 
     model = model or ParallelCostModel(mesh, cost_model("roofline", mesh.device))
-    stages = [list(rules)] if rules is not None else [strategy_rules(mesh, s, trust_tested)
+    stages = [list(rules)] if rules is not None else [strategy_rules(mesh, s, trust_tested, book)
                                                       for s in STAGES.get(strategy, (strategy,))]
     t0 = time.perf_counter()
     egraph = TensorEGraph.from_graph(graph)
@@ -395,21 +435,23 @@ def _greedy_plan(egraph: TensorEGraph, model: ParallelCostModel) -> tuple[Mappin
 def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
                time_limit: float = 20.0, mem_budget: float | None = None, model: ParallelCostModel | None = None,
                rules: Sequence[Rule] | None = None, priced: PricedEGraph | None = None,
-               comm_budget: float | None = None, starts: Sequence[Graph] = (), check: bool = True) -> PlanResult:
+               comm_budget: float | None = None, starts: Sequence[Graph] = (), check: bool = True,
+               book: RuleBook | None = None) -> PlanResult:
     """Saturate `graph` with the strategy's parallel rules on `mesh` (or take `priced`, the same
     saturated e-graph built before, e.g. to draw random plans from it too), extract the cheapest
     training step (within `mem_budget` bytes per device and `comm_budget` bytes moved per device
     in a step, if given) and check it against `graph`. `starts` are known plans (e.g. a baseline's)
     the ILP starts from where the e-graph holds them: the answer is never worse than any of them
     that fits the budgets. `check=False` skips the numpy check (a paper pricing too big to run:
-    `numerics_ok` is then False and `info["numerics"]` says so)."""
+    `numerics_ok` is then False and `info["numerics"]` says so). `book`: the mesh's verified rules,
+    made once by a caller that plans several graphs or strategies (`RuleBook`)."""
     for name, value in (("memory budget", mem_budget), ("communication budget", comm_budget)):
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise PlanError(f"the {name} must be a finite number of bytes >= 0, not {value}")
     if not (math.isfinite(time_limit) and time_limit > 0):
         raise PlanError(f"the ILP time limit must be a finite number of seconds > 0, not {time_limit}")
     t0 = time.perf_counter()
-    pe = priced if priced is not None else saturate_and_price(graph, mesh, strategy, limits, model, rules)
+    pe = priced if priced is not None else saturate_and_price(graph, mesh, strategy, limits, model, rules, book=book)
     t1 = time.perf_counter()
     carried = [c for c in map(pe.choice_of, starts) if c is not None]
     hints = (*pe.hints, *carried)
@@ -494,6 +536,7 @@ __all__ = [
     "PlanReport",
     "PlanResult",
     "PricedEGraph",
+    "RuleBook",
     "graph_axes",
     "node_axes",
     "plan_graph",
