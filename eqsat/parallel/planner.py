@@ -131,12 +131,13 @@ def verified_parallel_rules(mesh: Mesh, names: Sequence[str] | None = None, trus
     from eqsat.rewrites.verify import verify_rules
     from eqsat.rulesets import is_trusted, warn_tested
 
-    family = [r for n in (2, 4) for r in instantiate(0, n, names=names)]
+    parts = {n: instantiate(0, n, names=names) for n in (2, 4)}
+    family = [r for n in (2, 4) for r in parts[n]]
     results = verify_rules(family)
     accepted = {_base(r.name) for r, res in zip(family, results) if is_trusted(res, trust_tested=trust_tested)}
     warn_tested(sorted({_base(r.name) for r, res in zip(family, results) if trust_tested and not is_trusted(res)
                         and _base(r.name) in accepted}))
-    per_n = {n: {_base(r.name) for r in instantiate(0, n, names=names)} for n in (2, 4)}
+    per_n = {n: {_base(r.name) for r in parts[n]} for n in (2, 4)}
     ok = {b for b in per_n[2] | per_n[4] if (b not in per_n[2] or b in accepted) and (b not in per_n[4] or b in accepted)}
     return [r for r in mesh_rules(mesh, names) if _base(r.name) in ok]
 
