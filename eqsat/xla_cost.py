@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from eqsat import ops
 from eqsat.atomic_write import atomic_write_text
+from eqsat.calibration_cache import read_cached_calibration
 from eqsat.context import EGraphContext, ENode, ENodes, NodeInContext, NodePrice, ValueContext
 from eqsat.cost import Shape, weight_only_nodes
 from eqsat.errors import EqsatError
@@ -150,17 +151,10 @@ class Calibration:
 def read_calibration(path: Path, machine: str, device: str) -> Calibration:
     """The cached calibration at `path` if it is whole and was measured on this `machine` and
     `device`; otherwise a `CalibrationError` saying why (missing, damaged, foreign)."""
-    if not path.exists():
-        raise CalibrationError(f"no calibration for {device} at {path}: run `eqsat calibrate`")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise CalibrationError(f"calibration cache {path} is damaged ({type(exc).__name__})") from None
-    cal = Calibration.from_json(data)
-    if cal.machine != machine or cal.device != device:
-        raise CalibrationError(f"calibration cache {path} was measured on another machine or device "
-                               f"({cal.machine}/{cal.device}, here {machine}/{device})")
-    return cal
+    return read_cached_calibration(path, CalibrationError, Calibration.from_json, lambda cal: (cal.machine, cal.device),
+                                   (machine, device), label="calibration cache",
+                                   missing=f"no calibration for {device} at {path}: run `eqsat calibrate`",
+                                   where="machine or device")
 
 
 def write_calibration(path: Path, cal: Calibration) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 from eqsat import cost as cost_models
 from eqsat import ops
 from eqsat.atomic_write import atomic_write_text
+from eqsat.calibration_cache import read_cached_calibration
 from eqsat.errors import EqsatError
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import Mesh, MeshAxis
@@ -125,17 +126,11 @@ def calibration_file(device: str, shape: Sequence[int]) -> Path:
 def read_mesh_calibration(path: Path, machine: str, device: str, shape: Sequence[int]) -> MeshCalibration:
     """The cached calibration at `path` if it is whole and from this machine, device and mesh shape;
     otherwise `MeshCalibrationError` saying why."""
-    if not path.exists():
-        raise MeshCalibrationError(f"no mesh calibration at {path}: run `eqsat parallel calibrate`")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise MeshCalibrationError(f"mesh calibration cache {path} is damaged ({type(exc).__name__})") from None
-    cal = MeshCalibration.from_json(data)
-    if cal.machine != machine or cal.device != device or cal.shape != tuple(shape):
-        raise MeshCalibrationError(f"mesh calibration cache {path} was measured on another machine, device or mesh "
-                                   f"({cal.machine}/{cal.device}/{'x'.join(map(str, cal.shape))})")
-    return cal
+    return read_cached_calibration(path, MeshCalibrationError, MeshCalibration.from_json,
+                                   lambda cal: (cal.machine, cal.device, "x".join(map(str, cal.shape))),
+                                   (machine, device, "x".join(map(str, shape))), label="mesh calibration cache",
+                                   missing=f"no mesh calibration at {path}: run `eqsat parallel calibrate`",
+                                   where="machine, device or mesh")
 
 
 def write_mesh_calibration(path: Path, cal: MeshCalibration) -> None:
