@@ -88,15 +88,16 @@ def checkable_inputs(graph: Graph, seed: int) -> tuple[dict[str, np.ndarray], li
     """
     inputs = graph.random_inputs(seed, dtype=np.float64)
     with np.errstate(all="ignore"):
-        outputs = graph.evaluate(inputs)
+        outputs = graph.evaluate(inputs, widen=True)
         if not _finite(outputs):
             inputs = {k: np.abs(v) + 0.5 for k, v in inputs.items()}
-            outputs = graph.evaluate(inputs)
+            outputs = graph.evaluate(inputs, widen=True)
     return inputs, outputs
 
 
 def numerics_match(a: Graph, b: Graph, seed: int = 0, rtol: float = 1e-7, trials: int = 2) -> tuple[bool, float]:
-    """Run both graphs in float64 on the same random inputs (`trials` draws); returns (close, max
+    """Run both graphs in float64 on the same random inputs (`trials` draws; conversions between
+    float dtypes widened away, `Graph.evaluate`); returns (close, max
     |difference|) by `outputs_agree` (error relative to each output's magnitude, at least 1).
     Where the original is not finite even on positive inputs, `b` must be non-finite at the same
     places."""
@@ -106,7 +107,7 @@ def numerics_match(a: Graph, b: Graph, seed: int = 0, rtol: float = 1e-7, trials
     for trial in range(trials):
         inputs, outs_a = checkable_inputs(a, seed + trial)
         with np.errstate(all="ignore"):
-            outs_b = b.evaluate(inputs)
+            outs_b = b.evaluate(inputs, widen=True)
         verdict = outputs_agree(outs_a, outs_b, rtol, atol=rtol)
         worst = max(worst, verdict.max_abs_diff)
         if not verdict:
