@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from eqsat import ops
 from eqsat.compare import Agreement, outputs_agree
 from eqsat.context import ContextAnalysis
 from eqsat.cost import CostModel, graph_cost
@@ -147,8 +148,14 @@ class SearchResult:
 
 def does_extra_work(before: Graph, after: Graph, slack: float = 1.01) -> bool:
     """True when `after` does more arithmetic than `before`: two-output merges that overlap (one
-    weight in two concatenations) compute some products twice."""
-    return after.live().total_flops() > slack * before.live().total_flops()
+    weight in two concatenations) compute some products twice. Conversions between dtypes are not
+    counted: a plan that multiplies in float32 (the precision rules) adds roundings, not products."""
+    def work(g: Graph) -> float:
+        live = g.live()
+        return sum(ops.flops(n.op, [live.shape(v) for v in n.inputs], n.attr) for n in live.nodes
+                   if not ops.OPS[n.op].is_leaf and n.op != "convert_element_type")
+
+    return work(after) > slack * work(before)
 
 
 @dataclass(frozen=True)
