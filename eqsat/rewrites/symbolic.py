@@ -65,7 +65,8 @@ from eqsat.rewrites.shapes import rank_choices
 SUPPORTED: frozenset[str] = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh", "transpose", "concat",
                                        "matmul", "split_part", "conv2d", "enlarge", "poolmax", "poolavg", "broadcast",
                                        "batchnorm", "reshape", "merge_gconv", "convert_element_type"})
-ELEMENTWISE = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh"})
+# (a float convert_element_type is the identity: it passes every axis through, as the others)
+ELEMENTWISE = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh", "convert_element_type"})
 CONV_RANKS = (4, 5, 6)  # NCHW x OIHW, or both with the same leading batch axes (`ops.CONV_MAX_RANK`)
 WINDOW_OPS = frozenset({"conv2d", "enlarge", "poolmax", "poolavg"})
 WINDOW_TIMEOUT_MS = 1000  # sums over windows and channel groups: z3 needs longer than for matmul

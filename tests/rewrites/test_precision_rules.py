@@ -70,10 +70,11 @@ def test_bad_dtype_spellings_are_one_parse_error(text: str) -> None:
 
 def test_the_library_precision_rules_are_proved_for_every_shape() -> None:
     rules = library_rules(["precision"])
-    assert {r.name for r in rules} == {"matmul-bf16-via-f32", "matmul-f16-via-f32"}
+    assert {r.name for r in rules} == {"matmul-bf16-via-f32", "matmul-f16-via-f32", "ewadd-bf16-via-f32",
+                                       "ewmul-bf16-via-f32", "tanh-bf16-via-f32", "f32-bf16-round-trip"}
     results = verify_rules(rules, all_shapes=True)
     assert all(r.verdict == "proved" and r.scope == "all shapes" for r in results), results
-    assert "symbolic" in results[0].method or "z3" in results[0].method  # a proof, not a test on shapes
+    assert all("z3 over symbolic dims" in r.method for r in results)  # a proof, not a test on shapes
     assert trusted_rules(rules) == rules
     assert "precision" in XLA_GROUPS  # the decorator's default groups
 
@@ -93,6 +94,19 @@ def test_a_conversion_to_an_integer_is_never_the_identity() -> None:
 
 # --- the e-graph ----------------------------------------------------------------------------------
 
+def test_lifted_elementwise_chains_run_in_float32_and_round_once() -> None:
+    b = GraphBuilder()
+    x, y = b.input("x", (8, 16), "bfloat16"), b.input("y", (8, 16), "bfloat16")
+    graph = b.build([b.apply("tanh", [b.ewadd(b.ewmul(x, y), y)])[0]])
+    rules = library_rules(["precision"])
+    found = search(graph, rules, Limits(iterations=8, seconds=30), {"m": _SlowLowPrecision(elementwise=True)},
+                   "greedy-dag", 10)
+    out = found.by_model["m"].graph
+    assert out.op_counts().get("convert_element_type") == 3, out.op_counts()  # x, y up; the result down
+    assert {out.dtype(v) for n in out.nodes if n.op in ("ewadd", "ewmul", "tanh") for v in n.inputs} == {"float32"}
+    assert found.by_model["m"].numerics_ok
+
+
 def test_the_rule_fires_on_bfloat16_only_and_saturates() -> None:
     fired, egraph = _fires(_matmul_graph("bfloat16"))
     assert fired == 1  # the float32 product it builds does not match again
@@ -108,16 +122,18 @@ class _SlowLowPrecision:
 
     name: str = "slow-bf16"
     device: str = "cpu"
+    elementwise: bool = False  # elementwise ops in bfloat16 dearer too
 
     def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]) -> float:
-        return 1e-12 + ops.flops(op, [tuple(s) for s in input_shapes], attrs) * 1e-9
+        return 1e-9 + ops.flops(op, [tuple(s) for s in input_shapes], attrs) * 1e-9
 
     def op_cost_typed(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]],
                       input_dtypes: Sequence[str]) -> float:
         base = self.op_cost(op, attrs, input_shapes)
         if op == "convert_element_type":
             return 1e-12
-        return 3 * base if op == "matmul" and input_dtypes[0] in ("bfloat16", "float16") else base
+        low = input_dtypes[0] in ("bfloat16", "float16")
+        return 3 * base if low and (op == "matmul" or self.elementwise) else base
 
 
 def test_typed_costs_go_to_models_that_take_dtypes() -> None:
