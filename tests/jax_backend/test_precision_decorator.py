@@ -73,3 +73,20 @@ def test_float32_programs_are_left_alone(slow_bf16_model: str) -> None:
     report = eqsat.optimize(_mlp, cost_model=slow_bf16_model, check_speed=False).report(*args)
     assert not any("bf16" in r for s in report.segments for r in s.rules_fired)
     assert "convert_element_type" not in report.segments[0].after.op_counts()
+
+
+def test_rule_discovery_times_the_bf16_rule_on_bf16_values_only() -> None:
+    from eqsat.ir import GraphBuilder
+    from eqsat.rewrites import library_rules
+    from jax_backend.rule_discovery import graph_instances, probe_instances, time_instance
+
+    rule = [r for r in library_rules(["precision"]) if r.name == "matmul-bf16-via-f32"]
+
+    def graph(dtype: str) -> Any:
+        b = GraphBuilder()
+        return b.build([b.matmul(b.input("x", (32, 64), dtype), b.weight("w", (64, 48), dtype))])
+
+    assert graph_instances(rule, graph("float32"), "f32") == [] and probe_instances(rule) == []
+    (inst,) = graph_instances(rule, graph("bfloat16"), "bf16")
+    timed = time_instance(inst, budget_s=0.2, rounds=8)
+    assert timed.agree and timed.rounds >= 1
