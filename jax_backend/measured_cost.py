@@ -187,11 +187,12 @@ class MeasuredModel:
                       input_dtypes: Sequence[str]) -> float:
         """`op_cost` with the operands in `input_dtypes` (`eqsat.cost.typed_op_cost`): XLA:CPU runs a
         bfloat16 matmul about twice as long as a float32 one, and a conversion is an op of its own.
-        Keyed apart from the float32 entries, which keep their keys."""
+        Keyed apart from the float32 entries, which keep their keys; operands that are float32,
+        integer or boolean only (masks, index math) are priced as before (`_random_args`)."""
         spec = ops.op_spec(op)
         if spec.is_leaf or spec.is_view:
             return 0.0
-        if all(d == ops.DEFAULT_DTYPE for d in input_dtypes):
+        if all(d == ops.DEFAULT_DTYPE or ops.dtype_kind(d) != "float" for d in input_dtypes):
             return self.op_cost(op, attrs, input_shapes)
         shapes = [tuple(int(d) for d in s) for s in input_shapes]
         dtypes = tuple(str(d) for d in input_dtypes)

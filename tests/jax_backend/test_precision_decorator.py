@@ -90,3 +90,14 @@ def test_rule_discovery_times_the_bf16_rule_on_bf16_values_only() -> None:
     (inst,) = graph_instances(rule, graph("bfloat16"), "bf16")
     timed = time_instance(inst, budget_s=0.2, rounds=8)
     assert timed.agree and timed.rounds >= 1
+
+
+def test_the_measured_model_times_low_precision_operands_apart(tmp_path: Any) -> None:
+    from jax_backend.measured_cost import MeasuredModel
+
+    model = MeasuredModel(cache_dir=tmp_path, repeats=1, warmup=1)
+    assert model.op_cost_typed("ewadd", {}, [(4, 4), (4, 4)], ["bfloat16", "bfloat16"]) > 0
+    model.op_cost_typed("select_n", {}, [(4, 4)] * 3, ["bool", "float32", "float32"])  # a mask: priced as before
+    keys = set(model._table)
+    assert "ewadd||4x4;4x4|bfloat16,bfloat16" in keys
+    assert [k for k in keys if k.startswith("select_n|")] == ["select_n||4x4;4x4;4x4"]
