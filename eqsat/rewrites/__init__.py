@@ -22,7 +22,7 @@ def library_rules(groups: Iterable[str] | None = None) -> list[Rule]:
     max and average pools), conv_merges (Tensat's convolution merges guarded to ungrouped convs, and
     its `enlarge` merges of a small kernel with a larger one), nary_merges (a third, fourth, ... op
     merged into an existing two-way merge; run in the merge rounds of `eqsat.saturate`), precision
-    (a bfloat16 / float16 matmul as the float32 product of converted operands, rounded once)."""
+    (bfloat16 matmuls and elementwise ops as float32 ones on converted operands, rounded once)."""
     chosen = list(LIBRARY_GROUPS if groups is None else groups)
     unknown = [g for g in chosen if g not in LIBRARY_GROUPS]
     if unknown:
