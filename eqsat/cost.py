@@ -44,7 +44,7 @@ Shape = tuple[int, ...]
 __all__ = [
     "DeviceSpec", "DEVICES", "CostModel", "RooflineModel", "COST_MODEL_FACTORIES", "cost_model", "register_cost_model",
     "graph_cost", "weight_only_nodes", "device_spec", "calibrate_cpu", "UnknownCostModelError",
-    "Conventions", "CONVENTIONS", "conventions", "UnknownConventionsError", "FreeOpsModel",
+    "Conventions", "CONVENTIONS", "conventions", "UnknownConventionsError", "FreeOpsModel", "typed_op_cost",
 ]
 
 
@@ -171,6 +171,18 @@ class CostModel(Protocol):
     def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]) -> float: ...
 
 
+def typed_op_cost(model: CostModel, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape],
+                  input_dtypes: Sequence[str]) -> float:
+    """The one way to price an op at its operands' dtypes: a model with `op_cost_typed` (the measured
+    model: XLA:CPU multiplies bfloat16 at half float32's speed, so shapes alone misprice a mixed-
+    precision plan) prices them; any other prices the shapes (float32 work). All-float32 operands
+    always go to `op_cost`, so float32 programs are priced as before."""
+    typed = getattr(model, "op_cost_typed", None)
+    if typed is None or all(d == ops.DEFAULT_DTYPE for d in input_dtypes):
+        return float(model.op_cost(op, attrs, input_shapes))
+    return float(typed(op, attrs, input_shapes, input_dtypes))
+
+
 @dataclass(frozen=True)
 class RooflineModel:
     """max(flops / peak, bytes / bandwidth) + launch; leaves and views cost 0."""
@@ -255,6 +267,10 @@ class FreeOpsModel:
     def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]) -> float:
         return 0.0 if op in self.free else self.base.op_cost(op, attrs, input_shapes)
 
+    def op_cost_typed(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape],
+                      input_dtypes: Sequence[str]) -> float:
+        return 0.0 if op in self.free else typed_op_cost(self.base, op, attrs, input_shapes, input_dtypes)
+
 
 @dataclass(frozen=True)
 class Conventions:
@@ -313,5 +329,6 @@ def graph_cost(graph: Graph, model: CostModel, fold_weights: bool = True) -> flo
     if own is not None:
         return float(own(live, fold_weights))
     skip = weight_only_nodes(live) if fold_weights else frozenset()
-    return float(sum(model.op_cost(n.op, n.attr, [live.shape(v) for v in n.inputs])
+    return float(sum(typed_op_cost(model, n.op, n.attr, [live.shape(v) for v in n.inputs],
+                                   [live.dtype(v) for v in n.inputs])
                      for i, n in enumerate(live.nodes) if i not in skip and not ops.OPS[n.op].is_leaf))

@@ -18,9 +18,10 @@ from egglog import bindings
 
 from eqsat import ops
 from eqsat.context import ContextAnalysis, ENode, ENodes, InContextCostModel
-from eqsat.cost import CostModel
+from eqsat.cost import CostModel, typed_op_cost
 from eqsat.egglog_schema import (
     BINARY_ONLY,
+    DTYPE_FUNCTION,
     ENCODED_AS,
     INPUT_ORDER_FUNCTION,
     NEXT_SIBLING_RELATION,
@@ -337,6 +338,9 @@ def convert_serialized(raw: Mapping[str, Any], cost_model: CostModel, graph: Gra
                 raise RuleError(f"e-class {cid} has two shapes, {class_shape[cid]} and {shape}: a rule equated "
                                 "terms of different shapes")
 
+    strings = {n["eclass"]: json.loads(n["op"]) for n in nodes.values() if n["op"].startswith('"')}
+    class_dtype = {nodes[n["children"][0]]["eclass"]: strings[n["eclass"]]  # tensor class → its dtype (analysis)
+                   for n in nodes.values() if n["op"] == DTYPE_FUNCTION and n["eclass"] in strings}
     out_nodes: dict[str, dict[str, Any]] = {}
     costs: dict[tuple[Any, ...], float] = {}  # many nodes share op, attributes and shapes (BERT: 10k nodes, ~100 kinds)
     names = {op: attr_names(op) for op in tensor_ctors.values()}
@@ -359,11 +363,13 @@ def convert_serialized(raw: Mapping[str, Any], cost_model: CostModel, graph: Gra
         if cls not in class_shape:
             raise RuleError(f"e-class {cls} (node {nid}, {op}) has no shape: a rule built an ill-typed term")
         in_shapes = [class_shape[nodes[c]["eclass"]] for c in tensor_kids]
-        key = (op, tuple(values), tuple(in_shapes))
+        in_dtypes = tuple(class_dtype.get(nodes[c]["eclass"], ops.DEFAULT_DTYPE) for c in tensor_kids)
+        key = (op, tuple(values), tuple(in_shapes), in_dtypes)
         attrs: dict[str, Any] = {k: list(v) if isinstance(v, tuple) else v for k, v in zip(names[op], values)}
         cost = costs.get(key) if context is None else 0.0  # in context: priced below
         if cost is None:
-            cost = costs[key] = 0.0 if ops.OPS[op].is_leaf else scale * float(cost_model.op_cost(op, attrs, in_shapes))
+            cost = costs[key] = 0.0 if ops.OPS[op].is_leaf else scale * typed_op_cost(cost_model, op, attrs, in_shapes,
+                                                                                       in_dtypes)
         out_nodes[nid] = {"op": op, "children": tensor_kids, "eclass": cls, "cost": cost, "attrs": attrs}
     left_out: dict[str, int] = {}
     if context is not None:

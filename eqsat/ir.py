@@ -180,8 +180,11 @@ class Graph:
                     out[var.attr["name"]] = np.abs(out[var.attr["name"]]) + 0.5
         return out
 
-    def evaluate(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """Run the graph with the numpy reference semantics of each op."""
+    def evaluate(self, inputs: Mapping[str, np.ndarray], widen: bool = False) -> list[np.ndarray]:
+        """Run the graph with the numpy reference semantics of each op. With `widen` (float64
+        inputs standing for the reals, as the pipeline's check runs a rewrite) a conversion between
+        float dtypes is the identity, as the verifier models it: a bfloat16 product rewritten
+        through float32 is the same real product, not one rounded to bfloat16 against an unrounded one."""
         values: list[tuple[np.ndarray, ...]] = []
         for node in self.nodes:
             if ops.OPS[node.op].is_leaf:
@@ -194,6 +197,10 @@ class Graph:
                 values.append((array,))
             else:
                 args = [values[v.node][v.index] for v in node.inputs]
+                if (widen and node.op == "convert_element_type" and args[0].dtype.kind == "f"
+                        and ops.dtype_kind(str(node.attr["dtype"])) == "float"):
+                    values.append((args[0],))
+                    continue
                 values.append(ops.evaluate(node.op, args, node.attr))
         return [values[v.node][v.index] for v in self.outputs]
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from eqsat import ops
 from eqsat.compare import Agreement, outputs_agree
 from eqsat.context import ContextAnalysis
 from eqsat.cost import CostModel, graph_cost
@@ -88,15 +89,16 @@ def checkable_inputs(graph: Graph, seed: int) -> tuple[dict[str, np.ndarray], li
     """
     inputs = graph.random_inputs(seed, dtype=np.float64)
     with np.errstate(all="ignore"):
-        outputs = graph.evaluate(inputs)
+        outputs = graph.evaluate(inputs, widen=True)
         if not _finite(outputs):
             inputs = {k: np.abs(v) + 0.5 for k, v in inputs.items()}
-            outputs = graph.evaluate(inputs)
+            outputs = graph.evaluate(inputs, widen=True)
     return inputs, outputs
 
 
 def numerics_match(a: Graph, b: Graph, seed: int = 0, rtol: float = 1e-7, trials: int = 2) -> tuple[bool, float]:
-    """Run both graphs in float64 on the same random inputs (`trials` draws); returns (close, max
+    """Run both graphs in float64 on the same random inputs (`trials` draws; conversions between
+    float dtypes widened away, `Graph.evaluate`); returns (close, max
     |difference|) by `outputs_agree` (error relative to each output's magnitude, at least 1).
     Where the original is not finite even on positive inputs, `b` must be non-finite at the same
     places."""
@@ -106,7 +108,7 @@ def numerics_match(a: Graph, b: Graph, seed: int = 0, rtol: float = 1e-7, trials
     for trial in range(trials):
         inputs, outs_a = checkable_inputs(a, seed + trial)
         with np.errstate(all="ignore"):
-            outs_b = b.evaluate(inputs)
+            outs_b = b.evaluate(inputs, widen=True)
         verdict = outputs_agree(outs_a, outs_b, rtol, atol=rtol)
         worst = max(worst, verdict.max_abs_diff)
         if not verdict:
@@ -146,8 +148,14 @@ class SearchResult:
 
 def does_extra_work(before: Graph, after: Graph, slack: float = 1.01) -> bool:
     """True when `after` does more arithmetic than `before`: two-output merges that overlap (one
-    weight in two concatenations) compute some products twice."""
-    return after.live().total_flops() > slack * before.live().total_flops()
+    weight in two concatenations) compute some products twice. Conversions between dtypes are not
+    counted: a plan that multiplies in float32 (the precision rules) adds roundings, not products."""
+    def work(g: Graph) -> float:
+        live = g.live()
+        return sum(ops.flops(n.op, [live.shape(v) for v in n.inputs], n.attr) for n in live.nodes
+                   if not ops.OPS[n.op].is_leaf and n.op != "convert_element_type")
+
+    return work(after) > slack * work(before)
 
 
 @dataclass(frozen=True)

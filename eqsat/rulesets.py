@@ -37,10 +37,11 @@ from eqsat.rewrites.concrete import VerificationResult
 from eqsat.rewrites.parser import load_rules
 from eqsat.rewrites.rule import Rule, Signature, rules_that_can_match
 
-XLA_GROUPS: tuple[str, ...] = ("fusion", "merges", "folding", "decompositions")
+XLA_GROUPS: tuple[str, ...] = ("fusion", "merges", "folding", "decompositions", "precision")
 """The library groups that pay under XLA (the decorator's default): merges (Q/K/V-style matmuls and
 parallel convs on one input), activation fusion, folding of batchnorms and per-channel scales into
-weights, and decompositions (separable max and average pools); TASO's general properties
+weights, decompositions (separable max and average pools), and precision (low-precision matmuls
+through float32, which XLA:CPU multiplies faster); TASO's general properties
 (associativity, commutativity) only grow the e-graph for these programs."""
 
 TENSAT = "tensat"

@@ -111,7 +111,8 @@ def _key(op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> str:
     return f"{op}|{attr_text}|{';'.join('x'.join(map(str, s)) for s in shapes)}"
 
 
-def _random_args(op: str, shapes: Sequence[Shape], seed: int) -> list[jax.Array]:
+def _random_args(op: str, shapes: Sequence[Shape], seed: int, dtypes: Sequence[str] = ()) -> list[jax.Array]:
+    """Random operands of `op` (float32, or `dtypes` where given: a bfloat16 matmul is timed in bfloat16)."""
     rng = np.random.default_rng(seed)
     args: list[np.ndarray] = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     spec = ops.OPS[op]
@@ -123,6 +124,8 @@ def _random_args(op: str, shapes: Sequence[Shape], seed: int) -> list[jax.Array]
         args = [np.abs(a) + np.float32(0.5) for a in args]
     if op == "batchnorm":
         args[4] = np.abs(args[4]) + np.float32(0.5)
+    if dtypes:
+        args = [a > 0 if ops.dtype_kind(d) == "bool" else a.astype(ops.numpy_dtype(d)) for a, d in zip(args, dtypes)]
     return [jnp.asarray(a) for a in args]
 
 
@@ -139,7 +142,7 @@ class MeasuredModel:
     _loaded: bool = field(default=False, repr=False)
     _dirty: int = field(default=0, repr=False)
     _overhead: dict[int, float] = field(default_factory=dict, repr=False)
-    _producer: dict[Shape, float] = field(default_factory=dict, repr=False)  # the `neg` chain alone, per shape
+    _producer: dict[tuple[Shape, str], float] = field(default_factory=dict, repr=False)  # the `neg` chain alone, per shape and dtype
 
     def __post_init__(self) -> None:
         self.cache_dir = Path(self.cache_dir)  # a str from a user or a config file is fine too
@@ -180,6 +183,28 @@ class MeasuredModel:
             self.save()  # at once: a measurement takes far longer than the write, and no caller saves at exit
         return self._table[key]
 
+    def op_cost_typed(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape],
+                      input_dtypes: Sequence[str]) -> float:
+        """`op_cost` with the operands in `input_dtypes` (`eqsat.cost.typed_op_cost`): XLA:CPU runs a
+        bfloat16 matmul about twice as long as a float32 one, and a conversion is an op of its own.
+        Keyed apart from the float32 entries, which keep their keys; operands that are float32,
+        integer or boolean only (masks, index math) are priced as before (`_random_args`)."""
+        spec = ops.op_spec(op)
+        if spec.is_leaf or spec.is_view:
+            return 0.0
+        if all(d == ops.DEFAULT_DTYPE or ops.dtype_kind(d) != "float" for d in input_dtypes):
+            return self.op_cost(op, attrs, input_shapes)
+        shapes = [tuple(int(d) for d in s) for s in input_shapes]
+        dtypes = tuple(str(d) for d in input_dtypes)
+        key = _key(op, attrs, shapes) + "|" + ",".join(dtypes)
+        self._load()
+        if key not in self._table:
+            with jax.ensure_compile_time_eval():
+                self._table[key] = self._measure(op, attrs, shapes, dtypes)
+            self._dirty += 1
+            self.save()
+        return self._table[key]
+
     def isolated_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]) -> float:
         """The op timed alone, without the fusion discount (for comparison)."""
         shapes = [tuple(int(d) for d in s) for s in input_shapes]
@@ -192,12 +217,13 @@ class MeasuredModel:
 
     # --- measuring ---------------------------------------------------------------------------
 
-    def _time_alone(self, op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> float:
+    def _time_alone(self, op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape],
+                    dtypes: Sequence[str] = ()) -> float:
         from jax_backend.lower import lower_node
 
         norm = ops.op_spec(op).normalize_attrs(attrs)
         fn = jax.jit(lambda *xs: lower_node(op, xs, norm, precision="default"))
-        return self._time(fn, _random_args(op, shapes, 0))
+        return self._time(fn, _random_args(op, shapes, 0, dtypes))
 
     def _time(self, fn: Callable[..., Any], args: Sequence[Any]) -> float:
         """Min over batched samples (noise only ever adds time) minus the per-call dispatch."""
@@ -206,21 +232,23 @@ class MeasuredModel:
         raw = time_callable(fn, args, self.repeats, self.warmup, statistic="min", min_sample_s=_MIN_SAMPLE_S)
         return max(raw - self._overhead[len(args)], 0.0)
 
-    def _measure(self, op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape]) -> float:
+    def _measure(self, op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape], dtypes: Sequence[str] = ()) -> float:
         if not shapes:  # a nullary op (iota): computed inside its consumer's fusion
             return _FLOOR_S
         spec = ops.op_spec(op)
-        if op not in FUSIBLE_OPS or "float" not in spec.operand_kinds or spec.result_dtype == "select":
-            return max(self._time_alone(op, attrs, shapes), _FLOOR_S)
+        if (op not in FUSIBLE_OPS or "float" not in spec.operand_kinds or spec.result_dtype == "select"
+                or (dtypes and ops.dtype_kind(dtypes[0]) != "float")):
+            return max(self._time_alone(op, attrs, shapes, dtypes), _FLOOR_S)
         from jax_backend.lower import lower_node
 
         norm = ops.op_spec(op).normalize_attrs(attrs)
         with_op = jax.jit(lambda *xs: lower_node(op, [-xs[0], *xs[1:]], norm, precision="default"))
-        args = _random_args(op, shapes, 0)
+        args = _random_args(op, shapes, 0, dtypes)
         timed = self._time(with_op, args)
-        if shapes[0] not in self._producer:  # the same for every fusible op on this shape: timed once
-            self._producer[shapes[0]] = self._time(jax.jit(lambda *xs: (-xs[0],)), args[:1])
-        marginal = timed - self._producer[shapes[0]]
+        producer = (shapes[0], str(args[0].dtype))
+        if producer not in self._producer:  # the same for every fusible op on this shape: timed once
+            self._producer[producer] = self._time(jax.jit(lambda *xs: (-xs[0],)), args[:1])
+        marginal = timed - self._producer[producer]
         return max(marginal, _FLOOR_S)
 
 
@@ -276,7 +304,15 @@ class PerCallModel:
         return getattr(self.base, "device", "cpu")
 
     def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]) -> float:
-        cost = self.base.op_cost(op, attrs, input_shapes)
+        return self._plus_call(op, self.base.op_cost(op, attrs, input_shapes))
+
+    def op_cost_typed(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]],
+                      input_dtypes: Sequence[str]) -> float:
+        from eqsat.cost import typed_op_cost
+
+        return self._plus_call(op, typed_op_cost(self.base, op, attrs, input_shapes, input_dtypes))
+
+    def _plus_call(self, op: str, cost: float) -> float:
         spec = ops.op_spec(op)
         if spec.is_leaf or spec.is_view or op in FUSIBLE_OPS or op in ("concat", "split"):
             return cost

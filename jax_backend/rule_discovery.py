@@ -32,7 +32,7 @@ from eqsat import ops
 from eqsat.compare import outputs_agree
 from eqsat.errors import EqsatError, ShapeError
 from eqsat.ir import Graph, Value
-from eqsat.rewrites.rule import CLASS_CONDITIONS, AttrVar, Pattern, Rule, Term, Var, subterms, variables
+from eqsat.rewrites.rule import CLASS_CONDITIONS, DTYPE_CONDITION, AttrVar, Pattern, Rule, Term, Var, subterms, variables
 from eqsat.rewrites.semantics import SplitSizes, bind_attrs, instantiate, pattern_shape, rule_split_sizes
 from eqsat.rewrites.shapes import condition_holds
 from eqsat.rulesets import dtype_scope
@@ -150,6 +150,10 @@ def _instance(rule: Rule, graph: Graph, env: Mapping[str, Any], where: str) -> I
 
 def _applies(inst: Instance) -> bool:
     env = inst.env
+    dtypes = dict(inst.dtypes)
+    for c in inst.rule.conditions:  # `(dtype ?a bfloat16)`: the instance's values (probes: float32)
+        if c.op == DTYPE_CONDITION and any(dtypes.get(v, ops.DEFAULT_DTYPE) != c.attr["dtype"] for v in variables(c)):
+            return False
     try:
         if not all(c.op in CLASS_CONDITIONS or condition_holds(c, env) for c in inst.rule.conditions):
             return False

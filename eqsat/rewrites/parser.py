@@ -32,7 +32,7 @@ from typing import Any, cast
 
 from eqsat import ops
 from eqsat.errors import RuleParseError
-from eqsat.rewrites.rule import CLASS_CONDITIONS, AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var
+from eqsat.rewrites.rule import CLASS_CONDITIONS, DTYPE_CONDITION, AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var
 
 Sexp = str | list["Sexp"]
 
@@ -157,6 +157,8 @@ def to_pattern(s: Sexp, where: str) -> Pattern:
                 raise RuleParseError(f"{where}: expected a list like [1 0], (shape P) or ?S for {op}'s {slot}, "
                                      f"found {_show(arg)}")
             attrs.append((slot, tuple(_list_item(a, f"{op}'s {slot}", where) for a in arg[1:])))
+        elif kinds.get(slot) == "str":
+            attrs.append((slot, _dtype_name(arg, f"{op}'s {slot}", where)))
         elif kinds.get(slot) == "float":
             try:
                 attrs.append((slot, float(arg if isinstance(arg, str) else "not a number")))
@@ -165,6 +167,14 @@ def to_pattern(s: Sexp, where: str) -> Pattern:
         else:
             attrs.append((slot, _int(arg, f"{op}'s {slot}", where)))
     return Term(op, tuple(sorted(attrs)), tuple(tensors), tuple(guards))
+
+
+def _dtype_name(tok: Sexp, what: str, where: str) -> str:
+    """A dtype written bare (`bfloat16`, `float32`): the only string attribute a rule may name
+    (`convert_element_type`'s target, a `(dtype ?x NAME)` condition's dtype)."""
+    if isinstance(tok, str) and tok in ops.DTYPES:
+        return tok
+    raise RuleParseError(f"{where}: expected a dtype ({', '.join(ops.DTYPES)}) for {what}, found {_show(tok)}")
 
 
 def _list_item(item: Sexp, what: str, where: str) -> int | DimOf:
@@ -223,7 +233,7 @@ def _split_top(text: str, where: str) -> list[str]:
 _COMPARISONS = {"=": 2, "!=": 2, "<": 2, "<=": 2}
 _CONDITION_OPS = {**_COMPARISONS, "dim": 2, "rank": 1, "+": 2, "*": 2, "-": 2, "%": 2}
 _CONDITION_HELP = ("use (= a b), (!= a b), (< a b), (<= a b) over (dim ?x I), (rank ?x), integers, + - * %, "
-                   "or (order ?a ?b), (next ?a ?b)")
+                   "or (order ?a ?b), (next ?a ?b), (dtype ?a DTYPE)")
 
 
 def _condition(s: Sexp, where: str, top: bool = True) -> Term:
@@ -233,7 +243,13 @@ def _condition(s: Sexp, where: str, top: bool = True) -> Term:
     and ?a come first in it: it picks one of several equivalent applications (an n-ary merge of the
     input's ops built in one order, not in all n!), restricts only where a rule applies, and so is
     true for the verifier. `(next ?a ?b)` narrows that to consecutive siblings (see
-    `eqsat.rewrites.rule.NEXT_CONDITION`), so an n-ary merge builds runs of siblings, not every subset."""
+    `eqsat.rewrites.rule.NEXT_CONDITION`), so an n-ary merge builds runs of siblings, not every subset.
+    `(dtype ?a bfloat16)` (top level only) asks that ?a have that dtype (`rule.DTYPE_CONDITION`)."""
+    if top and isinstance(s, list) and s and s[0] == DTYPE_CONDITION:
+        if len(s) != 3 or not (isinstance(s[1], str) and s[1].startswith("?") and len(s[1]) > 1):
+            raise RuleParseError(f"{where}: bad condition {_show(s)}; (dtype ?a DTYPE) takes a ?variable and a dtype")
+        name = _dtype_name(s[2], "a dtype condition", where)
+        return Term(DTYPE_CONDITION, (("dtype", name),), (Var(s[1][1:]),))
     if top and isinstance(s, list) and s and s[0] in CLASS_CONDITIONS:
         if len(s) != 3 or not all(isinstance(a, str) and a.startswith("?") and len(a) > 1 for a in s[1:]):
             raise RuleParseError(f"{where}: bad condition {_show(s)}; ({s[0]} ?a ?b) takes two ?variables")

@@ -45,7 +45,7 @@ def condition_text(c: Term | Var) -> str:
         return f"?{c.name}"
     if c.op == "const":
         return str(c.attr["value"])
-    return "(" + " ".join([c.op, *map(condition_text, c.args)]) + ")"
+    return "(" + " ".join([c.op, *map(condition_text, c.args), *(str(v) for _, v in c.attrs)]) + ")"
 
 
 def rule_text(rule: Rule) -> str:

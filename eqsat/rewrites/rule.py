@@ -22,7 +22,12 @@ ORDER_CONDITION = "order"
 NEXT_CONDITION = "next"
 """A side condition `(next ?a ?b)`: ?a and ?b are the operands at one position of two ops of the
 input graph alike in everything else (siblings: q, k, v's weights), ?b the next such after ?a."""
-CLASS_CONDITIONS: tuple[str, ...] = (ORDER_CONDITION, NEXT_CONDITION)
+DTYPE_CONDITION = "dtype"
+"""A side condition `(dtype ?a bfloat16)`: ?a's e-class has that dtype (the e-graph's dtype analysis).
+The verifier proves identities over the reals, where every dtype is the reals and a conversion
+between float dtypes is the identity, so it only picks where a rule applies (a rule that moves a
+bfloat16 product into float32 must not fire on float32 values: it would convert them to bfloat16)."""
+CLASS_CONDITIONS: tuple[str, ...] = (ORDER_CONDITION, NEXT_CONDITION, DTYPE_CONDITION)
 """Conditions on e-classes, not shapes: they pick some applications of a rule, so they hold for the verifier."""
 
 

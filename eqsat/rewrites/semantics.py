@@ -379,6 +379,15 @@ def _opaque(name: str) -> Impl:
     return lambda alg, xs, a: alg.activation(name, xs[0])
 
 
+def _float_convert(alg: Algebra, xs: Sequence[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
+    """`convert_element_type` to a float dtype: the identity on the reals (every float dtype stands
+    for the reals here; rounding is the numerics check's business, as for every float op). A
+    conversion to an integer or boolean dtype truncates: it has no meaning here."""
+    if ops.dtype_kind(str(a["dtype"])) != "float":
+        raise RuleError(f"no symbolic semantics for convert_element_type to {a['dtype']} (only float dtypes)")
+    return xs[0]
+
+
 def _distributed(op: str) -> Impl:
     """A distribution op (eqsat.distribution): data movement plus sums taken in the algebra."""
     return lambda alg, xs, a: distribution.semantics(alg.add)[op](xs, a)
@@ -415,6 +424,7 @@ OP_IMPLS: Mapping[str, Impl] = {
     "broadcast": _broadcast,
     "reduce_sum": _reduce("sum"),
     "reduce_max": _reduce("max"),
+    "convert_element_type": _float_convert,
     **{op: _distributed(op) for op in ops.OPS if op in ops.DISTRIBUTION_OPS},
 }
 

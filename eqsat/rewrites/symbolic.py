@@ -58,13 +58,15 @@ from typing import Any
 
 import z3
 
+from eqsat import ops
 from eqsat.rewrites.rule import CLASS_CONDITIONS, AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var, ops_used, subterms
 from eqsat.rewrites.shapes import rank_choices
 
 SUPPORTED: frozenset[str] = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh", "transpose", "concat",
                                        "matmul", "split_part", "conv2d", "enlarge", "poolmax", "poolavg", "broadcast",
-                                       "batchnorm", "reshape", "merge_gconv"})
-ELEMENTWISE = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh"})
+                                       "batchnorm", "reshape", "merge_gconv", "convert_element_type"})
+# (a float convert_element_type is the identity: it passes every axis through, as the others)
+ELEMENTWISE = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh", "convert_element_type"})
 CONV_RANKS = (4, 5, 6)  # NCHW x OIHW, or both with the same leading batch axes (`ops.CONV_MAX_RANK`)
 WINDOW_OPS = frozenset({"conv2d", "enlarge", "poolmax", "poolavg"})
 WINDOW_TIMEOUT_MS = 1000  # sums over windows and channel groups: z3 needs longer than for matmul
@@ -153,6 +155,10 @@ class _Builder:
         if t.op == "neg":
             (x,) = args
             return _Value(x.dims, lambda i: -x.elem(i))
+        if t.op == "convert_element_type":  # between float dtypes: the identity on the reals (semantics._float_convert)
+            if ops.dtype_kind(str(a["dtype"])) != "float":
+                raise Unsupported(f"convert_element_type to {a['dtype']} (only float dtypes are the reals)")
+            return args[0]
         if t.op in ("relu", "sigmoid", "tanh"):
             (x,) = args
             return _Value(x.dims, lambda i: _act(t.op, x.elem(i)))

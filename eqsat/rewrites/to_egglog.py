@@ -39,11 +39,13 @@ from eqsat.egglog_schema import (
     check_encodable,
     constructor,
     select_cases,
+    string_literal,
     vec_items,
     vec_of,
 )
 from eqsat.errors import EqsatError, RuleError, UnknownOpError
-from eqsat.rewrites.rule import NEXT_CONDITION, ORDER_CONDITION, AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var, subterms, variables
+from eqsat.rewrites.rule import (DTYPE_CONDITION, NEXT_CONDITION, ORDER_CONDITION, AttrVar, DimOf, Pattern, Rule, ShapeOf,
+                                 Term, Var, subterms, variables)
 
 
 CANDIDATE_RULESET = "pairs"  # prefixed per installation
@@ -222,6 +224,10 @@ def _condition(t: Term | Var, q: _Query, where: str) -> str:
         raise RuleError(f"{where}: a condition uses ?{t.name} where an integer is expected")
     if t.op == "const":
         return str(int(t.attr["value"]))
+    if t.op == DTYPE_CONDITION:
+        (v,) = t.args
+        assert isinstance(v, Var)
+        return f"(= ({DTYPE_FUNCTION} {_var(v.name)}) {string_literal(str(t.attr['dtype']))})"
     if t.op in _CLASS_CONDITIONS:
         a, b = t.args
         assert isinstance(a, Var) and isinstance(b, Var)
