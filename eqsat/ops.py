@@ -322,6 +322,14 @@ def _keeps_leading(key: str) -> Callable[[Attrs, int], bool]:
     return lambda attrs, k: tuple(attrs[key])[:k] == tuple(range(k))
 
 
+def _keeps_device_dims(attrs: Attrs, k: int) -> bool:
+    """A reshape of a value with k leading device axes: its shape keeps k leading dims, which the
+    parallel rules that build one (`reshape-partition*`) make the device axes' (the shape is
+    `(shape P)` of the left side's partition, or kept by a condition); each device reshapes its
+    piece to the rest (`distribution.LOCAL_ATTRS`)."""
+    return len(tuple(attrs["shape"])) > k
+
+
 def _reduces_trailing(attrs: Attrs, k: int) -> bool:
     """Sums / maxes over no device axis."""
     return min(attrs["axes"], default=k) >= k
@@ -712,7 +720,7 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
            on_devices=_keeps_leading("perm"), fusion_kind="copy", operand_kinds=ANY_KIND),
     OpSpec("reshape", (AttrSpec("shape", "ints"),), 1, _reshape_infer,
            lambda xs, a: (xs[0].reshape(a["shape"]),), _zero_flops, is_view=True, doc="row-major reshape",
-           operand_kinds=ANY_KIND),
+           operand_kinds=ANY_KIND, on_devices=_keeps_device_dims),
     OpSpec("batchnorm", (AttrSpec("eps", "float", 1e-5),), 5, _batchnorm_infer, _batchnorm_numpy,
            _pointwise_flops(2), doc="inference batch norm over axis 1: (x - mean) / sqrt(var + eps) * scale + bias",
            fusion_kind="loop"),

@@ -43,7 +43,8 @@ from eqsat.egglog_schema import (
     vec_of,
 )
 from eqsat.errors import EqsatError, RuleError, UnknownOpError
-from eqsat.rewrites.rule import NEXT_CONDITION, ORDER_CONDITION, AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var, subterms, variables
+from eqsat.rewrites.rule import (NEXT_CONDITION, ORDER_CONDITION, AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var,
+                                attr_variables, subterms, variables)
 
 
 CANDIDATE_RULESET = "pairs"  # prefixed per installation
@@ -217,7 +218,14 @@ def _apply(op: str, attrs: dict[str, str], args: list[str], shapes: list[str], q
     return f"({constructor(op)} {' '.join([*attrs.values(), *args])})", shape
 
 
-def _condition(t: Term | Var, q: _Query, where: str) -> str:
+def _listed(name: str, q: _Query, lists: frozenset[str]) -> str:
+    """What (dim ?v i) / (rank ?v) read: the shape of tensor variable ?v, or the matched value of
+    list attribute variable ?v (a reshape's target `?S`), so a condition can say which dims a
+    reshape keeps."""
+    return _attr_var(name) if name in lists else q.shape(_var(name))
+
+
+def _condition(t: Term | Var, q: _Query, where: str, lists: frozenset[str] = frozenset()) -> str:
     if isinstance(t, Var):
         raise RuleError(f"{where}: a condition uses ?{t.name} where an integer is expected")
     if t.op == "const":
@@ -230,13 +238,13 @@ def _condition(t: Term | Var, q: _Query, where: str) -> str:
         v, i = t.args
         if not isinstance(v, Var):
             raise RuleError(f"{where}: (dim ...) takes a ?variable")
-        return f"(vec-get {q.shape(_var(v.name))} {_condition(i, q, where)})"
+        return f"(vec-get {_listed(v.name, q, lists)} {_condition(i, q, where, lists)})"
     if t.op == "rank":
         (v,) = t.args
         if not isinstance(v, Var):
             raise RuleError(f"{where}: (rank ...) takes a ?variable")
-        return f"(vec-length {q.shape(_var(v.name))})"
-    args = " ".join(_condition(a, q, where) for a in t.args)
+        return f"(vec-length {_listed(v.name, q, lists)})"
+    args = " ".join(_condition(a, q, where, lists) for a in t.args)
     return f"({t.op} {args})"
 
 
@@ -373,8 +381,9 @@ def _text(rule: Rule, ruleset: str, name: str, where: str, candidate: bool = Fal
         q.atoms.append(f"(!= {roots[0]} {roots[1]})")
         if is_symmetric(rule):
             q.atoms.append(f"(< (uid {roots[0]}) (uid {roots[1]}))")
+    lists = frozenset(a.name for p in rule.lhs for a in attr_variables(p) if a.kind == "ints")
     for cond in rule.conditions:
-        q.atoms.append(_condition(cond, q, where))
+        q.atoms.append(_condition(cond, q, where, lists))
     q.atoms.extend(dtype_guards(rule))
     actions = []
     for root, side in zip(roots, rule.rhs):
