@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
@@ -764,7 +764,7 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
                        ("eq", np.equal), ("ne", np.not_equal))),
     OpSpec("select_n", (), 3, _same_shape("select_n"), _select_numpy, _pointwise_flops(1),
            doc="lax.select_n with two cases: where(pred, on_true (the third input), on_false (the second))",
-           fusible=True, operand_kinds=ANY_KIND, result_dtype="select"),
+           fusible=True, operand_kinds=ANY_KIND, result_dtype="select", on_devices=_any_depth),
     OpSpec("convert_element_type", (AttrSpec("dtype", "str"),), 1, _convert_infer, _convert_numpy,
            _pointwise_flops(1), doc="lax.convert_element_type to `dtype`", fusible=True, operand_kinds=ANY_KIND,
            result_dtype="attr"),
@@ -776,8 +776,8 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
     _typed("and", 2, np.bitwise_and, "logical (bool) or bitwise (int) and", frozenset({"int", "bool"})),
     _typed("or", 2, np.bitwise_or, "logical (bool) or bitwise (int) or", frozenset({"int", "bool"})),
     _typed("not", 1, np.invert, "logical (bool) or bitwise (int) not", frozenset({"int", "bool"})),
-    _typed("stop_gradient", 1, lambda x: x, "the value unchanged; its gradient is zero (lax.stop_gradient)",
-           ANY_KIND),
+    replace(_typed("stop_gradient", 1, lambda x: x, "the value unchanged; its gradient is zero (lax.stop_gradient)",
+                   ANY_KIND), on_devices=_any_depth),
     # distribution ops: collectives (forward, backward) as `eqsat.parallel.cost` prices them
     _distribution_op("partition", ("dim", "axis", "parts"), distribution.partition_infer, "enter",
                      (None, "all-reduce", "in"),

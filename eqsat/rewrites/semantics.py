@@ -414,6 +414,11 @@ OP_IMPLS: Mapping[str, Impl] = {
     **{op: _opaque(op) for op in ("abs", "sin", "cos", "erf", "erfc")},
     "log": _opaque("log"),
     "broadcast": _broadcast,
+    # where(pred, yes, no) as no + s(pred) * (yes - no), s an opaque atom: select_n for s in {0, 1}, and
+    # an identity for every s is one for the select; stop_gradient is the value
+    "select_n": lambda alg, xs, a: alg.add(xs[1], alg.mul(alg.activation("nonzero", xs[0]),
+                                                          alg.add(xs[2], _negate(alg, xs[1])))),
+    "stop_gradient": lambda alg, xs, a: xs[0],
     "reduce_sum": _reduce("sum"),
     "reduce_max": _reduce("max"),
     **{op: _distributed(op) for op in ops.OPS if op in ops.DISTRIBUTION_OPS},

@@ -77,7 +77,8 @@ DISTRIBUTION = frozenset({"partition", "combine", "replicate", "reduce", "all_re
 UNARY_ATOMS = frozenset({"exp", "erf", "log", "rsqrt", "sqrt"})  # elementwise, each an uninterpreted function
 BINARY_SELECTS: dict[str, Callable[[z3.ArithRef, z3.ArithRef], z3.ArithRef]] = {
     "ewmax": lambda x, y: z3.If(x >= y, x, y), "ewmin": lambda x, y: z3.If(x <= y, x, y)}
-DISTRIBUTED_ONLY = UNARY_ATOMS | set(BINARY_SELECTS) | {"ewdiv", "reduce_sum", "reduce_max"}  # modelled in rules with distribution ops
+DISTRIBUTED_ONLY = UNARY_ATOMS | set(BINARY_SELECTS) | {"ewdiv", "reduce_sum", "reduce_max", "select_n",
+                                                         "stop_gradient"}  # modelled in rules with distribution ops
 MAX_RANK = 6  # ranks are enumerated up to MAX_RANK + 1; a variable typed at that rank means the rank is unbounded
 
 Dims = tuple[z3.ArithRef, ...]
@@ -193,6 +194,14 @@ class _Builder:
         if t.op in ("relu", "sigmoid", "tanh"):
             (x,) = args
             return _Value(x.dims, lambda i: _act(t.op, x.elem(i)))
+        if t.op == "stop_gradient":  # the value unchanged (its gradient is not what a rule states)
+            return args[0]
+        if t.op == "select_n":  # where(pred, third, second): the predicate's element read as nonzero
+            pred, no, yes = args
+            _same_rank(t.op, pred, no)
+            _same_rank(t.op, pred, yes)
+            typed += [d == e for d, e in zip(pred.dims, no.dims)] + [d == e for d, e in zip(pred.dims, yes.dims)]
+            return _Value(pred.dims, lambda i: z3.If(pred.elem(i) != 0, yes.elem(i), no.elem(i)))
         if t.op in ("poolmax", "poolavg"):
             return self._pool(t, args[0], typed)
         if t.op == "broadcast":
@@ -1172,7 +1181,8 @@ def device_bound(rule: Rule, guarded: bool = False) -> int | None:
     literal rank matches the other at any front: above the bound the ranks differ and the guard
     never holds."""
     used = ops_used_by(rule)
-    modelled = ELEMENTWISE | UNARY_ATOMS | set(BINARY_SELECTS) | {"ewdiv", "matmul", "broadcast"} | DISTRIBUTION
+    modelled = (ELEMENTWISE | UNARY_ATOMS | set(BINARY_SELECTS) | {"ewdiv", "select_n", "stop_gradient", "matmul", "broadcast"}
+                | DISTRIBUTION)
     if not used & DISTRIBUTION or not used <= modelled:
         return None
     deepest, names = 1, set()
