@@ -678,12 +678,14 @@ def _typed(name: str, arity: int, fn: Callable[..., np.ndarray], doc: str, kinds
 
 def _distribution_op(name: str, attrs: tuple[str, ...], infer: Callable[[Sequence[Shape], Attrs], tuple[Shape, ...]],
                      role: Role, collectives: tuple[str | None, str | None, str], doc: str, sums: bool = False,
-                     aliases: bool = False) -> OpSpec:
-    """A distribution op (`eqsat.distribution`): integer attributes, one stacked input."""
+                     aliases: bool = False, kinds: frozenset[DtypeKind] | None = None) -> OpSpec:
+    """A distribution op (`eqsat.distribution`): integer attributes, one stacked input (`kinds`: the
+    dtypes it moves, floats unless given)."""
     fn = distribution.NUMPY[name]
-    return OpSpec(name, tuple(AttrSpec(a, "int") for a in attrs), 1, infer, lambda xs, a: (fn(xs, a),),
+    spec = OpSpec(name, tuple(AttrSpec(a, "int") for a in attrs), 1, infer, lambda xs, a: (fn(xs, a),),
                   distribution.sum_flops if sums else _zero_flops, doc=doc, distribution=role,
                   collectives=Collectives(*collectives), aliases=aliases)
+    return spec if kinds is None else replace(spec, operand_kinds=kinds)
 
 
 OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
@@ -781,7 +783,8 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
     # distribution ops: collectives (forward, backward) as `eqsat.parallel.cost` prices them
     _distribution_op("partition", ("dim", "axis", "parts"), distribution.partition_infer, "enter",
                      (None, "all-reduce", "in"),
-                     "split dim into `parts` blocks, one per device of mesh axis `axis` (a new leading axis)"),
+                     "split dim into `parts` blocks, one per device of mesh axis `axis` (a new leading axis)",
+                     kinds=ANY_KIND),  # a boolean mask is split like the scores it selects (`partition-select4`)
     _distribution_op("combine", ("dim", "axis"), distribution.combine_infer, "leave", ("all-gather", None, "out"),
                      "concatenate the devices' blocks along dim (drops the leading device axis)"),
     _distribution_op("replicate", ("axis", "parts"), distribution.replicate_infer, "enter", (None, "all-reduce", "in"),
