@@ -173,6 +173,7 @@ LOCAL_ATTRS: Mapping[str, Callable[[Attrs, int], dict[str, Any]]] = {
     "broadcast": lambda a, k: {**a, "shape": tuple(a["shape"][k:]), "dims": _shift(a["dims"], k)},
     "reduce_sum": lambda a, k: {**a, "axes": tuple(int(x) - k for x in a["axes"])},
     "reduce_max": lambda a, k: {**a, "axes": tuple(int(x) - k for x in a["axes"])},
+    "reshape": lambda a, k: {**a, "shape": tuple(a["shape"][k:])},
 }
 """Ops whose attributes count stacked dims from the front: their attributes for the piece of a value
 with k leading device axes (the planner only admits such nodes when the device axes stay in front)."""

@@ -350,11 +350,15 @@ def _dim_facts(s: Expr, dim: Expr) -> tuple[Expr, ...]:
 
 
 def _scaled(s: Expr, i: Expr, op: str, by: Expr) -> Expr:
+    items, k = vec_items(s), literal_int(i)
+    if items is not None and k is not None and 0 <= k < len(items):  # known items stay known (`numel` needs none)
+        return vec_of([*items[:k], f"({op} {items[k]} {by})", *items[k + 1:]])
     return f"(vec-set {s} {i} ({op} {_get(s, i)} {by}))"
 
 
 def _prepend(n: Expr, s: Expr) -> Expr:
-    return f"(vec-append (vec-of {n}) {s})"
+    items = vec_items(s)
+    return vec_of([n, *items]) if items is not None else f"(vec-append (vec-of {n}) {s})"
 
 
 def _partition(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
@@ -320,6 +320,14 @@ def _any_depth(attrs: Attrs, k: int) -> bool:
 def _keeps_leading(key: str) -> Callable[[Attrs, int], bool]:
     """Its index list (counted from the front) keeps the k device axes in front, in place."""
     return lambda attrs, k: tuple(attrs[key])[:k] == tuple(range(k))
+
+
+def _keeps_device_dims(attrs: Attrs, k: int) -> bool:
+    """A reshape of a value with k leading device axes: its shape keeps k leading dims, which the
+    parallel rules that build one (`reshape-partition*`) make the device axes' (the shape is
+    `(shape P)` of the left side's partition, or kept by a condition); each device reshapes its
+    piece to the rest (`distribution.LOCAL_ATTRS`)."""
+    return len(tuple(attrs["shape"])) > k
 
 
 def _reduces_trailing(attrs: Attrs, k: int) -> bool:
@@ -670,12 +678,14 @@ def _typed(name: str, arity: int, fn: Callable[..., np.ndarray], doc: str, kinds
 
 def _distribution_op(name: str, attrs: tuple[str, ...], infer: Callable[[Sequence[Shape], Attrs], tuple[Shape, ...]],
                      role: Role, collectives: tuple[str | None, str | None, str], doc: str, sums: bool = False,
-                     aliases: bool = False) -> OpSpec:
-    """A distribution op (`eqsat.distribution`): integer attributes, one stacked input."""
+                     aliases: bool = False, kinds: frozenset[DtypeKind] | None = None) -> OpSpec:
+    """A distribution op (`eqsat.distribution`): integer attributes, one stacked input (`kinds`: the
+    dtypes it moves, floats unless given)."""
     fn = distribution.NUMPY[name]
-    return OpSpec(name, tuple(AttrSpec(a, "int") for a in attrs), 1, infer, lambda xs, a: (fn(xs, a),),
+    spec = OpSpec(name, tuple(AttrSpec(a, "int") for a in attrs), 1, infer, lambda xs, a: (fn(xs, a),),
                   distribution.sum_flops if sums else _zero_flops, doc=doc, distribution=role,
                   collectives=Collectives(*collectives), aliases=aliases)
+    return spec if kinds is None else replace(spec, operand_kinds=kinds)
 
 
 OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
@@ -712,7 +722,7 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
            on_devices=_keeps_leading("perm"), fusion_kind="copy", operand_kinds=ANY_KIND),
     OpSpec("reshape", (AttrSpec("shape", "ints"),), 1, _reshape_infer,
            lambda xs, a: (xs[0].reshape(a["shape"]),), _zero_flops, is_view=True, doc="row-major reshape",
-           operand_kinds=ANY_KIND),
+           operand_kinds=ANY_KIND, on_devices=_keeps_device_dims),
     OpSpec("batchnorm", (AttrSpec("eps", "float", 1e-5),), 5, _batchnorm_infer, _batchnorm_numpy,
            _pointwise_flops(2), doc="inference batch norm over axis 1: (x - mean) / sqrt(var + eps) * scale + bias",
            fusion_kind="loop"),
@@ -756,7 +766,7 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
                        ("eq", np.equal), ("ne", np.not_equal))),
     OpSpec("select_n", (), 3, _same_shape("select_n"), _select_numpy, _pointwise_flops(1),
            doc="lax.select_n with two cases: where(pred, on_true (the third input), on_false (the second))",
-           fusible=True, operand_kinds=ANY_KIND, result_dtype="select"),
+           fusible=True, operand_kinds=ANY_KIND, result_dtype="select", on_devices=_any_depth),
     OpSpec("convert_element_type", (AttrSpec("dtype", "str"),), 1, _convert_infer, _convert_numpy,
            _pointwise_flops(1), doc="lax.convert_element_type to `dtype`", fusible=True, operand_kinds=ANY_KIND,
            result_dtype="attr"),
@@ -768,12 +778,13 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
     _typed("and", 2, np.bitwise_and, "logical (bool) or bitwise (int) and", frozenset({"int", "bool"})),
     _typed("or", 2, np.bitwise_or, "logical (bool) or bitwise (int) or", frozenset({"int", "bool"})),
     _typed("not", 1, np.invert, "logical (bool) or bitwise (int) not", frozenset({"int", "bool"})),
-    _typed("stop_gradient", 1, lambda x: x, "the value unchanged; its gradient is zero (lax.stop_gradient)",
-           ANY_KIND),
+    replace(_typed("stop_gradient", 1, lambda x: x, "the value unchanged; its gradient is zero (lax.stop_gradient)",
+                   ANY_KIND), on_devices=_any_depth),
     # distribution ops: collectives (forward, backward) as `eqsat.parallel.cost` prices them
     _distribution_op("partition", ("dim", "axis", "parts"), distribution.partition_infer, "enter",
                      (None, "all-reduce", "in"),
-                     "split dim into `parts` blocks, one per device of mesh axis `axis` (a new leading axis)"),
+                     "split dim into `parts` blocks, one per device of mesh axis `axis` (a new leading axis)",
+                     kinds=ANY_KIND),  # a boolean mask is split like the scores it selects (`partition-select4`)
     _distribution_op("combine", ("dim", "axis"), distribution.combine_infer, "leave", ("all-gather", None, "out"),
                      "concatenate the devices' blocks along dim (drops the leading device axis)"),
     _distribution_op("replicate", ("axis", "parts"), distribution.replicate_infer, "enter", (None, "all-reduce", "in"),

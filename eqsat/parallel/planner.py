@@ -117,7 +117,13 @@ SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-
                 "reduce-scatter", "all-to-all",
                 "rsqrt-combine", "sqrt-combine", "neg-combine", "erf-combine", "log-combine", "ewmax-combine",
                 "ewmin-combine", "sum-last-combine", "max-last-combine", "sum-last-combine3", "max-last-combine3",
-                "sum-last-combine3-rows", "max-last-combine3-rows")
+                "sum-last-combine3-rows", "max-last-combine3-rows",
+                # a batch split through a transformer's reshapes, norms, mask and softmax (issue 26)
+                *(f"reshape-partition{kept}-{k}" for kept in ("", "-kept") for k in (1, 2, 3, 4)),
+                "partition-rsqrt", "partition-tanh", "partition-ewmax",
+                "partition-stop-gradient", "partition-stop-gradient4", "partition-ewadd4", "partition-ewsub4",
+                "partition-ewdiv4", "partition-ewmul4", "partition-exp4", "partition-select4", "batch-max4",
+                "batch-sum4", "batch-bcast4", "batch-heads-transpose", "batch-keys-transpose")
 
 
 def _base(rule_name: str) -> str:

@@ -42,7 +42,24 @@ def _fill(line: str, env: Mapping[str, int]) -> str:
     def value(m: re.Match[str]) -> str:
         return str(env[m.group(1)])
 
-    return _PLACEHOLDER.sub(value, line)
+    return _items(_PLACEHOLDER.sub(value, line))
+
+
+def _items(line: str) -> str:
+    """`(items K P)` → `[(dim P 0) ... (dim P K-1)]`: a shape written item by item, so the rewrite's
+    shape case is known by its length (egglog's guard needs it; `(shape P)` has no literal length)."""
+    start = line.find("(items ")
+    if start < 0:
+        return line
+    count_end = line.index(" ", start + 7)
+    count, depth, i = int(line[start + 7:count_end]), 0, count_end + 1
+    while depth >= 0:  # to the `)` that closes `(items`
+        depth += {"(": 1, ")": -1}.get(line[i], 0)
+        i += 1
+    i -= 1
+    pattern = line[count_end + 1:i].strip()
+    listed = "[" + " ".join(f"(dim {pattern} {k})" for k in range(count)) + "]"
+    return line[:start] + listed + _items(line[i + 1:])
 
 
 def _expand(line: str, axis: int, parts: int) -> list[tuple[str, str]]:

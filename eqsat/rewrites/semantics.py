@@ -22,6 +22,7 @@ from eqsat.errors import RuleError, ShapeError
 from eqsat.ops import Shape
 from eqsat.rewrites.rule import (
     AttrVar,
+    attr_variables,
     DimOf,
     Pattern,
     Rule,
@@ -422,6 +423,11 @@ OP_IMPLS: Mapping[str, Impl] = {
     **{op: _opaque(op) for op in ("abs", "sin", "cos", "erf", "erfc")},
     "log": _opaque("log"),
     "broadcast": _broadcast,
+    # where(pred, yes, no) as no + s(pred) * (yes - no), s an opaque atom: select_n for s in {0, 1}, and
+    # an identity for every s is one for the select; stop_gradient is the value
+    "select_n": lambda alg, xs, a: alg.add(xs[1], alg.mul(alg.activation("nonzero", xs[0]),
+                                                          alg.add(xs[2], _negate(alg, xs[1])))),
+    "stop_gradient": lambda alg, xs, a: xs[0],
     "reduce_sum": _reduce("sum"),
     "reduce_max": _reduce("max"),
     "convert_element_type": _float_convert,
@@ -499,7 +505,26 @@ def instantiate(rule: Rule, env: Mapping[str, Any]) -> tuple[Rule, dict[str, Sha
     tensors = {v: env[v] for p in rule.lhs for v in variables(p)}
     sizes = rule_split_sizes(Rule(rule.name, lhs, lhs), tensors)
     rhs = tuple(_bind_all(p, env, sizes) for p in rule.rhs)
-    return Rule(rule.name, lhs, rhs, rule.source, rule.conditions), tensors
+    lists = {a.name for p in rule.lhs for a in attr_variables(p) if a.kind == "ints" and a.name in env}
+    conditions = tuple(_bind_condition(c, env, lists) for c in rule.conditions)
+    return Rule(rule.name, lhs, rhs, rule.source, conditions), tensors
+
+
+def _bind_condition(c: Any, env: Mapping[str, Any], lists: set[str]) -> Any:
+    """A condition with `(rank ?S)` / `(dim ?S i)` of a list attribute variable resolved to a
+    constant (the instantiated rule keeps only tensor variables)."""
+    if not isinstance(c, Term) or not c.args:
+        return c
+    head = c.args[0]
+    if c.op in ("rank", "dim") and isinstance(head, Var) and head.name in lists:
+        value = tuple(env[head.name])
+        if c.op == "rank":
+            return Term("const", (("value", len(value)),))
+        index = c.args[1]
+        if isinstance(index, Term) and index.op == "const":
+            i = int(index.attr["value"])
+            return Term("const", (("value", value[i] if 0 <= i < len(value) else -1),))
+    return Term(c.op, c.attrs, tuple(_bind_condition(a, env, lists) for a in c.args), c.guards)
 
 
 def pattern_shape(p: Pattern, env: Mapping[str, Shape], split_sizes: SplitSizes | None = None,

@@ -178,6 +178,9 @@ def rank_choices(rule: Rule, limit: int = 64, guarded: bool = False,
     ops that need room, e.g. a 3x3 VALID pool)."""
     checker = ShapeChecker(rule, guarded)
     order = checker.order
+    pinned = pinned_ranks(rule)
+    if order and set(order) <= set(pinned):  # a reshape between ranks: never typed with equal dims
+        return [{v: pinned[v] for v in order}]
     found: list[dict[str, int]] = []
 
     def ok(chosen: Mapping[str, int]) -> bool:
@@ -204,6 +207,43 @@ def rank_choices(rule: Rule, limit: int = 64, guarded: bool = False,
     return found
 
 
+def pinned_ranks(rule: Rule) -> dict[str, int]:
+    """Ranks the conditions fix, `(= (rank ?v) k)` or `(= (+ (rank ?v) k) m)` (a rank written from a
+    negative dim placeholder): the only ranks at which the rule can apply."""
+    out: dict[str, int] = {}
+    for c in rule.conditions:
+        if not (isinstance(c, Term) and c.op == "=" and len(c.args) == 2):
+            continue
+        for a, b in (c.args, c.args[::-1]):
+            if not (isinstance(b, Term) and b.op == "const"):
+                continue
+            offset, head = 0, a
+            if isinstance(head, Term) and head.op == "+":
+                inc = head.args[1]
+                if isinstance(inc, Term) and inc.op == "const":
+                    head, offset = head.args[0], int(inc.attr["value"])
+            if isinstance(head, Term) and head.op == "rank" and isinstance(head.args[0], Var):
+                out[head.args[0].name] = int(b.attr["value"]) - offset
+    return out
+
+
+def _reshape_inputs(rule: Rule) -> dict[str, Pattern]:
+    """List-attribute variables that are a reshape's target shape on a left side → its input."""
+    out: dict[str, Pattern] = {}
+    for p in rule.lhs:
+        for t in subterms(p):
+            shape = dict(t.attrs).get("shape") if t.op == "reshape" else None
+            if isinstance(shape, AttrVar):
+                out.setdefault(shape.name, t.args[0])
+    return out
+
+
+def _factorizations(total: int, rank: int) -> list[Shape]:
+    if rank == 1:
+        return [(total,)]
+    return [(d, *rest) for d in range(1, total + 1) if total % d == 0 for rest in _factorizations(total // d, rank - 1)]
+
+
 class _Sampler:
     """Randomized depth-first search for well-typed assignments, checking each subterm once bound."""
 
@@ -212,6 +252,7 @@ class _Sampler:
         self.rule, self.dims, self.adversarial = rule, tuple(dims), adversarial
         self.checker = ShapeChecker(rule, guarded)
         self.order = self.checker.order
+        self.reshaped = _reshape_inputs(rule)  # a reshape's ?S: drawn from the factorizations of its input's size
         self.rng = np.random.default_rng(seed)
         self.cache: dict[tuple[Any, ...], Shape | None] = {}
         position = {v: i for i, v in enumerate(self.order)}
@@ -278,7 +319,11 @@ class _Sampler:
             if i == len(self.order):
                 return True
             v = self.order[i]
-            for shape in self.candidates(ranks[v], seen):
+            source = self.reshaped.get(v)
+            size = self.shape_of(source, env) if source is not None else None
+            pool = ([tuple(int(d) for d in row) for row in self.rng.permutation(np.asarray(_factorizations(int(np.prod(size)), ranks[v])))]
+                    if size is not None and ranks[v] >= 1 else self.candidates(ranks[v], seen))
+            for shape in pool:
                 steps += 1
                 if steps > budget:
                     return False

@@ -60,7 +60,7 @@ import z3
 
 from eqsat import ops
 from eqsat.rewrites.rule import CLASS_CONDITIONS, AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var, ops_used, subterms
-from eqsat.rewrites.shapes import rank_choices
+from eqsat.rewrites.shapes import pinned_ranks, rank_choices
 
 SUPPORTED: frozenset[str] = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh", "transpose", "concat",
                                        "matmul", "split_part", "conv2d", "enlarge", "poolmax", "poolavg", "broadcast",
@@ -79,7 +79,8 @@ DISTRIBUTION = frozenset({"partition", "combine", "replicate", "reduce", "all_re
 UNARY_ATOMS = frozenset({"exp", "erf", "log", "rsqrt", "sqrt"})  # elementwise, each an uninterpreted function
 BINARY_SELECTS: dict[str, Callable[[z3.ArithRef, z3.ArithRef], z3.ArithRef]] = {
     "ewmax": lambda x, y: z3.If(x >= y, x, y), "ewmin": lambda x, y: z3.If(x <= y, x, y)}
-DISTRIBUTED_ONLY = UNARY_ATOMS | set(BINARY_SELECTS) | {"ewdiv", "reduce_sum", "reduce_max"}  # modelled in rules with distribution ops
+DISTRIBUTED_ONLY = UNARY_ATOMS | set(BINARY_SELECTS) | {"ewdiv", "reduce_sum", "reduce_max", "select_n",
+                                                         "stop_gradient"}  # modelled in rules with distribution ops
 MAX_RANK = 6  # ranks are enumerated up to MAX_RANK + 1; a variable typed at that rank means the rank is unbounded
 
 Dims = tuple[z3.ArithRef, ...]
@@ -90,10 +91,30 @@ class Unsupported(Exception):
     """The rule is outside what the symbolic prover models (the message says why)."""
 
 
+View = tuple[int, Callable[[Sequence[z3.ArithRef], z3.ArithRef], z3.ArithRef]]
+
+
 @dataclass(frozen=True)
 class _Value:
     dims: Dims
     elem: Elem
+    # (k, G): elem(i) = G(i[:k], the row-major flat index of i[k:]) — what reshape keeps (see `_flat_view`)
+    view: View | None = None
+
+
+def _flat(idx: Sequence[z3.ArithRef], dims: Sequence[z3.ArithRef]) -> z3.ArithRef:
+    """The row-major flat index of `idx` in `dims` (a polynomial)."""
+    out: z3.ArithRef = z3.IntVal(0)
+    for i, d in zip(idx, dims):
+        out = out * d + i
+    return _poly(out)
+
+
+def _product(dims: Sequence[z3.ArithRef]) -> z3.ArithRef:
+    out: z3.ArithRef = z3.IntVal(1)
+    for d in dims:
+        out = out * d
+    return _poly(out)
 
 
 @dataclass
@@ -122,9 +143,26 @@ class _Builder:
     multiples: dict[int, tuple[int, z3.ArithRef]] = field(default_factory=dict)  # dim -> (parts, piece): dim = parts * piece
     blocked: dict[int, tuple[z3.ArithRef, z3.ArithRef]] = field(default_factory=dict)  # combined dim -> (piece, count)
     digits: dict[tuple[int, int], tuple[z3.ArithRef, z3.ArithRef]] = field(default_factory=dict)  # (index, piece) -> (q, r)
+    flat_leaves: bool = False  # a rule with reshape: variables read through one function of the flat index
+    flat_funcs: dict[str, z3.FuncDeclRef] = field(default_factory=dict)
+
+    def _flat_leaf(self, name: str) -> _Value:
+        """A variable as F(row-major flat index): every tensor of fixed dims is one (the flat index is
+        a bijection onto [0, numel)), so F uninterpreted is as general as an element function of r
+        indices; it gives reshape and the leading-dim partition an index map z3 can follow."""
+        if name not in self.flat_funcs:
+            self.flat_funcs[name] = z3.Function(f"F_{name}", z3.IntSort(), z3.RealSort())
+        f, dims = self.flat_funcs[name], self.dims[name]
+
+        def read(pre: Sequence[z3.ArithRef], flat: z3.ArithRef) -> z3.ArithRef:
+            return f(flat)
+
+        return _Value(dims, lambda i: f(_flat(i, dims)), (0, read))
 
     def value(self, p: Pattern, typed: list[z3.BoolRef]) -> _Value:
         if isinstance(p, Var):
+            if self.flat_leaves:
+                return self._flat_leaf(p.name)
             f = self.funcs[p.name]
 
             def element(idx: Sequence[z3.ArithRef]) -> z3.ArithRef:
@@ -162,6 +200,14 @@ class _Builder:
         if t.op in ("relu", "sigmoid", "tanh"):
             (x,) = args
             return _Value(x.dims, lambda i: _act(t.op, x.elem(i)))
+        if t.op == "stop_gradient":  # the value unchanged (its gradient is not what a rule states)
+            return args[0]
+        if t.op == "select_n":  # where(pred, third, second): the predicate's element read as nonzero
+            pred, no, yes = args
+            _same_rank(t.op, pred, no)
+            _same_rank(t.op, pred, yes)
+            typed += [d == e for d, e in zip(pred.dims, no.dims)] + [d == e for d, e in zip(pred.dims, yes.dims)]
+            return _Value(pred.dims, lambda i: z3.If(pred.elem(i) != 0, yes.elem(i), no.elem(i)))
         if t.op in ("poolmax", "poolavg"):
             return self._pool(t, args[0], typed)
         if t.op == "broadcast":
@@ -421,6 +467,8 @@ class _Builder:
         row-major index map keeps the other indices. Only on a strict right side: there its typing is
         a goal, and equal remaining dims are a stronger goal than equal element counts, so a proof
         stays sound; as a hypothesis (a left side, or the guard) it would assume too much."""
+        if x.view is not None:
+            return self._flat_view(t, x, typed)
         if self.typed_is_assumed or self.guarded_mode:
             raise Unsupported("reshape on a left side or under the guard (row-major index maps over symbolic dims)")
         shape = self.attr(t.attr["shape"], typed)
@@ -437,6 +485,24 @@ class _Builder:
             return x.elem(idx)
 
         return _Value(tuple(shape), reshape)
+
+    def _flat_view(self, t: Term, x: _Value, typed: list[z3.BoolRef]) -> _Value:
+        """reshape of a value read as G(prefix, flat index of the rest) (`_Value.view`) that keeps the
+        k prefix dims: row-major, element i of the result is G(i[:k], flat index of i[k:] in the
+        new dims), whatever the dims (no div / mod). Typed where the element counts agree (also
+        stated past the longest common prefix: implied by the whole count, as each dim is >= 1)."""
+        k, read = x.view or (0, None)
+        assert read is not None
+        shape = tuple(self.attr(t.attr["shape"], typed))
+        if len(shape) < k or any(not z3.eq(_poly(a), _poly(b)) for a, b in zip(shape[:k], x.dims[:k])):
+            raise Unsupported("reshape that does not keep the leading dims its input is read by")
+        common = 0
+        while common < min(len(shape), len(x.dims)) and z3.eq(_poly(shape[common]), _poly(x.dims[common])):
+            common += 1
+        typed += [d >= 1 for d in shape] + [_product(shape) == _product(x.dims)]
+        typed.append(_product(shape[common:]) == _product(x.dims[common:]))
+        rest = shape[k:]
+        return _Value(shape, lambda i: read(i[:k], _flat(i[k:], rest)), (k, read))
 
     def _merge_gconv(self, t: Term, w: _Value, typed: list[z3.BoolRef]) -> _Value:
         """`ops.merge_gconv_into`: the kernel of a conv with G groups as that of the same conv with
@@ -517,7 +583,8 @@ class _Builder:
                 out = z3.If(device == d, read(d), out)
             return out
 
-        return _Value((z3.IntVal(parts), *x.dims[:ax], piece, *x.dims[ax + 1:]), part)
+        return _Value((z3.IntVal(parts), *x.dims[:ax], piece, *x.dims[ax + 1:]), part,
+                      _partition_view(x, ax, parts, piece))
 
     def _piece(self, size: z3.ArithRef, parts: int, typed: list[z3.BoolRef]) -> z3.ArithRef:
         """size / parts with parts | size: a literal multiple divides exactly; where the typing is a
@@ -561,7 +628,8 @@ class _Builder:
                 return out
 
             rest_dims[ax] = _poly(n * piece)
-            return _Value(tuple(rest_dims), concat)
+            # along the first axis the devices' pieces lie in flat order: the same flat view
+            return _Value(tuple(rest_dims), concat, y.view if ax == 0 and y.view is not None and y.view[0] == 0 else None)
         out = piece * y.dims[0]
         self.blocked[out.get_id()] = (piece, y.dims[0])
 
@@ -868,6 +936,26 @@ def _window(size: z3.ArithRef, k: z3.ArithRef, stride: int, pad: int,
     return out, z3.If(total > 0, total, 0) / 2
 
 
+def _partition_view(x: _Value, ax: int, parts: int, piece: z3.ArithRef) -> View | None:
+    """The flat view of a partition along axis `ax` of x (read as (k, G), k <= ax): device d's
+    element (pre, i, rest) is x's at flat offset d * piece * R within the block after x's first
+    `ax` dims (R: the dims after ax). Along the first axis (k = ax = 0) that is x's own flat index,
+    so the view stays (0, G); otherwise the device and x's first `ax` dims become the prefix."""
+    if x.view is None or x.view[0] > ax:
+        return None
+    k, read = x.view
+    if ax == 0:
+        return (0, read)
+    after = _product(x.dims[ax + 1:])
+    block = _poly(x.dims[ax] * after)
+
+    def view(pre: Sequence[z3.ArithRef], flat: z3.ArithRef) -> z3.ArithRef:
+        d, outer = pre[0], list(pre[1:])
+        return read(outer[:k], _poly(_flat(outer[k:], x.dims[k:ax]) * block + d * piece * after + flat))
+
+    return (ax + 1, view)
+
+
 def _replicate(x: _Value, parts: z3.ArithRef) -> _Value:
     return _Value((parts, *x.dims), lambda i: x.elem(i[1:]))
 
@@ -955,8 +1043,9 @@ def _rank_assignments(rule: Rule, guarded: bool) -> list[dict[str, int]]:
     A condition beyond equalities of dims and ranks (an inequality, a parity) may hold only for
     unequal dims, so it is dropped for the enumeration: more assignments, each still proved under
     the conditions."""
-    if any(_condition_ops(c) - _RANK_SAFE for c in rule.conditions):
-        rule = replace(rule, conditions=())
+    if any(_condition_ops(c) - _RANK_SAFE for c in rule.conditions):  # a rank condition (`pinned_ranks`) stays
+        rule = replace(rule, conditions=tuple(c for c in rule.conditions if not _condition_ops(c) - _RANK_SAFE
+                                              or pinned_ranks(replace(rule, conditions=(c,)))))
     return rank_choices(rule, guarded=guarded, ranks=tuple(range(1, MAX_RANK + 2)), limit=256,
                         only=_forced_ranks(rule, guarded))
 
@@ -1098,7 +1187,8 @@ def device_bound(rule: Rule, guarded: bool = False) -> int | None:
     literal rank matches the other at any front: above the bound the ranks differ and the guard
     never holds."""
     used = ops_used_by(rule)
-    modelled = ELEMENTWISE | UNARY_ATOMS | set(BINARY_SELECTS) | {"ewdiv", "matmul", "broadcast"} | DISTRIBUTION
+    modelled = (ELEMENTWISE | UNARY_ATOMS | set(BINARY_SELECTS) | {"ewdiv", "select_n", "stop_gradient", "matmul", "broadcast"}
+                | DISTRIBUTION)
     if not used & DISTRIBUTION or not used <= modelled:
         return None
     deepest, names = 1, set()
@@ -1185,7 +1275,7 @@ def _unify(rule: Rule, ranks: Mapping[str, int], guarded: bool, dims: dict[str, 
     >= 1. Only shapes that violate a hypothesis are lost, and the proof is over those that satisfy
     them; one symbol per dim lets two partitions of one dim share their piece and sums match."""
     for _ in range(2):
-        scratch = _Builder(ranks, dict(dims), funcs, sum_fn)
+        scratch = _Builder(ranks, dict(dims), funcs, sum_fn, flat_leaves="reshape" in ops_used_by(rule))
         facts: list[z3.BoolRef] = []
         try:
             facts += [_condition(c, dims) for c in rule.conditions]
@@ -1275,7 +1365,8 @@ def _holds_at(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: i
     if distributed:
         _unify(rule, ranks, guarded, dims, funcs, sum_fn)
     factors = _parametrize(rule, dims, guarded) if factor else []
-    builder = _Builder(ranks, dims, funcs, sum_fn, factors=factors, slots=slots)
+    builder = _Builder(ranks, dims, funcs, sum_fn, factors=factors, slots=slots,
+                       flat_leaves=distributed and "reshape" in ops_used_by(rule))
     conditions = [_condition(c, dims) for c in rule.conditions]
     builder.assumed = [d >= 1 for ds in dims.values() for d in ds] + [f >= 1 for f in factors] + conditions
     lhs_typed: list[z3.BoolRef] = []

@@ -22,7 +22,7 @@ is two independent rules and is split, which avoids matching every pair of e-cla
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from eqsat import ops
@@ -44,8 +44,9 @@ from eqsat.egglog_schema import (
     vec_of,
 )
 from eqsat.errors import EqsatError, RuleError, UnknownOpError
-from eqsat.rewrites.rule import (DTYPE_CONDITION, NEXT_CONDITION, ORDER_CONDITION, AttrVar, DimOf, Pattern, Rule, ShapeOf,
-                                 Term, Var, subterms, variables)
+from eqsat.rewrites.rule import (DTYPE_CONDITION, NEXT_CONDITION, ORDER_CONDITION, AttrVar, DimOf, Pattern, Rule,
+                                 ShapeOf, Term, Var, attr_variables, subterms, variables)
+from eqsat.rewrites.shapes import pinned_ranks
 
 
 CANDIDATE_RULESET = "pairs"  # prefixed per installation
@@ -75,9 +76,10 @@ def _attr_var(name: str) -> str:
 class _Query:
     """Accumulates query atoms with fresh names; shapes are bound once per e-class variable."""
 
-    def __init__(self) -> None:
+    def __init__(self, ranks: Mapping[str, int] | None = None) -> None:
         self.atoms: list[str] = []
         self.shape_of: dict[str, str] = {}
+        self.ranks = dict(ranks or {})  # e-class variable -> the rank a condition pins (`shapes.pinned_ranks`)
         self.built: dict[Pattern, tuple[str, str]] = {}  # right-side pattern → (expression, shape)
         self.count = 0
 
@@ -90,6 +92,11 @@ class _Query:
             s = f"sh_{term_var}"
             self.atoms.append(f"(= {s} (shape {term_var}))")
             self.shape_of[term_var] = s
+            if term_var in self.ranks:  # a pinned rank: the shape item by item, so shapes computed from
+                # it have literal items (a right-side reshape's element count needs no `numel` table entry)
+                r = self.ranks[term_var]
+                self.atoms.append(f"(= (vec-length {s}) {r})")
+                self.shape_of[term_var] = vec_of([self.bind(f"(vec-get {s} {k})") for k in range(r)])
         return self.shape_of[term_var]
 
     def bind(self, expr: str) -> str:
@@ -219,7 +226,14 @@ def _apply(op: str, attrs: dict[str, str], args: list[str], shapes: list[str], q
     return f"({constructor(op)} {' '.join([*attrs.values(), *args])})", shape
 
 
-def _condition(t: Term | Var, q: _Query, where: str) -> str:
+def _listed(name: str, q: _Query, lists: frozenset[str]) -> str:
+    """What (dim ?v i) / (rank ?v) read: the shape of tensor variable ?v, or the matched value of
+    list attribute variable ?v (a reshape's target `?S`), so a condition can say which dims a
+    reshape keeps."""
+    return _attr_var(name) if name in lists else q.shape(_var(name))
+
+
+def _condition(t: Term | Var, q: _Query, where: str, lists: frozenset[str] = frozenset()) -> str:
     if isinstance(t, Var):
         raise RuleError(f"{where}: a condition uses ?{t.name} where an integer is expected")
     if t.op == "const":
@@ -236,13 +250,13 @@ def _condition(t: Term | Var, q: _Query, where: str) -> str:
         v, i = t.args
         if not isinstance(v, Var):
             raise RuleError(f"{where}: (dim ...) takes a ?variable")
-        return f"(vec-get {q.shape(_var(v.name))} {_condition(i, q, where)})"
+        return f"(vec-get {_listed(v.name, q, lists)} {_condition(i, q, where, lists)})"
     if t.op == "rank":
         (v,) = t.args
         if not isinstance(v, Var):
             raise RuleError(f"{where}: (rank ...) takes a ?variable")
-        return f"(vec-length {q.shape(_var(v.name))})"
-    args = " ".join(_condition(a, q, where) for a in t.args)
+        return f"(vec-length {_listed(v.name, q, lists)})"
+    args = " ".join(_condition(a, q, where, lists) for a in t.args)
     return f"({t.op} {args})"
 
 
@@ -369,18 +383,21 @@ def to_egglog(rule: Rule, ruleset: str, name: str | None = None) -> list[EgglogR
 def _text(rule: Rule, ruleset: str, name: str, where: str, candidate: bool = False) -> str:
     """The egglog rule; for a joined two-output rule it fires only on pairs recorded as unrelated
     (`PAIR_FUNCTION` = 0), and `candidate` gives the rule that records the pairs it matches."""
-    q = _Query()
+    q = _Query({_var(v): r for v, r in pinned_ranks(rule).items()})
     roots = [f"r{i}" for i in range(len(rule.lhs))]
     for root, side in zip(roots, rule.lhs):
         if isinstance(side, Var):
             raise RuleError(f"{where}: a left side may not be a bare variable")
         _lhs(side, root, q, where)
+    for root, side in zip(roots, rule.lhs):  # a right side naming a left side (`(dim P i)`) reads the match
+        q.built.setdefault(side, (root, q.shape(root)))
     if len(roots) == 2:
         q.atoms.append(f"(!= {roots[0]} {roots[1]})")
         if is_symmetric(rule):
             q.atoms.append(f"(< (uid {roots[0]}) (uid {roots[1]}))")
+    lists = frozenset(a.name for p in rule.lhs for a in attr_variables(p) if a.kind == "ints")
     for cond in rule.conditions:
-        q.atoms.append(_condition(cond, q, where))
+        q.atoms.append(_condition(cond, q, where, lists))
     q.atoms.extend(dtype_guards(rule))
     actions = []
     for root, side in zip(roots, rule.rhs):
