@@ -120,7 +120,7 @@ _MASK_OPS = {op: "mask and index math (integer / boolean values): the verifier r
 STAGES: Mapping[str, tuple[Callable[[], set[str]], Mapping[str, str]]] = {
     "SHAPE_RULES (egglog shape facts)": (lambda: set(SHAPE_RULES) | set(ENCODED_AS), {}),
     "OP_IMPLS (verifier semantics)": (lambda: set(OP_IMPLS), {
-        **_LEAVES, **{op: why for op, why in _MASK_OPS.items() if op not in ("select_n", "stop_gradient")},
+        **_LEAVES, **{op: why for op, why in _MASK_OPS.items() if op not in ("select_n", "stop_gradient", "convert_element_type")},
         "pow": "no rule uses a power; the verifier's algebra has none (a rule naming it: unknown)",
         "split": "rules write a split's pieces as split_0 / split_1, evaluated from the rule's sizes"}),
     "LOWERINGS (JAX lowering)": (lambda: set(LOWERINGS), _LEAVES),
