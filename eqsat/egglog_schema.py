@@ -238,6 +238,21 @@ def _conv2d(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, .
     return tuple(cases)
 
 
+def _conv2d_nhwc(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    """NHWC x HWIO → NHWC (rank 4 only): conv2d's facts with the axes where this layout keeps them."""
+    x, w = xs
+    sh, sw = attrs["stride_h"], attrs["stride_w"]
+    c, ci, o = _get(x, 3), _get(w, 2), _get(w, 3)
+    cases = []
+    for pad in ops.Padding:
+        ho, wo = _window(_get(x, 1), _get(w, 0), sh, pad), _window(_get(x, 2), _get(w, 1), sw, pad)
+        facts = (f"(= {_length(x)} 4)", f"(= {_length(w)} 4)", f"(>= {sh} 1)", f"(>= {sw} 1)", f"(> {ci} 0)",
+                 f"(= (% {c} {ci}) 0)", f"(= (% {o} (/ {c} {ci})) 0)", f"(>= {ho} 1)", f"(>= {wo} 1)",
+                 *_act_ok(attrs["act"]))
+        cases.append(ShapeCase(facts, vec_of([_get(x, 0), ho, wo, o]), (("pad", int(pad)),)))
+    return tuple(cases)
+
+
 def _pool(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
     (x,) = xs
     kh, kw, sh, sw = attrs["kernel_h"], attrs["kernel_w"], attrs["stride_h"], attrs["stride_w"]
@@ -427,7 +442,7 @@ MASK_OPS: tuple[str, ...] = ("lt", "le", "gt", "ge", "eq", "ne", "select_n", "co
 SHAPE_RULES: Mapping[str, ShapeFn] = {
     "input": _leaf, "weight": _leaf,
     **{op: _same for op in sorted(ELEMENTWISE)},
-    "smul": _smul, "matmul": _matmul, "conv2d": _conv2d, "poolmax": _pool, "poolavg": _pool,
+    "smul": _smul, "matmul": _matmul, "conv2d": _conv2d, "conv2d_nhwc": _conv2d_nhwc, "poolmax": _pool, "poolavg": _pool,
     "concat": _concat, "slice": _slice, "enlarge": _enlarge, "merge_gconv": _merge_gconv, "transpose": _transpose, "reshape": _reshape,
     "batchnorm": _batchnorm, "reduce_sum": _reduce, "reduce_max": _reduce, "broadcast": _broadcast,
     "partition": _partition, "combine": _combine, "replicate": _replicate, "reduce": _reduce_devices,

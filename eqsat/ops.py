@@ -421,6 +421,29 @@ def _conv_flops(ins: Sequence[Shape], outs: Sequence[Shape], attrs: Attrs) -> fl
     return 2.0 * numel(outs[0]) * w[-3] * w[-2] * w[-1] + (numel(outs[0]) if attrs["act"] else 0)
 
 
+NHWC_IN, NHWC_OUT, HWIO_FROM_OIHW = (0, 2, 3, 1), (0, 3, 1, 2), (2, 3, 1, 0)
+"""conv2d_nhwc's layouts as transposes: NCHW → NHWC, back, and an OIHW kernel → HWIO (`layout.rules`)."""
+
+
+def _conv_nhwc_infer(shapes: Sequence[Shape], attrs: Attrs) -> tuple[Shape, ...]:
+    x, w = shapes
+    if len(x) != 4 or len(w) != 4:
+        raise _fail("conv2d_nhwc", shapes, "needs an NHWC input and an HWIO weight")
+    (out,) = _conv_infer([tuple(x[p] for p in NHWC_OUT), (w[3], w[2], w[0], w[1])], attrs)
+    return (tuple(out[p] for p in NHWC_IN),)
+
+
+def _conv_nhwc_numpy(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ...]:
+    x, w = xs
+    (out,) = _conv_numpy([x.transpose(NHWC_OUT), w.transpose(3, 2, 0, 1)], a)
+    return (out.transpose(NHWC_IN),)
+
+
+def _conv_nhwc_flops(ins: Sequence[Shape], outs: Sequence[Shape], attrs: Attrs) -> float:
+    kh, kw, ci, _ = ins[1]
+    return 2.0 * numel(outs[0]) * ci * kh * kw + (numel(outs[0]) if attrs["act"] else 0)
+
+
 # --- pooling --------------------------------------------------------------------------------------
 
 _POOL_ATTRS = (
@@ -704,6 +727,10 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
                       AttrSpec("act", "int", 0)), 2, _conv_infer, _conv_numpy, _conv_flops,
            doc="NCHW x OIHW convolution; groups = input channels / weight's input channels; shared leading axes batch it",
            contraction=True, on_devices=_any_depth),
+    OpSpec("conv2d_nhwc", (AttrSpec("stride_h", "int", 1), AttrSpec("stride_w", "int", 1), AttrSpec("pad", "int", 0),
+                           AttrSpec("act", "int", 0)), 2, _conv_nhwc_infer, _conv_nhwc_numpy, _conv_nhwc_flops,
+           doc="conv2d in the layout XLA:CPU runs natively: NHWC x HWIO → NHWC (the layout rules make it)",
+           fusion_kind="library"),
     _unary("relu", lambda x: np.maximum(x, 0), 1, "max(x, 0)", grad_reads="input", on_devices=_any_depth),
     _unary("tanh", np.tanh, 4, "hyperbolic tangent", grad_reads="output", on_devices=_any_depth),
     _unary("sigmoid", _sigmoid, 4, "logistic function", grad_reads="output", on_devices=_any_depth),

@@ -68,6 +68,7 @@ def candidate_rules() -> list[Rule]:
 RULE_SETS: Mapping[str, str] = MappingProxyType({
     "default": "Tensat's rule files plus the library's conv_merges and nary_merges (candidate_rules)",
     "tensat-only": "Tensat's rule files alone: no nary_merges, no extra conv merges (to attribute gains)",
+    "layout": "default plus the library's layout group (convs as NHWC conv2d_nhwc between transposes that cancel)",
 })
 """The rule sets `eqsat optimize --rules` and `bench tensat` choose from, by name."""
 
@@ -82,6 +83,8 @@ def named_rules(name: str) -> list[Rule]:
         return candidate_rules()
     if name == "tensat-only":
         return tensat_rules()
+    if name == "layout":
+        return candidate_rules() + library_rules(["layout"])
     raise UnknownRuleSetError(f"unknown rule set {name!r}; known rule sets: {', '.join(RULE_SETS)}")
 
 

@@ -269,7 +269,7 @@ class XlaModel:
                 return max(work / cal.loop_flops, reads / cal.bandwidth)
             return cal.launch_s + max(work / cal.loop_flops, (sum(in_bytes) + out_bytes) / cal.bandwidth)
         if kind == "library":
-            curve = cal.conv if op == "conv2d" else cal.matmul
+            curve = cal.conv if op in ("conv2d", "conv2d_nhwc") else cal.matmul
             act = ops.Activation(int(spec.normalize_attrs(attrs).get("act", 0)))
             # the call: its efficiency at this size, or the time to read its operands (a matrix-vector product)
             dot = work - (ops.numel(outs[0]) if act is not ops.Activation.NONE else 0)

@@ -69,6 +69,18 @@ def _conv2d(xs: Sequence[Array], a: Mapping[str, Any], precision: Any) -> tuple[
     return (_act(out, a["act"]),)
 
 
+def _conv2d_nhwc(xs: Sequence[Array], a: Mapping[str, Any], precision: Any) -> tuple[Array, ...]:
+    x, w = xs  # NHWC x HWIO: XLA:CPU's own conv layout, no transposes around the call
+    _, top, bottom = ops.window_out_and_pads(x.shape[1], w.shape[0], a["stride_h"], a["pad"])
+    _, left, right = ops.window_out_and_pads(x.shape[2], w.shape[1], a["stride_w"], a["pad"])
+    out = lax.conv_general_dilated(
+        x, w, window_strides=(a["stride_h"], a["stride_w"]), padding=[(top, bottom), (left, right)],
+        dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=x.shape[3] // w.shape[2],
+        precision=precision,
+    )
+    return (_act(out, a["act"]),)
+
+
 def _pool(reduce: str) -> Lowering:
     def lower(xs: Sequence[Array], a: Mapping[str, Any], precision: Any) -> tuple[Array, ...]:
         x = xs[0]
@@ -125,6 +137,7 @@ LOWERINGS: Mapping[str, Lowering] = MappingProxyType({
     "smul": lambda xs, a, p: (xs[0] * xs[1].reshape(()),),
     "matmul": _matmul,
     "conv2d": _conv2d,
+    "conv2d_nhwc": _conv2d_nhwc,
     "relu": _one(jax.nn.relu),
     "tanh": _one(jnp.tanh),
     "sigmoid": _one(jax.nn.sigmoid),

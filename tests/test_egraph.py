@@ -154,6 +154,8 @@ def _op_examples() -> dict[str, Callable[[GraphBuilder], list[Tensor]]]:
                              b.matmul(x(b, (2, 3, 4), "p"), b.input("q", (2, 4, 2)))],
         "conv2d": lambda b: [b.conv2d(x(b, (1, 4, 7, 7)), b.weight("k", (6, 2, 3, 3)), stride=(2, 1)),
                              b.conv2d(x(b, (1, 4, 7, 7), "z"), b.weight("k2", (4, 4, 3, 3)), pad=ops.Padding.VALID)],
+        "conv2d_nhwc": lambda b: [b.apply("conv2d_nhwc", [x(b, (1, 7, 7, 4)), b.weight("k", (3, 3, 2, 6))],
+                                          {"stride_h": 2, "stride_w": 1, "pad": 1, "act": 2})[0]],
         "poolmax": lambda b: [b.poolmax(x(b, (1, 2, 5, 5)), (2, 2), (2, 2))],
         "poolavg": lambda b: [b.apply("poolavg", [x(b, (1, 2, 5, 5))], {"kernel_h": 3, "kernel_w": 2, "stride_h": 1,
                                                                        "stride_w": 2, "pad": 1, "act": 2})[0]],

@@ -129,7 +129,8 @@ STAGES: Mapping[str, tuple[Callable[[], set[str]], Mapping[str, str]]] = {
         "smul": "JAX scales by a one-element tensor with mul: captured as ewmul",
         "batchnorm": "JAX programs write a batchnorm as its elementwise parts; rules fold them",
         "enlarge": "Tensat's kernel padding for conv merges: made by rules, never written in JAX",
-        "merge_gconv": "TASO's grouped-conv kernel merge: made by rules, never written in JAX"}),
+        "merge_gconv": "TASO's grouped-conv kernel merge: made by rules, never written in JAX",
+        "conv2d_nhwc": "made by the layout rules; capture writes every lax conv as conv2d between transposes"}),
 }
 
 

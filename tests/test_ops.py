@@ -105,6 +105,8 @@ CASES: Mapping[str, list[Case]] = {
     "conv2d": [([(2, 4, 7, 9), (6, 2, 3, 3)], {"stride_h": 2, "stride_w": 1, "pad": 0, "act": 1}),
                ([(1, 3, 8, 8), (5, 3, 1, 1)], {"stride_h": 1, "stride_w": 1, "pad": 1, "act": 0}),
                ([(1, 4, 9, 9), (4, 1, 3, 3)], {"stride_h": 2, "stride_w": 2, "pad": 0, "act": 2})],
+    "conv2d_nhwc": [([(2, 7, 9, 4), (3, 3, 2, 6)], {"stride_h": 2, "stride_w": 1, "pad": 0, "act": 1}),
+                    ([(1, 8, 8, 3), (1, 1, 3, 5)], {"stride_h": 1, "stride_w": 1, "pad": 1, "act": 2})],
     "relu": [([(3, 5)], {})],
     "tanh": [([(3, 5)], {})],
     "sigmoid": [([(3, 5)], {})],
@@ -218,6 +220,21 @@ def test_conv_grouped_strided_same_valid_matches_numpy(case: tuple[list[tuple[in
                                                        seed: int) -> None:
     shapes, attrs = case
     _check_same("conv2d", shapes, attrs, seed)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conv_cases(), st.integers(0, 2**16))
+def test_conv_nhwc_matches_its_lowering_and_the_nchw_conv(case: tuple[list[tuple[int, ...]], dict[str, int]],
+                                                          seed: int) -> None:
+    """conv2d_nhwc's numpy meaning equals its JAX lowering, and equals conv2d on the NCHW / OIHW views."""
+    (x, w), attrs = case
+    shapes = [(x[0], x[2], x[3], x[1]), (w[2], w[3], w[1], w[0])]
+    _check_same("conv2d_nhwc", shapes, attrs, seed)
+    xs = _arrays("conv2d_nhwc", shapes, seed)
+    (nhwc,) = ops.evaluate("conv2d_nhwc", xs, attrs)
+    (nchw,) = ops.evaluate("conv2d", [xs[0].transpose(ops.NHWC_OUT), xs[1].transpose(3, 2, 0, 1)], attrs)
+    np.testing.assert_allclose(nhwc, nchw.transpose(ops.NHWC_IN), rtol=1e-5, atol=1e-5)
+    assert ops.flops("conv2d_nhwc", shapes, attrs) == ops.flops("conv2d", [x, w], attrs)
 
 
 @st.composite

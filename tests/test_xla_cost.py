@@ -148,6 +148,7 @@ def test_tensat_only_rules_have_no_library_merges() -> None:
     default = {r.name for r in named_rules("default")}
     library = {r.name for r in library_rules(["conv_merges", "nary_merges"])}
     assert library and default == tensat_only | library and not tensat_only & library
-    assert set(RULE_SETS) == {"default", "tensat-only"}
+    assert set(RULE_SETS) == {"default", "tensat-only", "layout"}
+    assert {r.name for r in named_rules("layout")} == default | {r.name for r in library_rules(["layout"])}
     with pytest.raises(UnknownRuleSetError, match="known rule sets"):
         named_rules("everything")

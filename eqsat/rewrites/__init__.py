@@ -11,7 +11,7 @@ from eqsat.rewrites.rule import Rule, Term, Var
 
 LIBRARY_DIR = Path(__file__).parent / "library"
 LIBRARY_GROUPS: tuple[str, ...] = ("properties", "fusion", "merges", "folding", "decompositions", "conv_merges",
-                                   "nary_merges", "precision")
+                                   "nary_merges", "precision", "layout")
 
 
 def library_rules(groups: Iterable[str] | None = None) -> list[Rule]:
@@ -22,7 +22,8 @@ def library_rules(groups: Iterable[str] | None = None) -> list[Rule]:
     max and average pools), conv_merges (Tensat's convolution merges guarded to ungrouped convs, and
     its `enlarge` merges of a small kernel with a larger one), nary_merges (a third, fourth, ... op
     merged into an existing two-way merge; run in the merge rounds of `eqsat.saturate`), precision
-    (bfloat16 matmuls and elementwise ops as float32 ones on converted operands, rounded once)."""
+    (bfloat16 matmuls and elementwise ops as float32 ones on converted operands, rounded once), layout
+    (convs as conv2d_nhwc between transposes that cancel along a chain: XLA:CPU's native conv layout)."""
     chosen = list(LIBRARY_GROUPS if groups is None else groups)
     unknown = [g for g in chosen if g not in LIBRARY_GROUPS]
     if unknown:

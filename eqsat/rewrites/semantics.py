@@ -272,6 +272,12 @@ def _conv(alg: Algebra, xs: Sequence[np.ndarray], a: Mapping[str, Any]) -> np.nd
     return _act(alg, np.concatenate(parts, axis=1), a["act"])
 
 
+def _conv_nhwc(alg: Algebra, xs: Sequence[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
+    """`ops` conv2d_nhwc: conv2d on the NCHW / OIHW views of its NHWC input and HWIO kernel."""
+    x, w = xs
+    return np.transpose(_conv(alg, (np.transpose(x, ops.NHWC_OUT), np.transpose(w, (3, 2, 0, 1))), a), ops.NHWC_IN)
+
+
 def _pool(reduce: str) -> Impl:
     def run(alg: Algebra, xs: Sequence[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
         x = xs[0]
@@ -400,6 +406,7 @@ OP_IMPLS: Mapping[str, Impl] = {
     "smul": lambda alg, xs, a: alg.mul(xs[0], np.broadcast_to(xs[1].reshape(()), xs[0].shape)),
     "matmul": _matmul,
     "conv2d": _conv,
+    "conv2d_nhwc": _conv_nhwc,
     "relu": lambda alg, xs, a: alg.activation("relu", xs[0]),
     "tanh": lambda alg, xs, a: alg.activation("tanh", xs[0]),
     "sigmoid": lambda alg, xs, a: alg.activation("sigmoid", xs[0]),

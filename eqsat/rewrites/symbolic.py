@@ -63,12 +63,12 @@ from eqsat.rewrites.rule import CLASS_CONDITIONS, AttrVar, DimOf, Pattern, Rule,
 from eqsat.rewrites.shapes import pinned_ranks, rank_choices
 
 SUPPORTED: frozenset[str] = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh", "transpose", "concat",
-                                       "matmul", "split_part", "conv2d", "enlarge", "poolmax", "poolavg", "broadcast",
-                                       "batchnorm", "reshape", "merge_gconv", "convert_element_type"})
+                                       "matmul", "split_part", "conv2d", "conv2d_nhwc", "enlarge", "poolmax", "poolavg",
+                                       "broadcast", "batchnorm", "reshape", "merge_gconv", "convert_element_type"})
 # (a float convert_element_type is the identity: it passes every axis through, as the others)
 ELEMENTWISE = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh", "convert_element_type"})
 CONV_RANKS = (4, 5, 6)  # NCHW x OIHW, or both with the same leading batch axes (`ops.CONV_MAX_RANK`)
-WINDOW_OPS = frozenset({"conv2d", "enlarge", "poolmax", "poolavg"})
+WINDOW_OPS = frozenset({"conv2d", "conv2d_nhwc", "enlarge", "poolmax", "poolavg"})
 WINDOW_TIMEOUT_MS = 1000  # sums over windows and channel groups: z3 needs longer than for matmul
 POOL_OPS = frozenset({"poolmax", "poolavg"})
 POOL_TIMEOUT_MS = 4000  # a 3x3 max over window decompositions: z3 case-splits on the nine reads
@@ -295,6 +295,12 @@ class _Builder:
                           lambda i: x.elem(list(i[:ax]) + [i[ax] + start] + list(i[ax + 1:])))
         if t.op == "conv2d":
             return self._conv(t, args, typed)
+        if t.op == "conv2d_nhwc":  # `ops`: conv2d on the NCHW / OIHW views of an NHWC input and HWIO kernel
+            x, w = args
+            if len(x.dims) != 4 or len(w.dims) != 4:
+                raise _IllTyped("conv2d_nhwc: ranks")
+            return _permuted(self._conv(t, [_permuted(x, ops.NHWC_OUT), _permuted(w, (3, 2, 0, 1))], typed),
+                             ops.NHWC_IN)
         if t.op == "enlarge":
             w, ref = args
             if len(w.dims) != 4 or len(ref.dims) != 4:
@@ -956,6 +962,12 @@ def _partition_view(x: _Value, ax: int, parts: int, piece: z3.ArithRef) -> View 
     return (ax + 1, view)
 
 
+def _permuted(x: _Value, perm: Sequence[int]) -> _Value:
+    """`x` transposed by `perm` (a permutation of its rank): output axis k is input axis perm[k]."""
+    inverse = [list(perm).index(k) for k in range(len(perm))]
+    return _Value(tuple(x.dims[p] for p in perm), lambda i: x.elem([i[inverse[k]] for k in range(len(perm))]))
+
+
 def _replicate(x: _Value, parts: z3.ArithRef) -> _Value:
     return _Value((parts, *x.dims), lambda i: x.elem(i[1:]))
 
@@ -1065,6 +1077,8 @@ def _forced_ranks(rule: Rule, guarded: bool) -> dict[str, tuple[int, ...]]:
                 forced = [(t.args[0], (len(t.attr["dims"]),))]
             elif t.op == "conv2d":
                 forced = [(a, CONV_RANKS) for a in t.args]
+            elif t.op == "conv2d_nhwc":
+                forced = [(a, (4,)) for a in t.args]
             for a, allowed in forced:
                 if isinstance(a, Var):
                     out[a.name] = out.get(a.name, set(allowed)) & set(allowed)

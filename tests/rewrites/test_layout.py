@@ -1,0 +1,80 @@
+"""The layout group (`library/layout.rules`): every rule is proved for all shapes (the conv rules under
+the applier's guard, as rank-4 convs), wrong permutations are rejected, and a conv-relu-conv chain
+extracted under a cost model where NHWC convs are cheaper runs NHWC with one transpose at each end."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from eqsat import ops
+from eqsat.ir import GraphBuilder
+from eqsat.pipeline import optimize_graph
+from eqsat.rewrites import library_rules
+from eqsat.rewrites.parser import parse_rule_text
+from eqsat.rewrites.verify import verify_rules
+from eqsat.rulesets import is_trusted, named_rules
+from eqsat.saturate import Limits
+
+
+def test_every_layout_rule_is_proved_for_all_shapes() -> None:
+    rules = library_rules(["layout"])
+    results = verify_rules(rules, all_shapes=True)
+    assert len(rules) >= 16
+    for rule, res in zip(rules, results):
+        assert is_trusted(res), (rule.name, res.verdict, res.guarded_verdict)
+        proved = res.verdict == "proved" or res.guarded_verdict == "proved"
+        assert proved and "all shapes" in (res.scope + res.guarded_scope), (rule.name, res.scope, res.guarded_scope)
+    assert {r.name for r in rules} <= {r.name for r in named_rules("layout")}
+    assert not {r.name for r in rules} & {r.name for r in named_rules("default")}
+
+
+def test_wrong_permutations_are_rejected() -> None:
+    wrong = [r for line in (
+        "not-inverse: (transpose [0 2 3 1] (transpose [0 2 3 1] ?x)) => ?x",
+        "kernel-as-HWOI: (conv2d 1 1 0 0 ?x ?w) => (transpose [0 3 1 2] "
+        "(conv2d_nhwc 1 1 0 0 (transpose [0 2 3 1] ?x) (transpose [2 3 0 1] ?w)))",
+        "output-not-back: (conv2d 1 1 0 0 ?x ?w) => (transpose [0 2 3 1] "
+        "(conv2d_nhwc 1 1 0 0 (transpose [0 2 3 1] ?x) (transpose [2 3 1 0] ?w)))",
+        "concat-wrong-axis: (transpose [0 2 3 1] (concat 1 4 ?a ?b)) => "
+        "(concat 2 4 (transpose [0 2 3 1] ?a) (transpose [0 2 3 1] ?b))") for r in parse_rule_text(line, "test")]
+    results = verify_rules(wrong, all_shapes=True)
+    assert not any(is_trusted(res, trust_tested=True) for res in results), \
+        [(r.name, r.status, r.guarded_status) for r in results]
+    assert all("refuted" in (r.status, r.guarded_status) for r in results)
+
+
+class _NhwcCheaper:
+    """A device where an NHWC conv costs a tenth of an NCHW one and a transpose costs as much as the
+    NHWC conv: moving one chain of convs to NHWC pays, a transpose per conv would not."""
+
+    @property
+    def name(self) -> str:
+        return "nhwc-cheaper"
+
+    @property
+    def device(self) -> str:
+        return "cpu"
+
+    def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]) -> float:
+        spec = ops.op_spec(op)
+        if spec.is_leaf or spec.is_view:
+            return 0.0
+        return {"conv2d": 10.0, "conv2d_nhwc": 1.0, "transpose": 1.0}.get(op, 0.1)
+
+
+def test_conv_chain_runs_nhwc_with_one_transpose_at_each_end() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 8, 8))
+    y = b.relu(b.conv2d(x, b.weight("w1", (6, 4, 3, 3))))
+    y = b.conv2d(y, b.weight("w2", (6, 3, 3, 3)), act=ops.Activation.RELU)  # two groups
+    y = b.conv2d(b.relu(y), b.weight("w3", (5, 6, 1, 1)), stride=(2, 2))
+    graph = b.build([y])
+    result = optimize_graph(graph, library_rules(["layout"]), Limits(nodes=5_000, seconds=30), _NhwcCheaper(),
+                            extractor="ilp", time_limit=30)
+    assert result.numerics_ok and result.cost_after < result.cost_before
+    live = result.optimized.live()
+    assert [n.op for n in live.nodes].count("conv2d_nhwc") == 3 and "conv2d" not in live.op_counts()
+    moved = [n.attr["perm"] for n in live.nodes if n.op == "transpose"
+             and live.nodes[n.inputs[0].node].op != "weight"]  # kernels are transposed once, at load time
+    assert sorted(moved) == sorted([ops.NHWC_IN, ops.NHWC_OUT])
