@@ -81,6 +81,10 @@ class TasoResult:
     trace: tuple[tuple[float, float], ...]  # (seconds since start, best cost so far)
     rules_fired: Mapping[str, int] = field(default_factory=dict)  # along the path to the best graph
     graphs_per_s: float = 0.0  # popped graphs per second of the whole run
+    # the cheapest graph of the space searched (concats nested), even where dearer than the input: its
+    # concats written n-ary may beat the input (TASO's own concats are n-ary); None: nothing popped
+    searched: Graph | None = None
+    cost_searched: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -774,6 +778,8 @@ def taso_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, opti
     best_cost = cost_original  # the answer's: cheapest graph seen, popped or generated
     bound = _inexact(seed.total)  # TASO's bestCost: cheapest graph popped, from the graph searched
     best: tuple[_State, _Edit | None, Match | None] | None = None  # None: the input graph
+    searched: tuple[_State, _Edit | None, Match | None] | None = None
+    searched_cost = math.inf
     counter = itertools.count()
     Entry = tuple[float, int, _State, _Edit | None, Match | None, int]
     queue: list[Entry] = [(_inexact(seed.total), next(counter), seed, None, None, seed.total)]
@@ -802,6 +808,8 @@ def taso_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, opti
         seen.add(state.key)
         popped += 1
         bound = min(bound, cost)
+        if cost < searched_cost:  # only the nested input graph (children update it when generated)
+            searched, searched_cost = (state, None, None), cost
         if cost < best_cost:  # only the nested input graph, when nesting is cheaper
             best, best_cost = (state, None, None), cost
             seconds_to_best = time.perf_counter() - start
@@ -820,6 +828,8 @@ def taso_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, opti
                 total, change = found
                 generated += 1
                 new_cost = _inexact(total)
+                if new_cost < searched_cost:
+                    searched, searched_cost = (state, change, match), new_cost
                 if new_cost < best_cost:
                     best, best_cost = (state, change, match), new_cost
                     seconds_to_best = time.perf_counter() - start
@@ -848,8 +858,11 @@ def taso_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, opti
             if node.rule:
                 fired[node.rule] = fired.get(node.rule, 0) + 1
             node = node.parent
+    searched_graph = None if searched is None else (searched[0].graph if searched[1] is None
+                                                    else _materialize(searched[0].graph, searched[1]))
     return TasoResult(best_graph, cost_original, best_cost, elapsed, seconds_to_best, popped, generated, stop,
-                      tuple(trace), fired, popped / elapsed if elapsed > 0 else float("inf"))
+                      tuple(trace), fired, popped / elapsed if elapsed > 0 else float("inf"), searched_graph,
+                      searched_cost)
 
 
 def _check(state: _State, parent: _State, match: Match, expected: int, key: tuple[int, ...],

@@ -255,6 +255,20 @@ def test_alpha_bounds_the_nested_graph_searched_not_the_flat_input() -> None:
     assert result.popped > 1
     assert result.cost_best < result.cost_original  # one relu of nested concats: 6 kernels, not 7
     assert result.best.op_counts()["relu"] == 1
+    from eqsat.egraph import flatten_concats
+
+    assert result.searched is not None and result.cost_searched == result.cost_best
+    assert graph_cost(flatten_concats(result.searched), costs) < result.cost_best  # one n-ary concat
     assert numerics_match(g, result.best)[0]
     _, best_cost, popped, _ = _reference_search(g, rules, costs, 50)
     assert (result.popped, result.cost_best) == (popped, pytest.approx(best_cost, rel=1e-12))
+
+
+@pytest.mark.slow  # saturation and the ILP on a small NasRNN
+def test_the_budget_driver_reports_the_search_and_our_plan() -> None:
+    from experiments.taso_budget import budget_row
+
+    row = budget_row("nasrnn-small", "roofline", "h100", budget=3, seconds=60.0, passes=1)
+    assert row["taso_popped"] == 3 and row["taso_stop"] == "budget"
+    assert 0 < row["taso_best_over_original"] <= 1 and 0 < row["eqsat_over_original"] <= 1
+    assert row["ours_le_taso"] == (row["cost_eqsat"] <= row["cost_taso"] * (1 + 1e-9))
