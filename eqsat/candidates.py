@@ -75,7 +75,8 @@ def region_candidates(region: Graph, rules: Sequence[Rule], limits: Limits, mode
     distinct extractions that differ from the region, agree with it and add no work."""
     from eqsat.pipeline import does_extra_work, search
 
-    found = search(region, rules, limits, models, extractor, time_limit, avoid_extra_work=True)
+    found = search(region, rules, limits, models, extractor, time_limit, avoid_extra_work=True,
+                   price_choices_only=True)
     by_label: dict[str, Graph] = {}
     errors = list(found.errors)
     original = structure_key(region)

@@ -22,7 +22,7 @@ import numpy as np
 from eqsat import ops
 from eqsat.compare import Agreement, outputs_agree
 from eqsat.context import ContextAnalysis
-from eqsat.cost import CostModel, graph_cost
+from eqsat.cost import CostModel, graph_cost, typed_op_cost
 from eqsat.egraph import TensorEGraph, carry_selection, decode
 from eqsat.errors import EqsatError, NumericsError
 from eqsat.gc_pause import gc_paused
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from eqsat.extract.selection import Selection
 
 __all__ = ["OptimizationResult", "optimize_graph", "search", "SearchResult", "Extraction", "does_extra_work",
-           "numerics_match", "Agreement", "outputs_agree", "Objective", "Priced"]
+           "numerics_match", "Agreement", "outputs_agree", "Objective", "Priced", "ChoicesOnly", "fixed_op_keys"]
 
 
 @dataclass(frozen=True)
@@ -243,9 +243,92 @@ class Priced:
         return selection, self.decode(selection)
 
 
+type OpKey = tuple[str, tuple[tuple[str, Any], ...], tuple[tuple[int, ...], ...]]
+
+
+def op_key(op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Sequence[int]]) -> OpKey:
+    """(op, attributes, input shapes) as one hashable value: what a cost model prices."""
+    return (op, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items())),
+            tuple(tuple(int(d) for d in s) for s in input_shapes))
+
+
+def fixed_op_keys(egraph_json: Mapping[str, Any]) -> frozenset[OpKey]:
+    """The ops whose price cannot change which graph an extraction of this e-graph picks: every
+    node of theirs is the only node of a class every extraction must contain (a root, or an input
+    of every node of such a class), or has only weight-computed inputs (folded: free in every
+    choice). Each such op is in all extractions alike (the original graph too), so its cost adds
+    the same to every choice and cancels out of the comparison."""
+    from eqsat.egraph import constant_classes
+
+    nodes: Mapping[str, Any] = egraph_json["nodes"]
+    members: dict[str, list[str]] = {}
+    for nid, n in nodes.items():
+        members.setdefault(n["eclass"], []).append(nid)
+    must = set(egraph_json["root_eclasses"])
+    stack = list(must)
+    while stack:
+        common: set[str] | None = None
+        for nid in members.get(stack.pop(), ()):
+            kids = {nodes[c]["eclass"] for c in nodes[nid]["children"]}
+            common = kids if common is None else common & kids
+        for cls in (common or set()) - must:
+            must.add(cls)
+            stack.append(cls)
+    constant = constant_classes(nodes)
+    shapes = {c: d["shape"] for c, d in egraph_json["class_data"].items()}
+    fixed: set[OpKey] = set()
+    varying: set[OpKey] = set()
+    for n in nodes.values():
+        key = op_key(n["op"], n["attrs"], [shapes[nodes[c]["eclass"]] for c in n["children"]])
+        folded = bool(n["children"]) and all(nodes[c]["eclass"] in constant for c in n["children"])
+        (fixed if folded or (n["eclass"] in must and len(members[n["eclass"]]) == 1) else varying).add(key)
+    return frozenset(fixed - varying)
+
+
+@dataclass(frozen=True)
+class ChoicesOnly:
+    """`model` with the ops of `fixed` (`fixed_op_keys`) priced at 0: a model that times each op
+    (`times_ops`, the measured model) then times only the ops an extraction's choice depends on.
+    Extraction picks the same graph; its dag cost leaves out what every choice shares."""
+
+    model: CostModel
+    fixed: frozenset[OpKey]
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    @property
+    def device(self) -> str:
+        return self.model.device
+
+    def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]) -> float:
+        if op_key(op, attrs, input_shapes) in self.fixed:
+            return 0.0
+        return self.model.op_cost(op, attrs, input_shapes)
+
+    def op_cost_typed(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]],
+                      input_dtypes: Sequence[str]) -> float:
+        """`op_cost` at the operands' dtypes (`typed_op_cost`): a bfloat16 plan priced as the model prices it."""
+        if op_key(op, attrs, input_shapes) in self.fixed:
+            return 0.0
+        return typed_op_cost(self.model, op, attrs, input_shapes, input_dtypes)
+
+
+@dataclass(frozen=True)
+class _Free:
+    """Every op at 0: an e-graph's structure serialized without pricing (`fixed_op_keys`' input)."""
+
+    name: str = "free"
+    device: str = "none"
+
+    def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]) -> float:
+        return 0.0
+
+
 def search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping[str, CostModel | Objective],
            extractor: str = "ilp", time_limit: float = 60.0, *, fold_weights: bool = True, seed: int = 0,
-           progress: bool = False, avoid_extra_work: bool = False) -> SearchResult:
+           progress: bool = False, avoid_extra_work: bool = False, price_choices_only: bool = False) -> SearchResult:
     """The one search of eqsat, JAX-free: saturate `graph` once, extract the cheapest equivalent
     under each of `models` (a cost model, or an `Objective`: a cost model with knapsack rows,
     starts and a context; the time limit shared between them), decode and check each result
@@ -255,14 +338,19 @@ def search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping[
 
     `avoid_extra_work`: a model whose extraction computes more than `graph` (overlapping merges)
     is extracted again from an e-graph grown by the single-output rules alone, so the rewrites that
-    pay without merging (a separable pool, a folded batchnorm) are not lost with the merges."""
+    pay without merging (a separable pool, a folded batchnorm) are not lost with the merges.
+
+    `price_choices_only`: a cost model that times ops (`times_ops`: the measured model, XLA
+    compiling and timing each op shape) prices only the ops the choice depends on (`ChoicesOnly`):
+    the same graphs are extracted, and a cold first call times far fewer ops."""
     with gc_paused():  # the e-graph JSON is hundreds of thousands of acyclic objects: see eqsat.gc_pause
-        return _search(graph, rules, limits, models, extractor, time_limit, fold_weights, seed, progress, avoid_extra_work)
+        return _search(graph, rules, limits, models, extractor, time_limit, fold_weights, seed, progress, avoid_extra_work,
+                       price_choices_only)
 
 
 def _search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping[str, CostModel | Objective],
             extractor: str, time_limit: float, fold_weights: bool, seed: int, progress: bool,
-            avoid_extra_work: bool) -> SearchResult:
+            avoid_extra_work: bool, price_choices_only: bool = False) -> SearchResult:
     start = time.perf_counter()
     egraph = TensorEGraph.from_graph(graph, rule_ops(rules))
     report = saturate(egraph, rules, limits, progress=progress)
@@ -276,11 +364,21 @@ def _search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping
     serialized: list[Mapping[str, Any]] = []  # the full e-graph under the first model, for callers that save it
     spent = {"serialize": 0.0, "extract": 0.0}  # seconds, reported as saturation and extraction time
     model_s = 0.0  # the current model's serialization and extraction seconds
+    structure: dict[int, Mapping[str, Any]] = {}  # per e-graph (by id): a serialization with every node
+
+    def fixed_of(eg: TensorEGraph) -> frozenset[OpKey]:
+        if id(eg) not in structure:
+            structure[id(eg)] = eg.serialize(_Free(), fold_weights)
+        return fixed_op_keys(structure[id(eg)])
 
     def extract_from(eg: TensorEGraph, objective: Objective, seconds: float) -> tuple[Graph, Selection, tuple[int, int]]:
         nonlocal model_s
         t0 = time.perf_counter()
+        if price_choices_only and getattr(objective.model, "times_ops", False) and objective.context is None:
+            objective = replace(objective, model=ChoicesOnly(objective.model, fixed_of(eg)))
         priced = Priced.of(eg, objective, fold_weights)
+        if objective.context is None:
+            structure.setdefault(id(eg), priced.json)
         t1 = time.perf_counter()
         starts = [c for c in (priced.choice_of(g, objective.model) for g in objective.starts) if c is not None]
         selection, graph_out = priced.extract(extractor, seconds, objective.rows, starts)

@@ -188,7 +188,7 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
     outcome = outcome.with_facts(distinct_regions=len(search.candidates) + len(search.failed),
                                  reused_regions=search.reused, searched_regions=searched, shape_reused_regions=seeded)
     variants = _variants(steps, search, outcome.mode)
-    reporting = _unmeasured(search) if seeded and not searched else search  # (no op timed for a report)
+    reporting = _unmeasured(search) if seeded and not searched else _estimated(search, device)  # no op timed for a report
     unchanged = [candidates.segment_report(s.graph, s.graph, reporting, t) for s, t in zip(steps, seconds)]
     if not variants:
         return outcome.original("no rewrite changed the program", unchanged, warn=False)
@@ -243,6 +243,21 @@ def _unmeasured(search: RegionSearch) -> RegionSearch:
 
     return dataclasses.replace(search, models={k: m for k, m in search.models.items()
                                                if not isinstance(m, MeasuredModel)})
+
+
+def _estimated(search: RegionSearch, device: str) -> RegionSearch:
+    """`search` with its measured cost models reading only the op timings taken (the search timed
+    the ops its choices depend on) and the roofline's price for the others, for the reports: the
+    ops every choice shares were not timed, and timing them for a report would cost the first call
+    seconds."""
+    from eqsat.cost import cost_model
+    from jax_backend.measured_cost import MeasuredModel, TimedOrEstimated
+
+    if not any(isinstance(m, MeasuredModel) for m in search.models.values()):
+        return search
+    estimate = cost_model("roofline", device)
+    return dataclasses.replace(search, models={k: TimedOrEstimated(m, estimate) if isinstance(m, MeasuredModel) else m
+                                               for k, m in search.models.items()})
 
 
 def _build_candidates(program: Program, variants: Sequence[tuple[str, list[Graph]]], ref: Sequence[Any],

@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +35,8 @@ from jax_backend.timing import calls_per_sample
 
 Shape = tuple[int, ...]
 
-__all__ = ["FUSIBLE_OPS", "MeasuredModel", "PerCallModel", "check_measuring_device", "device_key", "measured_model", "merge_model",
+__all__ = ["FUSIBLE_OPS", "MeasuredModel", "PerCallModel", "TimedOrEstimated",
+           "check_measuring_device", "device_key", "measured_model", "merge_model",
            "time_callable"]
 
 FUSIBLE_OPS: frozenset[str] = frozenset(op for op, spec in ops.OPS.items() if spec.fusible)
@@ -138,6 +139,7 @@ class MeasuredModel:
     warmup: int = 2
     cache_dir: Path = field(default_factory=_default_cache_dir)
     name: str = "measured"
+    times_ops: ClassVar[bool] = True  # each op shape costs a compile and a timing: price only where it matters
     _table: dict[str, float] = field(default_factory=dict, repr=False)
     _loaded: bool = field(default=False, repr=False)
     _dirty: int = field(default=0, repr=False)
@@ -205,6 +207,14 @@ class MeasuredModel:
             self.save()
         return self._table[key]
 
+    def timed_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]) -> float | None:
+        """The op's cost where it was already timed (in memory or on disk), else None: nothing is timed."""
+        spec = ops.op_spec(op)
+        if spec.is_leaf or spec.is_view:
+            return 0.0
+        self._load()
+        return self._table.get(_key(op, attrs, [tuple(int(d) for d in s) for s in input_shapes]))
+
     def isolated_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]) -> float:
         """The op timed alone, without the fusion discount (for comparison)."""
         shapes = [tuple(int(d) for d in s) for s in input_shapes]
@@ -250,6 +260,25 @@ class MeasuredModel:
             self._producer[producer] = self._time(jax.jit(lambda *xs: (-xs[0],)), args[:1])
         marginal = timed - self._producer[producer]
         return max(marginal, _FLOOR_S)
+
+
+@dataclass(frozen=True)
+class TimedOrEstimated:
+    """A measured model for reports: each op at its timing where one was taken, else at
+    `estimate`'s price (the roofline), so a report times no op. The search times only the ops a
+    choice depends on (`eqsat.pipeline.ChoicesOnly`); the ops every choice shares are estimated."""
+
+    measured: MeasuredModel
+    estimate: Any  # a CostModel
+    name: str = "measured"
+
+    @property
+    def device(self) -> str:
+        return self.measured.device
+
+    def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]) -> float:
+        timed = self.measured.timed_cost(op, attrs, input_shapes)
+        return float(self.estimate.op_cost(op, attrs, input_shapes)) if timed is None else timed
 
 
 _CPU_LABELS = frozenset({"current", "cpu", "cpu-nominal"})
