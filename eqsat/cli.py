@@ -28,6 +28,7 @@ COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "bench": ("eqsat.commands.bench", "run a named benchmark (eqsat bench --help lists them)"),
     "parallel": ("eqsat.commands.parallel", "plan a model on a device mesh: algebra and sharding from one ILP"),
     "calibrate": ("eqsat.commands.calibrate", "measure this device for the xla cost model (cached)"),
+    "judge": ("eqsat.commands.judge", "run saved plans (eqsat optimize --save-graphs) on this device; keep the faster"),
 })
 
 
@@ -62,10 +63,14 @@ def emit(results: Iterable[dict[str, Any]], as_json: bool) -> None:
     Console().print(table)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or, with `only`, of that one alone: a command imports only
+    what it needs (`eqsat judge` runs where egglog and z3 are not installed)."""
     parser = argparse.ArgumentParser(prog="eqsat", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
+        if only is not None and name != only:
+            continue
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -82,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; `argv` None means a real command line, which owns the whole process (a
     command may then cap its memory: `args.whole_process`)."""
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    first = next((w for w in words if not w.startswith("-")), None)
+    args = build_parser(first if first in COMMANDS else None).parse_args(argv)
     args.whole_process = argv is None
     if args.whole_process:
         signal.signal(signal.SIGINT, ending_handler(args.command))

@@ -45,6 +45,7 @@ __all__ = [
     "DeviceSpec", "DEVICES", "CostModel", "RooflineModel", "COST_MODEL_FACTORIES", "cost_model", "register_cost_model",
     "graph_cost", "weight_only_nodes", "device_spec", "calibrate_cpu", "UnknownCostModelError",
     "Conventions", "CONVENTIONS", "conventions", "UnknownConventionsError", "FreeOpsModel", "typed_op_cost",
+    "LAUNCH_SENSITIVITY_US", "launch_sensitivity",
 ]
 
 
@@ -332,3 +333,21 @@ def graph_cost(graph: Graph, model: CostModel, fold_weights: bool = True) -> flo
     return float(sum(typed_op_cost(model, n.op, n.attr, [live.shape(v) for v in n.inputs],
                                    [live.dtype(v) for v in n.inputs])
                      for i, n in enumerate(live.nodes) if i not in skip and not ops.OPS[n.op].is_leaf))
+
+
+LAUNCH_SENSITIVITY_US: tuple[int, ...] = (0, 1, 5)
+
+
+def launch_sensitivity(original: Graph, plan: Graph, device: str) -> dict[str, float] | None:
+    """`plan`'s predicted speedup (%) under the roofline for `device` with each launch cost of
+    `LAUNCH_SENSITIVITY_US` µs per kernel (None: no roofline for this device): how much of a
+    predicted gain is the assumed launch cost."""
+    out: dict[str, float] = {}
+    for us in LAUNCH_SENSITIVITY_US:
+        try:
+            model = cost_model("roofline", device=device, launch_s=us * 1e-6)
+        except EqsatError:
+            return None
+        after = graph_cost(plan, model)
+        out[str(us)] = 100.0 * (graph_cost(original, model) / after - 1.0) if after > 0 else float("nan")
+    return out

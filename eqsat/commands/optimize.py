@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jax_backend  # noqa: F401 - registers the "measured" cost model for --cost-model
-from eqsat.cost import CONVENTIONS, COST_MODEL_FACTORIES, CostModel, conventions, cost_model, graph_cost
+from eqsat.cost import (CONVENTIONS, COST_MODEL_FACTORIES, CostModel, conventions, cost_model, graph_cost,
+                        launch_sensitivity)
 from eqsat.errors import EqsatError, NumericsError
 from eqsat.ir import Graph
 from eqsat.models import MODELS, build_model
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from eqsat.pipeline import OptimizationResult
     from eqsat.rewrites.rule import Rule
 
-__all__ = ["Judged", "OptimizeOptions", "add_arguments", "check_candidates", "launch_sensitivity",
+__all__ = ["Judged", "OptimizeOptions", "add_arguments", "candidate_file_name", "check_candidates", "launch_sensitivity",
            "optimize_and_judge", "optimize_model", "run"]
 
 
@@ -93,7 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="plans timed beside the extractor's answer: greedy, roofline-launch0, or a cost model "
                              "(the ILP under it) (default: %(default)s)")
     parser.add_argument("--save-graphs", type=Path, default=None, metavar="DIR",
-                        help="write MODEL.before.json and MODEL.after.json (Graph JSON) here")
+                        help="write MODEL.before.json, MODEL.after.json and each MODEL.candidate.NAME.json "
+                             "(Graph JSON) here: `eqsat judge` runs them on another device")
     parser.add_argument("--conventions", default=d.conventions,
                         help=f"extraction conventions ({', '.join(CONVENTIONS)}; default: %(default)s)")
     parser.add_argument("--rules", default=d.rules, help=f"rule set ({', '.join(RULE_SETS)}; default: %(default)s)")
@@ -114,7 +116,11 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
 
 GREEDY = "greedy"
 LAUNCH0 = "roofline-launch0"
-LAUNCH_SENSITIVITY_US: tuple[int, ...] = (0, 1, 5)
+
+
+def candidate_file_name(name: str) -> str:
+    """A candidate's name as a file-name part (`ilp/roofline` -> `ilp-roofline`)."""
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in name)
 
 
 def check_candidates(names: Sequence[str]) -> tuple[str, ...]:
@@ -187,20 +193,6 @@ def _candidate_json(name: str, predicted: float | None, check: PlanCheck) -> dic
             "same_as_original": check.same_as_original, "reason": check.reason,
             "measured_speedup": t.speedup if t is not None else (1.0 if check.same_as_original else None),
             "measured_speedup_ci": ci}
-
-
-def launch_sensitivity(original: Graph, plan: Graph, device: str) -> dict[str, float] | None:
-    """`plan`'s predicted speedup (%) under the roofline for `device` with each launch cost of
-    `LAUNCH_SENSITIVITY_US` µs per kernel (None: no roofline for this device)."""
-    out: dict[str, float] = {}
-    for us in LAUNCH_SENSITIVITY_US:
-        try:
-            model = cost_model("roofline", device=device, launch_s=us * 1e-6)
-        except EqsatError:
-            return None
-        after = graph_cost(plan, model)
-        out[str(us)] = 100.0 * (graph_cost(original, model) / after - 1.0) if after > 0 else float("nan")
-    return out
 
 
 def _greedy(result: OptimizationResult, time_limit: float) -> tuple[Graph | None, float]:
@@ -297,6 +289,8 @@ def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> 
         stem = model if model in MODELS else Path(model).stem
         graph.save(options.save_graphs / f"{stem}.before.json")
         judged.answer.save(options.save_graphs / f"{stem}.after.json")
+        for name, plan in judged.plans:  # every candidate, for `eqsat judge` on another device
+            plan.save(options.save_graphs / f"{stem}.candidate.{candidate_file_name(name)}.json")
     fields = judged.fields(costs)
     j = judged.judgement
     console.print(f"[bold]{model}[/]: kept {j.kept}; plan {j.plan or '(none differs)'}: measured "
