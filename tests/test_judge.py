@@ -86,3 +86,13 @@ def test_judge_runs_without_the_search_engines(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["model"] == "m"
+
+
+def test_xla_predictions_need_a_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    fast, slow, _ = _pair()
+    _save(tmp_path / "plans", "m", slow, fast=fast)
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path / "empty-cache"))
+    assert cli.main(["judge", str(tmp_path / "plans"), "--xla-device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "eqsat calibrate" in err and "\n" not in err

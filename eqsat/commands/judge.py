@@ -9,7 +9,8 @@ float64 reference, timed in interleaved rounds, and a plan kept only if faster w
 
 One row per model: the device JAX ran on, the decision with its interval, and per candidate its
 measured speedup beside its predicted ones (the roofline of `--predict-device` at 0, 1 and 5 µs
-per kernel: predictions, labelled so).
+per kernel, and with `--xla-device` the xla cost model calibrated on this device: predictions,
+labelled so).
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ import argparse
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from eqsat.cost import launch_sensitivity
+from eqsat.cost import CostModel, cost_model, graph_cost, launch_sensitivity
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
+
+if TYPE_CHECKING:
+    from jax_backend.checks import PlanCheck
 
 __all__ = ["ModelPlans", "add_arguments", "find_plans", "judge_model", "run"]
 
@@ -42,7 +46,7 @@ class ModelPlans:
 def find_plans(folders: Sequence[Path], models: Sequence[str] = ()) -> list[ModelPlans]:
     """Group `MODEL.before.json` and `MODEL.candidate.NAME.json` files by model over `folders` (the
     first folder holding a model's original gives it; with several folders a candidate's name is
-    prefixed by its folder's name). `models` keeps only those (all when empty)."""
+    prefixed by its folder's name). `models` keeps only those, in that order (all when empty)."""
     originals: dict[str, Path] = {}
     candidates: dict[str, list[tuple[str, Path]]] = {}
     for folder in folders:
@@ -57,7 +61,7 @@ def find_plans(folders: Sequence[Path], models: Sequence[str] = ()) -> list[Mode
     unknown = sorted(set(models) - set(originals))
     if unknown:
         raise EqsatError(f"no {unknown[0]}{BEFORE} in {', '.join(map(str, folders))}")
-    found = [ModelPlans(m, originals[m], tuple(candidates.get(m, ()))) for m in originals if not models or m in models]
+    found = [ModelPlans(m, originals[m], tuple(candidates.get(m, ()))) for m in (models or originals)]
     if not found:
         raise EqsatError(f"no *{BEFORE} files in {', '.join(map(str, folders))}")
     return found
@@ -66,7 +70,7 @@ def find_plans(folders: Sequence[Path], models: Sequence[str] = ()) -> list[Mode
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("folders", nargs="+", type=Path, metavar="DIR",
                         help="folders written by `eqsat optimize MODEL --save-graphs DIR`")
-    parser.add_argument("--models", nargs="*", default=[], metavar="MODEL", help="only these models (default: all)")
+    parser.add_argument("--models", nargs="*", default=[], metavar="MODEL", help="only these models, in this order (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument("--repeats", type=int, default=30, help="timing rounds at most (at least 5 run)")
     parser.add_argument("--timing-budget", type=float, default=20.0, help="seconds of timing rounds per model")
@@ -74,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance against the float64 reference")
     parser.add_argument("--predict-device", default="h100",
                         help="roofline device whose predicted speedups are reported beside the measured ones")
+    parser.add_argument("--xla-device", default=None, metavar="DEVICE",
+                        help="also report the xla cost model's predictions, calibrated on this device (the one "
+                             "JAX runs on: cpu, h100, h200; run `eqsat calibrate --device DEVICE` first)")
 
 
 def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
@@ -81,14 +88,21 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
         raise EqsatError(f"--repeats must be at least 5, not {args.repeats}")
     if not args.timing_budget >= 0:
         raise EqsatError(f"--timing-budget must be at least 0, not {args.timing_budget}")
-    for plans in find_plans(args.folders, args.models):
+    found = find_plans(args.folders, args.models)
+    xla = None
+    if args.xla_device is not None:
+        import jax_backend  # noqa: F401 - registers the "xla" cost model
+
+        xla = cost_model("xla", device=args.xla_device)
+    for plans in found:
         yield judge_model(plans, seed=args.seed, rounds=args.repeats, budget_s=args.timing_budget,
-                          rtol=args.rtol, atol=args.atol, predict_device=args.predict_device)
+                          rtol=args.rtol, atol=args.atol, predict_device=args.predict_device, xla=xla)
 
 
 def judge_model(plans: ModelPlans, *, seed: int = 0, rounds: int = 30, budget_s: float = 20.0, rtol: float = 1e-4,
-                atol: float = 1e-5, predict_device: str = "h100") -> dict[str, Any]:
-    """The report row of one model's plans judged on the device at hand (see the module docstring)."""
+                atol: float = 1e-5, predict_device: str = "h100", xla: CostModel | None = None) -> dict[str, Any]:
+    """The report row of one model's plans judged on the device at hand (see the module docstring);
+    with `xla`, each candidate's speedup predicted by that calibrated model too."""
     import jax
     from rich.console import Console
 
@@ -107,19 +121,24 @@ def judge_model(plans: ModelPlans, *, seed: int = 0, rounds: int = 30, budget_s:
         "passes": j.passes, "measured_before_s": j.original_s,
         "measured_after_s": j.timing.other_s if j.timing is not None else j.original_s,
         "kernels_original": original.runtime_kernels(), "flops_original": original.runtime_flops(),
-        "candidates": [_candidate_row(original, graphs[c.name], c, predict_device) for c in j.checks],
+        "candidates": [_candidate_row(original, graphs[c.name], c, predict_device, xla) for c in j.checks],
         "predict_device": predict_device,
     }
 
 
-def _candidate_row(original: Graph, plan: Graph, check: Any, predict_device: str) -> dict[str, Any]:
+def _candidate_row(original: Graph, plan: Graph, check: PlanCheck, predict_device: str,
+                   xla: CostModel | None) -> dict[str, Any]:
     t = check.timing
     sensitivity: Mapping[str, float] | None = launch_sensitivity(original, plan, predict_device)
+    xla_speedup = None
+    if xla is not None:
+        after = graph_cost(plan, xla)
+        xla_speedup = graph_cost(original, xla) / after if after > 0 else None
     return {
         "name": check.name, "numerics_ok": check.numerics_ok, "same_as_original": check.same_as_original,
         "reason": check.reason, "max_abs_diff": check.max_abs_diff,
         "measured_speedup": t.speedup if t is not None else (1.0 if check.same_as_original else None),
         "measured_speedup_ci": list(t.speedup_ci) if t is not None else None,
         "predicted_pct_by_launch_us": sensitivity,
-        "kernels": plan.runtime_kernels(), "flops": plan.runtime_flops(),
+        "predicted_speedup_xla": xla_speedup, "kernels": plan.runtime_kernels(), "flops": plan.runtime_flops(),
     }
