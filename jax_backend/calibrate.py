@@ -90,6 +90,22 @@ def _extra(base: Callable[[], Any], more: Callable[[], Any]) -> float:
     return float(statistics.median(b - a for a, b in zip(*times)))
 
 
+TIMEABLE_S = 50e-6  # an extra time under this is within a GPU's dispatch jitter: measure a larger tensor
+PROBE_ELEMENTS = (256 * 1024, 4 * 1024 * 1024, 64 * 1024 * 1024)  # 1, 16, 256 MiB of float32
+
+
+def _timeable(extra_s: Callable[[int], float]) -> tuple[int, float]:
+    """The first probe size (elements) whose extra seconds `extra_s(n)` reach `TIMEABLE_S`, and
+    those seconds (the largest size if none does): a CPU times 1 MiB well, a GPU streams 1 MiB in
+    about a microsecond, below what one call's timing resolves."""
+    seconds = 0.0
+    for n in PROBE_ELEMENTS:
+        seconds = extra_s(n)
+        if seconds >= TIMEABLE_S:
+            return n, seconds
+    return PROBE_ELEMENTS[-1], max(seconds, 1e-9)
+
+
 def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
     """Measure this device (seconds: about 10 on a quiet CPU) and return the calibration."""
     start = time.perf_counter()
@@ -109,12 +125,17 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
     launch = max(_extra(lambda: one(x64), lambda: many(x64)) / 16, 1e-8)
     say(f"one more kernel: {launch * 1e6:.2f} us")
 
-    (big,) = _arrays((256 * 1024,))  # 1 MiB: the size of these models' tensors, not DRAM's
     scale = jax.jit(lambda x: x * 2.0 + 1.0)
-    bandwidth = 2 * big.nbytes / max(_extra(lambda: scale(tiny), lambda: scale(big)), 1e-9)  # less the dispatch
-    say(f"loop fusion bandwidth: {bandwidth / 1e9:.1f} GB/s")
 
-    (mid,) = _arrays((256 * 1024,))
+    def scaled(n: int) -> float:
+        (big,) = _arrays((n,))
+        return _extra(lambda: scale(tiny), lambda: scale(big))  # less the dispatch
+
+    # 1 MiB first: the size of these models' tensors, not DRAM's (where that is too quick to time, larger)
+    n_big, scale_s = _timeable(scaled)
+    bandwidth = 2 * 4 * n_big / scale_s
+    say(f"loop fusion bandwidth: {bandwidth / 1e9:.1f} GB/s ({4 * n_big / 2**20:.0f} MiB)")
+
     chain_ops = ("tanh", "ewmul", "sigmoid", "ewadd") * 4
 
     def loop(n: int) -> Callable[..., Any]:
@@ -126,10 +147,16 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
             return y
         return jax.jit(body)
 
-    work = sum(ops.flops(op, [mid.shape] * (ops.op_spec(op).arity or 1), {}) for op in chain_ops[1:])
     short, long = loop(1), loop(len(chain_ops))
-    loop_flops = work / max(_extra(lambda: short(mid), lambda: long(mid)), 1e-9)
-    say(f"elementwise arithmetic in a loop: {loop_flops / 1e9:.1f} GFLOP/s")
+
+    def looped(n: int) -> float:
+        (mid,) = _arrays((n,))
+        return _extra(lambda: short(mid), lambda: long(mid))
+
+    n_mid, loop_s = _timeable(looped)
+    work = sum(ops.flops(op, [(n_mid,)] * (ops.op_spec(op).arity or 1), {}) for op in chain_ops[1:])
+    loop_flops = work / loop_s
+    say(f"elementwise arithmetic in a loop: {loop_flops / 1e9:.1f} GFLOP/s ({4 * n_mid / 2**20:.0f} MiB)")
 
     matmul: list[tuple[float, float]] = []  # (flops, seconds)
     gemv: list[tuple[float, float]] = []  # (bytes, seconds)
