@@ -62,6 +62,7 @@ __all__ = ["ApiError", "Plan", "PlanSummary", "parallelize", "plan"]
 
 Spec = tuple[Any, ...]  # a PartitionSpec's entries: None, an axis name, or a tuple of names
 BASELINE_NAMES = ("data-parallel", "fsdp", "megatron", "dp-x-tp")
+WITHIN = ("data-parallel", "fsdp", "megatron")  # the planner's baseline strategies a plan may be bounded by
 
 
 class ApiError(EqsatError):
@@ -138,6 +139,7 @@ class PlanSummary:
     baselines: tuple[Baseline, ...] = ()
     constraints: tuple[tuple[str, str], ...] = ()  # (jaxpr value, PartitionSpec) held by with_sharding_constraint
     blocks: tuple[str, ...] = ()  # per planned graph with repeated blocks: how they were reused (`eqsat.parallel.blocks`)
+    within: str = ""  # the plan against the baseline that bounds its bytes and memory (`plan(within=...)`)
 
     def to_json(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "mesh": self.mesh, "mesh_note": self.mesh_note,
@@ -146,7 +148,7 @@ class PlanSummary:
                 "plan_s": self.plan_s, "graphs_planned": self.graphs_planned,
                 "opaque_equations": self.opaque_equations, "warnings": list(self.warnings),
                 "leaf_specs": dict(self.leaf_specs), "constraints": [list(c) for c in self.constraints],
-                "blocks": list(self.blocks),
+                "blocks": list(self.blocks), "within": self.within,
                 **(self.compiled.to_json() if self.compiled is not None else {}),
                 "baselines": [b.to_json() for b in self.baselines]}
 
@@ -192,6 +194,7 @@ class Plan:
                          "left to GSPMD")
         lines += [f"warning: {w}" for w in r.warnings]
         lines += [f"deep model: {b}" for b in r.blocks]
+        lines += [f"bound: {r.within}"] if r.within else []
         lines.append("")
         lines.append(f"{'argument leaf':<48} PartitionSpec")
         lines += [f"{path:<48} {spec}" for path, spec in r.leaf_specs]
@@ -540,11 +543,14 @@ class _Planned:
     batch: tuple[tuple[int, Any], ...] = ()  # (leading dim, its split) of planned leaves no argument is
     constraints: tuple[tuple[Any, Spec], ...] = ()  # (step jaxpr variable, spec): `_constraints`
     fsdp_predicted_s: float | None = None
+    # per baseline with a prediction: (step s, bytes per step, memory) summed over the planned graphs
+    predicted: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
+    within: str = ""  # how the plan relates to the `within` baseline (`PlanSummary.within`)
 
 
 def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str], sizes: Mapping[str, int],
                   memory_budget: float | None, comm_budget: float | None, time_limit: float,
-                  predict_dp: bool = False, not_loss: Collection[int] = ()) -> _Planned:
+                  predict_dp: bool = False, not_loss: Collection[int] = (), within: str | None = None) -> _Planned:
     state_vars = {v for v, s in zip(closed.jaxpr.invars, leaves.state) if s}
     found = _forward_jaxpr(closed, state_vars, not_loss)
     empty: list[Spec | None] = [None] * len(leaves.paths)
@@ -563,8 +569,8 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
     results: list[PlanResult] = []
     batch: list[tuple[int, Any]] = []
     boundary: dict[int, Spec] = {}
-    dp_s: list[float] = []
-    fsdp_s: list[float] = []
+    figures: dict[str, list[tuple[float, float, float]]] = {"data-parallel": [], "fsdp": []}
+    answers: list[str] = []
     book = RuleBook.of(pmesh)  # the rules parsed and verified once, for every graph and search below
     t0 = time.perf_counter()
     for step in graphs:
@@ -576,17 +582,22 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
         # saturation and ILP limits: a third and a sixth of what is left keep the step near time_limit
         limits = replace(DEFAULT_LIMITS, seconds=min(DEFAULT_LIMITS.seconds, left / 3))
         # a chain of identical blocks (transformer layers) is planned once and its plan repeated
+        # within a baseline (data parallel by default): no more predicted bytes and memory than its plan
         res = plan_repeated(graph, pmesh, "joint", limits=limits, time_limit=max(left / 6, 1.0),
-                            mem_budget=memory_budget, comm_budget=comm_budget, model=model, book=book)
+                            mem_budget=memory_budget, comm_budget=comm_budget, model=model, book=book, within=within)
         if not res.numerics_ok:
             raise PlanError(f"the plan of a captured graph differs from it in numpy (max |diff| {res.max_abs_diff:.3g})")
         results.append(res)
+        if res.baseline is not None:
+            answers.append(str(res.info.get("within", {}).get("answer", "search")))
         # the data-parallel and FSDP baselines' predictions: the same search with their rules only;
         # their plans are priced, never run or lowered, so they get no numpy check
-        for strategy, acc in (("data-parallel", dp_s), ("fsdp", fsdp_s)) if predict_dp else ():
+        for strategy, acc in figures.items() if predict_dp else ():
             try:
-                acc.append(plan_repeated(graph, pmesh, strategy, limits=limits, time_limit=max(left / 8, 1.0),
-                                         model=model, check=False, book=book).report.step_s)
+                base = res.baseline if res.baseline is not None and res.baseline.strategy == strategy else \
+                    plan_repeated(graph, pmesh, strategy, limits=limits, time_limit=max(left / 8, 1.0), model=model,
+                                  check=False, book=book)
+                acc.append((base.report.step_s, base.report.comm_bytes(None), base.report.mem_bytes))
             except EqsatError:
                 pass
         shapes = {str(n.attr["name"]): n.shapes[0] for _, n in res.plan.leaves()}
@@ -600,8 +611,18 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
                 boundary.setdefault(vid, spec)
                 if spec[0] is not None:
                     batch.append((shapes[name][0], spec[0]))
-    return _Planned(specs, tuple(results), program, len(program.opaque), "", sum(dp_s) if dp_s else None,
-                    tuple(batch), _constraints(program, boundary, closed), sum(fsdp_s) if fsdp_s else None)
+    predicted = {k: (sum(f[0] for f in v), sum(f[1] for f in v), sum(f[2] for f in v))
+                 for k, v in figures.items() if v and len(v) == len(results)}
+    how = ""
+    if within is not None and answers:
+        kept = sum(a == "baseline" for a in answers)
+        how = (f"searched within {within}'s predicted bytes and memory (the planner's {within} plan, which the ILP "
+               f"starts from); " + (f"{kept} of {len(answers)} graph(s) kept {within}'s plan: nothing within them "
+                                    "was predicted faster" if kept else "the search's plan is within them"))
+    return _Planned(specs, tuple(results), program, len(program.opaque), "",
+                    predicted["data-parallel"][0] if "data-parallel" in predicted else None,
+                    tuple(batch), _constraints(program, boundary, closed),
+                    predicted["fsdp"][0] if "fsdp" in predicted else None, predicted, how)
 
 
 def optimizer_state_copies(program: Program, leaves: _Leaves) -> float:
@@ -684,13 +705,20 @@ def _collective_rows(results: Sequence[PlanResult], names: Sequence[str]) -> tup
 
 def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: Sequence[int] = (0,),
          memory_budget: float | None = None, comm_budget: float | None = None, time_limit: float = 60.0,
-         baselines: bool = True) -> Plan:
+         baselines: bool = True, within: str | None = "data-parallel") -> Plan:
     """Plan `train_step(*args)` on `mesh` (see the module docstring). `params_argnums`: the
     arguments that are model state (parameters, optimizer state). `memory_budget` (bytes per
     device) and `comm_budget` (bytes a step moves per device) bound the planned part of the step;
-    `baselines` also compiles data parallel, FSDP, Megatron and DP x TP for the report."""
+    so does `within`, a baseline strategy ("data-parallel", "fsdp", "megatron"; None: time
+    alone): each planned graph moves no more predicted bytes and holds no more predicted memory
+    than the planner's plan of that baseline, and is no slower. `baselines` also compiles data
+    parallel, FSDP, Megatron and DP x TP for the report. A plan that a predicted baseline beats in
+    all three of step time, bytes and memory is never returned: that baseline's shardings are, and
+    the report's strategy says so."""
     t0 = time.perf_counter()
     amesh = auto_mesh(mesh)
+    if within is not None and within not in WITHIN:
+        raise ApiError(f"within must be one of {', '.join(WITHIN)} or None, not {within!r}")
     state_argnums = _check_argnums(args, params_argnums)
     for label, value in (("memory_budget", memory_budget), ("comm_budget", comm_budget)):
         if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
@@ -724,7 +752,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
         pmesh, names = planner_mesh(amesh)
         try:
             planned = _plan_forward(closed, leaves, pmesh, names, sizes, memory_budget, comm_budget, time_limit,
-                                    baselines, _state_outputs(out_shape, args, state_argnums))
+                                    baselines, _state_outputs(out_shape, args, state_argnums), within)
         except PlanError as exc:
             if memory_budget is not None or comm_budget is not None:
                 raise ApiError(f"no plan of the step's planned part meets the budget ({exc}); "
@@ -734,7 +762,13 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
         names = ()
         warns.append("the mesh has one device: nothing to plan")
     program = planned.program if planned else None
-    if planned is not None and planned.results:
+    better = dominating_baseline(planned)
+    if planned is not None and better is not None:
+        # a predicted baseline beats the plan in time, bytes and memory: its shardings are the answer
+        specs = baseline_specs(better, leaves, all_names, sizes, program)
+        strategy = f"{better} (baseline: predicted faster than the plan, with fewer bytes and less memory)"
+        planned = replace(planned, results=(), constraints=())
+    elif planned is not None and planned.results:
         specs = _mirror(leaves, planned.specs, planned.batch)
         strategy = "eqsat"
     else:
@@ -752,15 +786,17 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     fn = (constrained_step(closed, jax.tree_util.tree_structure(out_shape), constraints, amesh) if constraints
           else train_step)
     arg_names = argument_names(train_step, len(args))
+    figures: tuple[float | None, float | None, float | None] = (
+        (sum(r.report.step_s for r in results), sum(r.report.comm_bytes(None) for r in results),
+         sum(r.report.mem_bytes for r in results)) if results else
+        planned.predicted[better] if planned is not None and better is not None else (None, None, None))
     step = Plan(fn, amesh, in_shardings, out_sh, PlanSummary(
-        strategy, " x ".join(f"{n}={s}" for n, s in sizes.items()), note,
-        sum(r.report.step_s for r in results) if results else None,
-        sum(r.report.comm_bytes(None) for r in results) if results else None,
-        sum(r.report.mem_bytes for r in results) if results else None,
+        strategy, " x ".join(f"{n}={s}" for n, s in sizes.items()), note, figures[0], figures[1], figures[2],
         _collective_rows(results, names), plan_s, len(results), planned.opaque if planned else 0, tuple(warns),
         tuple((_path_str(p, arg_names), str(P(*s))) for p, s in zip(leaves.paths, specs)), None,
         constraints=tuple((str(var), str(P(*spec))) for var, spec in constraints),
-        blocks=tuple(depth_reuse_summary(r) for r in results if r.info.get("blocks"))), results)
+        blocks=tuple(depth_reuse_summary(r) for r in results if r.info.get("blocks")),
+        within=planned.within if planned is not None else ""), results)
     compiled = compile_figures(jax.jit(fn, in_shardings=in_shardings, out_shardings=out_sh), abstract)
     rows: list[Baseline] = []
     if baselines and len(all_names) and math.prod(sizes.values()) > 1:
@@ -780,6 +816,17 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
                                              f"the compiled step needs {compiled.mem_bytes:,.0f} bytes per device, "
                                              f"over the budget of {memory_budget:,.0f} (the budget bounds the planned part)"))
     return replace(step, report=summary)
+
+
+def dominating_baseline(planned: _Planned | None) -> str | None:
+    """The predicted baseline that is better than the plan in all three of step time, bytes and
+    memory (the best such in time), or None."""
+    if planned is None or not planned.results:
+        return None
+    mine = (sum(r.report.step_s for r in planned.results), sum(r.report.comm_bytes(None) for r in planned.results),
+            sum(r.report.mem_bytes for r in planned.results))
+    better = [(f[0], name) for name, f in planned.predicted.items() if all(f[i] < mine[i] for i in range(3))]
+    return min(better)[1] if better else None
 
 
 def _describe(specs: Sequence[Spec], leaves: _Leaves) -> str:
