@@ -304,8 +304,9 @@ def _forward_jaxpr(closed: Any, state_vars: set[Any], not_loss: Collection[int] 
 
 def leaf_splits(plan: Graph) -> dict[str, list[dict[int, list[int]]]]:
     """Per leaf name, one split per use path: leaf dim (from the front) -> planner mesh axes in the
-    order they split it. A use path follows `partition`, `replicate`, `broadcast` and `transpose`
-    from the leaf to the first op that computes (a path through other ops ends there)."""
+    order they split it. A use path follows `partition`, `replicate`, `broadcast`, `transpose` and
+    `reshape` (its leading dim: a batch split entered after `(B, T, D) -> (B*T, D)`) from the leaf
+    to the first op that computes (a path through other ops ends there)."""
     g = plan.live()
     users = g.users
     depth = graph_axes(g)
@@ -336,6 +337,9 @@ def leaf_splits(plan: Graph) -> dict[str, list[dict[int, list[int]]]]:
             elif n.op == "transpose":
                 k = len(depth[u])
                 walk(u, [dims[int(p) - k] for p in a["perm"][k:]], split, found)
+            elif n.op == "reshape" and dims:  # a split of the result's leading dim is one of the input's
+                k = len(depth[u])                # (row-major: both cut the buffer into equal runs; `reshape-partition`)
+                walk(u, [dims[0]] + [None] * (len(a["shape"]) - k - 1), split, found)
             else:
                 found.append(split)
 
@@ -420,7 +424,10 @@ def _mirror(leaves: _Leaves, specs: list[Spec | None], batch: Sequence[tuple[int
                     found = (other[0],)
                     break
             else:
-                found = next(((split,) for size, split in batch if size == leaves.shapes[i][0]), ())
+                # the finest batch split of the planned values with this leading dim (a value split
+                # over `model` only, before a reshape splits it over `data` too, must not halve the batch split)
+                fits = [split for size, split in batch if size == leaves.shapes[i][0]]
+                found = (max(fits, key=lambda s: len(s) if isinstance(s, tuple) else 1),) if fits else ()
         out.append(found)
     return out
 
@@ -716,9 +723,9 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     all three of step time, bytes and memory is never returned: that baseline's shardings are, and
     the report's strategy says so."""
     t0 = time.perf_counter()
-    amesh = auto_mesh(mesh)
     if within is not None and within not in WITHIN:
         raise ApiError(f"within must be one of {', '.join(WITHIN)} or None, not {within!r}")
+    amesh = auto_mesh(mesh)
     state_argnums = _check_argnums(args, params_argnums)
     for label, value in (("memory_budget", memory_budget), ("comm_budget", comm_budget)):
         if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
