@@ -361,6 +361,14 @@ def _choose(splits: Sequence[dict[int, list[int]]]) -> dict[int, list[int]]:
     return {d: list(a) for d, a in best}
 
 
+def _finest(splits: Sequence[dict[int, list[int]]]) -> dict[int, list[int]]:
+    """The use path's split over the most mesh axes (ties: `_choose`'s order)."""
+    if not splits:
+        return {}
+    most = max(sum(len(a) for a in s.values()) for s in splits)
+    return _choose([s for s in splits if sum(len(a) for a in s.values()) == most])
+
+
 def _spec(split: Mapping[int, Sequence[int]], shape: Sequence[int], names: Sequence[str],
           sizes: Mapping[str, int]) -> Spec:
     entries: list[Any] = [None] * len(shape)
@@ -610,7 +618,9 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
         shapes = {str(n.attr["name"]): n.shapes[0] for _, n in res.plan.leaves()}
         for name, splits in leaf_splits(res.plan).items():
             vid = int(name[1:])
-            spec = _spec(_choose(splits), shapes[name], names, sizes)
+            # a value opaque equations make (an embedding gather's output) is data: held at its finest
+            # batch split, the one the tokens take (`_mirror`), so GSPMD need not gather it back
+            spec = _spec(_choose(splits) if vid < len(leaves.paths) else _finest(splits), shapes[name], names, sizes)
             if vid < len(leaves.paths):
                 if specs[vid] is None:
                     specs[vid] = spec

@@ -131,3 +131,9 @@ def test_data_leaves_take_the_finest_batch_split_of_the_planned_values() -> None
     filled = api._mirror(leaves, [None] * len(leaves.paths), (((64, "model")), (64, ("model", "data"))))
     x = next(i for i, p in enumerate(leaves.paths) if p[0] == 2 and leaves.shapes[i] == (64, 32))
     assert filled[x] == (("model", "data"),)
+
+
+def test_finest_takes_the_split_over_the_most_axes() -> None:
+    assert api._finest([{0: [1]}, {0: [1]}, {0: [1, 0]}, {}]) == {0: [1, 0]}
+    assert api._choose([{0: [1]}, {0: [1]}, {0: [1, 0]}, {}]) == {0: [1]}
+    assert api._finest([]) == {}
