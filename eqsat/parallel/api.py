@@ -361,6 +361,24 @@ def _choose(splits: Sequence[dict[int, list[int]]]) -> dict[int, list[int]]:
     return {d: list(a) for d, a in best}
 
 
+def _axes_of(entry: Any) -> tuple[str, ...]:
+    return () if entry is None else tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def _batch_held(spec: Spec, size: int, batch: Sequence[tuple[int, Any]]) -> Spec:
+    """A batch-split value made by opaque equations held at the finest batch split planned for its
+    leading size (the tokens' in `_mirror`; one use path may split it over `model` only and a later
+    one over `data` too, and a coarser constraint makes GSPMD gather it back)."""
+    if not spec or spec[0] is None:
+        return spec
+    fits = [split for n, split in batch if n == size]
+    best = max(fits, key=lambda e: len(_axes_of(e)), default=spec[0])
+    others = {a for e in spec[1:] for a in _axes_of(e)}
+    if len(_axes_of(best)) <= len(_axes_of(spec[0])) or others & set(_axes_of(best)):
+        return spec
+    return (best, *spec[1:])
+
+
 def _finest(splits: Sequence[dict[int, list[int]]]) -> dict[int, list[int]]:
     """The use path's split over the most mesh axes (ties: `_choose`'s order)."""
     if not splits:
@@ -584,6 +602,7 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
     results: list[PlanResult] = []
     batch: list[tuple[int, Any]] = []
     boundary: dict[int, Spec] = {}
+    lead: dict[int, int] = {}  # a boundary value's leading size
     figures: dict[str, list[tuple[float, float, float]]] = {"data-parallel": [], "fsdp": []}
     answers: list[str] = []
     book = RuleBook.of(pmesh)  # the rules parsed and verified once, for every graph and search below
@@ -626,8 +645,10 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
                     specs[vid] = spec
             elif spec:  # a value made by opaque equations (an embedding gather's output): constrained to the plan's split
                 boundary.setdefault(vid, spec)
+                lead[vid] = shapes[name][0]
                 if spec[0] is not None:
                     batch.append((shapes[name][0], spec[0]))
+    boundary = {vid: _batch_held(spec, lead[vid], batch) for vid, spec in boundary.items()}
     predicted = {k: (sum(f[0] for f in v), sum(f[1] for f in v), sum(f[2] for f in v))
                  for k, v in figures.items() if v and len(v) == len(results)}
     how = ""

@@ -137,3 +137,11 @@ def test_finest_takes_the_split_over_the_most_axes() -> None:
     assert api._finest([{0: [1]}, {0: [1]}, {0: [1, 0]}, {}]) == {0: [1, 0]}
     assert api._choose([{0: [1]}, {0: [1]}, {0: [1, 0]}, {}]) == {0: [1]}
     assert api._finest([]) == {}
+
+
+def test_a_boundary_value_is_held_at_the_tokens_batch_split() -> None:
+    batch = ((8, "model"), (8, ("model", "data")), (4, ("data", "model", "x")))
+    assert api._batch_held(("model",), 8, batch) == (("model", "data"),)
+    assert api._batch_held(("model", None, "data"), 8, batch) == ("model", None, "data")  # data is taken
+    assert api._batch_held((None, "model"), 8, batch) == (None, "model")
+    assert api._batch_held((("model", "data"),), 8, ((8, "model"),)) == (("model", "data"),)
