@@ -626,11 +626,15 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
             answers.append(str(res.info.get("within", {}).get("answer", "search")))
         # the data-parallel and FSDP baselines' predictions: the same search with their rules only;
         # their plans are priced, never run or lowered, so they get no numpy check
-        for strategy, acc in figures.items() if predict_dp else ():
+        for strategy, acc in figures.items():
             try:
-                base = res.baseline if res.baseline is not None and res.baseline.strategy == strategy else \
-                    plan_repeated(graph, pmesh, strategy, limits=limits, time_limit=max(left / 8, 1.0), model=model,
-                                  check=False, book=book)
+                if res.baseline is not None and res.baseline.strategy == strategy:
+                    base = res.baseline  # the `within` search's, already made
+                elif predict_dp:
+                    base = plan_repeated(graph, pmesh, strategy, limits=limits, time_limit=max(left / 8, 1.0),
+                                         model=model, check=False, book=book)
+                else:
+                    continue
                 acc.append((base.report.step_s, base.report.comm_bytes(None), base.report.mem_bytes))
             except EqsatError:
                 pass
@@ -827,7 +831,8 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     figures: tuple[float | None, float | None, float | None] = (
         (sum(r.report.step_s for r in results), sum(r.report.comm_bytes(None) for r in results),
          sum(r.report.mem_bytes for r in results)) if results else
-        planned.predicted[better] if planned is not None and better is not None else (None, None, None))
+        planned.predicted.get(better, (None, None, None)) if planned is not None and better is not None
+        else (None, None, None))
     step = Plan(fn, amesh, in_shardings, out_sh, PlanSummary(
         strategy, " x ".join(f"{n}={s}" for n, s in sizes.items()), note, figures[0], figures[1], figures[2],
         _collective_rows(results, names), plan_s, len(results), planned.opaque if planned else 0, tuple(warns),
