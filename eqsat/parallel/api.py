@@ -62,6 +62,7 @@ __all__ = ["ApiError", "Plan", "PlanSummary", "parallelize", "plan"]
 
 Spec = tuple[Any, ...]  # a PartitionSpec's entries: None, an axis name, or a tuple of names
 BASELINE_NAMES = ("data-parallel", "fsdp", "megatron", "dp-x-tp")
+WITHIN = ("data-parallel", "fsdp", "megatron")  # the planner's baseline strategies a plan may be bounded by
 
 
 class ApiError(EqsatError):
@@ -138,6 +139,7 @@ class PlanSummary:
     baselines: tuple[Baseline, ...] = ()
     constraints: tuple[tuple[str, str], ...] = ()  # (jaxpr value, PartitionSpec) held by with_sharding_constraint
     blocks: tuple[str, ...] = ()  # per planned graph with repeated blocks: how they were reused (`eqsat.parallel.blocks`)
+    within: str = ""  # the plan against the baseline that bounds its bytes and memory (`plan(within=...)`)
 
     def to_json(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "mesh": self.mesh, "mesh_note": self.mesh_note,
@@ -146,7 +148,7 @@ class PlanSummary:
                 "plan_s": self.plan_s, "graphs_planned": self.graphs_planned,
                 "opaque_equations": self.opaque_equations, "warnings": list(self.warnings),
                 "leaf_specs": dict(self.leaf_specs), "constraints": [list(c) for c in self.constraints],
-                "blocks": list(self.blocks),
+                "blocks": list(self.blocks), "within": self.within,
                 **(self.compiled.to_json() if self.compiled is not None else {}),
                 "baselines": [b.to_json() for b in self.baselines]}
 
@@ -192,6 +194,7 @@ class Plan:
                          "left to GSPMD")
         lines += [f"warning: {w}" for w in r.warnings]
         lines += [f"deep model: {b}" for b in r.blocks]
+        lines += [f"bound: {r.within}"] if r.within else []
         lines.append("")
         lines.append(f"{'argument leaf':<48} PartitionSpec")
         lines += [f"{path:<48} {spec}" for path, spec in r.leaf_specs]
@@ -301,8 +304,9 @@ def _forward_jaxpr(closed: Any, state_vars: set[Any], not_loss: Collection[int] 
 
 def leaf_splits(plan: Graph) -> dict[str, list[dict[int, list[int]]]]:
     """Per leaf name, one split per use path: leaf dim (from the front) -> planner mesh axes in the
-    order they split it. A use path follows `partition`, `replicate`, `broadcast` and `transpose`
-    from the leaf to the first op that computes (a path through other ops ends there)."""
+    order they split it. A use path follows `partition`, `replicate`, `broadcast`, `transpose` and
+    `reshape` (its leading dim: a batch split entered after `(B, T, D) -> (B*T, D)`) from the leaf
+    to the first op that computes (a path through other ops ends there)."""
     g = plan.live()
     users = g.users
     depth = graph_axes(g)
@@ -333,6 +337,9 @@ def leaf_splits(plan: Graph) -> dict[str, list[dict[int, list[int]]]]:
             elif n.op == "transpose":
                 k = len(depth[u])
                 walk(u, [dims[int(p) - k] for p in a["perm"][k:]], split, found)
+            elif n.op == "reshape" and dims:  # a split of the result's leading dim is one of the input's
+                k = len(depth[u])                # (row-major: both cut the buffer into equal runs; `reshape-partition`)
+                walk(u, [dims[0]] + [None] * (len(a["shape"]) - k - 1), split, found)
             else:
                 found.append(split)
 
@@ -352,6 +359,32 @@ def _choose(splits: Sequence[dict[int, list[int]]]) -> dict[int, list[int]]:
     keyed = [tuple(sorted((d, tuple(a)) for d, a in s.items())) for s in splits]
     best = max(keyed, key=lambda k: (keyed.count(k), -keyed.index(k)))
     return {d: list(a) for d, a in best}
+
+
+def _axes_of(entry: Any) -> tuple[str, ...]:
+    return () if entry is None else tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def _batch_held(spec: Spec, size: int, batch: Sequence[tuple[int, Any]]) -> Spec:
+    """A batch-split value made by opaque equations held at the finest batch split planned for its
+    leading size (the tokens' in `_mirror`; one use path may split it over `model` only and a later
+    one over `data` too, and a coarser constraint makes GSPMD gather it back)."""
+    if not spec or spec[0] is None:
+        return spec
+    fits = [split for n, split in batch if n == size]
+    best = max(fits, key=lambda e: len(_axes_of(e)), default=spec[0])
+    others = {a for e in spec[1:] for a in _axes_of(e)}
+    if len(_axes_of(best)) <= len(_axes_of(spec[0])) or others & set(_axes_of(best)):
+        return spec
+    return (best, *spec[1:])
+
+
+def _finest(splits: Sequence[dict[int, list[int]]]) -> dict[int, list[int]]:
+    """The use path's split over the most mesh axes (ties: `_choose`'s order)."""
+    if not splits:
+        return {}
+    most = max(sum(len(a) for a in s.values()) for s in splits)
+    return _choose([s for s in splits if sum(len(a) for a in s.values()) == most])
 
 
 def _spec(split: Mapping[int, Sequence[int]], shape: Sequence[int], names: Sequence[str],
@@ -417,7 +450,10 @@ def _mirror(leaves: _Leaves, specs: list[Spec | None], batch: Sequence[tuple[int
                     found = (other[0],)
                     break
             else:
-                found = next(((split,) for size, split in batch if size == leaves.shapes[i][0]), ())
+                # the finest batch split of the planned values with this leading dim (a value split
+                # over `model` only, before a reshape splits it over `data` too, must not halve the batch split)
+                fits = [split for size, split in batch if size == leaves.shapes[i][0]]
+                found = (max(fits, key=lambda s: len(s) if isinstance(s, tuple) else 1),) if fits else ()
         out.append(found)
     return out
 
@@ -540,11 +576,14 @@ class _Planned:
     batch: tuple[tuple[int, Any], ...] = ()  # (leading dim, its split) of planned leaves no argument is
     constraints: tuple[tuple[Any, Spec], ...] = ()  # (step jaxpr variable, spec): `_constraints`
     fsdp_predicted_s: float | None = None
+    # per baseline with a prediction: (step s, bytes per step, memory) summed over the planned graphs
+    predicted: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
+    within: str = ""  # how the plan relates to the `within` baseline (`PlanSummary.within`)
 
 
 def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str], sizes: Mapping[str, int],
                   memory_budget: float | None, comm_budget: float | None, time_limit: float,
-                  predict_dp: bool = False, not_loss: Collection[int] = ()) -> _Planned:
+                  predict_dp: bool = False, not_loss: Collection[int] = (), within: str | None = None) -> _Planned:
     state_vars = {v for v, s in zip(closed.jaxpr.invars, leaves.state) if s}
     found = _forward_jaxpr(closed, state_vars, not_loss)
     empty: list[Spec | None] = [None] * len(leaves.paths)
@@ -563,8 +602,9 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
     results: list[PlanResult] = []
     batch: list[tuple[int, Any]] = []
     boundary: dict[int, Spec] = {}
-    dp_s: list[float] = []
-    fsdp_s: list[float] = []
+    lead: dict[int, int] = {}  # a boundary value's leading size
+    figures: dict[str, list[tuple[float, float, float]]] = {"data-parallel": [], "fsdp": []}
+    answers: list[str] = []
     book = RuleBook.of(pmesh)  # the rules parsed and verified once, for every graph and search below
     t0 = time.perf_counter()
     for step in graphs:
@@ -576,32 +616,55 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
         # saturation and ILP limits: a third and a sixth of what is left keep the step near time_limit
         limits = replace(DEFAULT_LIMITS, seconds=min(DEFAULT_LIMITS.seconds, left / 3))
         # a chain of identical blocks (transformer layers) is planned once and its plan repeated
+        # within a baseline (data parallel by default): no more predicted bytes and memory than its plan
         res = plan_repeated(graph, pmesh, "joint", limits=limits, time_limit=max(left / 6, 1.0),
-                            mem_budget=memory_budget, comm_budget=comm_budget, model=model, book=book)
+                            mem_budget=memory_budget, comm_budget=comm_budget, model=model, book=book, within=within)
         if not res.numerics_ok:
             raise PlanError(f"the plan of a captured graph differs from it in numpy (max |diff| {res.max_abs_diff:.3g})")
         results.append(res)
+        if res.baseline is not None:
+            answers.append(str(res.info.get("within", {}).get("answer", "search")))
         # the data-parallel and FSDP baselines' predictions: the same search with their rules only;
         # their plans are priced, never run or lowered, so they get no numpy check
-        for strategy, acc in (("data-parallel", dp_s), ("fsdp", fsdp_s)) if predict_dp else ():
+        for strategy, acc in figures.items():
             try:
-                acc.append(plan_repeated(graph, pmesh, strategy, limits=limits, time_limit=max(left / 8, 1.0),
-                                         model=model, check=False, book=book).report.step_s)
+                if res.baseline is not None and res.baseline.strategy == strategy:
+                    base = res.baseline  # the `within` search's, already made
+                elif predict_dp:
+                    base = plan_repeated(graph, pmesh, strategy, limits=limits, time_limit=max(left / 8, 1.0),
+                                         model=model, check=False, book=book)
+                else:
+                    continue
+                acc.append((base.report.step_s, base.report.comm_bytes(None), base.report.mem_bytes))
             except EqsatError:
                 pass
         shapes = {str(n.attr["name"]): n.shapes[0] for _, n in res.plan.leaves()}
         for name, splits in leaf_splits(res.plan).items():
             vid = int(name[1:])
-            spec = _spec(_choose(splits), shapes[name], names, sizes)
+            # a value opaque equations make (an embedding gather's output) is data: held at its finest
+            # batch split, the one the tokens take (`_mirror`), so GSPMD need not gather it back
+            spec = _spec(_choose(splits) if vid < len(leaves.paths) else _finest(splits), shapes[name], names, sizes)
             if vid < len(leaves.paths):
                 if specs[vid] is None:
                     specs[vid] = spec
             elif spec:  # a value made by opaque equations (an embedding gather's output): constrained to the plan's split
                 boundary.setdefault(vid, spec)
+                lead[vid] = shapes[name][0]
                 if spec[0] is not None:
                     batch.append((shapes[name][0], spec[0]))
-    return _Planned(specs, tuple(results), program, len(program.opaque), "", sum(dp_s) if dp_s else None,
-                    tuple(batch), _constraints(program, boundary, closed), sum(fsdp_s) if fsdp_s else None)
+    boundary = {vid: _batch_held(spec, lead[vid], batch) for vid, spec in boundary.items()}
+    predicted = {k: (sum(f[0] for f in v), sum(f[1] for f in v), sum(f[2] for f in v))
+                 for k, v in figures.items() if v and len(v) == len(results)}
+    how = ""
+    if within is not None and answers:
+        kept = sum(a == "baseline" for a in answers)
+        how = (f"searched within {within}'s predicted bytes and memory (the planner's {within} plan, which the ILP "
+               f"starts from); " + (f"{kept} of {len(answers)} graph(s) kept {within}'s plan: nothing within them "
+                                    "was predicted faster" if kept else "the search's plan is within them"))
+    return _Planned(specs, tuple(results), program, len(program.opaque), "",
+                    predicted["data-parallel"][0] if "data-parallel" in predicted else None,
+                    tuple(batch), _constraints(program, boundary, closed),
+                    predicted["fsdp"][0] if "fsdp" in predicted else None, predicted, how)
 
 
 def optimizer_state_copies(program: Program, leaves: _Leaves) -> float:
@@ -684,12 +747,19 @@ def _collective_rows(results: Sequence[PlanResult], names: Sequence[str]) -> tup
 
 def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: Sequence[int] = (0,),
          memory_budget: float | None = None, comm_budget: float | None = None, time_limit: float = 60.0,
-         baselines: bool = True) -> Plan:
+         baselines: bool = True, within: str | None = "data-parallel") -> Plan:
     """Plan `train_step(*args)` on `mesh` (see the module docstring). `params_argnums`: the
     arguments that are model state (parameters, optimizer state). `memory_budget` (bytes per
     device) and `comm_budget` (bytes a step moves per device) bound the planned part of the step;
-    `baselines` also compiles data parallel, FSDP, Megatron and DP x TP for the report."""
+    so does `within`, a baseline strategy ("data-parallel", "fsdp", "megatron"; None: time
+    alone): each planned graph moves no more predicted bytes and holds no more predicted memory
+    than the planner's plan of that baseline, and is no slower. `baselines` also compiles data
+    parallel, FSDP, Megatron and DP x TP for the report. A plan that a predicted baseline beats in
+    all three of step time, bytes and memory is never returned: that baseline's shardings are, and
+    the report's strategy says so."""
     t0 = time.perf_counter()
+    if within is not None and within not in WITHIN:
+        raise ApiError(f"within must be one of {', '.join(WITHIN)} or None, not {within!r}")
     amesh = auto_mesh(mesh)
     state_argnums = _check_argnums(args, params_argnums)
     for label, value in (("memory_budget", memory_budget), ("comm_budget", comm_budget)):
@@ -724,7 +794,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
         pmesh, names = planner_mesh(amesh)
         try:
             planned = _plan_forward(closed, leaves, pmesh, names, sizes, memory_budget, comm_budget, time_limit,
-                                    baselines, _state_outputs(out_shape, args, state_argnums))
+                                    baselines, _state_outputs(out_shape, args, state_argnums), within)
         except PlanError as exc:
             if memory_budget is not None or comm_budget is not None:
                 raise ApiError(f"no plan of the step's planned part meets the budget ({exc}); "
@@ -734,7 +804,13 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
         names = ()
         warns.append("the mesh has one device: nothing to plan")
     program = planned.program if planned else None
-    if planned is not None and planned.results:
+    better = dominating_baseline(planned)
+    if planned is not None and better is not None:
+        # a predicted baseline beats the plan in time, bytes and memory: its shardings are the answer
+        specs = baseline_specs(better, leaves, all_names, sizes, program)
+        strategy = f"{better} (baseline: predicted faster than the plan, with fewer bytes and less memory)"
+        planned = replace(planned, results=(), constraints=())
+    elif planned is not None and planned.results:
         specs = _mirror(leaves, planned.specs, planned.batch)
         strategy = "eqsat"
     else:
@@ -752,15 +828,18 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     fn = (constrained_step(closed, jax.tree_util.tree_structure(out_shape), constraints, amesh) if constraints
           else train_step)
     arg_names = argument_names(train_step, len(args))
+    figures: tuple[float | None, float | None, float | None] = (
+        (sum(r.report.step_s for r in results), sum(r.report.comm_bytes(None) for r in results),
+         sum(r.report.mem_bytes for r in results)) if results else
+        planned.predicted.get(better, (None, None, None)) if planned is not None and better is not None
+        else (None, None, None))
     step = Plan(fn, amesh, in_shardings, out_sh, PlanSummary(
-        strategy, " x ".join(f"{n}={s}" for n, s in sizes.items()), note,
-        sum(r.report.step_s for r in results) if results else None,
-        sum(r.report.comm_bytes(None) for r in results) if results else None,
-        sum(r.report.mem_bytes for r in results) if results else None,
+        strategy, " x ".join(f"{n}={s}" for n, s in sizes.items()), note, figures[0], figures[1], figures[2],
         _collective_rows(results, names), plan_s, len(results), planned.opaque if planned else 0, tuple(warns),
         tuple((_path_str(p, arg_names), str(P(*s))) for p, s in zip(leaves.paths, specs)), None,
         constraints=tuple((str(var), str(P(*spec))) for var, spec in constraints),
-        blocks=tuple(depth_reuse_summary(r) for r in results if r.info.get("blocks"))), results)
+        blocks=tuple(depth_reuse_summary(r) for r in results if r.info.get("blocks")),
+        within=planned.within if planned is not None else ""), results)
     compiled = compile_figures(jax.jit(fn, in_shardings=in_shardings, out_shardings=out_sh), abstract)
     rows: list[Baseline] = []
     if baselines and len(all_names) and math.prod(sizes.values()) > 1:
@@ -780,6 +859,17 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
                                              f"the compiled step needs {compiled.mem_bytes:,.0f} bytes per device, "
                                              f"over the budget of {memory_budget:,.0f} (the budget bounds the planned part)"))
     return replace(step, report=summary)
+
+
+def dominating_baseline(planned: _Planned | None) -> str | None:
+    """The predicted baseline that is better than the plan in all three of step time, bytes and
+    memory (the best such in time), or None."""
+    if planned is None or not planned.results:
+        return None
+    mine = (sum(r.report.step_s for r in planned.results), sum(r.report.comm_bytes(None) for r in planned.results),
+            sum(r.report.mem_bytes for r in planned.results))
+    better = [(f[0], name) for name, f in planned.predicted.items() if all(f[i] < mine[i] for i in range(3))]
+    return min(better)[1] if better else None
 
 
 def _describe(specs: Sequence[Spec], leaves: _Leaves) -> str:

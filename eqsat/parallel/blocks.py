@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -416,19 +417,21 @@ def _at(at: Mapping[int, Value], v: Value) -> Value:
 def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
                   time_limit: float = 20.0, mem_budget: float | None = None, model: ParallelCostModel | None = None,
                   comm_budget: float | None = None, check: bool = True,
-                  min_copies: int = MIN_COPIES, book: RuleBook | None = None) -> PlanResult:
+                  min_copies: int = MIN_COPIES, book: RuleBook | None = None, within: str | None = None) -> PlanResult:
     """`plan_graph(graph, ...)`, planning a chain of identical blocks once (`find_blocks`) and
     repeating the block's plan. Optimizer state is the cost model's (`ParallelCostModel.state_copies`),
     in the planner's memory row as everywhere else. `check=False`: no numpy check at all (a paper
     pricing of a model too big to run). `book`: the mesh's verified rules, made once (`RuleBook`).
-    Without `min_copies` identical blocks this is `plan_graph` itself."""
+    Without `min_copies` identical blocks this is `plan_graph` itself. `within`: each part is
+    planned within that baseline's plan of it (`plan_graph`), and the whole within the baseline's
+    parts composed (`PlanResult.baseline`), whose plan is the answer where the whole is over it."""
     from eqsat.cost import cost_model
 
     model = model or ParallelCostModel(mesh, cost_model("roofline", mesh.device))
     blocks = find_blocks(graph, min_copies)
     if blocks is None:
         return plan_graph(graph, mesh, strategy, limits, time_limit, mem_budget, model, comm_budget=comm_budget,
-                          check=check, book=book)
+                          check=check, book=book, within=within)
     t0 = time.perf_counter()
     block, entry_name = block_graph(graph, blocks)
     rest, exit_name, where = rest_graph(graph, blocks)
@@ -438,9 +441,9 @@ def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Lim
     plan: Graph | None = None
     for _ in range(BUDGET_ATTEMPTS):
         b = plan_graph(block, mesh, strategy, limits, time_limit, block_mem, model, comm_budget=block_comm, check=check,
-                       book=book)
+                       book=book, within=within)
         r = (plan_graph(rest, mesh, strategy, limits, time_limit, block_mem, model, comm_budget=block_comm, check=check,
-                        book=book)
+                        book=book, within=within)
              if rest is not None else None)
         plan = compose(graph, blocks, b.plan, entry_name, r.plan if r is not None else None, exit_name, where)
         graph_axes(plan)  # raises if the copies do not join into one SPMD program
@@ -456,6 +459,13 @@ def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Lim
         raise PlanError(f"no plan moving at most {comm_budget:.4g} bytes per device in a step was found "
                         f"(best: {report.comm_bytes(None):.4g})")
     parts_res = [b] + ([r] if r is not None else [])
+    baseline = _composed_baseline(graph, mesh, blocks, parts_res, entry_name, exit_name, where, model)
+    answer = "search"
+    if baseline is not None:
+        slack, base = 1 + 1e-9, baseline.report
+        if not (report.step_s <= base.step_s * slack and report.comm_bytes(None) <= base.comm_bytes(None) * slack
+                and report.mem_bytes <= base.mem_bytes * slack):
+            plan, report, answer = baseline.plan, base, "baseline"
     t1 = time.perf_counter()
     if check and graph.total_flops() <= CHECK_FLOPS:
         ok, diff = numerics_match(graph, plan)
@@ -470,11 +480,29 @@ def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Lim
                        "block_plan_nodes": len(b.plan.nodes), "rest_planned": r is not None,
                        "block_plan_hash": plan_hash(b.plan),
                        "block_search_s": b.search_s}}
+    if baseline is not None:
+        info["within"] = {"strategy": baseline.strategy, "answer": answer, "predicted_s": baseline.report.step_s,
+                          "comm_bytes": baseline.report.comm_bytes(None), "mem_bytes": baseline.report.mem_bytes}
     return PlanResult(strategy, mesh, plan, report, ok, diff,
                       sum(p.search_s for p in parts_res), sum(p.saturate_s for p in parts_res),
                       sum(p.extract_s for p in parts_res), sum(p.enodes for p in parts_res),
                       sum(p.eclasses for p in parts_res), b.ilp_status if r is None else f"{b.ilp_status}/{r.ilp_status}",
-                      b.ilp_gap, b.rules, b.stop_reason, info)
+                      b.ilp_gap, b.rules, b.stop_reason, info, baseline)
+
+
+def _composed_baseline(graph: Graph, mesh: Mesh, blocks: Blocks, parts: Sequence[PlanResult], entry_name: str,
+                       exit_name: str, where: Sequence[int | None], model: ParallelCostModel) -> PlanResult | None:
+    """The parts' `within` baselines composed as the plan is (unchecked), or None without them."""
+    bases = [p.baseline for p in parts]
+    if not bases or any(b is None for b in bases):
+        return None
+    block, rest = bases[0], (bases[1] if len(bases) > 1 else None)
+    assert block is not None
+    plan = compose(graph, blocks, block.plan, entry_name, rest.plan if rest is not None else None, exit_name, where)
+    search = sum(b.search_s for b in bases if b is not None)
+    return PlanResult(block.strategy, mesh, plan, plan_report(plan, model), False, math.nan, search, search, 0.0,
+                      sum(b.enodes for b in bases if b is not None), sum(b.eclasses for b in bases if b is not None),
+                      block.ilp_status, block.ilp_gap, block.rules, block.stop_reason, {"numerics": "not checked"})
 
 
 def plan_hash(plan: Graph) -> str:
