@@ -150,11 +150,14 @@ def _variants(steps: Sequence[GraphStep], search: RegionSearch, mode: str,
 
 def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.ShapeDtypeStruct], signature: str,
                     opts: Options, device: str | None = None, leaf_names: Sequence[str] = (),
-                    memory: ShapeMemory | None = None) -> Entry:
+                    memory: ShapeMemory | None = None, defer_check: bool = False) -> Entry:
     """Capture, optimize, lower, check and time one signature; `device`: the cost-model device to
     extract for (default: `cost_device()`, read from the JAX device); `leaf_names`: the user's name
     of each flat argument, for the report (`jax_backend.leaf_names`); `memory`: the wrapper's
-    results at other shapes (`jax_backend.shape_reuse`), reused and added to."""
+    results at other shapes (`jax_backend.shape_reuse`), reused and added to; `defer_check`: a
+    plan kept at another shape is not compiled here but returned with `Entry.pending`, the check
+    the wrapper runs on its own compiled program before the call returns (its compile is then the
+    candidate's only one)."""
     from eqsat.structure import canonicalize
 
     start = time.perf_counter()
@@ -214,9 +217,10 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
     original_flat = jax.jit(flat_fun)
     try:
         args = _random_args(avals, seed=0)
-        # a carried plan is checked with the original compiled in the same program (one compile, not two)
+        defer = carried and defer_check
+        # a carried plan is checked with the original compiled in the same program, or by the wrapper (`defer`)
         built, problems = _build_candidates(program, variants, None if carried else original_flat(*args), args, opts,
-                                            outcome.mode, reporting, seconds, original_flat)
+                                            outcome.mode, reporting, seconds, original_flat, defer)
         if not built:
             shape_reuse.record_plan(memory, plan_key, shape_reuse.Plan(signature, None, "; ".join(problems),
                                                                        regions=regions))
@@ -252,8 +256,27 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
                "inconclusive within the timing budget")
         return outcome.original(f"no candidate ({tried}) faster with confidence ({why}); best '{label}': {how}",
                                 segs, warn=False, **measured)
-    return outcome.optimized(fn, f"candidate '{label}' (of {tried}) checked equal and faster with confidence: {how}",
-                             segs, **measured)
+    entry = outcome.optimized(fn, f"candidate '{label}' (of {tried}) checked equal and faster with confidence: {how}",
+                              segs, **measured)
+    if carried and defer_check:
+        entry.pending = functools.partial(_deferred_check, original_flat, avals, opts, memory, plan_key,
+                                          signature, label, regions)
+    return entry
+
+
+def _deferred_check(original: Callable[..., Any], avals: Sequence[jax.ShapeDtypeStruct], opts: Options,
+                    memory: ShapeMemory | None, plan_key: Any, signature: str, label: str, regions: int,
+                    run: Callable[..., Sequence[Any]]) -> str | None:
+    """A carried plan's check, run by the wrapper once its program for this signature is compiled:
+    `run` (that program, flat in and out) against the original on random inputs. None: equal;
+    else why not (the plan becomes a discard)."""
+    args = _random_args(avals, seed=0)
+    ok, err = _compare(original(*args), run(*args), opts.rtol, opts.atol)
+    if ok:
+        return None
+    problem = f"{label}: outputs differ from the original at this shape (max rel. error {err:.3g})"
+    shape_reuse.record_plan(memory, plan_key, shape_reuse.Plan(signature, None, problem, regions=regions))
+    return problem
 
 
 def _unmeasured(search: RegionSearch) -> RegionSearch:
@@ -283,11 +306,12 @@ def _estimated(search: RegionSearch, device: str) -> RegionSearch:
 
 def _build_candidates(program: Program, variants: Sequence[tuple[str, list[Graph]]], ref: Sequence[Any] | None,
                       args: Sequence[Any], opts: Options, mode: str, search: RegionSearch, seconds: Sequence[float],
-                      original: Callable[..., Any] | None = None) -> tuple[list[Built], list[str]]:
+                      original: Callable[..., Any] | None = None, defer: bool = False) -> tuple[list[Built], list[str]]:
     """Each variant folded, lowered, compiled and compared with the original's outputs `ref` on
     `args` (`ref` None: `original` and the variant compiled as one program and run once, so a
-    candidate that is not timed costs one compile, not two); returns the ones that agree (label,
-    function, segment reports, error) and why the others were dropped."""
+    candidate that is not timed costs one compile, not two; `defer`: not compiled nor compared here,
+    the caller checks it, error 0); returns the ones that agree (label, function, segment reports,
+    error) and why the others were dropped."""
     built: list[Built] = []
     problems: list[str] = []
     for label, graphs in variants:
@@ -295,13 +319,15 @@ def _build_candidates(program: Program, variants: Sequence[tuple[str, list[Graph
             optimized, consts = _fold_program(program.with_graphs(graphs))
             runner, kernels = _graph_runner([s.graph for s in optimized.graphs], mode, consts)
             fn = jax.jit(functools.partial(_run_program, optimized, runner))
-            if ref is None and original is not None:
+            if defer:
+                ok, err = True, 0.0
+            elif ref is None and original is not None:
                 want, got = jax.jit(lambda *a, fn=fn: (original(*a), fn(*a)))(*args)
+                ok, err = _compare(want, got, opts.rtol, opts.atol)
             elif ref is None:
                 raise ValueError("no reference outputs and no original to compute them")
             else:
-                want, got = ref, fn(*args)
-            ok, err = _compare(want, got, opts.rtol, opts.atol)
+                ok, err = _compare(ref, fn(*args), opts.rtol, opts.atol)
         except Exception as exc:  # noqa: BLE001 - this candidate is dropped
             problems.append(f"{label}: lowering failed: {type(exc).__name__}: {exc}")
             continue

@@ -162,6 +162,9 @@ class Entry:
     out_tree: Any
     report: SignatureReport
     warning: str = ""  # why the original runs, for the caller to warn about (empty: no warning)
+    pending: Callable[[Callable[..., Sequence[Any]]], str | None] | None = None
+    """A check the wrapper runs once its program for this signature is compiled (given that program,
+    flat in and out): None if equal, else why not (`build_signature(defer_check=True)`)."""
 
 
 @dataclass(frozen=True)

@@ -227,3 +227,39 @@ def test_a_program_no_rewrite_changes_is_not_searched_at_a_new_shape(monkeypatch
     report = opt.report(_rand(12, 32, seed=3))
     assert opt.report(_rand(8, 32)).reason == "no rewrite changed the program"
     assert len(splits) == before and report.used == "original" and "plan of signature" in report.reason
+
+
+@pytest.mark.parametrize("outer_jit", [False, True])
+def test_a_kept_plan_wrong_at_a_new_shape_is_never_used(monkeypatch: pytest.MonkeyPatch, outer_jit: bool) -> None:
+    """The new shape's candidate (negated here, at 24 rows only) is traced into the wrapper's
+    program unchecked and checked before the call returns, called directly or inside `jax.jit`:
+    the call's outputs and every later call are the original's."""
+    decisions: list[int] = []
+    monkeypatch.setattr(checks, "choose_faster", _keep(decisions))
+    monkeypatch.setattr(checks, "load_decision", lambda key: None)
+    real = candidates.apply_label
+
+    def wrong_at_24(graph: Any, label: str, search: Any) -> Any:
+        g, key = real(graph, label, search)
+        if not key or graph.nodes[0].shapes[0][0] != 24 and graph.nodes[1].shapes[0][0] != 24:
+            return g, key
+        b = GraphBuilder()
+        t: dict[tuple[int, int], Any] = {}
+        for i, n in enumerate(g.nodes):
+            outs = b.apply(n.op, [t[(v.node, v.index)] for v in n.inputs], n.attr)
+            t.update({(i, k): o for k, o in enumerate(outs)})
+        return b.build([b.apply("neg", [t[(v.node, v.index)]])[0] for v in g.outputs]), key
+
+    monkeypatch.setattr(candidates, "apply_label", wrong_at_24)
+    opt = optimize(_qkv, time_limit=1.0, cost_model="roofline", rules=RULES)
+    x16, x24 = _rand(16, 32, seed=7), _rand(24, 32, seed=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert _agrees(opt(x16), jax.jit(_qkv)(x16))
+        if opt.report(x16).used != "optimized":
+            pytest.skip("no candidate at this shape")
+        call = jax.jit(lambda x: opt(x)) if outer_jit else opt
+        assert _agrees(call(x24), jax.jit(_qkv)(x24))
+        assert _agrees(opt(x24), jax.jit(_qkv)(x24))
+    report = opt.report(x24)
+    assert report.used == "original" and report.numerics_ok is False and "differ" in report.reason
