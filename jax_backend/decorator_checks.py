@@ -216,8 +216,8 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
     carried = plan is not None and plan.decision is not None and opts.check_speed and opts.reuse_timing_budget_s <= 0
     original_flat = jax.jit(flat_fun)
     try:
-        args = _random_args(avals, seed=0)
         defer = carried and defer_check
+        args = [] if defer else _random_args(avals, seed=0)  # (a deferred check draws its own)
         # a carried plan is checked with the original compiled in the same program, or by the wrapper (`defer`)
         built, problems = _build_candidates(program, variants, None if carried else original_flat(*args), args, opts,
                                             outcome.mode, reporting, seconds, original_flat, defer)
