@@ -13,9 +13,10 @@ on the new shape's inputs (`decorator_checks`), so reuse never changes what is c
 The keep/discard decision is remembered per program too (`Plan`), looked up right after capture
 (`program_key`, before any region is split or searched): a program discarded at one shape (or
 with no rewrite) is not searched, built or timed again at another; one kept has only its kept
-candidate re-built, checked equal against the original on the new shape's inputs (both compiled
-as one program), and keeps the decision timed at the other shape (not re-timed unless
-`Options.reuse_timing_budget_s` > 0). The memory is per wrapper (no global state).
+candidate re-built, checked equal against the original on the new shape's inputs (by the wrapper
+on the program the call compiles anyway, `Entry.pending`; else both compiled as one program), and
+keeps the decision timed at the other shape (not re-timed unless `Options.reuse_timing_budget_s`
+> 0). The memory is per wrapper (no global state).
 """
 
 from __future__ import annotations
