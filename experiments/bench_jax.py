@@ -96,7 +96,7 @@ HELDOUT_CI_WIDTH = 0.02
 """The held-out group times each program against `jax.jit` until the speedup interval is at most
 this wide (the one timing policy's interleaved rounds with a width stop, `paired_timing(ci_width=)`):
 a fixed 40 rounds left two identical programs at 0.97x [0.95, 1.05] on a loaded box."""
-HELDOUT_TIMING_S, HELDOUT_ROUNDS = 20.0, 1000
+HELDOUT_TIMING_S, HELDOUT_ROUNDS = 20.0, 4000
 """...within these caps at least (`run_bench`; the CLI's `--budget` / `--rounds` where larger)."""
 
 
