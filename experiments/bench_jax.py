@@ -35,7 +35,8 @@ from eqsat.errors import EqsatError
 from eqsat.ir import Graph, Node
 from eqsat.models.jax_programs import PROGRAMS, JaxProgram, transformer_stack
 
-__all__ = ["run_bench", "bench_program", "bench_heldout", "rank_check", "transformer_first_call", "plot_speedups", "wrapper_overhead"]
+__all__ = ["run_bench", "bench_program", "bench_heldout", "heldout_control", "rank_check", "transformer_first_call",
+           "plot_speedups", "wrapper_overhead"]
 
 RTOL = 2e-4
 
@@ -91,13 +92,38 @@ def bench_program(prog: JaxProgram, rounds: int, options: dict[str, Any], budget
             "rules_fired": sorted({r for s in report.segments for r in s.rules_fired})}
 
 
-def bench_heldout(prog: Any, rounds: int, options: dict[str, Any], budget_s: float = 8.0) -> dict[str, Any]:
+HELDOUT_CI_WIDTH = 0.02
+"""The held-out group times each program against `jax.jit` until the speedup interval is at most
+this wide (the one timing policy's interleaved rounds with a width stop, `paired_timing(ci_width=)`):
+a fixed 40 rounds left two identical programs at 0.97x [0.95, 1.05] on a loaded box."""
+HELDOUT_TIMING_S, HELDOUT_ROUNDS = 20.0, 4000
+"""...within these caps at least (`run_bench`; the CLI's `--budget` / `--rounds` where larger)."""
+
+
+def _heldout_timing(base: Any, other: Any, args: Sequence[Any], rounds: int, budget_s: float,
+                    ci_width: float = HELDOUT_CI_WIDTH) -> Any:
+    """`other` against `base` as the held-out group measures it: interleaved rounds (the one timing
+    policy) until the interval is `ci_width` wide or the caps end; both sides timed alike."""
+    from jax_backend.timing import paired_timing
+
+    return paired_timing(base, other, args, rounds, budget_s, min_rounds=min(20, rounds), ci_width=ci_width)
+
+
+def heldout_control(prog: Any, rounds: int, budget_s: float, ci_width: float = HELDOUT_CI_WIDTH) -> dict[str, Any]:
+    """`jax.jit(f)` against a second `jax.jit` of the same code, measured as the held-out rows are:
+    the interval should straddle 1.0 tightly (the method's noise floor on this machine, now)."""
+    args = prog.make_args(0, prog.batch)
+    timing = _heldout_timing(jax.jit(prog.fn), jax.jit(lambda *a: prog.fn(*a)), args, rounds, budget_s, ci_width)
+    return {"program": f"control_identical_{prog.name}", "group": "heldout_control", **timing.to_json()}
+
+
+def bench_heldout(prog: Any, rounds: int, options: dict[str, Any], budget_s: float = 8.0,
+                  ci_width: float = HELDOUT_CI_WIDTH) -> dict[str, Any]:
     """One held-out program (`experiments.jax_heldout`): outputs and gradients against `jax.jit`,
-    speedup with its interval (the one timing policy), kept or not, the first call cold (a fresh
+    speedup with its interval (the one timing policy, `_heldout_timing`), kept or not, the first call cold (a fresh
     wrapper, no decision or measured op cost cached: `_cache_dir`) beside `jax.jit`'s, and the first call at a new input shape of
     the same program (warm: the wrapper has optimized it at another shape)."""
     from jax_backend.decorator import optimize
-    from jax_backend.timing import paired_timing
 
     args, new_args = prog.make_args(0, prog.batch), prog.make_args(1, prog.new_batch)
     ref = jax.jit(prog.fn)
@@ -124,7 +150,7 @@ def bench_heldout(prog: Any, rounds: int, options: dict[str, Any], budget_s: flo
 
         argnums = tuple(range(len(args)))
         grads_ok = _close(jax.jit(jax.grad(loss(opt), argnums))(*args), jax.jit(jax.grad(loss(prog.fn), argnums))(*args))
-    timing = paired_timing(ref, opt, args, rounds, budget_s)
+    timing = _heldout_timing(ref, opt, args, rounds, budget_s, ci_width)
     return {"program": prog.name, "group": "heldout", "used": report.used, "kept": report.used == "optimized",
             **timing.to_json(), "jit_ms": timing.base_s * 1e3, "optimized_ms": timing.other_s * 1e3,
             "decorator_speedup_ci": report.speedup_ci, "first_call_cold_s": cold_s, "jit_first_call_s": jit_first_s,
@@ -337,25 +363,44 @@ def _verify_rules_of(prog: Any, options: dict[str, Any]) -> None:
     load_search_rules(options.get("rules"), frozenset(n.op for s in program.graphs for n in s.graph.nodes))
 
 
+_SHARED_CACHES = ("verify", "xla")
+"""Cache folders a bench's fresh per-program cache starts from and hands back: verified rules and
+the xla model's calibration (measured once per installation, not per program)."""
+_SHARED_FILES = "cpu-*.json"
+"""...and the roofline's CPU calibration (`eqsat.cost.calibrate_cpu`, in the cache's root): before,
+every held-out program's fresh cache measured it again."""
+
+
+def _share_caches(source: Path, target: Path) -> None:
+    import shutil
+
+    for kind in _SHARED_CACHES:
+        if (source / kind).is_dir():
+            shutil.copytree(source / kind, target / kind, dirs_exist_ok=True)
+    for path in source.glob(_SHARED_FILES) if source.is_dir() else ():
+        if path.is_file():
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target / path.name)
+
+
 @contextlib.contextmanager
 def _cache_dir(path: str) -> Iterator[None]:
     """`EQSAT_CACHE_DIR` set to `path` for the block (a bench's cold first call), then restored.
-    The rule-verification cache is copied in: rules are verified once per installation (minutes
-    on a loaded 2-core box), not per program; decisions and measured op costs start empty."""
-    import shutil
-
+    The rule-verification cache and the calibrations are copied in (`_SHARED_CACHES`,
+    `_SHARED_FILES`): rules are verified and the machine calibrated once per installation (minutes
+    on a loaded 2-core box), not per program; decisions and measured op costs start empty. What was
+    verified or calibrated inside is copied back, so the bench's programs share one calibration."""
     from eqsat.paths import cache_dir
 
-    verify = cache_dir("verify")
-    if verify.is_dir():
-        shutil.copytree(verify, Path(path) / "verify", dirs_exist_ok=True)
+    home = cache_dir()
+    _share_caches(home, Path(path))
     before = os.environ.get("EQSAT_CACHE_DIR")
     os.environ["EQSAT_CACHE_DIR"] = path
     try:
         yield
     finally:
-        if (Path(path) / "verify").is_dir():  # rules verified here are kept, as a user's cache keeps them
-            shutil.copytree(Path(path) / "verify", verify, dirs_exist_ok=True)
+        with contextlib.suppress(OSError):  # rules verified and calibrations measured here are kept, as a user's cache keeps them
+            _share_caches(Path(path), home)
         if before is None:
             os.environ.pop("EQSAT_CACHE_DIR", None)
         else:
@@ -433,12 +478,17 @@ def run_bench(out_dir: Path | None = None, rounds: int = 40, time_limit: float =
             bar.update(task, description=prog.name)
             rows.append(bench_program(prog, rounds, options, budget_s))
             bar.advance(task)
+        held_rounds, held_budget = max(rounds, HELDOUT_ROUNDS), max(budget_s, HELDOUT_TIMING_S)
         for held in heldout:
             bar.update(task, description=held.name)
             _verify_rules_of(held, options)
             with tempfile.TemporaryDirectory() as empty, _cache_dir(empty):  # cold: no decision, no measured costs
-                rows.append(bench_heldout(held, rounds, options, budget_s))
+                rows.append(bench_heldout(held, held_rounds, options, held_budget))
             bar.advance(task)
+        if heldout:
+            control = next((p for p in heldout if p.name == "mlp_mixer_nnx"), heldout[0])
+            bar.update(task, description="held-out noise control")
+            rows.append(heldout_control(control, held_rounds, held_budget))
         if "overhead" in groups:
             bar.update(task, description="wrapper overhead")
             rows += wrapper_overhead(rounds, budget_s / 2)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -187,6 +188,7 @@ class OptimizedFunction:
         self._donate = _argnums_and_argnames(fun, opts.donate_argnums, opts.donate_argnames)
         self._jit_splits: dict[tuple[int, ...], Any] = {}  # per donated leaf positions
         self._shapes = ShapeMemory()  # search results and plans, reused at new input shapes
+        self._calling = threading.local()  # per thread: a plain call is in progress; entries whose check it runs
         functools.update_wrapper(self, fun)
 
         def direct(*args: Any, **kwargs: Any) -> Any:
@@ -210,17 +212,7 @@ class OptimizedFunction:
             for body in (direct, plain))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # `_dispatch("", ...)` inlined: one Python frame fewer on every call (about a microsecond,
-        # which a GPU program of 50-100 us shows as 1-2 % against `jax.jit`)
-        if not self._split_calls:
-            traces = self._traces
-            try:
-                return self._jit_direct(*args, **kwargs)
-            except (TypeError, ValueError):
-                if self._traces != traces:  # raised while tracing: the function's own error
-                    raise
-            self._split_calls = True  # jax.jit refused the arguments themselves
-        return self._call_split("", args, kwargs)
+        return self._dispatch("", args, kwargs)
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         """A method: `obj.method` is this function with `obj` as its first argument (as `jax.jit`
@@ -256,7 +248,20 @@ class OptimizedFunction:
             jitted = self._jit_plain if stage == "eval_shape" else self._jit_direct
             traces = self._traces
             try:
-                return getattr(jitted, stage)(*args, **kwargs) if stage else jitted(*args, **kwargs)
+                if stage:
+                    return getattr(jitted, stage)(*args, **kwargs)
+                outer = getattr(self._calling, "pending", None)  # (a call from inside the function: its own list)
+                pending: list[tuple[Entry, _Split]] = []  # a plain call may leave its new signature's check to `_checked`
+                self._calling.pending = pending
+                try:
+                    out = jitted(*args, **kwargs)
+                except BaseException:
+                    for entry, _ in pending:  # never checked: never used
+                        entry.fn, entry.pending = None, None
+                    raise
+                finally:
+                    self._calling.pending = outer
+                return self._checked(pending, out, args, kwargs) if pending else out
             except (TypeError, ValueError):
                 if self._traces != traces:  # raised while tracing: the function's own error
                     raise
@@ -283,6 +288,40 @@ class OptimizedFunction:
         jitted = self._jit_splits[donate]
         call = _SplitCall.of(split)
         return getattr(jitted, stage)(call, *split.leaves) if stage else jitted(call, *split.leaves)
+
+    def _checked(self, pending: list[tuple[Entry, _Split]], out: Any, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Any:
+        """Run the checks a plain call left (a plan kept at another shape, traced into this call's
+        program unchecked, so that program's compile is the candidate's only one): each calls that
+        compiled program on random inputs against the original, outside any trace. All equal: the
+        call's outputs stand. One not: that signature runs the original (the compiled code is
+        dropped and the call traced again, so neither its outputs nor later calls use the candidate)."""
+        failed = False
+        for entry, split in pending:
+            check, entry.pending = entry.pending, None
+            if check is None:
+                continue
+
+            def run(*flat: Any, split: _Split = split) -> list[Any]:
+                call_args, call_kwargs = split.rebuild(flat)
+                return jax.tree_util.tree_leaves(self._jit_direct(*call_args, **call_kwargs))
+
+            try:
+                problem = _outside_traces(check, run)
+            except Exception as exc:  # noqa: BLE001 - a check that cannot run is a check that failed
+                problem = f"checking the optimized version failed: {type(exc).__name__}: {exc}"
+            if problem is not None:
+                failed = True
+                entry.fn = None
+                entry.report = dataclasses.replace(entry.report, used="original", reason=problem, numerics_ok=False,
+                                                   max_rel_err=None)
+                warnings.warn(f"eqsat.optimize: running the original function: {problem}", EqsatFallbackWarning,
+                              stacklevel=3)
+        if not failed:
+            return out
+        jitted: Any = self._jit_direct
+        jitted.clear_cache()
+        return jitted(*args, **kwargs)
 
     def _warn_once(self, tag: str, message: str, category: type[Warning] = EqsatFallbackWarning) -> None:
         if tag not in self._warned:
@@ -367,8 +406,12 @@ class OptimizedFunction:
                 self._warn_once("device", note, EqsatDeviceWarning)
             try:
                 names = traced_leaf_names(self.fun, args, kwargs, {k for k, _ in split.declared}, _is_array_leaf)
+                calling = getattr(self._calling, "pending", None)
+                defer = calling is not None and not split.donated and not any(a.weak_type for a in avals)
                 entry = _outside_traces(build_signature, flat_fun, avals, signature, self.options, device, names,
-                                        self._shapes)
+                                        self._shapes, defer)
+                if entry.pending is not None and calling is not None:
+                    calling.append((entry, split))
             except Exception as exc:  # noqa: BLE001 - the optimizer's own failure: run the original
                 reason = f"optimizing failed: {type(exc).__name__}: {exc}"
                 entry = Entry(None, None, SignatureReport(signature, "original", reason),

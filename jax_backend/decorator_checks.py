@@ -131,28 +131,33 @@ def _compare(ref: Sequence[Any], got: Sequence[Any], rtol: float, atol: float) -
     return verdict.ok, verdict.max_rel_err
 
 
-def _variants(steps: Sequence[GraphStep], search: RegionSearch, mode: str) -> list[tuple[str, list[Graph]]]:
-    """The distinct programs the candidate models chose (each label once per distinct choice)."""
+def _variants(steps: Sequence[GraphStep], search: RegionSearch, mode: str,
+              only: str | None = None) -> list[tuple[str, list[Graph]]]:
+    """The distinct programs the candidate models chose (each label once per distinct choice);
+    `only`: that label's alone (a plan reused from another shape builds only what it kept)."""
     variants: list[tuple[str, list[Graph]]] = []
     seen: set[tuple[Any, ...]] = set()
-    for label in search.models:
+    for label in search.models if only is None else [m for m in search.models if m == only]:
         applied = [candidates.apply_label(s.graph, label, search) for s in steps]
         key = tuple(k for _, k in applied)
         if any(key) and key not in seen:
             seen.add(key)
             variants.append((label, [g for g, _ in applied]))
-    if mode == "pallas":  # the original graphs through Pallas kernels are a candidate too
+    if mode == "pallas" and only in (None, "original"):  # the original graphs through Pallas kernels are a candidate too
         variants.append(("original", [s.graph for s in steps]))
     return variants
 
 
 def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.ShapeDtypeStruct], signature: str,
                     opts: Options, device: str | None = None, leaf_names: Sequence[str] = (),
-                    memory: ShapeMemory | None = None) -> Entry:
+                    memory: ShapeMemory | None = None, defer_check: bool = False) -> Entry:
     """Capture, optimize, lower, check and time one signature; `device`: the cost-model device to
     extract for (default: `cost_device()`, read from the JAX device); `leaf_names`: the user's name
     of each flat argument, for the report (`jax_backend.leaf_names`); `memory`: the wrapper's
-    results at other shapes (`jax_backend.shape_reuse`), reused and added to."""
+    results at other shapes (`jax_backend.shape_reuse`), reused and added to; `defer_check`: a
+    plan kept at another shape is not compiled here but returned with `Entry.pending`, the check
+    the wrapper runs on its own compiled program before the call returns (its compile is then the
+    candidate's only one)."""
     from eqsat.structure import canonicalize
 
     start = time.perf_counter()
@@ -173,6 +178,14 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
     device = cost_device()[0] if device is None else device
     outcome = outcome.with_facts(cost_device=device)
     graphs = [s.graph for s in steps]
+    plan_key = shape_reuse.program_key(steps)
+    plan = shape_reuse.plan_of(memory, plan_key) if opts.decision_cache else None
+    if plan is not None and plan.label is None:  # discarded at another shape: nothing to search, build or time
+        return outcome.with_facts(distinct_regions=plan.regions, searched_regions=0,
+                                  shape_reused_regions=plan.regions).original(
+            f"the plan of signature {plan.where} reused at this shape (not searched, built or timed again): "
+            f"{plan.reason}", [SegmentReport(g, g, stop_reason="the plan of another shape reused") for g in graphs],
+            warn=False)
     try:
         search = (memory.setup(device, graphs) if memory is not None else None) or candidates.make_search(
             opts.rules, opts.candidate_models or (opts.cost_model,), graphs, device, opts.extractor, opts.iterations,
@@ -185,54 +198,85 @@ def build_signature(flat_fun: Callable[..., list[Any]], avals: Sequence[jax.Shap
     seconds = [candidates.collect_candidates(s.graph, per_graph, search) for s in steps]
     searched = (shape_reuse.remember(search, device, graphs, memory, seeded) if memory is not None
                 else len(search.candidates) + len(search.failed))
-    outcome = outcome.with_facts(distinct_regions=len(search.candidates) + len(search.failed),
-                                 reused_regions=search.reused, searched_regions=searched, shape_reused_regions=seeded)
-    variants = _variants(steps, search, outcome.mode)
+    regions = len(search.candidates) + len(search.failed)
+    outcome = outcome.with_facts(distinct_regions=regions, reused_regions=search.reused, searched_regions=searched,
+                                 shape_reused_regions=seeded)
+    if searched:
+        plan = None  # a region not seen at the other shape: decide afresh
+    variants = _variants(steps, search, outcome.mode, plan.label if plan is not None else None)
     reporting = _unmeasured(search) if seeded and not searched else _estimated(search, device)  # no op timed for a report
-    unchanged = [candidates.segment_report(s.graph, s.graph, reporting, t) for s, t in zip(steps, seconds)]
+
+    def unchanged() -> list[SegmentReport]:
+        return [candidates.segment_report(s.graph, s.graph, reporting, t) for s, t in zip(steps, seconds)]
+
     if not variants:
-        return outcome.original("no rewrite changed the program", unchanged, warn=False)
-    plan_key = shape_reuse.program_key(steps)
-    plan = shape_reuse.plan_for(memory, plan_key, searched) if opts.decision_cache else None
-    if plan is not None and plan.label is None:
-        return outcome.original(f"the plan of signature {plan.where} reused at this shape (not built or timed "
-                                f"again): {plan.reason}", unchanged, warn=False)
-    if plan is not None:
-        variants = [v for v in variants if v[0] == plan.label] or variants
+        shape_reuse.record_plan(memory, plan_key, shape_reuse.Plan(signature, None, "no rewrite changed the program",
+                                                                   regions=regions))
+        return outcome.original("no rewrite changed the program", unchanged(), warn=False)
+    carried = plan is not None and plan.decision is not None and opts.check_speed and opts.reuse_timing_budget_s <= 0
     original_flat = jax.jit(flat_fun)
     try:
-        args = _random_args(avals, seed=0)
-        built, problems = _build_candidates(program, variants, original_flat(*args), args, opts, outcome.mode,
-                                            reporting, seconds)
+        defer = carried and defer_check
+        args = [] if defer else _random_args(avals, seed=0)  # (a deferred check draws its own)
+        # a carried plan is checked with the original compiled in the same program, or by the wrapper (`defer`)
+        built, problems = _build_candidates(program, variants, None if carried else original_flat(*args), args, opts,
+                                            outcome.mode, reporting, seconds, original_flat, defer)
         if not built:
-            shape_reuse.record_plan(memory, plan_key, shape_reuse.Plan(signature, None, "; ".join(problems)))
-            return outcome.original("; ".join(problems), unchanged, numerics_ok=False)
+            shape_reuse.record_plan(memory, plan_key, shape_reuse.Plan(signature, None, "; ".join(problems),
+                                                                       regions=regions))
+            return outcome.original("; ".join(problems), unchanged(), numerics_ok=False)
         if not opts.check_speed:
             label, fn, segs, err = built[0]
             return outcome.optimized(fn, f"candidate '{label}' checked equal (speed not checked)", segs,
                                      numerics_ok=True, max_rel_err=err)
-        key = DecisionKey(program_hash(program, variants, (outcome.mode, f"margin={opts.speed_margin}")), signature,
-                          device_name()) if opts.decision_cache else None
-        (label, fn, segs, err), decision = _decide(original_flat, built, args, opts, key,
-                                                   opts.reuse_timing_budget_s if plan is not None else None)
+        if carried and plan is not None and plan.decision is not None:
+            (label, fn, segs, err), decision = built[0], plan.decision
+        else:
+            key = DecisionKey(program_hash(program, variants, (outcome.mode, f"margin={opts.speed_margin}")),
+                              signature, device_name()) if opts.decision_cache else None
+            (label, fn, segs, err), decision = _decide(original_flat, built, args, opts, key,
+                                                       opts.reuse_timing_budget_s if plan is not None else None)
     except Exception as exc:  # noqa: BLE001 - any failure means: run the original
-        return outcome.original(f"checking the optimized version failed: {type(exc).__name__}: {exc}", unchanged)
+        return outcome.original(f"checking the optimized version failed: {type(exc).__name__}: {exc}", unchanged())
     low, high = decision.speedup_ci
     tried = ", ".join(b[0] for b in built)
     measured = {"numerics_ok": True, "max_rel_err": err, "time_original_s": decision.base_s,
                 "time_optimized_s": decision.other_s, "speedup_ci": decision.speedup_ci, "decision": decision}
     how = (f"speedup {decision.speedup:.3f}, {decision.confidence:.0%} interval [{low:.3f}, {high:.3f}] vs threshold "
-           f"{decision.threshold:.3f}, {decision.rounds} rounds" + (", decision from the cache" if decision.from_cache else "")
-           + (f", the plan of signature {plan.where} re-timed briefly" if plan is not None else ""))
-    shape_reuse.record_plan(memory, plan_key, shape_reuse.Plan(signature, label if decision.keep else None,
-                                                               f"not faster with confidence ({how})"))
+           f"{decision.threshold:.3f}, {decision.rounds} rounds"
+           + (", decision from the cache" if decision.from_cache and not carried else "")
+           + (f", timed at signature {plan.where}, checked equal at this shape and not re-timed" if carried and plan
+              else f", the plan of signature {plan.where} re-timed briefly" if plan is not None else ""))
+    if not carried:
+        shape_reuse.record_plan(memory, plan_key, shape_reuse.Plan(signature, label if decision.keep else None,
+                                                                   f"not faster with confidence ({how})", decision,
+                                                                   regions))
     if not decision.keep:
         why = ("slower or not faster enough" if decision.verdict == "slower" else
                "inconclusive within the timing budget")
         return outcome.original(f"no candidate ({tried}) faster with confidence ({why}); best '{label}': {how}",
                                 segs, warn=False, **measured)
-    return outcome.optimized(fn, f"candidate '{label}' (of {tried}) checked equal and faster with confidence: {how}",
-                             segs, **measured)
+    entry = outcome.optimized(fn, f"candidate '{label}' (of {tried}) checked equal and faster with confidence: {how}",
+                              segs, **measured)
+    if carried and defer_check:
+        entry.pending = functools.partial(_deferred_check, original_flat, avals, opts, memory, plan_key,
+                                          signature, label, regions)
+    return entry
+
+
+def _deferred_check(original: Callable[..., Any], avals: Sequence[jax.ShapeDtypeStruct], opts: Options,
+                    memory: ShapeMemory | None, plan_key: Any, signature: str, label: str, regions: int,
+                    run: Callable[..., Sequence[Any]]) -> str | None:
+    """A carried plan's check, run by the wrapper once its program for this signature is compiled:
+    `run` (that program, flat in and out) against the original on random inputs. None: equal;
+    else why not (the plan becomes a discard)."""
+    args = _random_args(avals, seed=0)
+    ok, err = _compare(original(*args), run(*args), opts.rtol, opts.atol)
+    if ok:
+        return None
+    problem = f"{label}: outputs differ from the original at this shape (max rel. error {err:.3g})"
+    shape_reuse.record_plan(memory, plan_key, shape_reuse.Plan(signature, None, problem, regions=regions))
+    return problem
 
 
 def _unmeasured(search: RegionSearch) -> RegionSearch:
@@ -260,12 +304,14 @@ def _estimated(search: RegionSearch, device: str) -> RegionSearch:
                                                for k, m in search.models.items()})
 
 
-def _build_candidates(program: Program, variants: Sequence[tuple[str, list[Graph]]], ref: Sequence[Any],
+def _build_candidates(program: Program, variants: Sequence[tuple[str, list[Graph]]], ref: Sequence[Any] | None,
                       args: Sequence[Any], opts: Options, mode: str, search: RegionSearch, seconds: Sequence[float],
-                      ) -> tuple[list[Built], list[str]]:
+                      original: Callable[..., Any] | None = None, defer: bool = False) -> tuple[list[Built], list[str]]:
     """Each variant folded, lowered, compiled and compared with the original's outputs `ref` on
-    `args`; returns the ones that agree (label, function, segment reports, error) and why the
-    others were dropped."""
+    `args` (`ref` None: `original` and the variant compiled as one program and run once, so a
+    candidate that is not timed costs one compile, not two; `defer`: not compiled nor compared here,
+    the caller checks it, error 0); returns the ones that agree (label, function, segment reports,
+    error) and why the others were dropped."""
     built: list[Built] = []
     problems: list[str] = []
     for label, graphs in variants:
@@ -277,7 +323,15 @@ def _build_candidates(program: Program, variants: Sequence[tuple[str, list[Graph
                 optimized, consts = _fold_program(program.with_graphs(graphs))
                 runner, kernels = _graph_runner([s.graph for s in optimized.graphs], how, consts)
                 fn = jax.jit(functools.partial(_run_program, optimized, runner))
-                ok, err = _compare(ref, fn(*args), opts.rtol, opts.atol)
+                if defer:
+                    ok, err = True, 0.0
+                elif ref is None and original is not None:
+                    want, got = jax.jit(lambda *a, fn=fn: (original(*a), fn(*a)))(*args)
+                    ok, err = _compare(want, got, opts.rtol, opts.atol)
+                elif ref is None:
+                    raise ValueError("no reference outputs and no original to compute them")
+                else:
+                    ok, err = _compare(ref, fn(*args), opts.rtol, opts.atol)
                 break
             except Exception as exc:  # noqa: BLE001 - this lowering of the candidate is dropped
                 problems.append(f"{label}: {how} lowering failed: {type(exc).__name__}: {exc}")

@@ -86,7 +86,7 @@ class Options:
     timing_rounds: int = 40  # rounds of the screen that picks the fastest of several candidates
     timing_budget_s: float = 8.0  # the longest the sequential keep/discard test times (it stops when decided)
     screen_budget_s: float = 1.5
-    reuse_timing_budget_s: float = 0.5  # timing of a kept plan reused at a new input shape (`shape_reuse`)
+    reuse_timing_budget_s: float = 0.0  # re-timing of a kept plan at a new input shape (0: the plan's decision holds)
     speed_margin: float = 0.01  # kept only when faster than the original by more than this, with confidence
     decision_cache: bool = True  # persist decisions per (program, signature, device); reuse them
     lowering: str = "auto"  # "auto" | "xla" | "pallas"
@@ -162,6 +162,9 @@ class Entry:
     out_tree: Any
     report: SignatureReport
     warning: str = ""  # why the original runs, for the caller to warn about (empty: no warning)
+    pending: Callable[[Callable[..., Sequence[Any]]], str | None] | None = None
+    """A check the wrapper runs once its program for this signature is compiled (given that program,
+    flat in and out): None if equal, else why not (`build_signature(defer_check=True)`)."""
 
 
 @dataclass(frozen=True)

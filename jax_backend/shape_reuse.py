@@ -10,22 +10,28 @@ into the signature's `RegionSearch` and not searched again; a candidate that no 
 dropped (its region is searched). Every reused candidate is still checked against the original
 on the new shape's inputs (`decorator_checks`), so reuse never changes what is correct.
 
-The keep/discard decision is remembered per program too (`Plan`): a program discarded at one
-shape is not built or timed again at another; one kept is re-timed only briefly
-(`Options.reuse_timing_budget_s`). The memory is per wrapper (no global state).
+The keep/discard decision is remembered per program too (`Plan`), looked up right after capture
+(`program_key`, before any region is split or searched): a program discarded at one shape (or
+with no rewrite) is not searched, built or timed again at another; one kept has only its kept
+candidate re-built, checked equal against the original on the new shape's inputs (by the wrapper
+on the program the call compiles anyway, `Entry.pending`; else both compiled as one program), and
+keeps the decision timed at the other shape (not re-timed unless `Options.reuse_timing_budget_s`
+> 0). The memory is per wrapper (no global state).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from eqsat import ops
 from eqsat.candidates import RegionCandidates, RegionSearch, computed_nodes
 from eqsat.ir import Graph, Node
+from jax_backend.timing import Decision
 
-__all__ = ["Plan", "ShapeMemory", "program_key", "remember", "reshape_like", "seed_search", "shape_free_key"]
+__all__ = ["Plan", "ShapeMemory", "plan_of", "program_key", "record_plan", "remember", "reshape_like", "seed_search",
+           "shape_free_key"]
 
 _SIZE_ATTRS = frozenset({"shape", "input_shape"})
 """Attributes that hold sizes (a leaf's or reshape's / broadcast's / iota's target shape): erased
@@ -67,11 +73,14 @@ def reshape_like(candidate: Graph, old: Graph, new: Graph) -> Graph | None:
 @dataclass(frozen=True)
 class Plan:
     """The keep/discard decision one signature of a program reached: `label` the candidate kept
-    (None: the original was kept, for `reason`)."""
+    (None: the original was kept, for `reason`), the timed `decision` it rests on (None: not
+    timed), and how many distinct regions the program has (a reuse reports them as reused)."""
 
     signature: str
     label: str | None
     reason: str
+    decision: Decision | None = None
+    regions: int = 0
 
     @property
     def where(self) -> str:
@@ -157,17 +166,11 @@ def remember(search: RegionSearch, device: str, graphs: Sequence[Graph], memory:
     return searched
 
 
-def plan_for(memory: ShapeMemory | None, key: Hashable, searched: int) -> Plan | None:
-    """The plan a signature reuses: only where nothing had to be searched (every region seen)."""
-    return memory.plans.get(key) if memory is not None and searched == 0 else None
+def plan_of(memory: ShapeMemory | None, key: Hashable) -> Plan | None:
+    """The plan another signature of the same program (`program_key`) reached, if any."""
+    return memory.plans.get(key) if memory is not None else None
 
 
 def record_plan(memory: ShapeMemory | None, key: Hashable, plan: Plan) -> None:
     if memory is not None:
         memory.plans[key] = plan
-
-
-def labels_of(variants: Sequence[tuple[str, Any]], plan: Plan | None) -> Mapping[str, Any]:
-    """The variants a reused plan leaves to build: the one it kept (all where it is not among them)."""
-    chosen = {label: v for label, v in variants if plan is not None and label == plan.label}
-    return chosen or dict(variants)

@@ -25,7 +25,7 @@ import numpy as np
 from eqsat.timer import sample_seconds
 
 __all__ = ["MAX_CALLS_PER_SAMPLE", "MIN_SAMPLE_S", "Choice", "Decision", "PairedTiming", "bootstrap_median_ci",
-           "calls_per_sample", "choose_faster", "interleaved_rounds", "paired_timing", "rotation", "screen_timings",
+           "calls_per_sample", "choose_faster", "interleaved_rounds", "narrow_enough", "paired_timing", "rotation", "screen_timings",
            "sequential_decision", "FUTILE_AFTER"]
 
 MIN_SAMPLE_S = 5e-3  # a sample shorter than this is mostly timer and dispatch noise: repeat calls
@@ -102,21 +102,29 @@ def rotation(k: int, n: int) -> list[int]:
 
 
 def interleaved_rounds(thunks: Sequence[Callable[[], Any]], rounds: int, budget_s: float = math.inf,
-                       min_rounds: int = 8, warmup: int = 2) -> tuple[list[list[float]], int]:
+                       min_rounds: int = 8, warmup: int = 2,
+                       enough: Callable[[list[list[float]]], bool] | None = None) -> tuple[list[list[float]], int]:
     """THE timing loop: seconds per call of each thunk, one sample each per round in `rotation`
     order, and the calls per sample (from the fastest thunk's single call, after `warmup` calls of
-    each). Stops after `rounds` rounds or when `budget_s` is spent (never before `min_rounds`)."""
+    each). Stops after `rounds` rounds or when `budget_s` is spent (never before `min_rounds`), or
+    when `enough(times)` says so (asked after `min_rounds` and then every ~25% more rounds: a
+    sequential stop on what the rounds so far show, e.g. an interval narrow enough)."""
     for _ in range(warmup):  # (and compilation)
         for thunk in thunks:
             jax.block_until_ready(thunk())
     calls = calls_per_sample(min(_sample(thunk, 1) for thunk in thunks))
     times: list[list[float]] = [[] for _ in thunks]
     deadline = time.perf_counter() + budget_s
+    next_look = min_rounds
     for k in range(rounds):
         for i in rotation(k, len(thunks)):
             times[i].append(_sample(thunks[i], calls))
         if k + 1 >= min_rounds and time.perf_counter() > deadline:
             break
+        if enough is not None and k + 1 >= next_look:
+            if enough(times):
+                break
+            next_look = max(k + 3, math.ceil((k + 1) * 1.25))
     return times, calls
 
 
@@ -128,22 +136,38 @@ def _summary(tb: Sequence[float], to: Sequence[float], calls: int, confidence: f
 
 
 def paired_timing(base: Callable[..., Any], other: Callable[..., Any], args: Sequence[Any], rounds: int = 40,
-                  budget_s: float = 5.0, confidence: float = 0.95, min_rounds: int = 8) -> PairedTiming:
+                  budget_s: float = 5.0, confidence: float = 0.95, min_rounds: int = 8,
+                  ci_width: float | None = None) -> PairedTiming:
     """Time `base` and `other` (both already compiled or cheap to compile) on `args`.
 
-    Stops after `rounds` rounds or when `budget_s` is spent (but never before `min_rounds`).
+    Stops after `rounds` rounds or when `budget_s` is spent (but never before `min_rounds`);
+    `ci_width`: also once the speedup interval is at most this wide (a measurement, not a
+    decision: the stop looks at the width only, never at which side of 1 the estimate lies).
     """
-    return screen_timings(base, [other], args, rounds, budget_s, confidence, min_rounds)[0]
+    return screen_timings(base, [other], args, rounds, budget_s, confidence, min_rounds, ci_width)[0]
+
+
+def narrow_enough(ci_width: float, confidence: float = 0.95) -> Callable[[list[list[float]]], bool]:
+    """A stop for `interleaved_rounds`: every later thunk's speedup interval against the first
+    (paired by round) at most `ci_width` wide."""
+    def enough(times: list[list[float]]) -> bool:
+        for other in times[1:]:
+            low, high = bootstrap_median_ci([o / b for o, b in zip(other, times[0])], confidence, resamples=1000,
+                                            seed=len(other))
+            if 1.0 / low - 1.0 / high > ci_width:
+                return False
+        return True
+    return enough
 
 
 def screen_timings(base: Callable[..., Any], others: Sequence[Callable[..., Any]], args: Sequence[Any],
                    rounds: int = 40, budget_s: float = 5.0, confidence: float = 0.95,
-                   min_rounds: int = 8) -> list[PairedTiming]:
+                   min_rounds: int = 8, ci_width: float | None = None) -> list[PairedTiming]:
     """`paired_timing` of each of `others` against `base`, all in the same rounds: every round
     times `base` and each candidate once, in a rotating order, so all candidates see the same
     machine state and each ratio pairs a candidate with the `base` sample of its own round."""
     times, calls = interleaved_rounds([functools.partial(fn, *args) for fn in (base, *others)], rounds, budget_s,
-                                      min_rounds)
+                                      min_rounds, enough=None if ci_width is None else narrow_enough(ci_width, confidence))
     return [_summary(times[0], times[i], calls, confidence) for i in range(1, len(times))]
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from eqsat.commands import bench
-from experiments.bench_jax import _heldout_summary, bench_heldout
+from experiments.bench_jax import _cache_dir, _heldout_summary, bench_heldout, heldout_control
 from experiments.benchmarks import BENCHMARKS
 from experiments.jax_heldout import HeldOut, heldout_programs
 
@@ -62,3 +62,34 @@ def test_a_heldout_row_has_every_field_and_equal_numerics() -> None:
     row = bench_heldout(tiny, rounds=6, options={"time_limit": 1.0, "timing_budget": 0.5}, budget_s=0.5)
     assert set(row) >= ROW_FIELDS and row["outputs_ok"] and row["grads_ok"]
     assert row["new_shape_search_reused"] or row["new_shape_reason"]
+
+
+def test_a_fresh_bench_cache_shares_the_calibration_across_programs(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Any) -> None:
+    """Each held-out program's fresh cache starts from the bench's calibrations (the roofline's CPU
+    spec, the xla model's) and hands back what it measured: one calibration for the run."""
+    from eqsat.paths import cache_dir
+
+    home, fresh1, fresh2 = tmp_path / "home", tmp_path / "one", tmp_path / "two"
+    (home / "xla").mkdir(parents=True)
+    (home / "xla" / "cpu-x.json").write_text("{}")
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(home))
+    with _cache_dir(str(fresh1)):
+        assert cache_dir() == fresh1 and (fresh1 / "xla" / "cpu-x.json").is_file()
+        (fresh1 / "cpu-abc.json").write_text('{"measured": 1}')  # the first program calibrates
+        (fresh1 / "decisions").mkdir()
+    assert cache_dir() == home and (home / "cpu-abc.json").read_text() == '{"measured": 1}'
+    assert not (home / "decisions").exists()  # decisions stay per program (cold)
+    with _cache_dir(str(fresh2)):
+        assert (fresh2 / "cpu-abc.json").is_file()  # the next program reads it, measures nothing
+
+
+@pytest.mark.slow
+def test_the_heldout_control_times_identical_code_until_its_interval_is_narrow() -> None:
+    w = jnp.asarray(np.random.default_rng(0).standard_normal((64, 64)) / 8, jnp.float32)
+    tiny = HeldOut("tiny_mlp", lambda w, x: jnp.tanh(x @ w) @ w,
+                   lambda s, b: (w, jnp.asarray(np.random.default_rng(s).standard_normal((b, 64)), jnp.float32)), 64, 96)
+    row = heldout_control(tiny, rounds=400, budget_s=60.0, ci_width=0.05)  # 400 rounds: ~4 s, far within the budget
+    assert row["group"] == "heldout_control" and row["program"] == "control_identical_tiny_mlp"
+    assert row["speedup_ci_low"] <= row["speedup_ci_high"] and row["rounds"] >= 20
+    assert row["ci_width"] <= 0.05 or row["rounds"] == 400  # stopped once narrow, else ran to the rounds cap

@@ -59,7 +59,8 @@ def test_optimizes_once_per_signature_and_static_args() -> None:
             np.testing.assert_allclose(opt(ARGS[0], 2), np.tanh(np.asarray(ARGS[0])) * 2, rtol=1e-6)
         opt(ARGS[0], 3)
     assert len(opt.reports) == 2
-    assert {(r.used, r.reason) for r in opt.reports} == {("original", "no rewrite changed the program")}
+    assert {r.used for r in opt.reports} == {"original"}  # the second reuses the first's plan (same structure)
+    assert all(r.reason.endswith("no rewrite changed the program") for r in opt.reports)
 
 
 def test_broken_optimizer_falls_back_with_warning(monkeypatch: pytest.MonkeyPatch) -> None:

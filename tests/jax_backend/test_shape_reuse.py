@@ -151,3 +151,115 @@ def test_a_reused_shape_measures_no_op_costs_for_its_report(monkeypatch: pytest.
     assert report.searched_regions == 0 and report.shape_reused_regions > 0
     assert all(s.cost_before is None for s in report.segments if s.cost_model == "measured")
     assert _agrees(out, jax.jit(_qkv)(x24))
+
+
+def _keep(decisions: list[int]) -> Callable[..., Choice]:
+    def keep(base: Any, cands: Any, args: Any, *a: Any, **k: Any) -> Choice:
+        decisions.append(1)
+        d = Decision("faster", 1.2, 1.1, 1.3, 1.01, 8, 1.2e-3, 1e-3, 0.99, 0.1, 1)
+        return Choice(0, d, (d.as_paired(),))
+    return keep
+
+
+def test_a_new_shape_keeps_a_kept_plan_checked_equal_without_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan kept at one shape is re-built and checked equal at the new one (the original compiled
+    in the same program), and keeps the decision it was timed on: nothing is timed again."""
+    decisions: list[int] = []
+    monkeypatch.setattr(checks, "choose_faster", _keep(decisions))
+    monkeypatch.setattr(checks, "load_decision", lambda key: None)  # nothing persisted by another test
+    compares = _counting(monkeypatch, checks, "_compare")
+    opt = optimize(_qkv, time_limit=1.0, cost_model="roofline", rules=RULES)
+    x16, x24 = _rand(16, 32, seed=7), _rand(24, 32, seed=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert _agrees(opt(x16), jax.jit(_qkv)(x16))
+        if opt.report(x16).used != "optimized":
+            pytest.skip("no candidate at this shape")
+        checked = len(compares)
+        assert _agrees(opt(x24), jax.jit(_qkv)(x24))
+    report = opt.report(x24)
+    assert len(decisions) == 1 and len(compares) == checked + 1  # checked at the new shape, not timed
+    assert report.used == "optimized" and report.numerics_ok and "not re-timed" in report.reason
+    assert report.decision is not None and report.decision.speedup == pytest.approx(1.2)
+
+
+def test_a_kept_plan_that_disagrees_at_a_new_shape_runs_the_original(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan is kept at a new shape only if checked equal there."""
+    decisions: list[int] = []
+    monkeypatch.setattr(checks, "choose_faster", _keep(decisions))
+    monkeypatch.setattr(checks, "load_decision", lambda key: None)
+    real = checks._compare
+    rows: list[int] = []
+
+    def compare(ref: Any, got: Any, rtol: float, atol: float) -> tuple[bool, float]:
+        rows.append(1)
+        ok, err = real(ref, got, rtol, atol)
+        return (ok, err) if len(rows) == 1 else (False, 0.5)  # wrong at every later shape
+
+    monkeypatch.setattr(checks, "_compare", compare)
+    opt = optimize(_qkv, time_limit=1.0, cost_model="roofline", rules=RULES)
+    x16, x24, x32 = _rand(16, 32, seed=7), _rand(24, 32, seed=8), _rand(32, 32, seed=9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt(x16)
+        if opt.report(x16).used != "optimized":
+            pytest.skip("no candidate at this shape")
+        assert _agrees(opt(x24), jax.jit(_qkv)(x24))
+        assert _agrees(opt(x32), jax.jit(_qkv)(x32))
+    assert opt.report(x24).used == "original" and opt.report(x24).numerics_ok is False
+    assert opt.report(x32).used == "original" and "plan of signature" in opt.report(x32).reason
+    assert len(rows) == 2 and len(decisions) == 1  # the third shape reuses the discard: not built
+
+
+def test_a_program_no_rewrite_changes_is_not_searched_at_a_new_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    splits = _counting(monkeypatch, candidates, "collect_candidates")
+
+    def plain(x: jax.Array) -> jax.Array:
+        return jnp.tanh(x) * 2.0 + 1.0
+
+    opt = optimize(plain, time_limit=1.0, cost_model="roofline", rules=RULES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt(_rand(8, 32))
+        before = len(splits)
+        got = opt(_rand(12, 32, seed=3))
+    assert _agrees(got, jax.jit(plain)(_rand(12, 32, seed=3)))
+    report = opt.report(_rand(12, 32, seed=3))
+    assert opt.report(_rand(8, 32)).reason == "no rewrite changed the program"
+    assert len(splits) == before and report.used == "original" and "plan of signature" in report.reason
+
+
+@pytest.mark.parametrize("outer_jit", [False, True])
+def test_a_kept_plan_wrong_at_a_new_shape_is_never_used(monkeypatch: pytest.MonkeyPatch, outer_jit: bool) -> None:
+    """The new shape's candidate (negated here, at 24 rows only) is traced into the wrapper's
+    program unchecked and checked before the call returns, called directly or inside `jax.jit`:
+    the call's outputs and every later call are the original's."""
+    decisions: list[int] = []
+    monkeypatch.setattr(checks, "choose_faster", _keep(decisions))
+    monkeypatch.setattr(checks, "load_decision", lambda key: None)
+    real = candidates.apply_label
+
+    def wrong_at_24(graph: Any, label: str, search: Any) -> Any:
+        g, key = real(graph, label, search)
+        if not key or graph.nodes[0].shapes[0][0] != 24 and graph.nodes[1].shapes[0][0] != 24:
+            return g, key
+        b = GraphBuilder()
+        t: dict[tuple[int, int], Any] = {}
+        for i, n in enumerate(g.nodes):
+            outs = b.apply(n.op, [t[(v.node, v.index)] for v in n.inputs], n.attr)
+            t.update({(i, k): o for k, o in enumerate(outs)})
+        return b.build([b.apply("neg", [t[(v.node, v.index)]])[0] for v in g.outputs]), key
+
+    monkeypatch.setattr(candidates, "apply_label", wrong_at_24)
+    opt = optimize(_qkv, time_limit=1.0, cost_model="roofline", rules=RULES)
+    x16, x24 = _rand(16, 32, seed=7), _rand(24, 32, seed=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert _agrees(opt(x16), jax.jit(_qkv)(x16))
+        if opt.report(x16).used != "optimized":
+            pytest.skip("no candidate at this shape")
+        call = jax.jit(lambda x: opt(x)) if outer_jit else opt
+        assert _agrees(call(x24), jax.jit(_qkv)(x24))
+        assert _agrees(opt(x24), jax.jit(_qkv)(x24))
+    report = opt.report(x24)
+    assert report.used == "original" and report.numerics_ok is False and "differ" in report.reason

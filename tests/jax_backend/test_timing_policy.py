@@ -41,3 +41,24 @@ def test_interleaved_rounds_samples_each_thunk_once_per_round_in_rotation() -> N
     assert calls[:4] == ["a", "b", "a", "b"]
     samples = ["".join(sorted(set(calls[i:i + 2]))) for i in range(4, len(calls), 2)]
     assert samples == ["a", "b", "b", "a", "b", "a", "a", "b"]  # rounds ab, ba, ba, ab
+
+
+def test_a_width_stop_ends_the_rounds_once_the_interval_is_narrow() -> None:
+    """`paired_timing(ci_width=)`: the rounds stop as soon as the speedup interval is that narrow,
+    and run to the cap while it is not (the stop looks only at the width)."""
+    from jax_backend.timing import narrow_enough, paired_timing
+
+    def sleeper(seconds: float) -> Callable[[], None]:
+        return lambda: time.sleep(seconds)
+
+    same = narrow_enough(0.02)
+    assert same([[1.0] * 10, [1.0] * 10]) and same([[1.0] * 10, [1.2] * 10])  # a constant ratio: width 0
+    assert not same([[1.0] * 10, [0.5, 2.0] * 5])  # ratios all over: wide
+    looks: list[int] = []
+    times, _ = interleaved_rounds([sleeper(MIN_SAMPLE_S)] * 2, rounds=50, min_rounds=6, warmup=0,
+                                  enough=lambda t: looks.append(len(t[0])) is None and len(t[0]) >= 7)
+    assert len(times[0]) == 8 and looks == [6, 8]  # looked at 6 rounds, then again at 8 (>= 25% more)
+    noisy = iter([1e-3, 8e-3] * 100)
+    wide = paired_timing(lambda: time.sleep(next(noisy)), lambda: time.sleep(next(noisy)), [], rounds=12,
+                         min_rounds=4, ci_width=1e-6)
+    assert wide.rounds == 12  # never narrow enough: the cap ends it
