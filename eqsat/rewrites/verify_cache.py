@@ -102,15 +102,17 @@ class VerificationCache:
         return hashlib.sha256(key.encode()).hexdigest()
 
     def path(self, rule: Rule, options: object, all_shapes: bool) -> Path:
-        digest = self._key(rule, options, all_shapes)
-        return self.root / digest[:2] / f"{digest[2:32]}.json"
+        return self._path(self._key(rule, options, all_shapes))
+
+    def _path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key[2:32]}.json"
 
     def get(self, rule: Rule, options: object, all_shapes: bool) -> VerificationResult | None:
         """The cached result, or None when there is none, it is damaged, or its "proved" does not
         survive the randomized re-check."""
         key = self._key(rule, options, all_shapes)
         try:
-            entry = json.loads(self.path(rule, options, all_shapes).read_text(encoding="utf-8"))
+            entry = json.loads(self._path(key).read_text(encoding="utf-8"))  # (the key printed once: most of a hit's time)
             if entry.get("key") != key or entry.get("checksum") != _checksum(key, entry["result"]):
                 return None
             if not well_formed(entry["result"]):
@@ -123,8 +125,8 @@ class VerificationCache:
         return dataclasses.replace(result, name=rule.name, source=rule.source)
 
     def put(self, rule: Rule, options: object, all_shapes: bool, result: VerificationResult) -> None:
-        path = self.path(rule, options, all_shapes)
         key = self._key(rule, options, all_shapes)
+        path = self._path(key)
         data = result.to_json()
         entry = {"key": key, "checksum": _checksum(key, data), "result": data}
         try:
