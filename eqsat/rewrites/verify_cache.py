@@ -141,7 +141,7 @@ class VerificationCache:
         for _ in range(2):
             try:
                 claim.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
             except FileExistsError:
                 if not _abandoned(claim):
                     return False
