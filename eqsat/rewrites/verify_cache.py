@@ -256,7 +256,7 @@ def _survives_recheck(rule: Rule, result: VerificationResult, options: object) -
     per process for one rule, verdict and set of shapes (a library is looked up by many callers)."""
     status, guarded_status = getattr(result, "status", ""), getattr(result, "guarded_status", "")
     try:
-        shapes = tuple(tuple(sorted(env.items())) for env in getattr(result, "shapes", ()))
+        shapes = tuple(tuple(env.items()) for env in getattr(result, "shapes", ()))  # in order: it seeds the draws
         return _recheck(rule, status, guarded_status, shapes, options)
     except TypeError:  # an unhashable part: check without the memo
         return _recheck.__wrapped__(rule, status, guarded_status, tuple(getattr(result, "shapes", ())), options)
