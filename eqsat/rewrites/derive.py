@@ -30,7 +30,7 @@ from eqsat.rewrites.parser import parse_rules
 from eqsat.rewrites.rule import Pattern, Rule, Term, Var, ops_used, variables
 from eqsat.rewrites.semantics import pattern_shape
 from eqsat.rewrites.shapes import rank_choices
-from eqsat.rewrites.verify_cache import VerificationCache
+from eqsat.rewrites.verify_cache import VerificationCache, prove_missing
 
 NodeKey = tuple[Any, ...]
 ENode = tuple[NodeKey, tuple[int, ...]]
@@ -288,16 +288,10 @@ def axiom_base(cache: bool = True) -> tuple[Rule, ...]:
     with `cache`, their verification also goes through the on-disk verification cache)."""
     options = VerifyOptions(samples=12)
     store = VerificationCache.default() if cache else None
-    keep = []
-    for a in axiom_templates():
-        result = store.get(a, options, False) if store else None
-        if result is None:
-            result = verify_concrete(a, options)
-            if store:
-                store.put(a, options, False, result)
-        if result.proved:
-            keep.append(a)
-    return tuple(keep)
+    axioms = axiom_templates()
+    results = [store.get(a, options, False) if store else None for a in axioms]
+    prove_missing(store, axioms, options, False, results, lambda a: verify_concrete(a, options))
+    return tuple(a for a, result in zip(axioms, results) if result is not None and result.proved)
 
 
 __all__ = ["EGraph", "derivable", "derivable_guarded", "concat_forms", "axiom_base", "axiom_templates"]

@@ -20,7 +20,7 @@ from eqsat.rewrites.concrete import (ALL_SHAPES, PROVED, REFUTED, TESTED, UNKNOW
 from eqsat.rewrites.derive import axiom_base, derivable, derivable_guarded
 from eqsat.rewrites.rule import Rule
 from eqsat.rewrites.symbolic import prove_symbolic
-from eqsat.rewrites.verify_cache import VerificationCache
+from eqsat.rewrites.verify_cache import VerificationCache, prove_missing
 
 def verify_rule(rule: Rule, options: VerifyOptions = VerifyOptions(), axioms: Sequence[Rule] | None = None) -> VerificationResult:
     """Concrete verification, then (when proved) an attempt to prove it for all shapes from `axioms`.
@@ -82,21 +82,16 @@ def verify_rules(rules: Iterable[Rule], options: VerifyOptions = VerifyOptions()
     if todo:
         base = axiom_base(cache=cache) if all_shapes else ()
 
-        def one(i: int) -> None:
-            res = verify_rule(rules[i], options, base)
-            out[i] = res
-            if store is not None:
-                store.put(rules[i], options, all_shapes, res)
+        def one(rule: Rule) -> VerificationResult:
+            return verify_rule(rule, options, base)
 
+        # other processes verifying the same rules into the same cache take their share (`prove_missing`)
         if progress:
             with _stderr_progress() as bar:
                 task = bar.add_task(f"verifying {len(todo)} rule(s)", total=len(todo))
-                for i in todo:
-                    one(i)
-                    bar.advance(task)
+                prove_missing(store, rules, options, all_shapes, out, one, lambda: bar.advance(task))
         else:
-            for i in todo:
-                one(i)
+            prove_missing(store, rules, options, all_shapes, out, one)
     return [r for r in out if r is not None]
 
 
