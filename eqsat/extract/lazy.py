@@ -43,7 +43,9 @@ class NodeBudget:
 
     def allows(self, choice: np.ndarray) -> bool:
         picked = choice[choice >= 0]
-        return float(np.sum(np.asarray(self.weight)[picked])) <= self.limit * (1 + 1e-9)
+        # HiGHS accepts a row within its primal feasibility tolerance (1e-7, absolute): so does this
+        slack = max(1e-9 * abs(self.limit), 1e-7)
+        return float(np.sum(np.asarray(self.weight)[picked])) <= self.limit + slack
 
 
 @dataclass(frozen=True)
