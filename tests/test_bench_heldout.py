@@ -93,3 +93,11 @@ def test_the_heldout_control_times_identical_code_until_its_interval_is_narrow()
     assert row["group"] == "heldout_control" and row["program"] == "control_identical_tiny_mlp"
     assert row["speedup_ci_low"] <= row["speedup_ci_high"] and row["rounds"] >= 20
     assert row["ci_width"] <= 0.05 or row["rounds"] == 400  # stopped once narrow, else ran to the rounds cap
+
+
+def test_heldout_fresh_refuses_an_unknown_program(capsys: pytest.CaptureFixture[str]) -> None:
+    from experiments.heldout_fresh import main
+
+    assert main(["no_such_program"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("heldout_fresh: error: unknown program") and "\n" not in err
