@@ -14,24 +14,16 @@ import pytest
 import eqsat.parallel as ep
 from eqsat.cost import cost_model
 from eqsat.errors import EqsatError
-from eqsat.ir import Graph, GraphBuilder
+from eqsat.ir import GraphBuilder
 from eqsat.parallel import api
 from eqsat.parallel.blocks import plan_repeated
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import parse_mesh
 from eqsat.parallel.planner import PlanResult, RuleBook, plan_graph, verified_parallel_rules
 
+from .test_training_state import RULES, _mlp
+
 MESH = parse_mesh("8")
-RULES = ("dp-matmul", "combine-partition", "partition-combine", "relu-combine", "unfuse-relu", "fsdp-gather",
-         "fsdp-gather-rows")
-
-
-def _mlp(layers: int = 2, batch: int = 512, d: int = 256) -> Graph:
-    b = GraphBuilder()
-    h = b.input("x", (batch, d))
-    for i in range(layers):
-        h = b.matmul(h, b.weight(f"w{i}", (d, d)), act=2 if i < layers - 1 else 0)
-    return b.build([h])
 
 
 def _adam() -> ParallelCostModel:
