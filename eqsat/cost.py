@@ -44,7 +44,7 @@ Shape = tuple[int, ...]
 __all__ = [
     "DeviceSpec", "DEVICES", "CostModel", "RooflineModel", "COST_MODEL_FACTORIES", "cost_model", "register_cost_model",
     "graph_cost", "weight_only_nodes", "device_spec", "calibrate_cpu", "UnknownCostModelError",
-    "Conventions", "CONVENTIONS", "conventions", "UnknownConventionsError", "FreeOpsModel", "typed_op_cost",
+    "Conventions", "CONVENTIONS", "conventions", "UnknownConventionsError", "ZeroPriced", "typed_op_cost", "OpKey", "op_key",
     "LAUNCH_SENSITIVITY_US", "launch_sensitivity",
 ]
 
@@ -250,12 +250,25 @@ def cost_model(name: str = "roofline", device: str = "cpu", **options: Any) -> C
 
 # --- conventions --------------------------------------------------------------------------------
 
+type OpKey = tuple[str, tuple[tuple[str, Any], ...], tuple[tuple[int, ...], ...]]
+
+
+def op_key(op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Sequence[int]]) -> OpKey:
+    """(op, attributes, input shapes) as one hashable value: what a cost model prices."""
+    return (op, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items())),
+            tuple(tuple(int(d) for d in s) for s in input_shapes))
+
+
 @dataclass(frozen=True)
-class FreeOpsModel:
-    """`base` with the ops of `free` priced at 0 (a convention, not a measurement), the rest unchanged."""
+class ZeroPriced:
+    """`base` with some ops priced at 0 and the rest as `base` prices them (at the operands' dtypes
+    too): by name (`free_ops`, a convention such as free transposes, not a measurement) or exactly
+    (`free_keys`: the ops every extraction choice shares, `eqsat.pipeline.fixed_op_keys`, so a model
+    that times each op times only those a choice depends on)."""
 
     base: CostModel
-    free: frozenset[str]
+    free_ops: frozenset[str] = frozenset()
+    free_keys: frozenset[OpKey] = frozenset()
 
     @property
     def name(self) -> str:
@@ -265,12 +278,17 @@ class FreeOpsModel:
     def device(self) -> str:
         return self.base.device
 
+    def _free(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]) -> bool:
+        return op in self.free_ops or (bool(self.free_keys) and op_key(op, attrs, input_shapes) in self.free_keys)
+
     def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]) -> float:
-        return 0.0 if op in self.free else self.base.op_cost(op, attrs, input_shapes)
+        return 0.0 if self._free(op, attrs, input_shapes) else self.base.op_cost(op, attrs, input_shapes)
 
     def op_cost_typed(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape],
                       input_dtypes: Sequence[str]) -> float:
-        return 0.0 if op in self.free else typed_op_cost(self.base, op, attrs, input_shapes, input_dtypes)
+        if self._free(op, attrs, input_shapes):
+            return 0.0
+        return typed_op_cost(self.base, op, attrs, input_shapes, input_dtypes)
 
 
 @dataclass(frozen=True)
@@ -290,7 +308,7 @@ class Conventions:
         if not self.free_ops:
             return model
         own = getattr(model, "with_free_ops", None)
-        return own(self.free_ops) if own is not None else FreeOpsModel(model, self.free_ops)
+        return own(self.free_ops) if own is not None else ZeroPriced(model, free_ops=self.free_ops)
 
 
 CONVENTIONS: Mapping[str, Conventions] = MappingProxyType({

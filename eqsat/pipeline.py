@@ -22,7 +22,7 @@ import numpy as np
 from eqsat import ops
 from eqsat.compare import Agreement, outputs_agree
 from eqsat.context import ContextAnalysis
-from eqsat.cost import CostModel, graph_cost, typed_op_cost
+from eqsat.cost import CostModel, OpKey, ZeroPriced, graph_cost, op_key
 from eqsat.egraph import TensorEGraph, carry_selection, decode
 from eqsat.errors import EqsatError, NumericsError
 from eqsat.gc_pause import gc_paused
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from eqsat.extract.selection import Selection
 
 __all__ = ["OptimizationResult", "optimize_graph", "search", "SearchResult", "Extraction", "does_extra_work",
-           "numerics_match", "Agreement", "outputs_agree", "Objective", "Priced", "ChoicesOnly", "fixed_op_keys"]
+           "numerics_match", "Agreement", "outputs_agree", "Objective", "Priced", "fixed_op_keys", "op_key"]
 
 
 @dataclass(frozen=True)
@@ -243,15 +243,6 @@ class Priced:
         return selection, self.decode(selection)
 
 
-type OpKey = tuple[str, tuple[tuple[str, Any], ...], tuple[tuple[int, ...], ...]]
-
-
-def op_key(op: str, attrs: Mapping[str, Any], input_shapes: Sequence[Sequence[int]]) -> OpKey:
-    """(op, attributes, input shapes) as one hashable value: what a cost model prices."""
-    return (op, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items())),
-            tuple(tuple(int(d) for d in s) for s in input_shapes))
-
-
 def fixed_op_keys(egraph_json: Mapping[str, Any]) -> frozenset[OpKey]:
     """The ops whose price cannot change which graph an extraction of this e-graph picks: every
     node of theirs is the only node of a class every extraction must contain (a root, or an input
@@ -286,36 +277,6 @@ def fixed_op_keys(egraph_json: Mapping[str, Any]) -> frozenset[OpKey]:
 
 
 @dataclass(frozen=True)
-class ChoicesOnly:
-    """`model` with the ops of `fixed` (`fixed_op_keys`) priced at 0: a model that times each op
-    (`times_ops`, the measured model) then times only the ops an extraction's choice depends on.
-    Extraction picks the same graph; its dag cost leaves out what every choice shares."""
-
-    model: CostModel
-    fixed: frozenset[OpKey]
-
-    @property
-    def name(self) -> str:
-        return self.model.name
-
-    @property
-    def device(self) -> str:
-        return self.model.device
-
-    def op_cost(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]) -> float:
-        if op_key(op, attrs, input_shapes) in self.fixed:
-            return 0.0
-        return self.model.op_cost(op, attrs, input_shapes)
-
-    def op_cost_typed(self, op: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]],
-                      input_dtypes: Sequence[str]) -> float:
-        """`op_cost` at the operands' dtypes (`typed_op_cost`): a bfloat16 plan priced as the model prices it."""
-        if op_key(op, attrs, input_shapes) in self.fixed:
-            return 0.0
-        return typed_op_cost(self.model, op, attrs, input_shapes, input_dtypes)
-
-
-@dataclass(frozen=True)
 class _Free:
     """Every op at 0: an e-graph's structure serialized without pricing (`fixed_op_keys`' input)."""
 
@@ -341,7 +302,7 @@ def search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping[
     pay without merging (a separable pool, a folded batchnorm) are not lost with the merges.
 
     `price_choices_only`: a cost model that times ops (`times_ops`: the measured model, XLA
-    compiling and timing each op shape) prices only the ops the choice depends on (`ChoicesOnly`):
+    compiling and timing each op shape) prices only the ops the choice depends on (`eqsat.cost.ZeroPriced`):
     the same graphs are extracted, and a cold first call times far fewer ops."""
     with gc_paused():  # the e-graph JSON is hundreds of thousands of acyclic objects: see eqsat.gc_pause
         return _search(graph, rules, limits, models, extractor, time_limit, fold_weights, seed, progress, avoid_extra_work,
@@ -375,7 +336,7 @@ def _search(graph: Graph, rules: Sequence[Rule], limits: Limits, models: Mapping
         nonlocal model_s
         t0 = time.perf_counter()
         if price_choices_only and getattr(objective.model, "times_ops", False) and objective.context is None:
-            objective = replace(objective, model=ChoicesOnly(objective.model, fixed_of(eg)))
+            objective = replace(objective, model=ZeroPriced(objective.model, free_keys=fixed_of(eg)))
         priced = Priced.of(eg, objective, fold_weights)
         if objective.context is None:
             structure.setdefault(id(eg), priced.json)

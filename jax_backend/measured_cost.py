@@ -266,7 +266,7 @@ class MeasuredModel:
 class TimedOrEstimated:
     """A measured model for reports: each op at its timing where one was taken, else at
     `estimate`'s price (the roofline), so a report times no op. The search times only the ops a
-    choice depends on (`eqsat.pipeline.ChoicesOnly`); the ops every choice shares are estimated."""
+    choice depends on (`eqsat.cost.ZeroPriced`); the ops every choice shares are estimated."""
 
     measured: MeasuredModel
     estimate: Any  # a CostModel
