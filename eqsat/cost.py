@@ -45,7 +45,7 @@ __all__ = [
     "DeviceSpec", "DEVICES", "CostModel", "RooflineModel", "COST_MODEL_FACTORIES", "cost_model", "register_cost_model",
     "graph_cost", "weight_only_nodes", "device_spec", "calibrate_cpu", "UnknownCostModelError",
     "Conventions", "CONVENTIONS", "conventions", "UnknownConventionsError", "ZeroPriced", "typed_op_cost", "OpKey", "op_key",
-    "LAUNCH_SENSITIVITY_US", "launch_sensitivity",
+    "LAUNCH_SENSITIVITY_US", "launch_sensitivity", "predicted_speedup",
 ]
 
 
@@ -351,6 +351,15 @@ def graph_cost(graph: Graph, model: CostModel, fold_weights: bool = True) -> flo
     return float(sum(typed_op_cost(model, n.op, n.attr, [live.shape(v) for v in n.inputs],
                                    [live.dtype(v) for v in n.inputs])
                      for i, n in enumerate(live.nodes) if i not in skip and not ops.OPS[n.op].is_leaf))
+
+
+def predicted_speedup(original: Graph, plan: Graph, model: CostModel) -> float | None:
+    """`model`'s predicted speedup of `plan` over `original` (None: the plan costs nothing). A model
+    that knows what a whole call costs (`program_seconds`: the xla model's per-call floor) prices
+    each program with it; any other sums its ops (`graph_cost`)."""
+    whole = getattr(model, "program_seconds", None)
+    before, after = (float(whole(g.live())) if whole is not None else graph_cost(g, model) for g in (original, plan))
+    return before / after if after > 0 else None
 
 
 LAUNCH_SENSITIVITY_US: tuple[int, ...] = (0, 1, 5)

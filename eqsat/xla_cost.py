@@ -8,13 +8,21 @@ e-node of its class ends in an elementwise loop), and
 
 - an elementwise (`OpSpec.fusion == "loop"`) node whose input is such a value joins that loop: it
   costs its arithmetic and the bytes of its other operands, no launch and no write; otherwise it
-  starts a loop: a launch, its reads and its write;
+  starts a loop: a kernel of its own, its reads and its write;
 - a dot or conv (`"library"`) costs what the calibration measured for a call of its size (seconds
   against flops, interpolated in log-log between measured shapes) or the time to read its operands
   at the measured matrix-vector bandwidth, whichever is longer, plus the loop of its activation;
-- a copy (`"copy"`: concat, transpose) costs a launch and a read and write of its output; views
-  (`"view"`) and leaves nothing; any other op (`"kernel"`: pools, reductions) a launch plus its
-  roofline under the measured bandwidth and loop arithmetic rate.
+- a copy (`"copy"`: concat, transpose) costs a read and write of its output; views (`"view"`) and
+  leaves nothing; any other op (`"kernel"`: pools, reductions) its roofline under the measured
+  bandwidth and loop arithmetic rate.
+
+A kernel of its own costs the larger of its work and the device's floor for a kernel of that kind
+(`Calibration.floors`), not a launch cost plus its work: on a GPU a small kernel takes a few
+microseconds from one kernel's end to the next, whatever its size (the calibration measures it as
+the slope of a chain of N dependent tiny kernels of each kind). A program's call costs at least
+`Calibration.call_s` (the time of a one-kernel program: dispatch, which the kernels of a pipelined
+call overlap), which `program_seconds` adds and the per-node prices do not (it is the same for
+every plan of a program).
 
 The e-graph's extraction prices one e-node at a time, so a value counts as fused only when every
 e-node of its class ends in a loop: the ILP never gets a discount that the node it picks would not
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -42,10 +51,14 @@ from eqsat.errors import EqsatError
 if TYPE_CHECKING:
     from eqsat.ir import Graph
 
-__all__ = ["CALIBRATION_FORMAT", "Calibration", "CalibrationError", "Curve", "XlaModel", "fusion_context",
-           "graph_enodes", "read_calibration", "write_calibration"]
+__all__ = ["CALIBRATION_FORMAT", "FLOOR_KINDS", "Calibration", "CalibrationError", "ChainFit", "Curve", "XlaModel",
+           "fit_chain", "fusion_context", "graph_enodes", "read_calibration", "write_calibration"]
 
-CALIBRATION_FORMAT = "eqsat-xla-calibration-2"
+CALIBRATION_FORMAT = "eqsat-xla-calibration-3"
+"""3: per-kind kernel floors and the per-call time (a format-2 cache is refused and measured again)."""
+
+FLOOR_KINDS: tuple[str, ...] = ("loop", "copy", "kernel", "dot", "conv")
+"""The kinds of kernel whose floor the calibration measures (`Calibration.floors`)."""
 
 
 class CalibrationError(EqsatError):
@@ -110,24 +123,71 @@ def _positive(x: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class ChainFit:
+    """What a chain of N dependent kernels of one kind shows: `floor_s`, the seconds one more
+    kernel adds once the device (not the host's dispatch) is the bottleneck, and `call_s`, the
+    seconds of a call of the shortest chain (one kernel: dispatch and that kernel)."""
+
+    floor_s: float
+    call_s: float
+
+
+def fit_chain(points: Sequence[tuple[int, float]], device_bound: int = 3) -> ChainFit:
+    """Fit (kernels, seconds per call) of chains of one kind of kernel. Calls are timed back to back,
+    so a short chain is bound by the host's dispatch and adds next to nothing per kernel; only the
+    longest chains show the device's own time per kernel. The floor is the median of the pairwise
+    slopes (Theil-Sen: one noisy chain moves it little) among the `device_bound` longest chains;
+    the call time is the shortest chain's median."""
+    by_n: dict[int, list[float]] = {}
+    for n, sec in points:
+        if not (isinstance(n, int) and n >= 1 and _positive(sec)):
+            raise CalibrationError(f"a chain timing ({n} kernels, {sec} s) is not a positive count and time")
+        by_n.setdefault(n, []).append(float(sec))
+    lengths = sorted(by_n)
+    if len(lengths) < 2:
+        raise CalibrationError("a chain fit needs chains of at least two lengths")
+    med = {n: statistics.median(v) for n, v in by_n.items()}
+    top = lengths[-max(2, device_bound):]
+    slopes = [(med[b] - med[a]) / (b - a) for i, a in enumerate(top) for b in top[i + 1:]]
+    return ChainFit(max(statistics.median(slopes), 1e-9), med[lengths[0]])
+
+
+@dataclass(frozen=True)
 class Calibration:
     """What the xla model knows about one device, measured on it (`jax_backend.calibrate`)."""
 
     machine: str  # `eqsat.cost._machine_key()`: a cache copied to another machine is not trusted
     device: str  # `jax_backend.measured_cost.device_key()`: platform, device kind, JAX version
-    launch_s: float  # one more kernel in a jitted program
+    launch_s: float  # a loop kernel's floor: one more tiny elementwise kernel in a chain (`fit_chain`)
     bandwidth: float  # bytes/s a loop fusion streams (read + write)
     loop_flops: float  # FLOP/s of elementwise arithmetic inside a loop fusion
     matmul: Curve
     conv: Curve
     seconds: float = 0.0  # how long the calibration took
     weight_bandwidth: float = 0.0  # bytes/s a dot or conv reads its operands at (matrix-vector products); 0: `bandwidth`
+    copy_s: float = 0.0  # floor of a copy kernel (transpose, concat); 0: `launch_s`
+    kernel_s: float = 0.0  # floor of any other kernel (a pool, a reduction); 0: `launch_s`
+    dot_s: float = 0.0  # floor of a dot; 0: the matmul curve's smallest call
+    conv_s: float = 0.0  # floor of a conv; 0: the conv curve's smallest call
+    call_s: float = 0.0  # a call of a one-kernel program (dispatch): the least any call costs; 0: none
 
     def __post_init__(self) -> None:
-        if not self.weight_bandwidth:
-            object.__setattr__(self, "weight_bandwidth", self.bandwidth)
-        if not all(_positive(x) for x in (self.launch_s, self.bandwidth, self.loop_flops, self.weight_bandwidth)):
-            raise CalibrationError("a calibration rate or launch cost is not a finite positive number")
+        defaults = {"weight_bandwidth": self.bandwidth, "copy_s": self.launch_s, "kernel_s": self.launch_s,
+                    "dot_s": self.matmul.seconds[0], "conv_s": self.conv.seconds[0]}
+        for name, value in defaults.items():
+            if not getattr(self, name):
+                object.__setattr__(self, name, value)
+        if not all(_positive(x) for x in (self.launch_s, self.bandwidth, self.loop_flops, self.weight_bandwidth,
+                                          *self.floors.values())):
+            raise CalibrationError("a calibration rate or kernel floor is not a finite positive number")
+        if not (_positive(self.call_s) or self.call_s == 0):
+            raise CalibrationError("a calibration's call time is not a finite number >= 0")
+
+    @property
+    def floors(self) -> dict[str, float]:
+        """Seconds a kernel of each kind (`FLOOR_KINDS`) takes at the least."""
+        return {"loop": self.launch_s, "copy": self.copy_s, "kernel": self.kernel_s, "dot": self.dot_s,
+                "conv": self.conv_s}
 
     def to_json(self) -> dict[str, Any]:
         return {"format": CALIBRATION_FORMAT, **asdict(self)}
@@ -137,11 +197,15 @@ class Calibration:
         """A calibration from its JSON; anything malformed is a `CalibrationError`."""
         try:
             if data.get("format") != CALIBRATION_FORMAT:
-                raise CalibrationError(f"not a {CALIBRATION_FORMAT} file")
+                found = data.get("format")
+                older = isinstance(found, str) and found.startswith("eqsat-xla-calibration-")
+                raise CalibrationError(f"{found} is from an older eqsat (no kernel floors)" if older
+                                       else f"not a {CALIBRATION_FORMAT} file")
             curves = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) for k in ("matmul", "conv")}
             return Calibration(str(data["machine"]), str(data["device"]), data["launch_s"], data["bandwidth"],
                                data["loop_flops"], curves["matmul"], curves["conv"], float(data.get("seconds", 0.0)),
-                               data["weight_bandwidth"])
+                               data["weight_bandwidth"], data["copy_s"], data["kernel_s"], data["dot_s"],
+                               data["conv_s"], data["call_s"])
         except CalibrationError:
             raise
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -267,20 +331,21 @@ class XlaModel:
                 first = fused.index(True)
                 reads = sum(b for i, b in enumerate(in_bytes) if i != first and not fused[i])
                 return max(work / cal.loop_flops, reads / cal.bandwidth)
-            return cal.launch_s + max(work / cal.loop_flops, (sum(in_bytes) + out_bytes) / cal.bandwidth)
+            return max(cal.launch_s, work / cal.loop_flops, (sum(in_bytes) + out_bytes) / cal.bandwidth)
         if kind == "library":
-            curve = cal.conv if op in ("conv2d", "conv2d_nhwc") else cal.matmul
+            is_conv = op in ("conv2d", "conv2d_nhwc")
+            curve, floor = (cal.conv, cal.conv_s) if is_conv else (cal.matmul, cal.dot_s)
             act = ops.Activation(int(spec.normalize_attrs(attrs).get("act", 0)))
             # the call: its efficiency at this size, or the time to read its operands (a matrix-vector product)
             dot = work - (ops.numel(outs[0]) if act is not ops.Activation.NONE else 0)
-            call = max(curve.seconds_for(max(dot, 1.0)), (sum(in_bytes) + out_bytes) / cal.weight_bandwidth)
+            call = max(floor, curve.seconds_for(max(dot, 1.0)), (sum(in_bytes) + out_bytes) / cal.weight_bandwidth)
             if act is ops.Activation.NONE:
                 return call
             # the activation is the head of a loop (what a separate activation op would cost)
             return call + self._seconds(act.op_name, {}, [outs[0]], (False,))
         if kind == "copy":
-            return cal.launch_s + 2 * out_bytes / cal.bandwidth
-        return cal.launch_s + max(work / cal.loop_flops, (sum(in_bytes) + out_bytes) / cal.bandwidth)
+            return max(cal.copy_s, 2 * out_bytes / cal.bandwidth)
+        return max(cal.kernel_s, work / cal.loop_flops, (sum(in_bytes) + out_bytes) / cal.bandwidth)
 
     def price_graph(self, graph: Graph, fold_weights: bool = True) -> float:
         """The graph's cost as the e-graph holding it prices it (same context, same folding)."""
@@ -294,3 +359,8 @@ class XlaModel:
                 continue
             total += self.price(facts.node(enodes, nid)).seconds
         return total
+
+    def program_seconds(self, graph: Graph, fold_weights: bool = True) -> float:
+        """Seconds a call of the graph takes: its kernels, or the device's per-call time where the
+        kernels take less (a call is never cheaper than dispatching a one-kernel program)."""
+        return max(self.calibration.call_s, self.price_graph(graph, fold_weights))

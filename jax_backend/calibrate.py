@@ -1,8 +1,9 @@
 """Calibrating the "xla" cost model on the JAX device at hand (`eqsat calibrate`), and its factory.
 
 What is measured, each with the one timing policy (`jax_backend.timing.interleaved_rounds`), in
-a few seconds on a CPU: the dispatch of an empty jitted call (paid once per program, subtracted
-from the rest), the cost of one more kernel (a chain of small reductions, each waiting for the last), the
+about 20 s on a CPU: per kind of kernel (loop, copy, pool, dot, conv) its floor, the time one more
+tiny kernel of that kind adds to a chain of up to 256 (`FLOOR_PROBES`, `chain_fit`), and the time
+of a one-kernel call (the least a program's call costs), the
 bandwidth of a loop fusion streaming a 1 MiB array, the arithmetic rate of a long elementwise
 chain, dots and convs of representative sizes (seconds against flops: the efficiency curve) and
 matrix-vector products (the bandwidth at which a call reads its weight), each as the marginal
@@ -15,6 +16,7 @@ before any search starts.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 import time
@@ -30,11 +32,13 @@ from eqsat import ops
 from eqsat.cost import _machine_key, register_cost_model
 from eqsat.errors import EqsatError
 from eqsat.paths import cache_dir
-from eqsat.xla_cost import Calibration, CalibrationError, Curve, XlaModel, read_calibration, write_calibration
+from eqsat.xla_cost import (FLOOR_KINDS, Calibration, CalibrationError, ChainFit, Curve, XlaModel, fit_chain,
+                             read_calibration, write_calibration)
 from jax_backend.measured_cost import check_measuring_device, device_key
 from jax_backend.timing import interleaved_rounds
 
-__all__ = ["MATMUL_SHAPES", "GEMV_SIZES", "CONV_SHAPES", "calibration_path", "calibrate", "load_calibration", "xla_model"]
+__all__ = ["MATMUL_SHAPES", "GEMV_SIZES", "CONV_SHAPES", "CHAIN_LENGTHS", "FLOOR_PROBES", "calibration_path", "calibrate",
+           "chain_fit", "chain_is_device_bound", "load_calibration", "xla_model"]
 
 MATMUL_SHAPES: tuple[tuple[int, int], ...] = (
     (8, 64), (32, 128), (64, 256), (128, 512), (64, 1024), (256, 1024))
@@ -45,21 +49,22 @@ GEMV_SIZES: tuple[int, ...] = (1024, 2048)
 weight; the largest (16 MiB a weight, past any cache, as a model's weights are) gives the bandwidth."""
 
 CONV_SHAPES: tuple[tuple[int, int, int], ...] = (
-    (8, 16, 3), (32, 32, 3), (192, 35, 1), (128, 28, 3), (256, 14, 3), (64, 56, 3))
+    (8, 16, 3), (32, 32, 3), (192, 35, 1), (128, 28, 3), (256, 14, 3), (64, 56, 3), (128, 112, 3))
 """(channels, height = width, kernel) of the calibration's convs, (1, C, H, H) * (C, C, K, K), stride 1,
-SAME padding: 3e5 to 2.3e8 flops."""
+SAME padding: 3e5 to 3.7e9 flops (VGG's largest convs are 3.7e9: the curve is measured, not
+extrapolated, up to them)."""
 
-LINKS = 3  # a chain of this many calls on distinct weights against one call: the marginal cost of a call
+CHAIN_LENGTHS: tuple[int, ...] = (1, 64, 128, 256)
+"""Kernels in the chains that measure each kind's floor (`eqsat.xla_cost.fit_chain`): long enough
+that a GPU, not the host's dispatch of the call, is the bottleneck (256 kernels of ~3 us)."""
+
+LINKS = 3  # a chain of at least this many calls against one call: the marginal cost of a call
+MAX_LINKS = 48  # ...doubled up to this while the chain is not clearly slower than one call (dispatch-bound)
+DISTINCT_WEIGHTS = 8  # a chain cycles through this many weights (each read from memory, as a model's are)
 
 
 def calibration_path() -> Path:
     return cache_dir("xla") / f"{device_key()}.json"
-
-
-def _seconds(fn: Callable[..., Any], args: Sequence[Any], rounds: int = 7, budget_s: float = 1.0) -> float:
-    """Median seconds per call of jitted `fn(*args)`: the one timing policy, one function at a time."""
-    times, _ = interleaved_rounds([lambda: fn(*args)], rounds, budget_s=budget_s, min_rounds=3)
-    return float(statistics.median(times[0]))
 
 
 def _arrays(*shapes: tuple[int, ...]) -> list[jax.Array]:
@@ -68,26 +73,42 @@ def _arrays(*shapes: tuple[int, ...]) -> list[jax.Array]:
 
 
 def _marginal(op: str, attrs: dict[str, Any], x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> float:
-    """Seconds one more call of `op` adds to a jitted program: a chain of `LINKS` calls, each on its
-    own weight (read from memory as a model's weights are), against a single call, timed in the
-    same rounds. What a program pays once (dispatch, waking threads) cancels out."""
+    """Seconds one more call of `op` adds to a jitted program: a chain of calls against a single
+    call, timed in the same rounds. What a program pays once (dispatch, waking threads) cancels out.
+    Calls are timed back to back, so where one call's dispatch outlasts a short chain's device time
+    (a GPU and a small op) the chain hides behind it: the chain doubles (up to `MAX_LINKS`) until it
+    takes at least twice one call (`chain_is_device_bound`)."""
     from jax_backend.lower import lower_node
 
-    def chain(x: jax.Array, *ws: jax.Array) -> jax.Array:
-        for w in ws:
-            x = lower_node(op, (x, w), attrs)[0]
-        return x
+    def chain(links: int) -> Callable[..., Any]:
+        def body(x: jax.Array, *ws: jax.Array) -> jax.Array:
+            for i in range(links):
+                x = lower_node(op, (x, ws[i % len(ws)]), attrs)[0]
+            return x
+        return jax.jit(body)
 
-    fn = jax.jit(chain)
-    x, *ws = _arrays(x_shape, *[w_shape] * LINKS)
-    return max(_extra(lambda: fn(x, ws[0]), lambda: fn(x, *ws)) / (LINKS - 1), 1e-8)
+    x, *ws = _arrays(x_shape, *[w_shape] * DISTINCT_WEIGHTS)
+    one, links = chain(1), LINKS
+    while True:
+        extra, single = _extra(functools.partial(one, x, ws[0]), functools.partial(chain(links), x, *ws[:links]))
+        if chain_is_device_bound(single, extra, links) or links >= MAX_LINKS:
+            return max(extra / (links - 1), 1e-8)
+        links = min(2 * links, MAX_LINKS)
 
 
-def _extra(base: Callable[[], Any], more: Callable[[], Any]) -> float:
-    """Seconds `more` takes beyond `base`: timed in the same interleaved rounds, the median of each
-    round's difference (both samples of a round see the same machine state)."""
+def chain_is_device_bound(single_s: float, extra_s: float, links: int) -> bool:
+    """Whether a chain of `links` calls taking `extra_s` more than one call (`single_s`) shows the
+    calls' own time: it must at least double the call. Below that, the chain may be hiding behind
+    the dispatch of the call and its marginal cost is a lower bound."""
+    return links >= 2 and extra_s >= single_s
+
+
+def _extra(base: Callable[[], Any], more: Callable[[], Any]) -> tuple[float, float]:
+    """Seconds `more` takes beyond `base`, and `base`'s seconds: timed in the same interleaved
+    rounds, the median of each round's difference (both samples of a round see the same machine
+    state)."""
     times, _ = interleaved_rounds([base, more], 9, budget_s=1.0, min_rounds=5)
-    return float(statistics.median(b - a for a, b in zip(*times)))
+    return float(statistics.median(b - a for a, b in zip(*times))), float(statistics.median(times[0]))
 
 
 TIMEABLE_S = 50e-6  # an extra time under this is within a GPU's dispatch jitter: measure a larger tensor
@@ -106,30 +127,54 @@ def _timeable(extra_s: Callable[[int], float]) -> tuple[int, float]:
     return PROBE_ELEMENTS[-1], max(seconds, 1e-9)
 
 
+FLOOR_PROBES: dict[str, tuple[str, dict[str, Any], tuple[tuple[int, ...], ...]]] = {
+    "loop": ("tanh", {}, ((1, 512),)),
+    "copy": ("transpose", {"perm": (1, 0)}, ((64, 64),)),
+    "kernel": ("poolavg", {"kernel_h": 3, "kernel_w": 3, "stride_h": 1, "stride_w": 1, "pad": 0}, ((1, 8, 16, 16),)),
+    "dot": ("matmul", {"act": 0}, ((1, 512), (512, 512))),
+    "conv": ("conv2d", {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}, ((1, 8, 16, 16), (8, 8, 3, 3))),
+}
+"""Per kind of kernel (`eqsat.xla_cost.FLOOR_KINDS`): a tiny op of that kind, its attributes and
+operand shapes (the first is the chained value; the op maps it to its own shape)."""
+
+
+def chain_fit(op: str, attrs: dict[str, Any], shapes: Sequence[tuple[int, ...]],
+              lengths: Sequence[int] = CHAIN_LENGTHS) -> ChainFit:
+    """The floor of one kind of kernel: chains of `lengths` dependent calls of `op`, each behind an
+    optimization barrier (XLA can neither fuse nor reorder across it: one kernel per link), timed
+    in the same interleaved rounds, fitted by `fit_chain`."""
+    from jax_backend.lower import lower_node
+
+    def chain(n: int) -> Callable[..., Any]:
+        def body(x: jax.Array, *rest: jax.Array) -> jax.Array:
+            for _ in range(n):
+                x = jax.lax.optimization_barrier(lower_node(op, (x, *rest), attrs)[0])
+            return x
+        return jax.jit(body)
+
+    args = _arrays(*shapes)
+    thunks = [functools.partial(chain(n), *args) for n in lengths]
+    times, _ = interleaved_rounds(thunks, 7, budget_s=1.0, min_rounds=3)
+    return fit_chain([(n, t) for n, ts in zip(lengths, times) for t in ts])
+
+
 def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
-    """Measure this device (seconds: about 10 on a quiet CPU) and return the calibration."""
+    """Measure this device (seconds: about 20 on a quiet CPU) and return the calibration."""
     start = time.perf_counter()
     (tiny,) = _arrays((1,))
-    dispatch = _seconds(jax.jit(lambda x: x), [tiny])
-    say(f"dispatch of a jitted call: {dispatch * 1e6:.1f} us")
-
-    def steps(k: int) -> Callable[..., Any]:
-        def chain(x: jax.Array) -> jax.Array:
-            for _ in range(k):  # each step waits for a reduction of the previous one: a kernel XLA cannot fuse away
-                x = x + jnp.sum(x)
-            return x
-        return jax.jit(chain)
-
-    (x64,) = _arrays((8, 8))
-    one, many = steps(1), steps(17)
-    launch = max(_extra(lambda: one(x64), lambda: many(x64)) / 16, 1e-8)
-    say(f"one more kernel: {launch * 1e6:.2f} us")
+    fits = {kind: chain_fit(*FLOOR_PROBES[kind]) for kind in FLOOR_KINDS}
+    for kind, fit in fits.items():
+        say(f"{kind} kernel floor: {fit.floor_s * 1e6:.2f} us (chains of {'/'.join(map(str, CHAIN_LENGTHS))}); "
+            f"a one-kernel call: {fit.call_s * 1e6:.1f} us")
+    launch = fits["loop"].floor_s
+    call_s = statistics.median(fit.call_s for fit in fits.values())  # a one-kernel program, whatever its kind
+    say(f"a call's least time (dispatch): {call_s * 1e6:.1f} us")
 
     scale = jax.jit(lambda x: x * 2.0 + 1.0)
 
     def scaled(n: int) -> float:
         (big,) = _arrays((n,))
-        return _extra(lambda: scale(tiny), lambda: scale(big))  # less the dispatch
+        return _extra(lambda: scale(tiny), lambda: scale(big))[0]  # less the dispatch
 
     # 1 MiB first: the size of these models' tensors, not DRAM's (where that is too quick to time, larger)
     n_big, scale_s = _timeable(scaled)
@@ -151,7 +196,7 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
 
     def looped(n: int) -> float:
         (mid,) = _arrays((n,))
-        return _extra(lambda: short(mid), lambda: long(mid))
+        return _extra(lambda: short(mid), lambda: long(mid))[0]
 
     n_mid, loop_s = _timeable(looped)
     work = sum(ops.flops(op, [(n_mid,)] * (ops.op_spec(op).arity or 1), {}) for op in chain_ops[1:])
@@ -174,7 +219,8 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
         conv.append((f, t))
         say(f"conv (1, {c}, {hw}, {hw}) * ({c}, {c}, {kk}, {kk}): {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
     return Calibration(_machine_key(), device_key(), launch, bandwidth, loop_flops, Curve.fit(matmul),
-                       Curve.fit(conv), time.perf_counter() - start, weight_bandwidth)
+                       Curve.fit(conv), time.perf_counter() - start, weight_bandwidth, fits["copy"].floor_s,
+                       fits["kernel"].floor_s, fits["dot"].floor_s, fits["conv"].floor_s, call_s)
 
 
 def load_calibration(force: bool = False, say: Callable[[str], None] = lambda _: None,

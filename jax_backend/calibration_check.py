@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from eqsat import ops
-from eqsat.cost import CostModel, cost_model, graph_cost
+from eqsat.cost import CostModel, cost_model, predicted_speedup
 from eqsat.ir import Graph
 
 __all__ = ["CANDIDATE_MODELS", "CheckOptions", "check_models", "spearman"]
@@ -118,7 +118,6 @@ def check_model(name: str, options: CheckOptions = CheckOptions()) -> dict[str, 
     plans = _candidates(graph, options, models)
     inputs = graph.random_inputs(options.seed)
     scale = max(1.0, max(float(np.max(np.abs(o))) for o in graph.evaluate(inputs)))
-    before = graph_cost(graph, xla)
     checked = [p for p in plans if p != graph.live()
                and measure_pair(graph, p, inputs, 1, rtol=1e-4, atol=1e-5 * scale).numerics_ok]
     measured = dict(zip(checked, _speedups(graph, checked, inputs, options.repeats)))
@@ -126,7 +125,7 @@ def check_model(name: str, options: CheckOptions = CheckOptions()) -> dict[str, 
                                    "measured_speedup_ci": [1.0, 1.0]}]
     for plan in checked:
         speedup, low, high = measured[plan]
-        rows.append({"models": plans[plan], "predicted_speedup": before / graph_cost(plan, xla),
+        rows.append({"models": plans[plan], "predicted_speedup": predicted_speedup(graph, plan, xla),
                      "measured_speedup": speedup, "measured_speedup_ci": [low, high],
                      "kernels": sum(1 for n in plan.nodes if not ops.OPS[n.op].is_leaf and not ops.OPS[n.op].is_view),
                      "flops": plan.live().total_flops()})

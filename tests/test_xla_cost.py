@@ -4,6 +4,7 @@ context, and the conventions and named rule sets it is compared under."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ from eqsat.cost import CONVENTIONS, UnknownConventionsError, conventions, cost_m
 from eqsat.egraph import TensorEGraph
 from eqsat.ir import Graph, GraphBuilder
 from eqsat.rulesets import RULE_SETS, UnknownRuleSetError, named_rules
-from eqsat.xla_cost import Calibration, CalibrationError, Curve, XlaModel, read_calibration, write_calibration
+from eqsat.cost import predicted_speedup
+from eqsat.xla_cost import (Calibration, CalibrationError, Curve, XlaModel, fit_chain, read_calibration,
+                            write_calibration)
 
 CAL = Calibration("machine-a", "cpu-test", launch_s=5e-6, bandwidth=10e9, loop_flops=5e9,
                   matmul=Curve((1e3, 1e6, 1e9), (1e-5, 5e-5, 2e-2)), conv=Curve((1e3, 1e9), (2e-5, 3e-2)))
@@ -83,16 +86,18 @@ def test_fusion_facts_are_on_the_op_registry() -> None:
 
 
 def test_an_elementwise_chain_after_a_matmul_costs_one_loop() -> None:
-    model = XlaModel(CAL)
+    model = XlaModel(replace(CAL, loop_flops=1e15))  # elementwise bound by memory, as on real devices
     graph = _chain()
     fused = graph_cost(graph, model)
     unfused = sum(model.op_cost(n.op, n.attr, [graph.shape(v) for v in n.inputs]) for n in graph.nodes)
-    # four elementwise ops: one loop launch (relu's) and its write, not four
-    assert unfused - fused >= 3 * CAL.launch_s
-    # a longer chain adds arithmetic and the extra operand's read, never another launch
+    # four elementwise ops: one loop kernel (relu's) and its write, not four: each joined op saves
+    # at least the write and read of its input
+    io = 2 * 64 * 256 * 4 / CAL.bandwidth
+    assert unfused - fused >= 3 * io - 1e-9  # (less the joined ops' arithmetic)
+    # a longer chain adds arithmetic and the extra operand's read, never another kernel
     alone = model.op_cost("ewadd", {}, [(64, 256), (64, 256)])
     added = graph_cost(_chain(tail=3), model) - graph_cost(_chain(tail=2), model)
-    assert 0 < added <= alone - CAL.launch_s - 2 * 64 * 256 * 4 / CAL.bandwidth + 1e-12
+    assert 0 < added <= alone - io + 1e-9
     # the activation inside the matmul is the head of the same loop: same kernels, same price
     assert graph_cost(_chain(fused_act=True), model) == pytest.approx(fused)
 
@@ -152,3 +157,48 @@ def test_tensat_only_rules_have_no_library_merges() -> None:
     assert {r.name for r in named_rules("layout")} == default | {r.name for r in library_rules(["layout"])}
     with pytest.raises(UnknownRuleSetError, match="known rule sets"):
         named_rules("everything")
+
+
+def test_a_chain_fit_reads_the_floor_where_the_device_is_the_bottleneck() -> None:
+    # calls back to back: the host's 50 us dispatch hides short chains; past it, 3 us a kernel
+    def seconds(n: int) -> float:
+        return max(50e-6, 5e-6 + 3e-6 * n)
+    points = [(n, seconds(n) * (1 + 0.01 * k)) for n in (1, 64, 128, 256) for k in (-1, 0, 1)]
+    fit = fit_chain(points + [(128, 10 * seconds(128))])  # one wild sample: the medians ignore it
+    assert fit.floor_s == pytest.approx(3e-6, rel=0.05) and fit.call_s == pytest.approx(50e-6, rel=0.02)
+    # the short chains' slope (about 0) would be a wrong floor: only the longest chains count
+    assert fit_chain([(1, 50e-6), (16, 50e-6), (64, 197e-6), (128, 389e-6)], device_bound=2).floor_s == pytest.approx(3e-6)
+    for bad in ([(1, 1e-5)], [(0, 1e-5), (4, 2e-5)], [(1, -1.0), (4, 2e-5)]):
+        with pytest.raises(CalibrationError):
+            fit_chain(bad)
+
+
+def test_a_kernel_costs_the_larger_of_its_floor_and_its_work() -> None:
+    cal = Calibration("m", "d", launch_s=3e-6, bandwidth=1e12, loop_flops=1e12, matmul=CAL.matmul, conv=CAL.conv,
+                      copy_s=4e-6, kernel_s=5e-6, dot_s=2e-4, conv_s=3e-4, call_s=50e-6)
+    model = XlaModel(cal)
+    small, big = [(1, 512)], [(4096, 4096)]
+    assert model.op_cost("tanh", {}, small) == pytest.approx(3e-6)  # the floor, not floor + work
+    roofline = max(ops.flops("tanh", big, {}) / cal.loop_flops, 2 * 4 * 4096 * 4096 / cal.bandwidth)
+    assert model.op_cost("tanh", {}, big) == pytest.approx(roofline)  # the work, not floor + work
+    assert model.op_cost("transpose", {"perm": (1, 0)}, small) == pytest.approx(4e-6)
+    assert model.op_cost("reduce_sum", {"axes": (1,)}, small) == pytest.approx(5e-6)
+    assert model.op_cost("matmul", {"act": 0}, [(1, 8), (8, 8)]) == pytest.approx(2e-4)  # above the curve's 1e-5
+    # a call costs at least `call_s`; a plan's predicted speedup counts it on both sides
+    b = GraphBuilder()
+    x = b.input("x", (1, 512))
+    (summed,) = b.apply("reduce_sum", [b.tanh(x)], {"axes": (1,)})
+    one, two = b.build([b.tanh(x)]), b.build([b.relu(summed)])
+    assert model.program_seconds(one) == pytest.approx(50e-6)
+    assert predicted_speedup(two, one, model) == pytest.approx(1.0)  # both below a call's least time
+    assert predicted_speedup(two, one, XlaModel(replace(cal, call_s=0.0))) == pytest.approx((3 + 5 + 3) / 3)
+
+
+def test_an_older_calibration_format_is_refused_as_such(tmp_path: Path) -> None:
+    path = tmp_path / "cal.json"
+    old = {k: v for k, v in CAL.to_json().items() if k not in ("copy_s", "kernel_s", "dot_s", "conv_s", "call_s")}
+    path.write_text(json.dumps({**old, "format": "eqsat-xla-calibration-2"}))
+    with pytest.raises(CalibrationError, match="older eqsat"):
+        read_calibration(path, "machine-a", "cpu-test")
+    with pytest.raises(CalibrationError):
+        Calibration.from_json({**CAL.to_json(), "call_s": -1.0})

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eqsat.cost import CostModel, cost_model, graph_cost, launch_sensitivity
+from eqsat.cost import CostModel, cost_model, launch_sensitivity, predicted_speedup
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 
@@ -130,10 +130,7 @@ def _candidate_row(original: Graph, plan: Graph, check: PlanCheck, predict_devic
                    xla: CostModel | None) -> dict[str, Any]:
     t = check.timing
     sensitivity: Mapping[str, float] | None = launch_sensitivity(original, plan, predict_device)
-    xla_speedup = None
-    if xla is not None:
-        after = graph_cost(plan, xla)
-        xla_speedup = graph_cost(original, xla) / after if after > 0 else None
+    xla_speedup = predicted_speedup(original, plan, xla) if xla is not None else None
     return {
         "name": check.name, "numerics_ok": check.numerics_ok, "same_as_original": check.same_as_original,
         "reason": check.reason, "max_abs_diff": check.max_abs_diff,

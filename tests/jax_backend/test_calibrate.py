@@ -122,3 +122,33 @@ def test_check_sets_predicted_beside_measured(cache: Path, capsys: pytest.Captur
     for plan in row["candidates"]:
         low, high = plan["measured_speedup_ci"]
         assert plan["predicted_speedup"] > 0 and low <= plan["measured_speedup"] <= high
+
+
+def test_an_older_format_cache_is_measured_again_cleanly(cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = cal_mod.calibration_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = {k: v for k, v in _fake().to_json().items() if k not in ("copy_s", "kernel_s", "dot_s", "conv_s", "call_s")}
+    path.write_text(json.dumps({**old, "format": "eqsat-xla-calibration-2"}))
+    cal, status = cal_mod.load_calibration()
+    assert status.startswith("re-measured") and "older eqsat" in status and cal == _fake()
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert json.loads(path.read_text())["format"] == "eqsat-xla-calibration-3"
+
+
+def test_a_floor_probe_chains_one_kernel_per_link() -> None:
+    import jax
+
+    from jax_backend.lower import lower_node
+
+    op, attrs, shapes = cal_mod.FLOOR_PROBES["loop"]
+    x = jax.numpy.ones(shapes[0])
+
+    def body(y: jax.Array) -> jax.Array:
+        for _ in range(5):
+            y = jax.lax.optimization_barrier(lower_node(op, (y,), attrs)[0])
+        return y
+
+    assert jax.jit(body).lower(x).compile().as_text().count("fusion(") >= 5  # XLA fused nothing across a barrier
+    fit = cal_mod.chain_fit(op, attrs, shapes, lengths=(1, 8, 16))
+    assert fit.floor_s > 0 and fit.call_s > 0
+    assert cal_mod.chain_is_device_bound(10e-6, 12e-6, 3) and not cal_mod.chain_is_device_bound(50e-6, 5e-6, 3)
