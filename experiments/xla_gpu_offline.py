@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for floor in args.floor_us or [None]:
         cal, how = calibration(args.calibration, floor, args.call_us)
         res = report(cal, args.plans, args.runs)
-        print(f"\n## {how}: {res['within']}/7 within ±5 pts (ILP plan, mean of the runs); pooled Spearman "
+        print(f"\n## {how}: {res['within']}/{len(res['models'])} within ±5 pts (ILP plan, mean of the runs); pooled Spearman "
               f"{res['pooled_spearman']:.3f}")
         print("| model | original ms measured | predicted | ILP plan predicted / measured (per run) | within | Spearman |")
         print("|---|---|---|---|---|---|")
