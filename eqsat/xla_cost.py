@@ -19,10 +19,12 @@ e-node of its class ends in an elementwise loop), and
 A kernel of its own costs the larger of its work and the device's floor for a kernel of that kind
 (`Calibration.floors`), not a launch cost plus its work: on a GPU a small kernel takes a few
 microseconds from one kernel's end to the next, whatever its size (the calibration measures it as
-the slope of a chain of N dependent tiny kernels of each kind). A program's call costs at least
-`Calibration.call_s` (the time of a one-kernel program: dispatch, which the kernels of a pipelined
-call overlap), which `program_seconds` adds and the per-node prices do not (it is the same for
-every plan of a program).
+the slope of a chain of N dependent tiny kernels of each kind). A grouped convolution (a group of
+more than one channel: ResNeXt's) has a curve of its own (`Calibration.gconv`): cuDNN runs it far
+below a dense conv of the same flops. A call of a program costs `Calibration.call_s` more than its
+kernels (dispatch and the wait for the result: every call is timed to completion, as plans are
+judged), which `program_seconds` adds and the per-node prices do not (it is the same for every plan
+of a program).
 
 The e-graph's extraction prices one e-node at a time, so a value counts as fused only when every
 e-node of its class ends in a loop: the ILP never gets a discount that the node it picks would not
@@ -125,19 +127,19 @@ def _positive(x: Any) -> bool:
 @dataclass(frozen=True)
 class ChainFit:
     """What a chain of N dependent kernels of one kind shows: `floor_s`, the seconds one more
-    kernel adds once the device (not the host's dispatch) is the bottleneck, and `call_s`, the
-    seconds of a call of the shortest chain (one kernel: dispatch and that kernel)."""
+    kernel adds (measured on the longest chains), and `call_s`, what a call costs beyond its
+    kernels (the line's intercept: dispatch and the wait for the result)."""
 
     floor_s: float
     call_s: float
 
 
 def fit_chain(points: Sequence[tuple[int, float]], device_bound: int = 3) -> ChainFit:
-    """Fit (kernels, seconds per call) of chains of one kind of kernel. Calls are timed back to back,
-    so a short chain is bound by the host's dispatch and adds next to nothing per kernel; only the
-    longest chains show the device's own time per kernel. The floor is the median of the pairwise
-    slopes (Theil-Sen: one noisy chain moves it little) among the `device_bound` longest chains;
-    the call time is the shortest chain's median."""
+    """Fit (kernels, seconds per call) of chains of one kind of kernel. A short chain can hide
+    behind the call's dispatch and add next to nothing per kernel; the longest chains show the
+    device's own time per kernel. The floor is the median of the pairwise slopes (Theil-Sen: one
+    noisy chain moves it little) among the `device_bound` longest chains; the call time is the
+    shortest chain's median less its kernels (at least 0)."""
     by_n: dict[int, list[float]] = {}
     for n, sec in points:
         if not (isinstance(n, int) and n >= 1 and _positive(sec)):
@@ -149,7 +151,8 @@ def fit_chain(points: Sequence[tuple[int, float]], device_bound: int = 3) -> Cha
     med = {n: statistics.median(v) for n, v in by_n.items()}
     top = lengths[-max(2, device_bound):]
     slopes = [(med[b] - med[a]) / (b - a) for i, a in enumerate(top) for b in top[i + 1:]]
-    return ChainFit(max(statistics.median(slopes), 1e-9), med[lengths[0]])
+    floor = max(statistics.median(slopes), 1e-9)
+    return ChainFit(floor, max(med[lengths[0]] - lengths[0] * floor, 0.0))
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,8 @@ class Calibration:
     kernel_s: float = 0.0  # floor of any other kernel (a pool, a reduction); 0: `launch_s`
     dot_s: float = 0.0  # floor of a dot; 0: the matmul curve's smallest call
     conv_s: float = 0.0  # floor of a conv; 0: the conv curve's smallest call
-    call_s: float = 0.0  # a call of a one-kernel program (dispatch): the least any call costs; 0: none
+    call_s: float = 0.0  # what a call costs beyond its kernels (dispatch, the wait for the result); 0: none
+    gconv: Curve | None = None  # grouped convs (more than one channel a group); None: the conv curve
 
     def __post_init__(self) -> None:
         defaults = {"weight_bandwidth": self.bandwidth, "copy_s": self.launch_s, "kernel_s": self.launch_s,
@@ -205,7 +209,9 @@ class Calibration:
             return Calibration(str(data["machine"]), str(data["device"]), data["launch_s"], data["bandwidth"],
                                data["loop_flops"], curves["matmul"], curves["conv"], float(data.get("seconds", 0.0)),
                                data["weight_bandwidth"], data["copy_s"], data["kernel_s"], data["dot_s"],
-                               data["conv_s"], data["call_s"])
+                               data["conv_s"], data["call_s"],
+                               Curve(tuple(data["gconv"]["flops"]), tuple(data["gconv"]["seconds"]))
+                               if data["gconv"] is not None else None)
         except CalibrationError:
             raise
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -335,6 +341,8 @@ class XlaModel:
         if kind == "library":
             is_conv = op in ("conv2d", "conv2d_nhwc")
             curve, floor = (cal.conv, cal.conv_s) if is_conv else (cal.matmul, cal.dot_s)
+            if is_conv and cal.gconv is not None and _grouped(op, shapes):
+                curve = cal.gconv
             act = ops.Activation(int(spec.normalize_attrs(attrs).get("act", 0)))
             # the call: its efficiency at this size, or the time to read its operands (a matrix-vector product)
             dot = work - (ops.numel(outs[0]) if act is not ops.Activation.NONE else 0)
@@ -361,6 +369,12 @@ class XlaModel:
         return total
 
     def program_seconds(self, graph: Graph, fold_weights: bool = True) -> float:
-        """Seconds a call of the graph takes: its kernels, or the device's per-call time where the
-        kernels take less (a call is never cheaper than dispatching a one-kernel program)."""
-        return max(self.calibration.call_s, self.price_graph(graph, fold_weights))
+        """Seconds a call of the graph takes, timed to completion: its kernels and the call itself."""
+        return self.calibration.call_s + self.price_graph(graph, fold_weights)
+
+
+def _grouped(op: str, shapes: Sequence[Shape]) -> bool:
+    """A grouped conv of more than one channel a group (not a dense conv, not a depthwise one)."""
+    x, w = shapes[0], shapes[1]
+    channels, per_group = (x[1], w[1]) if op == "conv2d" else (x[3], w[2])
+    return 1 < per_group < channels

@@ -27,7 +27,7 @@ from typing import Any
 
 from eqsat.cost import predicted_speedup
 from eqsat.ir import Graph
-from eqsat.xla_cost import CALIBRATION_FORMAT, Calibration, XlaModel
+from eqsat.xla_cost import CALIBRATION_FORMAT, Calibration, Curve, XlaModel, fit_chain
 from jax_backend.calibration_check import spearman
 
 ILP = "default/ilp-roofline"
@@ -47,6 +47,69 @@ def calibration(path: Path, floor_us: float | None, call_us: float) -> tuple[Cal
         cal = replace(cal, launch_s=f, copy_s=f, kernel_s=f)
     return cal, (f"PLACEHOLDER loop/copy/pool floor {floor_us} us, call {call_us} us; dot/conv floors = the "
                  "curves' smallest calls")
+
+
+CHAIN_KINDS = {"loop": "launch_s", "copy": "copy_s", "kernel": "kernel_s", "dot": "dot_s", "conv": "conv_s"}
+
+
+GROUPED = {"g32x512": ((1, 512, 14, 14), (512, 16, 3, 3)), "g32x128": ((1, 128, 56, 56), (128, 4, 3, 3))}
+"""The grouped convs of `hlo_and_probes2_h200.json` (ResNeXt-50's two kinds)."""
+
+
+def from_probes(path: Path, probes: Sequence[Path]) -> tuple[Calibration, str]:
+    """A format-3 calibration from the format-2 file at `path` (bandwidths, loop rate) and the raw
+    chain timings `probes` measured on the same device (`docs/data/tensat_h200/probes_h200.json`):
+    per kind {kernels: seconds} of barrier-separated chains, and per dot or conv shape {links:
+    seconds} of a chain of calls. The floors are `fit_chain`'s; the curves take each shape's
+    marginal call from its two longest chains (where the device, not dispatch, is the bottleneck).
+    A second file (`hlo_and_probes2_h200.json`) adds the loop chain timed to completion
+    (`loop_blocking`: the floor and call time as `eqsat calibrate` now measures them) and grouped
+    convs (one flop count: the curve is that point, flat below it and at its rate above)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    raw: dict[str, Any] = {}
+    for f in probes:
+        raw.update(json.loads(f.read_text(encoding="utf-8")))
+    fits = {kind: fit_chain([(int(n), t) for n, t in raw[kind].items()]) for kind in CHAIN_KINDS}
+    curves: dict[str, list[tuple[float, float]]] = {"matmul": [], "conv": [], "gconv": []}
+    for key, chain in raw.items():
+        if key in CHAIN_KINDS or not isinstance(chain, dict) or "hlo" in chain:
+            continue
+        (n1, t1), (n2, t2) = sorted((int(n), t) for n, t in chain.items())[-2:]
+        marginal = max((t2 - t1) / (n2 - n1), 1e-9)
+        dims = [] if key in GROUPED else [int(x) for x in key.lstrip("abcdgmvw").split("x")]
+        if key.startswith("mm"):
+            m, k = dims
+            curves["matmul"].append((2.0 * m * k * k, marginal))
+        elif key.startswith("bmm"):
+            b, n = dims
+            curves["matmul"].append((2.0 * b * n * n * n, marginal))
+        elif key in GROUPED:
+            shapes = GROUPED[key]
+            x, w = shapes
+            curves["gconv"].append((2.0 * x[1] * w[1] * 9 * x[2] * x[3], marginal))
+        elif key.startswith("gc"):
+            c, h, width = dims
+            curves["gconv"].append((2.0 * c * width * 9 * h * h, marginal))
+        elif key.startswith("cv"):
+            c, h, q = dims
+            curves["conv"].append((2.0 * c * c * q * q * h * h, marginal))
+    floors = {field: fits[kind].floor_s for kind, field in CHAIN_KINDS.items()}
+    call = fits["loop"].call_s
+    how = "loop chain's intercept"
+    if "loop_blocking" in raw:  # (1, 64, 256) kernels, each call to completion
+        blocking = fit_chain(list(zip((1, 64, 256), raw["loop_blocking"])), device_bound=2)
+        floors["launch_s"], call, how = blocking.floor_s, blocking.call_s, "loop chain timed to completion"
+    gconv = None
+    if len({f for f, _ in curves["gconv"]}) > 1:
+        gconv = Curve.fit(curves["gconv"])
+    elif curves["gconv"]:
+        f, t = (math.exp(sum(math.log(pt[i]) for pt in curves["gconv"]) / len(curves["gconv"])) for i in (0, 1))
+        gconv = Curve((f, 2 * f), (t, 2 * t))
+    cal = Calibration(str(data["machine"]), str(data["device"]), floors["launch_s"], data["bandwidth"],
+                      data["loop_flops"], Curve.fit(curves["matmul"]), Curve.fit(curves["conv"]), 0.0,
+                      data["weight_bandwidth"], floors["copy_s"], floors["kernel_s"], floors["dot_s"], floors["conv_s"],
+                      call, gconv)
+    return cal, f"measured on the H200 (chain probes; loop floor and call time from the {how}) + the format-2 file's bandwidths"
 
 
 def plan_path(folder: Path, model: str, name: str) -> Path:
@@ -91,11 +154,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("runs", type=Path, nargs="+", help="judge --json rows")
     parser.add_argument("--floor-us", type=float, nargs="*", default=[],
                         help="PLACEHOLDER loop/copy/pool floors to try (a format-2 calibration has none)")
+    parser.add_argument("--probes", type=Path, nargs="*", default=None,
+                        help="raw chain timings measured on the device (with a format-2 calibration): no placeholders")
     parser.add_argument("--call-us", type=float, default=52.6,
                         help="per-call time for a format-2 calibration (default: the H200 log's dispatch line)")
     args = parser.parse_args(argv)
     for floor in args.floor_us or [None]:
-        cal, how = calibration(args.calibration, floor, args.call_us)
+        cal, how = (from_probes(args.calibration, args.probes) if args.probes
+                    else calibration(args.calibration, floor, args.call_us))
+        print(f"\n{how}: floors (us) " + ", ".join(f"{k} {v * 1e6:.2f}" for k, v in cal.floors.items())
+              + f"; call {cal.call_s * 1e6:.1f} us; matmul curve (us) "
+              + ", ".join(f"{f:.3g}:{t * 1e6:.1f}" for f, t in zip(cal.matmul.flops, cal.matmul.seconds))
+              + "; conv curve (us) " + ", ".join(f"{f:.3g}:{t * 1e6:.1f}" for f, t in zip(cal.conv.flops, cal.conv.seconds)))
         res = report(cal, args.plans, args.runs)
         print(f"\n## {how}: {res['within']}/{len(res['models'])} within ±5 pts (ILP plan, mean of the runs); pooled Spearman "
               f"{res['pooled_spearman']:.3f}")

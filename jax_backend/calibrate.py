@@ -3,7 +3,7 @@
 What is measured, each with the one timing policy (`jax_backend.timing.interleaved_rounds`), in
 about 20 s on a CPU: per kind of kernel (loop, copy, pool, dot, conv) its floor, the time one more
 tiny kernel of that kind adds to a chain of up to 256 (`FLOOR_PROBES`, `chain_fit`), and the time
-of a one-kernel call (the least a program's call costs), the
+of a call beyond its kernels (each call timed to completion, as plans are judged), grouped convs, the
 bandwidth of a loop fusion streaming a 1 MiB array, the arithmetic rate of a long elementwise
 chain, dots and convs of representative sizes (seconds against flops: the efficiency curve) and
 matrix-vector products (the bandwidth at which a call reads its weight), each as the marginal
@@ -37,7 +37,7 @@ from eqsat.xla_cost import (FLOOR_KINDS, Calibration, CalibrationError, ChainFit
 from jax_backend.measured_cost import check_measuring_device, device_key
 from jax_backend.timing import interleaved_rounds
 
-__all__ = ["MATMUL_SHAPES", "GEMV_SIZES", "CONV_SHAPES", "CHAIN_LENGTHS", "FLOOR_PROBES", "calibration_path", "calibrate",
+__all__ = ["MATMUL_SHAPES", "GEMV_SIZES", "CONV_SHAPES", "CHAIN_LENGTHS", "FLOOR_PROBES", "GCONV_SHAPES", "calibration_path", "calibrate",
            "chain_fit", "chain_is_device_bound", "load_calibration", "xla_model"]
 
 MATMUL_SHAPES: tuple[tuple[int, int], ...] = (
@@ -53,6 +53,10 @@ CONV_SHAPES: tuple[tuple[int, int, int], ...] = (
 """(channels, height = width, kernel) of the calibration's convs, (1, C, H, H) * (C, C, K, K), stride 1,
 SAME padding: 3e5 to 3.7e9 flops (VGG's largest convs are 3.7e9: the curve is measured, not
 extrapolated, up to them)."""
+
+GCONV_SHAPES: tuple[tuple[int, int, int], ...] = ((64, 56, 4), (512, 14, 16), (2048, 7, 64))
+"""(channels, height = width, channels a group) of the calibration's grouped 3x3 convs (ResNeXt's
+cardinality-32 blocks): 1.4e7 to 1.2e8 flops."""
 
 CHAIN_LENGTHS: tuple[int, ...] = (1, 64, 128, 256)
 """Kernels in the chains that measure each kind's floor (`eqsat.xla_cost.fit_chain`): long enough
@@ -75,9 +79,9 @@ def _arrays(*shapes: tuple[int, ...]) -> list[jax.Array]:
 def _marginal(op: str, attrs: dict[str, Any], x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> float:
     """Seconds one more call of `op` adds to a jitted program: a chain of calls against a single
     call, timed in the same rounds. What a program pays once (dispatch, waking threads) cancels out.
-    Calls are timed back to back, so where one call's dispatch outlasts a short chain's device time
-    (a GPU and a small op) the chain hides behind it: the chain doubles (up to `MAX_LINKS`) until it
-    takes at least twice one call (`chain_is_device_bound`)."""
+    Each call is timed to completion (as plans are judged), and a short chain of small ops adds
+    less than a call's own jitter: the chain doubles (up to `MAX_LINKS`) until it takes at least
+    twice one call (`chain_is_device_bound`)."""
     from jax_backend.lower import lower_node
 
     def chain(links: int) -> Callable[..., Any]:
@@ -98,16 +102,22 @@ def _marginal(op: str, attrs: dict[str, Any], x_shape: tuple[int, ...], w_shape:
 
 def chain_is_device_bound(single_s: float, extra_s: float, links: int) -> bool:
     """Whether a chain of `links` calls taking `extra_s` more than one call (`single_s`) shows the
-    calls' own time: it must at least double the call. Below that, the chain may be hiding behind
-    the dispatch of the call and its marginal cost is a lower bound."""
+    calls' own time: it must at least double the call. Below that, the difference is within what
+    a call's dispatch varies by (and, timed back to back, the chain may hide behind it)."""
     return links >= 2 and extra_s >= single_s
+
+
+def _to_completion(thunk: Callable[[], Any]) -> Callable[[], Any]:
+    """`thunk` waiting for its result: a call timed as `jax_backend.checks` times a plan (each call
+    to completion, not queued behind the last), so dispatch and the wait count as they do there."""
+    return lambda: jax.block_until_ready(thunk())
 
 
 def _extra(base: Callable[[], Any], more: Callable[[], Any]) -> tuple[float, float]:
     """Seconds `more` takes beyond `base`, and `base`'s seconds: timed in the same interleaved
     rounds, the median of each round's difference (both samples of a round see the same machine
     state)."""
-    times, _ = interleaved_rounds([base, more], 9, budget_s=1.0, min_rounds=5)
+    times, _ = interleaved_rounds([_to_completion(base), _to_completion(more)], 9, budget_s=1.0, min_rounds=5)
     return float(statistics.median(b - a for a, b in zip(*times))), float(statistics.median(times[0]))
 
 
@@ -153,7 +163,7 @@ def chain_fit(op: str, attrs: dict[str, Any], shapes: Sequence[tuple[int, ...]],
         return jax.jit(body)
 
     args = _arrays(*shapes)
-    thunks = [functools.partial(chain(n), *args) for n in lengths]
+    thunks = [_to_completion(functools.partial(chain(n), *args)) for n in lengths]
     times, _ = interleaved_rounds(thunks, 7, budget_s=1.0, min_rounds=3)
     return fit_chain([(n, t) for n, ts in zip(lengths, times) for t in ts])
 
@@ -165,10 +175,10 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
     fits = {kind: chain_fit(*FLOOR_PROBES[kind]) for kind in FLOOR_KINDS}
     for kind, fit in fits.items():
         say(f"{kind} kernel floor: {fit.floor_s * 1e6:.2f} us (chains of {'/'.join(map(str, CHAIN_LENGTHS))}); "
-            f"a one-kernel call: {fit.call_s * 1e6:.1f} us")
+            f"a call beyond its kernels: {fit.call_s * 1e6:.1f} us")
     launch = fits["loop"].floor_s
-    call_s = fits["loop"].call_s  # a program of one tiny elementwise kernel: the least a call costs
-    say(f"a call's least time (dispatch): {call_s * 1e6:.1f} us")
+    call_s = fits["loop"].call_s  # a call beyond its kernels (the loop chain's intercept)
+    say(f"a call beyond its kernels (dispatch and the wait): {call_s * 1e6:.1f} us")
 
     scale = jax.jit(lambda x: x * 2.0 + 1.0)
 
@@ -218,9 +228,16 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
         f = ops.flops("conv2d", [(1, c, hw, hw), (c, c, kk, kk)], attrs)
         conv.append((f, t))
         say(f"conv (1, {c}, {hw}, {hw}) * ({c}, {c}, {kk}, {kk}): {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
+    gconv = []
+    for c, hw, width in GCONV_SHAPES:
+        attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+        t = _marginal("conv2d", attrs, (1, c, hw, hw), (c, width, 3, 3))
+        f = ops.flops("conv2d", [(1, c, hw, hw), (c, width, 3, 3)], attrs)
+        gconv.append((f, t))
+        say(f"grouped conv (1, {c}, {hw}, {hw}) * ({c}, {width}, 3, 3): {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
     return Calibration(_machine_key(), device_key(), launch, bandwidth, loop_flops, Curve.fit(matmul),
                        Curve.fit(conv), time.perf_counter() - start, weight_bandwidth, fits["copy"].floor_s,
-                       fits["kernel"].floor_s, fits["dot"].floor_s, fits["conv"].floor_s, call_s)
+                       fits["kernel"].floor_s, fits["dot"].floor_s, fits["conv"].floor_s, call_s, Curve.fit(gconv))
 
 
 def load_calibration(force: bool = False, say: Callable[[str], None] = lambda _: None,

@@ -160,14 +160,15 @@ def test_tensat_only_rules_have_no_library_merges() -> None:
 
 
 def test_a_chain_fit_reads_the_floor_where_the_device_is_the_bottleneck() -> None:
-    # calls back to back: the host's 50 us dispatch hides short chains; past it, 3 us a kernel
+    # each call to completion: 50 us a call, 3 us a kernel
     def seconds(n: int) -> float:
-        return max(50e-6, 5e-6 + 3e-6 * n)
+        return 50e-6 + 3e-6 * n
     points = [(n, seconds(n) * (1 + 0.01 * k)) for n in (1, 64, 128, 256) for k in (-1, 0, 1)]
     fit = fit_chain(points + [(128, 10 * seconds(128))])  # one wild sample: the medians ignore it
     assert fit.floor_s == pytest.approx(3e-6, rel=0.05) and fit.call_s == pytest.approx(50e-6, rel=0.02)
-    # the short chains' slope (about 0) would be a wrong floor: only the longest chains count
-    assert fit_chain([(1, 50e-6), (16, 50e-6), (64, 197e-6), (128, 389e-6)], device_bound=2).floor_s == pytest.approx(3e-6)
+    # a short chain hidden behind dispatch (slope about 0) would give a wrong floor: only the longest count
+    hidden = fit_chain([(1, 50e-6), (16, 50e-6), (64, 197e-6), (128, 389e-6)], device_bound=2)
+    assert hidden.floor_s == pytest.approx(3e-6) and hidden.call_s == pytest.approx(47e-6)
     for bad in ([(1, 1e-5)], [(0, 1e-5), (4, 2e-5)], [(1, -1.0), (4, 2e-5)]):
         with pytest.raises(CalibrationError):
             fit_chain(bad)
@@ -184,14 +185,28 @@ def test_a_kernel_costs_the_larger_of_its_floor_and_its_work() -> None:
     assert model.op_cost("transpose", {"perm": (1, 0)}, small) == pytest.approx(4e-6)
     assert model.op_cost("reduce_sum", {"axes": (1,)}, small) == pytest.approx(5e-6)
     assert model.op_cost("matmul", {"act": 0}, [(1, 8), (8, 8)]) == pytest.approx(2e-4)  # above the curve's 1e-5
-    # a call costs at least `call_s`; a plan's predicted speedup counts it on both sides
+    # a call costs `call_s` beyond its kernels; a plan's predicted speedup counts it on both sides
     b = GraphBuilder()
     x = b.input("x", (1, 512))
     (summed,) = b.apply("reduce_sum", [b.tanh(x)], {"axes": (1,)})
     one, two = b.build([b.tanh(x)]), b.build([b.relu(summed)])
-    assert model.program_seconds(one) == pytest.approx(50e-6)
-    assert predicted_speedup(two, one, model) == pytest.approx(1.0)  # both below a call's least time
+    assert model.program_seconds(one) == pytest.approx(53e-6)
+    assert predicted_speedup(two, one, model) == pytest.approx((50 + 3 + 5 + 3) / (50 + 3))
     assert predicted_speedup(two, one, XlaModel(replace(cal, call_s=0.0))) == pytest.approx((3 + 5 + 3) / 3)
+
+
+def test_a_grouped_conv_is_priced_on_its_own_curve() -> None:
+    slow = Curve((1e6, 1e9), (2e-4, 2e-1))
+    model = XlaModel(replace(CAL, gconv=slow))
+    attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+    grouped = [(1, 512, 14, 14), (512, 16, 3, 3)]
+    work = ops.flops("conv2d", grouped, attrs)
+    assert model.op_cost("conv2d", attrs, grouped) == pytest.approx(slow.seconds_for(work))
+    for shapes in ([(1, 512, 14, 14), (512, 1, 3, 3)], [(1, 64, 14, 14), (64, 64, 3, 3)]):  # depthwise, dense
+        assert model.op_cost("conv2d", attrs, shapes) == XlaModel(CAL).op_cost("conv2d", attrs, shapes)
+    assert XlaModel(CAL).op_cost("conv2d", attrs, grouped) < model.op_cost("conv2d", attrs, grouped)
+    path_cal = replace(CAL, gconv=slow)
+    assert Calibration.from_json(json.loads(json.dumps(path_cal.to_json()))) == path_cal
 
 
 def test_an_older_calibration_format_is_refused_as_such(tmp_path: Path) -> None:

@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
         "floor_us": {kind: sec * 1e6 for kind, sec in cal.floors.items()}, "call_us": cal.call_s * 1e6,
         "matmul_gflops": {f"{f:.3g}": f / s / 1e9 for f, s in zip(cal.matmul.flops, cal.matmul.seconds)},
         "conv_gflops": {f"{f:.3g}": f / s / 1e9 for f, s in zip(cal.conv.flops, cal.conv.seconds)},
+        "gconv_gflops": {f"{f:.3g}": f / s / 1e9 for f, s in zip(cal.gconv.flops, cal.gconv.seconds)}
+        if cal.gconv is not None else None,
     }
     if not names:
         yield fitted
