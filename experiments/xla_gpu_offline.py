@@ -67,8 +67,8 @@ def from_probes(path: Path, probes: Sequence[Path]) -> tuple[Calibration, str]:
     convs (one flop count: the curve is that point, flat below it and at its rate above)."""
     data = json.loads(path.read_text(encoding="utf-8"))
     raw: dict[str, Any] = {}
-    for f in probes:
-        raw.update(json.loads(f.read_text(encoding="utf-8")))
+    for probe in probes:
+        raw.update(json.loads(probe.read_text(encoding="utf-8")))
     fits = {kind: fit_chain([(int(n), t) for n, t in raw[kind].items()]) for kind in CHAIN_KINDS}
     curves: dict[str, list[tuple[float, float]]] = {"matmul": [], "conv": [], "gconv": []}
     for key, chain in raw.items():
@@ -99,12 +99,12 @@ def from_probes(path: Path, probes: Sequence[Path]) -> tuple[Calibration, str]:
     if "loop_blocking" in raw:  # (1, 64, 256) kernels, each call to completion
         blocking = fit_chain(list(zip((1, 64, 256), raw["loop_blocking"])), device_bound=2)
         floors["launch_s"], call, how = blocking.floor_s, blocking.call_s, "loop chain timed to completion"
-    gconv = None
-    if len({f for f, _ in curves["gconv"]}) > 1:
+    gconv: Curve | None = None
+    if len({fl for fl, _ in curves["gconv"]}) > 1:
         gconv = Curve.fit(curves["gconv"])
     elif curves["gconv"]:
-        f, t = (math.exp(sum(math.log(pt[i]) for pt in curves["gconv"]) / len(curves["gconv"])) for i in (0, 1))
-        gconv = Curve((f, 2 * f), (t, 2 * t))
+        fl, t = (math.exp(sum(math.log(pt[i]) for pt in curves["gconv"]) / len(curves["gconv"])) for i in (0, 1))
+        gconv = Curve((fl, 2 * fl), (t, 2 * t))
     cal = Calibration(str(data["machine"]), str(data["device"]), floors["launch_s"], data["bandwidth"],
                       data["loop_flops"], Curve.fit(curves["matmul"]), Curve.fit(curves["conv"]), 0.0,
                       data["weight_bandwidth"], floors["copy_s"], floors["kernel_s"], floors["dot_s"], floors["conv_s"],
