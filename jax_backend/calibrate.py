@@ -2,7 +2,7 @@
 
 What is measured, each with the one timing policy (`jax_backend.timing.interleaved_rounds`), in
 about 20 s on a CPU: per kind of kernel (loop, copy, pool, dot, conv) its floor, the time one more
-tiny kernel of that kind adds to a chain of up to 256 (`FLOOR_PROBES`, `chain_fit`), and the time
+tiny kernel of that kind adds to a chain of up to 64 (`FLOOR_PROBES`, `chain_fit`), and the time
 of a call beyond its kernels (each call timed to completion, as plans are judged), grouped convs, the
 bandwidth of a loop fusion streaming a 1 MiB array, the arithmetic rate of a long elementwise
 chain, dots and convs of representative sizes (seconds against flops: the efficiency curve) and
@@ -58,9 +58,10 @@ GCONV_SHAPES: tuple[tuple[int, int, int], ...] = ((64, 56, 4), (512, 14, 16), (2
 """(channels, height = width, channels a group) of the calibration's grouped 3x3 convs (ResNeXt's
 cardinality-32 blocks): 1.4e7 to 1.2e8 flops."""
 
-CHAIN_LENGTHS: tuple[int, ...] = (1, 64, 128, 256)
-"""Kernels in the chains that measure each kind's floor (`eqsat.xla_cost.fit_chain`): long enough
-that a GPU, not the host's dispatch of the call, is the bottleneck (256 kernels of ~3 us)."""
+CHAIN_LENGTHS: tuple[int, ...] = (1, 16, 32, 64)
+"""Kernels in the chains that measure each kind's floor (`eqsat.xla_cost.fit_chain`): the longest
+take a few times a call's dispatch (64 kernels of 2-8 us on an H200 against its ~75 us call), so
+their slope is the kernels' own time and not the call's jitter."""
 
 LINKS = 3  # a chain of at least this many calls against one call: the marginal cost of a call
 MAX_LINKS = 48  # ...doubled up to this while the chain is not clearly slower than one call (dispatch-bound)
