@@ -29,6 +29,7 @@ class ValueContext:
     weight_derived: bool = False  # a weight moved by distribution ops only (its gradient is a weight's)
     needs_grad: bool = True  # a weight reaches it: a gradient flows back through it
     fused_loop: bool = False  # the output of an XLA loop fusion: an elementwise consumer joins that loop
+    strided_view: bool = False  # a slice not contiguous in memory: a dot or conv reading it copies it first
 
 
 @dataclass(frozen=True)

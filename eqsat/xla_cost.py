@@ -261,8 +261,29 @@ def fusion_context(enodes: ENodes) -> EGraphContext:
             if cls not in fused and all(e if e is not None else child in fused for e, child in facts):
                 fused.add(cls)
                 changed = True
-    classes = {c: ValueContext(leaf=leaf.get(c), fused_loop=c in fused) for c in enodes.shapes}
+    strided: set[str] = set()
+    changed = True
+    while changed:  # a strided slice, or a view of a strided value (least fixpoint, as above)
+        changed = False
+        for cls in ends:
+            if cls not in strided and all(_strided_member(m, enodes.shapes, strided) for m in members[cls]):
+                strided.add(cls)
+                changed = True
+    classes = {c: ValueContext(leaf=leaf.get(c), fused_loop=c in fused, strided_view=c in strided) for c in enodes.shapes}
     return EGraphContext(frozenset(enodes.nodes), classes)
+
+
+def _strided_member(node: ENode, shapes: Mapping[str, Shape], strided: set[str]) -> bool:
+    if node.op == "slice" and node.children and node.children[0] in shapes:
+        return _strided(shapes[node.children[0]], node.attrs) or node.children[0] in strided
+    return ops.op_spec(node.op).fusion == "view" and bool(node.children) and node.children[0] in strided
+
+
+def _strided(shape: Shape, attrs: Mapping[str, Any]) -> bool:
+    """Whether a slice of `shape` along `attrs["axis"]` is not one contiguous block of row-major
+    memory (an axis before it is longer than 1): a library call cannot read it in place."""
+    axis = int(attrs["axis"]) % len(shape) if shape else 0
+    return math.prod(shape[:axis]) > 1
 
 
 def graph_enodes(graph: Graph) -> ENodes:
@@ -314,14 +335,16 @@ class XlaModel:
 
     def price(self, node: NodeInContext) -> NodePrice:
         fused = tuple(v.fused_loop for v in node.inputs)
+        strided = tuple(v.strided_view for v in node.inputs)
         key = (node.op, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in node.attrs.items())),
-               node.input_shapes, fused)
+               node.input_shapes, fused, strided)
         seconds = self._cache.get(key)
         if seconds is None:
-            seconds = self._cache[key] = self._seconds(node.op, node.attrs, node.input_shapes, fused)
+            seconds = self._cache[key] = self._seconds(node.op, node.attrs, node.input_shapes, fused, strided)
         return NodePrice(seconds)
 
-    def _seconds(self, op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape], fused: Sequence[bool]) -> float:
+    def _seconds(self, op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape], fused: Sequence[bool],
+                 strided: Sequence[bool] = ()) -> float:
         spec = ops.op_spec(op)
         kind = spec.fusion
         if op in self.free_ops or kind in ("leaf", "view"):
@@ -347,12 +370,15 @@ class XlaModel:
             # the call: its efficiency at this size, or the time to read its operands (a matrix-vector product)
             dot = work - (ops.numel(outs[0]) if act is not ops.Activation.NONE else 0)
             call = max(floor, curve.seconds_for(max(dot, 1.0)), (sum(in_bytes) + out_bytes) / cal.weight_bandwidth)
+            # an operand sliced out of the middle of a value is first copied by a loop kernel
+            call += sum(max(cal.launch_s, 2 * b / cal.bandwidth) for b, s in zip(in_bytes, strided) if s)
             if act is ops.Activation.NONE:
                 return call
             # the activation is the head of a loop (what a separate activation op would cost)
             return call + self._seconds(act.op_name, {}, [outs[0]], (False,))
-        if kind == "copy":
-            return max(cal.copy_s, 2 * out_bytes / cal.bandwidth)
+        if kind == "copy":  # a transpose of a dense value may become a layout (`copy_s`); else a loop kernel
+            free_layout = op == "transpose" and not any(strided)
+            return max(cal.copy_s if free_layout else cal.launch_s, 2 * out_bytes / cal.bandwidth)
         return max(cal.kernel_s, work / cal.loop_flops, (sum(in_bytes) + out_bytes) / cal.bandwidth)
 
     def price_graph(self, graph: Graph, fold_weights: bool = True) -> float:

@@ -217,3 +217,30 @@ def test_an_older_calibration_format_is_refused_as_such(tmp_path: Path) -> None:
         read_calibration(path, "machine-a", "cpu-test")
     with pytest.raises(CalibrationError):
         Calibration.from_json({**CAL.to_json(), "call_s": -1.0})
+
+
+def test_a_strided_slice_read_by_a_dot_is_copied_first_and_a_contiguous_one_is_not() -> None:
+    model = XlaModel(replace(CAL, copy_s=1e-9))
+
+    def graph(axis: int) -> Graph:
+        b = GraphBuilder()
+        x, w, v = b.input("x", (64, 512)), b.weight("w", (512, 1024)), b.weight("v", (256, 256))
+        y = b.matmul(x, w)  # (64, 1024)
+        (part,) = b.apply("slice", [y], {"axis": axis, "start": 0, "stop": 256 if axis == 1 else 16})
+        if axis == 0:
+            part = b.apply("reshape", [part], {"shape": (64, 256)})[0]
+        return b.build([b.matmul(part, v)])
+
+    strided, contiguous = graph(1), graph(0)  # columns of a (64, 1024) value; its first rows
+    dots = (model.op_cost("matmul", {"act": 0}, [(64, 512), (512, 1024)])
+            + model.op_cost("matmul", {"act": 0}, [(64, 256), (256, 256)]))
+    assert graph_cost(contiguous, model) == pytest.approx(dots)
+    copy = max(CAL.launch_s, 2 * 4 * 64 * 256 / CAL.bandwidth)
+    assert graph_cost(strided, model) == pytest.approx(dots + copy)
+    # a transpose is a free layout change of a dense value, a loop kernel of a strided one; a concat a loop kernel
+    assert model.op_cost("transpose", {"perm": (1, 0)}, [(8, 8)]) == pytest.approx(2 * 4 * 64 / CAL.bandwidth)
+    assert model.op_cost("concat", {"axis": 0}, [(8, 8), (8, 8)]) == pytest.approx(CAL.launch_s)
+    b = GraphBuilder()
+    (cols,) = b.apply("slice", [b.input("x", (64, 1024))], {"axis": 1, "start": 0, "stop": 256})
+    moved = b.build([b.transpose(cols, perm=(1, 0))])
+    assert graph_cost(moved, model) == pytest.approx(max(CAL.launch_s, 2 * 4 * 64 * 256 / CAL.bandwidth))
