@@ -41,7 +41,7 @@ def calibration(path: Path, floor_us: float | None, call_us: float) -> tuple[Cal
         return Calibration.from_json(data), "measured (format 3)"
     fields = {k: data[k] for k in ("launch_s", "bandwidth", "loop_flops", "weight_bandwidth")}
     cal = Calibration.from_json({**data, "format": CALIBRATION_FORMAT, **fields, "copy_s": 0, "kernel_s": 0,
-                                 "dot_s": 0, "conv_s": 0, "call_s": call_us * 1e-6})
+                                 "dot_s": 0, "conv_s": 0, "call_s": call_us * 1e-6, "gconv": None})
     if floor_us is not None:
         f = floor_us * 1e-6
         cal = replace(cal, launch_s=f, copy_s=f, kernel_s=f)
