@@ -11,9 +11,12 @@ e-node of its class ends in an elementwise loop), and
   starts a loop: a kernel of its own, its reads and its write;
 - a dot or conv (`"library"`) costs what the calibration measured for a call of its size (seconds
   against flops, interpolated in log-log between measured shapes) or the time to read its operands
-  at the measured matrix-vector bandwidth, whichever is longer, plus the loop of its activation;
-- a copy (`"copy"`: concat, transpose) costs a read and write of its output; views (`"view"`) and
-  leaves nothing; any other op (`"kernel"`: pools, reductions) its roofline under the measured
+  at the measured matrix-vector bandwidth, whichever is longer, plus the loop of its activation,
+  plus a loop kernel copying each operand that is a strided slice (a slice out of the middle of a
+  value, or a view of one: a library call reads dense operands);
+- a copy (`"copy"`) costs a read and write of its output: a transpose of a dense value at the
+  transpose floor (XLA may make it a layout change), a concat or a transpose of a strided slice
+  as a loop kernel; views (`"view"`) and leaves nothing; any other op (`"kernel"`: pools, reductions) its roofline under the measured
   bandwidth and loop arithmetic rate.
 
 A kernel of its own costs the larger of its work and the device's floor for a kernel of that kind
@@ -57,7 +60,8 @@ __all__ = ["CALIBRATION_FORMAT", "FLOOR_KINDS", "Calibration", "CalibrationError
            "fit_chain", "fusion_context", "graph_enodes", "read_calibration", "write_calibration"]
 
 CALIBRATION_FORMAT = "eqsat-xla-calibration-3"
-"""3: per-kind kernel floors and the per-call time (a format-2 cache is refused and measured again)."""
+"""3: per-kind kernel floors, the per-call time and grouped convs (a format-2 cache is refused and
+measured again)."""
 
 FLOOR_KINDS: tuple[str, ...] = ("loop", "copy", "kernel", "dot", "conv")
 """The kinds of kernel whose floor the calibration measures (`Calibration.floors`)."""
@@ -168,7 +172,7 @@ class Calibration:
     conv: Curve
     seconds: float = 0.0  # how long the calibration took
     weight_bandwidth: float = 0.0  # bytes/s a dot or conv reads its operands at (matrix-vector products); 0: `bandwidth`
-    copy_s: float = 0.0  # floor of a copy kernel (transpose, concat); 0: `launch_s`
+    copy_s: float = 0.0  # floor of a transpose of a dense value (often a layout change: ~0); 0: `launch_s`
     kernel_s: float = 0.0  # floor of any other kernel (a pool, a reduction); 0: `launch_s`
     dot_s: float = 0.0  # floor of a dot; 0: the matmul curve's smallest call
     conv_s: float = 0.0  # floor of a conv; 0: the conv curve's smallest call
