@@ -1,6 +1,6 @@
 """`eqsat calibrate`: measure this device for the "xla" cost model and cache the result.
 
-Prints what was fitted (launch cost, bandwidth, elementwise rate, dot and conv efficiency against
+Prints what was fitted (kernel floors per kind, call time, bandwidth, elementwise rate, dot, conv and grouped conv efficiency against
 flops) and where it is cached; `--force` measures again. A damaged cache or one from another
 machine is never trusted: it is measured again with a one-line warning. `--check MODEL...` then
 sets the xla model's predicted speedup beside the measured one for each model
