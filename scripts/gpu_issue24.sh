@@ -18,7 +18,7 @@ timeout ${CAL_S:-130} python3 -m eqsat.cli calibrate --device "$DEV" --force --j
 echo "calibrate rc=$? s=$SECONDS" >> "$OUT/gpu.txt"
 cp "$EQSAT_CACHE_DIR"/xla/*.json "$OUT/" 2>/dev/null
 XLA=""; [ -s "$OUT/calibrate.jsonl" ] && XLA="--xla-device $DEV"
-timeout ${JUDGE_S:-160} python3 -m eqsat.cli judge "$PLANS/default" "$PLANS/tensatonly" \
+timeout ${JUDGE_S:-160} python3 -m eqsat.cli judge ${DIRS:-"$PLANS/default" "$PLANS/tensatonly"} \
   --models ${MODELS:-squeezenet bert inceptionv3 nasrnn resnext50 vgg nasneta} \
   --timing-budget ${BUDGET:-8} --predict-device h100 $XLA --json > "$OUT/judge.jsonl" 2> "$OUT/judge.err"
 echo "judge rc=$? s=$SECONDS" >> "$OUT/gpu.txt"
