@@ -113,8 +113,8 @@ def from_probes(path: Path, probes: Sequence[Path]) -> tuple[Calibration, str]:
 
 
 def plan_path(folder: Path, model: str, name: str) -> Path:
-    sub, _, cand = name.partition("/")
-    return folder / sub / f"{model}.candidate.{cand}.json"
+    sub, _, cand = name.rpartition("/")  # "default/greedy-dag", or "greedy-dag" when one folder was judged
+    return folder / (sub or "default") / f"{model}.candidate.{cand}.json"
 
 
 def report(cal: Calibration, plans: Path, runs: Sequence[Path]) -> dict[str, Any]:
@@ -134,7 +134,7 @@ def report(cal: Calibration, plans: Path, runs: Sequence[Path]) -> dict[str, Any
             p = predicted_speedup(original, Graph.load(plan_path(plans, name, cand["name"])), model) or math.nan
             entry["pairs"].append((p, cand["measured_speedup"]))
             pooled.append((p, cand["measured_speedup"]))
-            if cand["name"] == ILP:
+            if cand["name"].rpartition("/")[2] == ILP.rpartition("/")[2] and not cand["name"].startswith("tensatonly/"):
                 entry["ilp"].append((p, cand["measured_speedup"]))
     within = 0
     for entry in out["models"].values():
