@@ -403,8 +403,15 @@ class XlaModel:
         return self.calibration.call_s + self.price_graph(graph, fold_weights)
 
 
+# The widest group the grouped-conv probes measure (`jax_backend.calibrate.GCONV_SHAPES`): a curve
+# is not extrapolated past the convs it was measured on.
+GROUPED_CURVE_MAX_PER_GROUP = 64
+
+
 def _grouped(op: str, shapes: Sequence[Shape]) -> bool:
-    """A grouped conv of more than one channel a group (not a dense conv, not a depthwise one)."""
+    """A grouped conv of more than one and at most `GROUPED_CURVE_MAX_PER_GROUP` channels a group (not
+    a dense conv, not a depthwise one). Wider groups (two merged convs: 2 groups of 1280) run as the
+    dense convs they are and are priced on the dense curve."""
     x, w = shapes[0], shapes[1]
     channels, per_group = (x[1], w[1]) if op == "conv2d" else (x[3], w[2])
-    return 1 < per_group < channels
+    return 1 < per_group < channels and per_group <= GROUPED_CURVE_MAX_PER_GROUP

@@ -202,7 +202,9 @@ def test_a_grouped_conv_is_priced_on_its_own_curve() -> None:
     grouped = [(1, 512, 14, 14), (512, 16, 3, 3)]
     work = ops.flops("conv2d", grouped, attrs)
     assert model.op_cost("conv2d", attrs, grouped) == pytest.approx(slow.seconds_for(work))
-    for shapes in ([(1, 512, 14, 14), (512, 1, 3, 3)], [(1, 64, 14, 14), (64, 64, 3, 3)]):  # depthwise, dense
+    # depthwise, dense, and two merged convs (2 groups of 128 channels: wider than the probes measure)
+    for shapes in ([(1, 512, 14, 14), (512, 1, 3, 3)], [(1, 64, 14, 14), (64, 64, 3, 3)],
+                   [(1, 256, 14, 14), (256, 128, 1, 1)]):
         assert model.op_cost("conv2d", attrs, shapes) == XlaModel(CAL).op_cost("conv2d", attrs, shapes)
     assert XlaModel(CAL).op_cost("conv2d", attrs, grouped) < model.op_cost("conv2d", attrs, grouped)
     path_cal = replace(CAL, gconv=slow)
@@ -244,3 +246,11 @@ def test_a_strided_slice_read_by_a_dot_is_copied_first_and_a_contiguous_one_is_n
     (cols,) = b.apply("slice", [b.input("x", (64, 1024))], {"axis": 1, "start": 0, "stop": 256})
     moved = b.build([b.transpose(cols, perm=(1, 0))])
     assert graph_cost(moved, model) == pytest.approx(max(CAL.launch_s, 2 * 4 * 64 * 256 / CAL.bandwidth))
+
+
+def test_the_grouped_curve_covers_the_groups_its_probes_measure() -> None:
+    from jax_backend.calibrate import GCONV_SHAPES
+
+    from eqsat.xla_cost import GROUPED_CURVE_MAX_PER_GROUP
+
+    assert max(width for _, _, width in GCONV_SHAPES) == GROUPED_CURVE_MAX_PER_GROUP
