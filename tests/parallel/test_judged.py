@@ -5,7 +5,6 @@ over several mesh axes is priced as the one all-reduce XLA runs."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import jax
@@ -17,7 +16,8 @@ from eqsat.cost import cost_model
 from eqsat.parallel import api
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import parse_mesh
-from eqsat.parallel.planner import plan_graph
+from eqsat.ir import GraphBuilder
+from eqsat.parallel.planner import PlanReport, PlanResult, plan_graph
 from eqsat.models.parallel_cases import unity_mlp
 
 needs8 = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
@@ -95,25 +95,28 @@ def test_two_axis_sync_compiles_to_one_all_reduce_per_weight() -> None:
 
 @needs8
 def test_a_forced_plan_that_compiles_to_more_bytes_is_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The planner's shardings forced to every state leaf split over every axis (all-gathered
-    before use: more bytes than data parallel's gradient all-reduce): data parallel is returned,
-    and it runs equal to the single-device step."""
+    """A plan forced to split every parameter over every axis on its first dim (all-gathered before
+    use: more bytes than data parallel's gradient all-reduce): data parallel is returned, and it
+    runs equal to the single-device step. (The planner is not run: a stand-in result carries the
+    forced shardings, so only the judging is tested.)"""
     from tests.parallel.test_api import check_steps, mesh_of, problem, train_step
 
-    real = api._plan_forward
+    b = GraphBuilder()
+    stand_in = b.build([b.relu(b.input("x", (8, 4)))])
+    result = PlanResult("joint", parse_mesh("2x4"), stand_in, PlanReport(1e-3, 1e-3, 0.0, 1.0, ()), True, 0.0,
+                        0.0, 0.0, 0.0, 1, 1, "optimal", 0.0, 0, "saturated")
 
-    def forced(*a: Any, **k: Any) -> Any:
-        planned = real(*a, **k)
-        leaves = a[1]
-        return replace(planned, specs=[(("data", "model"),) if leaves.state[i] and leaves.shapes[i]
-                                       and leaves.shapes[i][0] % 8 == 0 else None for i in range(len(leaves.paths))])
+    def forced(closed: Any, leaves: Any, *_: Any, **__: Any) -> Any:
+        specs = [(("data", "model"),) if leaves.state[i] and leaves.shapes[i] and leaves.shapes[i][0] % 8 == 0
+                 else None for i in range(len(leaves.paths))]
+        return api._Planned(specs, (result,), None, 0, "", None)
 
     monkeypatch.setattr(api, "_plan_forward", forced)
     params, opt_state, batch = problem()
     plan = ep.plan(train_step, params, opt_state, batch, mesh=mesh_of((2, 4)), params_argnums=(0, 1),
-                   time_limit=10, baselines=False)
+                   baselines=False)
     assert plan.report.strategy.startswith("data-parallel (compiled: the plan's step compiled to"), plan.report.strategy
-    assert plan.report.baselines == () and plan.report.collectives == ()
+    assert plan.report.baselines == () and plan.report.collectives == () and plan.results == ()
     leaves, _ = api._flat_leaves((params, opt_state, batch), (0, 1))
     dp = api.baseline_specs("data-parallel", leaves, ("data", "model"), {"data": 2, "model": 4}, None)
     assert [s for _, s in plan.report.leaf_specs] == [str(jax.sharding.PartitionSpec(*s)) for s in dp]
