@@ -28,6 +28,9 @@ class ValueContext:
     leaf: str | None = None  # the leaf op ("input" / "weight") when the value is one
     weight_derived: bool = False  # a weight moved by distribution ops only (its gradient is a weight's)
     needs_grad: bool = True  # a weight reaches it: a gradient flows back through it
+    # a weight moved by `replicate` only: equal on every device of its axes, so the gradient syncs
+    # of the replicates on top of it join its own into one all-reduce over all their axes (as XLA runs it)
+    weight_replicated: bool = False
     fused_loop: bool = False  # the output of an XLA loop fusion: an elementwise consumer joins that loop
     strided_view: bool = False  # a slice not contiguous in memory: a dot or conv reading it copies it first
 

@@ -8,7 +8,7 @@ lowering table with per-device attributes) and the distribution ops as explicit 
 | plan op | per device |
 |---|---|
 | partition | the device's block (dynamic slice at `axis_index`; its transpose is an all-reduce of the zero-padded gradient); for a leaf only ever partitioned the same way, the argument is passed sharded instead |
-| replicate | `lax.pcast(to="varying")` (no data moves; its transpose is the gradient's all-reduce) |
+| replicate | `lax.pcast(to="varying")` (no data moves; its transpose is the gradient's all-reduce; a weight replicated over several axes is one pcast over all of them, so one all-reduce) |
 | combine | JAX's invariant all-gather (its transpose is a local slice) |
 | all_gather | `lax.all_gather(tiled=True)` (its transpose is a reduce-scatter) |
 | reduce / all_reduce | `lax.psum` / and `pcast(to="varying")` |
@@ -45,7 +45,7 @@ from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from eqsat.parallel.memory import sharded_leaves
 from eqsat.parallel.mesh import Mesh
-from eqsat.parallel.planner import graph_axes
+from eqsat.parallel.planner import graph_axes, replicated_weights
 from jax_backend.lower import lower_node
 
 Array = Any
@@ -130,6 +130,9 @@ def shard_plan(plan: Graph, mesh: Mesh, devices: Sequence[Any] | None = None) ->
             spec[dim] = names_of_axes[ax]
         specs.append(P(*spec))
 
+    joined = {j for j in replicated_weights((k, m.op, [v.node for v in m.inputs]) for k, m in enumerate(g.nodes))
+              if g.nodes[j].op == "replicate"}
+
     def body(*arrays: Array) -> list[Array]:
         vals: dict[int, Array] = {}
         for (i, _), arr in zip(leaves, arrays):
@@ -141,7 +144,12 @@ def shard_plan(plan: Graph, mesh: Mesh, devices: Sequence[Any] | None = None) ->
             a = n.attr
             if n.op in DISTRIBUTION_OPS:
                 ax = int(a["axis"])
-                if n.op == "partition" and n.inputs[0].node in sharded:
+                if n.op == "replicate" and n.inputs[0].node in joined:
+                    # a weight replicated over several axes: one pcast over all of them, so its
+                    # gradient sync is one all-reduce over them (as `eqsat.parallel.cost` prices it)
+                    root, over = _replicate_chain(g, i, names_of_axes)
+                    vals[i] = lax.pcast(vals[root], over, to="varying")
+                elif n.op == "partition" and n.inputs[0].node in sharded:
                     vals[i] = xs[0]  # passed in sharded
                 else:
                     vals[i] = _collective(n.op, xs[0], a, names_of_axes[ax], mesh.axes[ax].size)
@@ -152,6 +160,16 @@ def shard_plan(plan: Graph, mesh: Mesh, devices: Sequence[Any] | None = None) ->
     fn = jax.shard_map(body, mesh=jm, in_specs=tuple(specs), out_specs=[P()] * len(g.outputs), check_vma=True)
     return ShardedProgram(jax.jit(fn), tuple(n.attr["name"] for _, n in leaves), jm,
                           tuple(NamedSharding(jm, s) for s in specs))
+
+
+def _replicate_chain(g: Graph, i: int, names: Sequence[str]) -> tuple[int, tuple[str, ...]]:
+    """The weight under a chain of `replicate`s ending at node `i`, and the chain's axis names
+    (innermost first)."""
+    over: list[str] = []
+    while g.nodes[i].op == "replicate":
+        over.append(names[int(g.nodes[i].attr["axis"])])
+        i = g.nodes[i].inputs[0].node
+    return i, tuple(reversed(over))
 
 
 # --- what the compiled program does ----------------------------------------------------------------

@@ -9,7 +9,7 @@ value with no device axes is replicated on every device (SPMD: every device comp
 | op | forward | backward (the transpose) |
 |---|---|---|
 | partition | slice, nothing | all-reduce of the zero-padded gradient, as JAX transposes a slice of a replicated value (none for a leaf: data needs none, a weight keeps its shard) |
-| replicate | nothing | all-reduce of the gradient; of a weight leaf this is the gradient sync |
+| replicate | nothing | all-reduce of the gradient; of a weight leaf this is the gradient sync (over several axes one all-reduce: `_joined_sync`) |
 | combine / all_gather | all-gather | slice / reduce-scatter |
 | reduce, all_reduce | all-reduce | nothing / all-reduce |
 | reduce_scatter | reduce-scatter | all-gather |
@@ -139,8 +139,9 @@ class ParallelCostModel:
         local = [tuple(s[d:]) for s, d in zip(input_shapes, input_depths)]
         update = self._update_s(op, local, tuple(out_shape[depth:]), leaf_children)
         if op in COLLECTIVES:
+            first = node.inputs[0]
             found = self._distribution(op, attrs, input_shapes[0], input_depths[0], out_shape, depth, leaf_children[0],
-                                       not grad[0])
+                                       not grad[0], first.axes if first.weight_replicated else ())
             return NodeCost(update, 0.0, found, kept, bound)  # a collective's sums are priced in its alpha-beta time
         forward = self.compute.op_cost(op, local_attrs(op, attrs, depth), local)
         return NodeCost(forward * (1 + BACKWARD_FACTOR) + update, forward, (), kept, bound)
@@ -160,9 +161,12 @@ class ParallelCostModel:
         return total
 
     def _distribution(self, op: str, attrs: Mapping[str, Any], in_shape: Shape, in_depth: int, out_shape: Shape,
-                      depth: int, leaf: str | None, grad_free: bool = False) -> tuple[Collective, ...]:
+                      depth: int, leaf: str | None, grad_free: bool = False,
+                      joined: tuple[int, ...] = ()) -> tuple[Collective, ...]:
         """`grad_free`: no weight reaches the input, so no gradient flows back through this op and
-        it has no backward collective (JAX transposes only what carries a cotangent)."""
+        it has no backward collective (JAX transposes only what carries a cotangent). `joined`: the
+        input is a weight replicated over these axes (`ValueContext.weight_replicated`), so a
+        `replicate`'s gradient sync joins theirs (`_joined_sync`)."""
         fwd, bwd, measured_on = COLLECTIVES[op]
         axis = int(attrs["axis"])
         size = per_device_bytes(in_shape, in_depth) if measured_on == "in" else per_device_bytes(out_shape, depth)
@@ -174,11 +178,29 @@ class ParallelCostModel:
                 pass  # no gradient flows into data, nor into values computed from data alone
             elif op == "partition" and leaf == "weight":
                 pass  # a sharded weight keeps a sharded gradient
+            elif op == "replicate" and joined:
+                found.append(self._joined_sync(axis, joined, size, op))
             elif op == "replicate" and leaf == "weight":
                 found.append(self._collective(bwd, axis, size, "grad-sync", op, f"gradient of a weight replicated over axis {axis}"))
             else:
                 found.append(self._collective(bwd, axis, size, "backward", op, f"transpose of {op} over axis {axis}"))
         return tuple(found)
+
+    def _joined_sync(self, axis: int, joined: tuple[int, ...], size: float, op: str) -> Collective:
+        """The gradient sync of a weight replicated over `joined` and then over `axis`: XLA runs one
+        all-reduce over all of them, not one per axis. The replicate nearest the weight prices its
+        axis's all-reduce with the buffer's bytes (its `grad-sync`); each replicate on top adds what
+        one all-reduce over its axis and those below takes beyond theirs, and no bytes, so a chain
+        sums to one all-reduce of the buffer over all its axes (a weight replicated over both axes of
+        2x4 is one 8-device all-reduce, where two per-axis all-reduces moved twice the bytes)."""
+        over = (*joined, axis)
+        seconds = (self.mesh.collective_seconds_over("all-reduce", over, size)
+                   - self.mesh.collective_seconds_over("all-reduce", joined, size))
+        wire = (self.mesh.wire_bytes_over("all-reduce", over, size)
+                - self.mesh.wire_bytes_over("all-reduce", joined, size))
+        return Collective("all-reduce", axis, 0.0, max(seconds, 0.0), "grad-sync", op,
+                          f"gradient of a weight replicated over axes {', '.join(map(str, over))}: joins the all-reduce "
+                          f"over axis {joined[0]} into one over all of them (its bytes counted there)", max(wire, 0.0))
 
     def _collective(self, kind: str, axis: int, size: float, phase: str, op: str, why: str) -> Collective:
         return Collective(kind, axis, size, self.mesh.collective_seconds(kind, axis, size), phase, op, why,

@@ -77,6 +77,23 @@ class Mesh:
         ax = self.axis(axis)
         return timemodel.collective_seconds(kind, ax.size, bytes_per_device, ax.latency, ax.bandwidth, ax.algorithm)
 
+    def collective_seconds_over(self, kind: str, axes: Sequence[int], bytes_per_device: float) -> float:
+        """One collective over several axes at once (a weight's gradient sync over a 2-D mesh is one
+        all-reduce over both, as XLA runs it): their product of devices, on the slowest of their links
+        (largest latency, smallest bandwidth; ring latency if their algorithms differ). One axis: as
+        `collective_seconds`."""
+        over = [self.axis(a) for a in axes]
+        if not over:
+            return 0.0
+        algorithms = {ax.algorithm for ax in over}
+        algorithm = over[0].algorithm if len(algorithms) == 1 else "ring"
+        return timemodel.collective_seconds(kind, math.prod(ax.size for ax in over), bytes_per_device,
+                                            max(ax.latency for ax in over), min(ax.bandwidth for ax in over), algorithm)
+
+    def wire_bytes_over(self, kind: str, axes: Sequence[int], bytes_per_device: float) -> float:
+        """Bytes one device sends for one collective over several axes (their product of devices)."""
+        return timemodel.wire_bytes(kind, math.prod(self.axis(a).size for a in axes), bytes_per_device) if axes else 0.0
+
     def wire_bytes(self, kind: str, axis: int, bytes_per_device: float) -> float:
         """Bytes one device sends for the collective (ring factors), beside its buffer size S."""
         return timemodel.wire_bytes(kind, self.axis(axis).size, bytes_per_device)

@@ -17,7 +17,7 @@ import math
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -268,11 +268,13 @@ def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
     per_node: list[tuple[float, float]] = []  # (compute, comm) seconds: the overlap model's input
     moved = ops.weight_derived(((i, n.op, [v.node for v in n.inputs]) for i, n in enumerate(g.nodes)), moved_only=True)
     derived = [i in moved for i in range(len(g.nodes))]
+    replicated = replicated_weights((i, n.op, [v.node for v in n.inputs]) for i, n in enumerate(g.nodes))
     grad: list[bool] = []
     facts: list[ValueContext] = []
     for i, n in enumerate(g.nodes):
         grad.append(n.op == "weight" or any(grad[v.node] for v in n.inputs))
-        facts.append(ValueContext(axes[i], n.op if ops.OPS[n.op].is_leaf else None, derived[i], grad[i]))
+        facts.append(ValueContext(axes[i], n.op if ops.OPS[n.op].is_leaf else None, derived[i], grad[i],
+                                  weight_replicated=i in replicated))
         c = model.node_cost(NodeInContext(n.op, n.attr, tuple(g.shape(v) for v in n.inputs),
                                           tuple(facts[v.node] for v in n.inputs), facts[i]))
         compute += c.compute_s
@@ -288,6 +290,12 @@ def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
     step = compute + comm if not model.overlap else overlapped_step(
         [c for c, _ in per_node], [m for _, m in per_node], [[v.node for v in n.inputs] for n in g.nodes])
     return PlanReport(step, compute, comm, memory.peak, tuple(found), memory, row, bound, contractions)
+
+
+def replicated_weights(nodes: Iterable[tuple[Any, str, Sequence[Any]]]) -> frozenset[Any]:
+    """The values (graph nodes or e-classes: (key, op, child keys)) that are a weight moved by
+    `replicate` only (`ValueContext.weight_replicated`): `ops.weight_derived` through those ops alone."""
+    return ops.weight_derived((n for n in nodes if n[1] in ("weight", "replicate")), moved_only=True)
 
 
 def output_cotangent_bytes(shape: tuple[int, ...], depth: int) -> float:
@@ -345,9 +353,10 @@ def spmd_context(enodes: ENodes) -> EGraphContext:
     # a class is weight-derived (moved by distribution ops only) / needs a gradient when one of its nodes does
     derived = ops.weight_derived(((n.eclass, n.op, list(n.children)) for n in keep.values()), moved_only=True)
     grad = _fixpoint(keep, lambda n, known: (n.op == "weight" or any(k in known for k in n.children)) or None)
+    replicated = replicated_weights((n.eclass, n.op, list(n.children)) for n in keep.values())
     leaf_of = {n.eclass: n.op for n in nodes.values() if ops.OPS[n.op].is_leaf}
     classes = {n.eclass: ValueContext(class_axes[n.eclass], leaf_of.get(n.eclass), n.eclass in derived,
-                                      n.eclass in grad) for n in keep.values()}
+                                      n.eclass in grad, weight_replicated=n.eclass in replicated) for n in keep.values()}
     return EGraphContext(frozenset(keep), classes)
 
 
