@@ -123,7 +123,8 @@ SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-
                 "partition-rsqrt", "partition-tanh", "partition-ewmax",
                 "partition-stop-gradient", "partition-stop-gradient4", "partition-ewadd4", "partition-ewsub4",
                 "partition-ewdiv4", "partition-ewmul4", "partition-exp4", "partition-select4", "batch-max4",
-                "batch-sum4", "batch-bcast4", "batch-heads-transpose", "batch-keys-transpose")
+                "batch-sum4", "batch-bcast4", "batch-heads-transpose", "batch-keys-transpose",
+                "partition-slice", "partition-concat")  # a split of another dim through split / concat
 
 
 def _base(rule_name: str) -> str:
