@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 
+from eqsat.egglog_schema import ENCODED_AS
 from eqsat.ops import Activation, Padding
 from eqsat.parallel.mesh import Mesh
 from eqsat.rewrites import LIBRARY_DIR
@@ -115,7 +116,7 @@ def applicable(rules: Sequence[Rule], graph_ops: Iterable[str]) -> list[Rule]:
     """The rules that can ever fire on a graph with `graph_ops`: a left side's ops must be in the
     graph or built by the right side of a rule that can fire (a fixpoint). Conv rules never fire on
     a transformer, and leaving them out keeps saturation and the ILP to what can matter."""
-    have = set(graph_ops)
+    have = {ENCODED_AS.get(op, op) for op in graph_ops}  # a split is held as slices
     changed = True
     while changed:
         changed = False
