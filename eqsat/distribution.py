@@ -174,6 +174,8 @@ LOCAL_ATTRS: Mapping[str, Callable[[Attrs, int], dict[str, Any]]] = {
     "reduce_sum": lambda a, k: {**a, "axes": tuple(int(x) - k for x in a["axes"])},
     "reduce_max": lambda a, k: {**a, "axes": tuple(int(x) - k for x in a["axes"])},
     "reshape": lambda a, k: {**a, "shape": tuple(a["shape"][k:])},
+    "slice": lambda a, k: {**a, "axis": int(a["axis"]) - k},
+    "concat": lambda a, k: {**a, "axis": int(a["axis"]) - k},
 }
 """Ops whose attributes count stacked dims from the front: their attributes for the piece of a value
 with k leading device axes (the planner only admits such nodes when the device axes stay in front)."""

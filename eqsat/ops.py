@@ -330,6 +330,11 @@ def _keeps_device_dims(attrs: Attrs, k: int) -> bool:
     return len(tuple(attrs["shape"])) > k
 
 
+def _axis_past_devices(attrs: Attrs, k: int) -> bool:
+    """A slice or concat along a data axis (counted from the front, past the k device axes)."""
+    return int(attrs["axis"]) >= k
+
+
 def _reduces_trailing(attrs: Attrs, k: int) -> bool:
     """Sums / maxes over no device axis."""
     return min(attrs["axes"], default=k) >= k
@@ -739,11 +744,12 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
            doc="average pooling; padded positions count as zeros"),
     OpSpec("concat", (AttrSpec("axis", "int"),), None, _concat_infer,
            lambda xs, a: (np.concatenate(xs, axis=a["axis"]),), _zero_flops, doc="join along an axis",
-           fusion_kind="copy", operand_kinds=ANY_KIND),
+           fusion_kind="copy", operand_kinds=ANY_KIND, on_devices=_axis_past_devices),
     OpSpec("split", (AttrSpec("axis", "int"), AttrSpec("sizes", "ints")), 1, _split_infer, _split_numpy,
            _zero_flops, is_view=True, doc="cut along an axis into pieces of the given sizes", operand_kinds=ANY_KIND),
     OpSpec("slice", (AttrSpec("axis", "int"), AttrSpec("start", "int"), AttrSpec("stop", "int")), 1,
-           _slice_infer, _slice_numpy, _zero_flops, is_view=True, doc="one piece of a split", operand_kinds=ANY_KIND),
+           _slice_infer, _slice_numpy, _zero_flops, is_view=True, doc="one piece of a split", operand_kinds=ANY_KIND,
+           on_devices=_axis_past_devices),
     OpSpec("transpose", (AttrSpec("perm", "ints"),), 1, _transpose_infer,
            lambda xs, a: (np.transpose(xs[0], a["perm"]),), _zero_flops, doc="permute axes",
            on_devices=_keeps_leading("perm"), fusion_kind="copy", operand_kinds=ANY_KIND),

@@ -123,7 +123,8 @@ SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-
                 "partition-rsqrt", "partition-tanh", "partition-ewmax",
                 "partition-stop-gradient", "partition-stop-gradient4", "partition-ewadd4", "partition-ewsub4",
                 "partition-ewdiv4", "partition-ewmul4", "partition-exp4", "partition-select4", "batch-max4",
-                "batch-sum4", "batch-bcast4", "batch-heads-transpose", "batch-keys-transpose")
+                "batch-sum4", "batch-bcast4", "batch-heads-transpose", "batch-keys-transpose",
+                "partition-slice", "partition-concat")  # a split of another dim through split / concat
 
 
 def _base(rule_name: str) -> str:
@@ -240,9 +241,19 @@ def graph_axes(graph: Graph) -> list[Axes]:
         axes = node_axes(n.op, n.attr, [out[v.node] for v in n.inputs],
                           len(graph.shape(n.inputs[0])) if n.inputs else None)
         if axes is None:
-            raise PlanError(f"plan node {i} ({n.op}) is not an SPMD program (device axes disagree)")
+            raise PlanError(f"plan node {i} ({n.op}) is not an SPMD program ({_why_not_spmd(n.op, n.attr, out, n.inputs, graph)})")
         out.append(axes)
     return out
+
+
+def _why_not_spmd(op: str, attrs: Mapping[str, Any], out: Sequence[Axes], inputs: Sequence[Any], graph: Graph) -> str:
+    """Why `node_axes` refused a plan node, in words."""
+    if inputs and "dim" in attrs and (op in ENTER or op in LEAVE or op in KEEP):
+        axes, rank = out[inputs[0].node], len(graph.shape(inputs[0]))
+        if -int(attrs["dim"]) > rank - len(axes):
+            return (f"its dim {attrs['dim']} names a device axis of its input, which has {len(axes)} device "
+                    f"axis(es) and {rank - len(axes)} data dim(s): no per-device program splits a device axis")
+    return "device axes disagree"
 
 
 def step_products(op: str, shapes: Sequence[tuple[int, ...]], grads: Sequence[bool]) -> int:

@@ -2,7 +2,8 @@
 
 The file is written for one generic axis with placeholders: `A` (the mesh axis index), `N` (its
 size), `ACT` (an activation code), `D` and `E` (dims -1..-4, counted from the end), `ST` and `PAD` (a conv's
-square stride, 1 or 2, and its padding code). The rule parser has no
+square stride, 1 or 2, and its padding code), `R` and `K` (a slice's or concat's rank, 2..5, and axis
+from the front; `R1`, `K1` are one more). The rule parser has no
 integer attribute variables, so each line is expanded over the placeholders' values; every
 instance is named `rule[D=-1]@axis`. Rules are verified by the project's verifier
 (`eqsat.rewrites.verify`) at N = 2 and N = 4 (its shape grid reaches 4, so a larger N cannot be
@@ -19,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 
+from eqsat.egglog_schema import ENCODED_AS
 from eqsat.ops import Activation, Padding
 from eqsat.parallel.mesh import Mesh
 from eqsat.rewrites import LIBRARY_DIR
@@ -26,12 +28,16 @@ from eqsat.rewrites.parser import parse_rule_text
 from eqsat.rewrites.rule import Pattern, Rule, ops_used
 
 RULE_FILE = LIBRARY_DIR / "parallel.rules"
-_PLACEHOLDER = re.compile(r"(?<![\w?-])(A|N|ACT|D|E|ST|PAD)(?![\w-])")
+_PLACEHOLDER = re.compile(r"(?<![\w?-])(A|N|ACT|D|E|ST|PAD|R1|R|K1|K)(?![\w-])")
 DIMS: tuple[int, ...] = (-1, -2, -3, -4)  # -4: the batch of NCHW (verified on rank-5 stacks, shapes.WIDER_RANKS)
 EXPANSIONS: Mapping[str, tuple[int, ...]] = MappingProxyType({
     "ACT": tuple(int(a) for a in Activation), "D": DIMS, "E": DIMS,
     "ST": (1, 2), "PAD": tuple(int(p) for p in Padding),  # conv strides (square) and paddings
+    "R": (2, 3, 4, 5), "K": (0, 1, 2, 3, 4),  # a slice's / concat's rank and axis (counted from the front)
 })
+DERIVED: Mapping[str, tuple[str, int]] = MappingProxyType({"K1": ("K", 1), "R1": ("R", 1)})
+"""Placeholders one more than another: the axis and rank of a slice or concat behind one more
+(leading) device axis."""
 
 
 def rule_lines(path: Path = RULE_FILE) -> list[str]:
@@ -64,15 +70,26 @@ def _items(line: str) -> str:
 
 def _expand(line: str, axis: int, parts: int) -> list[tuple[str, str]]:
     """(suffix, text) per assignment of the line's expanded placeholders."""
-    names = sorted({m.group(1) for m in _PLACEHOLDER.finditer(line)} & set(EXPANSIONS))
+    used = {m.group(1) for m in _PLACEHOLDER.finditer(line)}
+    names = sorted((used | {DERIVED[u][0] for u in used & set(DERIVED)}) & set(EXPANSIONS))
     out = []
     for values in itertools.product(*(EXPANSIONS[n] for n in names)):
         env = {"A": axis, "N": parts, **dict(zip(names, values))}
         if "D" in env and "E" in env and env["D"] == env["E"]:
             continue  # an all-to-all that moves nothing
+        if "R" in env and not _fits_rank(env):
+            continue
+        env |= {d: env[base] + inc for d, (base, inc) in DERIVED.items() if base in env}
         suffix = "[" + ",".join(f"{n}={v}" for n, v in zip(names, values)) + "]" if names else ""
         out.append((suffix, _fill(line, env)))
     return out
+
+
+def _fits_rank(env: Mapping[str, int]) -> bool:
+    """A slice's / concat's axis K within its rank R, and a partition's dim D (from the end) within
+    the rank and not the sliced axis (a split along the sliced axis is no slice of a split)."""
+    rank, axis, dim = env["R"], env.get("K", 0), env.get("D", -1)
+    return axis < rank and -dim <= rank and dim != axis - rank
 
 
 def instantiate(axis: int, parts: int, names: Sequence[str] | None = None, path: Path = RULE_FILE) -> list[Rule]:
@@ -99,7 +116,7 @@ def applicable(rules: Sequence[Rule], graph_ops: Iterable[str]) -> list[Rule]:
     """The rules that can ever fire on a graph with `graph_ops`: a left side's ops must be in the
     graph or built by the right side of a rule that can fire (a fixpoint). Conv rules never fire on
     a transformer, and leaving them out keeps saturation and the ILP to what can matter."""
-    have = set(graph_ops)
+    have = {ENCODED_AS.get(op, op) for op in graph_ops}  # a split is held as slices
     changed = True
     while changed:
         changed = False

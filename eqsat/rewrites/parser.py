@@ -148,7 +148,7 @@ def to_pattern(s: Sexp, where: str) -> Pattern:
             tensors.append(to_pattern(arg, where))
         elif slot == "ndim":
             guards.append(("ndim", _int(arg, f"{op}'s ndim", where)))
-        elif isinstance(arg, str) and arg.startswith("?") and kinds.get(slot) in ("ints", "float") and len(arg) > 1:
+        elif isinstance(arg, str) and arg.startswith("?") and kinds.get(slot) in ("int", "ints", "float") and len(arg) > 1:
             attrs.append((slot, AttrVar(arg[1:], kinds[slot])))
         elif kinds.get(slot) == "ints" and isinstance(arg, list) and arg[:1] == ["shape"] and len(arg) == 2:
             attrs.append((slot, ShapeOf(to_pattern(arg[1], where))))

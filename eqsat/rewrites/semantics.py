@@ -471,6 +471,15 @@ def term_shape(t: Term, arg_shapes: Sequence[Shape], split_sizes: SplitSizes | N
 FLOAT_ATTR_VALUE = 0.0009765625  # a float attribute variable (?eps) is verified at this value, see below
 
 
+def int_attr_value(drawn: Any) -> int:
+    """An integer attribute variable (`?start` of a slice) is sampled as a rank-1 shape (d,), like a
+    list one, and stands for d - 1, so it ranges over 0, 1, 2, ... (a shape's dims are positive); the
+    symbolic prover reads its positive dim the same way. Any other rank is ill-typed."""
+    if len(drawn) != 1:
+        raise ShapeError(f"an integer attribute variable is drawn as one dim, not {list(drawn)}")
+    return int(drawn[0]) - 1
+
+
 def bind_attrs(t: Term, env: Mapping[str, Any], split_sizes: SplitSizes | None = None) -> Term:
     """`t` with its attribute references replaced by values: attribute variables from `env`, `(shape P)`
     and `(dim P i)` from the shapes of P under `env`. A float variable only ever feeds opaque atoms
@@ -482,7 +491,7 @@ def bind_attrs(t: Term, env: Mapping[str, Any], split_sizes: SplitSizes | None =
         if isinstance(v, AttrVar):
             if v.name not in env:
                 raise RuleError(f"attribute variable ?{v.name} is not bound")
-            return env[v.name]
+            return int_attr_value(env[v.name]) if v.kind == "int" else env[v.name]
         if isinstance(v, ShapeOf):
             return pattern_shape(v.pattern, env, split_sizes)
         if isinstance(v, DimOf):

@@ -97,7 +97,7 @@ def _sampled_vars(p: Pattern) -> list[str]:
     if isinstance(p, Var):
         return [p.name]
     out = [v for a in p.args for v in _sampled_vars(a)]
-    return out + [r.name for r in term_attr_refs(p) if isinstance(r, AttrVar) and r.kind == "ints"]
+    return out + [r.name for r in term_attr_refs(p) if isinstance(r, AttrVar) and r.kind in ("int", "ints")]
 
 
 def _needed(t: Term) -> set[str]:
@@ -182,11 +182,15 @@ def rank_choices(rule: Rule, limit: int = 64, guarded: bool = False,
     if order and set(order) <= set(pinned):  # a reshape between ranks: never typed with equal dims
         return [{v: pinned[v] for v in order}]
     found: list[dict[str, int]] = []
+    # integer attribute variables (a slice's ?start, ?stop) are one dim (`semantics.int_attr_value`)
+    # and left unbound here: equal to the dims, a slice's start and stop would be equal
+    ints = {a.name for p in rule.lhs for a in attr_variables(p) if a.kind == "int"}
+    only = {**(only or {}), **{v: (1,) for v in ints}}
 
     def ok(chosen: Mapping[str, int]) -> bool:
-        complete = guarded and len(chosen) == len(order)  # split pieces are checked only when complete
+        complete = guarded and len(chosen) == len(order) and not ints  # split pieces are checked only when complete
         for fill in (2, 1, *(d for d in DIMS if d > 2)):
-            env: dict[str, Any] = {v: (fill,) * r for v, r in chosen.items()} | checker.fixed
+            env: dict[str, Any] = {v: (fill,) * r for v, r in chosen.items() if v not in ints} | checker.fixed
             if checker.partial_ok(env, {}) and not (complete and checker.lhs_shapes(env) is None):
                 return True
         return False
@@ -197,7 +201,7 @@ def rank_choices(rule: Rule, limit: int = 64, guarded: bool = False,
         if i == len(order):
             found.append(dict(chosen))
             return
-        for r in (only or {}).get(order[i], ranks):
+        for r in only.get(order[i], ranks):
             chosen[order[i]] = r
             if ok(chosen):
                 dfs(i + 1, chosen)

@@ -64,7 +64,7 @@ from eqsat.rewrites.shapes import pinned_ranks, rank_choices
 
 SUPPORTED: frozenset[str] = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh", "transpose", "concat",
                                        "matmul", "split_part", "conv2d", "conv2d_nhwc", "enlarge", "poolmax", "poolavg",
-                                       "broadcast", "batchnorm", "reshape", "merge_gconv", "convert_element_type"})
+                                       "broadcast", "batchnorm", "reshape", "merge_gconv", "convert_element_type", "slice"})
 # (a float convert_element_type is the identity: it passes every axis through, as the others)
 ELEMENTWISE = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh", "convert_element_type"})
 CONV_RANKS = (4, 5, 6)  # NCHW x OIHW, or both with the same leading batch axes (`ops.CONV_MAX_RANK`)
@@ -265,6 +265,19 @@ class _Builder:
                 return z3.If(i[ax] < cut, x.elem(i), y.elem(shifted))
 
             return _Value(dims, concat)
+        if t.op == "slice":  # [start, stop) of one axis; start and stop literals or integer variables (?a)
+            (x,) = args
+            ax = a["axis"]
+            if type(ax) is not int or not 0 <= ax < len(x.dims):
+                raise _IllTyped("slice: axis out of range")
+            lo, hi = (self.attr(a[k], typed) for k in ("start", "stop"))
+            lo, hi = (z3.IntVal(v) if type(v) is int else v for v in (lo, hi))
+            typed += [lo >= 0, lo < hi, hi <= x.dims[ax]]
+
+            def sliced(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
+                return x.elem(list(i[:ax]) + [_poly(i[ax] + lo)] + list(i[ax + 1:]))
+
+            return _Value(x.dims[:ax] + (_poly(hi - lo),) + x.dims[ax + 1:], sliced)
         if t.op == "matmul":
             x, y = args
             r = len(x.dims)
@@ -378,6 +391,10 @@ class _Builder:
         if isinstance(v, AttrVar):
             if v.kind == "ints":
                 return self.dims[v.name]
+            if v.kind == "int":  # drawn as one positive dim d, standing for d - 1 (`semantics.int_attr_value`)
+                if len(self.dims[v.name]) != 1:
+                    raise _IllTyped(f"?{v.name}: an integer attribute is one dim")
+                return self.dims[v.name][0] - 1
             return self.floats.setdefault(v.name, z3.Real(f"attr_{v.name}"))
         if isinstance(v, ShapeOf):
             return self.value(v.pattern, typed).dims
