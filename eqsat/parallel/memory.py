@@ -373,7 +373,7 @@ def step_memory(graph: Graph, axes: Sequence[Axes], state_copies: float = 0.0,
         heap.drop(c)
 
     remade: set[int] = set()
-    held = {h for hs in remade_at.values() for h in hs}  # recomputed values a backward reads
+    read_again = {h for hs in remade_at.values() for h in hs}  # recomputed values a backward reads
 
     def remake(r: int) -> list[int]:
         """The backward's recompute of r (its recomputed inputs first): its output (unless it
@@ -386,7 +386,7 @@ def step_memory(graph: Graph, axes: Sequence[Axes], state_copies: float = 0.0,
         made = [new(r, b) for b in ([] if alias_of_input[r] else [size[r]]) + extra[r]]
         for b in feeding:
             heap.drop(b)
-        if r in held:
+        if r in read_again:
             residual_of.setdefault(r, []).extend(made)
             return []
         return made

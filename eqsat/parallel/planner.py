@@ -535,6 +535,35 @@ def recomputed_nodes(egraph_json: Mapping[str, Any], ids: Mapping[str, str], pla
     return tuple(i for i, k in enumerate(node_key) if k in wanted)
 
 
+CHECKPOINT_STEPS = 8  # products added at most by `checkpoint_to_fit`
+CHECKPOINT_CANDIDATES = 16  # the largest products it tries (a deep model's plan has hundreds)
+
+
+def checkpoint_to_fit(plan: Graph, model: ParallelCostModel, report: PlanReport, budget: float) -> PlanReport:
+    """`plan`'s report with more of its products recomputed, one at a time (the one whose recompute
+    lowers the simulated peak most), while its peak is over `budget` and a recompute lowers it.
+    The ILP's memory row is a linear stand-in for the peak, and what a recompute saves depends on
+    when the peak happens (at the end of the backward nothing a recompute frees is live), so the
+    extracted plan's checkpoints are completed against the liveness simulation, as the budget
+    loop of `plan_graph` checks the plan against it."""
+    if report.mem_bytes <= budget * (1 + 1e-9):
+        return report
+    g = plan.live()
+    products = [i for i, n in enumerate(g.nodes) if n.op in CONTRACTIONS]
+    eligible = sorted((i for i in plan_report(g, model, products).recompute if i not in report.recompute),
+                      key=lambda i: -math.prod(g.nodes[i].shapes[0]))[:CHECKPOINT_CANDIDATES]
+    best = report
+    for _ in range(CHECKPOINT_STEPS):
+        trials = [plan_report(g, model, (*best.recompute, i)) for i in eligible if i not in best.recompute]
+        pick = min(trials, key=lambda r: (r.mem_bytes, r.step_s), default=None)
+        if pick is None or pick.mem_bytes >= best.mem_bytes:
+            break
+        best = pick
+        if best.mem_bytes <= budget * (1 + 1e-9):
+            break
+    return best
+
+
 def _extract(priced: Priced, model: ParallelCostModel, time_limit: float, rows: Mapping[str, float] | None = None,
              starts: Sequence[np.ndarray] = ()) -> tuple[Selection, Graph, PlanReport]:
     """One ILP extraction and its plan's report, with the recompute twins it chose (if any)."""
@@ -590,10 +619,14 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
         rows = {**({} if row_limit is None else {"mem": row_limit}), **comm_rows}
         selection, plan, report = _extract(pe.priced, pe.model, time_limit if attempt == 0 else time_limit / 2, rows,
                                            hints)
+        if recompute and mem_budget is not None:
+            report = checkpoint_to_fit(plan, pe.model, report, mem_budget)
         if mem_budget is None or row_limit is None or report.mem_bytes <= mem_budget * (1 + 1e-9):
             break
         if selection.status != "optimal" and report.mem_row_bytes > row_limit:
             selection, plan, report = _priced_memory(pe, report, float(mem_budget), time_limit / 4, comm_rows)
+            if recompute:
+                report = checkpoint_to_fit(plan, pe.model, report, mem_budget)
             break
         # the row is a linear stand-in for the simulated peak: tighten it by how far the plan is over
         row_limit = min(row_limit, report.mem_row_bytes) * 0.95 * mem_budget / report.mem_bytes
