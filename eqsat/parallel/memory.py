@@ -40,11 +40,13 @@ gradient): close to the peak, and the ILP's memory row. The planner checks the e
 simulated peak against the budget and solves again with a tighter row when it is over
 (`eqsat.parallel.planner.plan_graph`).
 
-Activation checkpointing (`recompute`): a product (matmul, conv) in `recompute` is not kept for the
-backward. Its forward buffer (and the product under a fused relu) is freed after its last forward
-use, and no consumer holds it; the backward makes it again, from its inputs, just before the first
-node (in reverse order) that reads it, and frees it after its own backward. `recompute_bytes` is
-what that takes off the node's term of the memory row.
+Activation checkpointing (`recompute`): a product (matmul, conv) in `recompute` and its tail (what
+is computed from it without another product: bias add, activation) are not kept for the backward.
+Their buffers are freed after their last forward use and no node holds them; the backward makes a
+value again (its recomputed inputs first) just before the first node, in reverse order, that
+reads it, and frees it after its own backward (a value only the recompute reads, once what reads
+it is made). `recompute_bytes` is what a product's recompute takes off its term of the memory row
+(the row's stand-in for the product's activation: its output and the product under a fused relu).
 """
 
 from __future__ import annotations
