@@ -18,13 +18,20 @@ from jax_backend.capture import graph_leaf_name
 from tests.parallel.test_training_state import DP_RULES, MESH, _mlp, _model
 
 
-def _activation_heavy() -> tuple:
-    """A 3-layer MLP whose activations (batch 4096) outweigh its weights: data parallel only."""
-    return _mlp(layers=3, batch=4096, d=128), verified_parallel_rules(MESH, DP_RULES)
+@pytest.fixture(scope="module")
+def dp_rules() -> list:
+    """Data parallel's verified rules, made once for the module (verifying is most of a test)."""
+    return verified_parallel_rules(MESH, DP_RULES)
 
 
-def test_recompute_lowers_the_simulated_peak_and_costs_its_forward() -> None:
-    graph, rules = _activation_heavy()
+@pytest.fixture
+def heavy(dp_rules: list) -> tuple:
+    """A 3-layer MLP whose activations (batch 4096) outweigh its weights, and the DP rules."""
+    return _mlp(layers=3, batch=4096, d=128), dp_rules
+
+
+def test_recompute_lowers_the_simulated_peak_and_costs_its_forward(heavy: tuple) -> None:
+    graph, rules = heavy
     free = plan_graph(graph, MESH, model=_model(None), rules=rules, check=False)
     plan = free.plan.live()
     first = next(i for i, n in enumerate(plan.nodes) if n.op == "matmul")
@@ -40,8 +47,8 @@ def test_recompute_lowers_the_simulated_peak_and_costs_its_forward() -> None:
     assert plan_report(plan, _model(None), [other]).recompute == ()
 
 
-def test_twins_are_priced_by_the_cost_model_terms() -> None:
-    graph, rules = _activation_heavy()
+def test_twins_are_priced_by_the_cost_model_terms(heavy: tuple) -> None:
+    graph, rules = heavy
     pe = saturate_and_price(graph, MESH, model=_model(None), rules=rules)
     grown = with_recompute(pe)
     nodes = grown.priced.json["nodes"]
@@ -54,8 +61,8 @@ def test_twins_are_priced_by_the_cost_model_terms() -> None:
         assert twin["rows"]["mem"] == pytest.approx(base["rows"]["mem"] - base["rows"]["recompute_mem"])
 
 
-def test_checkpointing_is_chosen_only_under_a_budget_that_needs_it() -> None:
-    graph, rules = _activation_heavy()
+def test_checkpointing_is_chosen_only_under_a_budget_that_needs_it(heavy: tuple) -> None:
+    graph, rules = heavy
     free = plan_graph(graph, MESH, model=_model(None), rules=rules)
     assert free.report.recompute == ()
     budget = free.report.mem_bytes * 0.85
