@@ -832,6 +832,10 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     results = planned.results if planned is not None else ()
     constraints = planned.constraints if planned is not None and results else ()
     remat = planned.remat if planned is not None and results else None
+    missing = sum(len(r.report.recompute) for r in results) - (remat.products if remat else 0)
+    if missing > 0:
+        warns.append(f"{missing} product(s) the plan recomputes were not found in the step by their weight; "
+                     "the compiled step keeps them (its memory is over the prediction)")
     fn = (checkpointed_step(closed, jax.tree_util.tree_structure(out_shape), remat, constraints, amesh) if remat
           else constrained_step(closed, jax.tree_util.tree_structure(out_shape), constraints, amesh) if constraints
           else train_step)

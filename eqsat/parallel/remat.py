@@ -10,8 +10,9 @@ lowering rewrites the residuals' reads, as `jax.checkpoint`'s own partial evalua
 
 - each recomputed product is found in the step's forward by the weight it reads (the plan's
   product reads a `weight` leaf through distribution ops only, `memory.recompute_bytes`; the
-  step's `dot_general` / `conv_general_dilated` reads that argument through moves such as
-  `transpose`); several products of one weight are matched in order;
+  step's `dot_general` / `conv_general_dilated`, or a call with one inside such as `jnp.einsum`,
+  reads that argument through moves such as `transpose`); several products of one weight are
+  matched in order;
 - what is recomputed is that product and the forward values computed from it without passing
   another product (its bias add, activation, relu mask): the product's elementwise tail;
 - a backward equation that reads such a value reads a copy made again from the saved values it
@@ -43,6 +44,16 @@ MOVES = frozenset({"transpose", "reshape", "convert_element_type", "broadcast_in
                    "copy_p"})
 
 Spec = tuple[Any, ...]
+CALLS = ("pjit", "jit")  # a call whose body has a product is one (`jnp.einsum` is jitted)
+
+
+def is_product(eqn: Any) -> bool:
+    """A product of the step: a dot_general / convolution, or a call with one in its body."""
+    name = str(eqn.primitive)
+    if name in PRODUCTS:
+        return True
+    body = eqn.params.get("jaxpr") if name in CALLS else None
+    return body is not None and any(is_product(e) for e in getattr(body, "jaxpr", body).eqns)
 
 
 def plan_weight_key(plan: Graph, i: int) -> tuple[str, ...]:
@@ -113,7 +124,7 @@ def find_remat(closed: Any, forward: Any, wanted: Sequence[tuple[tuple[str, ...]
     chosen: set[int] = set()
     want = set(wanted)
     for k, e in enumerate(eqns[:end]):
-        if str(e.primitive) in PRODUCTS:
+        if is_product(e):
             key = tuple(sorted(n for n in map(source, e.invars) if n is not None))
             j = seen.get(key, 0)
             seen[key] = j + 1
@@ -123,7 +134,7 @@ def find_remat(closed: Any, forward: Any, wanted: Sequence[tuple[tuple[str, ...]
         return None
     values: set[Any] = set()
     for k, e in enumerate(eqns[:end]):
-        saved_product = str(e.primitive) in PRODUCTS and k not in chosen
+        saved_product = is_product(e) and k not in chosen
         if k in chosen or (not saved_product and any(isinstance(v, jcore.Var) and v in values for v in e.invars)):
             values.update(v for v in e.outvars if isinstance(v, jcore.Var))
     return Remat(frozenset(values), producer, end, len(chosen))
@@ -192,4 +203,4 @@ def checkpointed_step(closed: Any, out_tree: Any, remat: Remat, constraints: Seq
     return run
 
 
-__all__ = ["Remat", "checkpointed_step", "find_remat", "plan_weight_key", "recomputed_products"]
+__all__ = ["Remat", "checkpointed_step", "find_remat", "is_product", "plan_weight_key", "recomputed_products"]
