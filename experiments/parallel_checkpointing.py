@@ -1,11 +1,11 @@
-"""Activation checkpointing under a memory budget, on the MLP classifier of
-`experiments.parallel_user_programs` (optax Adam). Plans the step without a budget, then with
+"""Activation checkpointing under a memory budget, on the MLP classifier (or the GPT decoder,
+`--program gpt`, at its default sizes) of `experiments.parallel_user_programs` (optax Adam). Plans the step without a budget, then with
 `memory_budget` = FRAC x the unbudgeted plan's predicted memory; for each plan one JSON row: the
 predicted memory and step, the products recomputed, the compiled step's memory and flops, the same
 shardings compiled without the recompute, and 3 steps against the single-device `jax.jit(step)`.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.parallel_checkpointing \
-        [--batch 8192] [--sizes 256,512,512,64] [--mesh 2x4] [--fracs 0.9]
+        [--program mlp|gpt] [--batch 8192] [--sizes 256,512,512,64] [--mesh 2x4] [--fracs 0.9]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 import eqsat.parallel as ep
 from eqsat.parallel.api import compile_figures
-from experiments.parallel_user_programs import LR, mlp_problem
+from experiments.parallel_user_programs import LR, gpt_problem, mlp_problem
 
 
 def _against_single_device(step: Any, args: tuple[Any, ...], plan: Any, steps: int = 3) -> dict[str, float]:
@@ -39,13 +39,15 @@ def _against_single_device(step: Any, args: tuple[Any, ...], plan: Any, steps: i
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--program", choices=("mlp", "gpt"), default="mlp")
     ap.add_argument("--batch", type=int, default=8192)
     ap.add_argument("--sizes", default="256,512,512,64")
     ap.add_argument("--mesh", default="2x4")
     ap.add_argument("--fracs", default="0.9")
     ap.add_argument("--time-limit", type=float, default=60.0)
     opts = ap.parse_args(argv)
-    step, args = mlp_problem(batch=opts.batch, sizes=tuple(int(s) for s in opts.sizes.split(",")))
+    step, args = (gpt_problem() if opts.program == "gpt" else
+                  mlp_problem(batch=opts.batch, sizes=tuple(int(s) for s in opts.sizes.split(","))))
     shape = tuple(int(s) for s in opts.mesh.split("x"))
     mesh = jax.make_mesh(shape, ("data", "model")[:len(shape)])
     abstract = tuple(jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), args))
@@ -53,7 +55,9 @@ def main(argv: list[str] | None = None) -> None:
     for frac in (None, *(float(f) for f in opts.fracs.split(","))):
         budget = None if frac is None or free is None else frac * free
         t0 = time.perf_counter()
-        row: dict[str, Any] = {"batch": opts.batch, "sizes": opts.sizes, "mesh": opts.mesh, "budget_frac": frac,
+        mlp = opts.program == "mlp"
+        row: dict[str, Any] = {"program": opts.program, "batch": opts.batch if mlp else None,
+                               "sizes": opts.sizes if mlp else None, "mesh": opts.mesh, "budget_frac": frac,
                                "memory_budget": budget}
         try:
             plan = ep.plan(step, *args, mesh=mesh, params_argnums=(0, 1), memory_budget=budget, baselines=False,
