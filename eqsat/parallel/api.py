@@ -54,6 +54,7 @@ from eqsat.cost import cost_model
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import CPU_LINK, INFINIBAND, NVLINK, Mesh, MeshAxis
 from eqsat.parallel.planner import DEFAULT_LIMITS, PlanError, PlanResult, RuleBook, graph_axes, with_weights
+from eqsat.parallel.remat import Remat, checkpointed_step, find_remat, recomputed_products
 from jax_backend.capture import Program, bind_eqn, capture_jaxpr, graph_leaf_name
 from jax_backend.leaf_names import argument_names
 from jax_backend.shard import compiled_collectives
@@ -140,6 +141,7 @@ class PlanSummary:
     constraints: tuple[tuple[str, str], ...] = ()  # (jaxpr value, PartitionSpec) held by with_sharding_constraint
     blocks: tuple[str, ...] = ()  # per planned graph with repeated blocks: how they were reused (`eqsat.parallel.blocks`)
     within: str = ""  # the plan against the baseline that bounds its bytes and memory (`plan(within=...)`)
+    recomputed: int = 0  # products the lowered backward recomputes (activation checkpointing, `eqsat.parallel.remat`)
 
     def to_json(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "mesh": self.mesh, "mesh_note": self.mesh_note,
@@ -148,7 +150,7 @@ class PlanSummary:
                 "plan_s": self.plan_s, "graphs_planned": self.graphs_planned,
                 "opaque_equations": self.opaque_equations, "warnings": list(self.warnings),
                 "leaf_specs": dict(self.leaf_specs), "constraints": [list(c) for c in self.constraints],
-                "blocks": list(self.blocks), "within": self.within,
+                "blocks": list(self.blocks), "within": self.within, "recomputed_products": self.recomputed,
                 **(self.compiled.to_json() if self.compiled is not None else {}),
                 "baselines": [b.to_json() for b in self.baselines]}
 
@@ -195,6 +197,7 @@ class Plan:
         lines += [f"warning: {w}" for w in r.warnings]
         lines += [f"deep model: {b}" for b in r.blocks]
         lines += [f"bound: {r.within}"] if r.within else []
+        lines += [f"activation checkpointing: {r.recomputed} product(s) recomputed in the backward"] if r.recomputed else []
         lines.append("")
         lines.append(f"{'argument leaf':<48} PartitionSpec")
         lines += [f"{path:<48} {spec}" for path, spec in r.leaf_specs]
@@ -579,6 +582,7 @@ class _Planned:
     # per baseline with a prediction: (step s, bytes per step, memory) summed over the planned graphs
     predicted: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
     within: str = ""  # how the plan relates to the `within` baseline (`PlanSummary.within`)
+    remat: Remat | None = None  # the plan's recomputed products in the step (`eqsat.parallel.remat`)
 
 
 def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str], sizes: Mapping[str, int],
@@ -664,7 +668,9 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
     return _Planned(specs, tuple(results), program, len(program.opaque), "",
                     predicted["data-parallel"][0] if "data-parallel" in predicted else None,
                     tuple(batch), _constraints(program, boundary, closed),
-                    predicted["fsdp"][0] if "fsdp" in predicted else None, predicted, how)
+                    predicted["fsdp"][0] if "fsdp" in predicted else None, predicted, how,
+                    find_remat(closed, found[0], recomputed_products([(r.plan, r.report.recompute) for r in results]),
+                               state_names))
 
 
 def optimizer_state_copies(program: Program, leaves: _Leaves) -> float:
@@ -811,7 +817,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
         # a predicted baseline beats the plan in time, bytes and memory: its shardings are the answer
         specs = baseline_specs(better, leaves, all_names, sizes, program)
         strategy = f"{better} (baseline: predicted faster than the plan, with fewer bytes and less memory)"
-        planned = replace(planned, results=(), constraints=())
+        planned = replace(planned, results=(), constraints=(), remat=None)
     elif planned is not None and planned.results:
         specs = _mirror(leaves, planned.specs, planned.batch)
         strategy = "eqsat"
@@ -825,13 +831,21 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     plan_s = time.perf_counter() - t0
     results = planned.results if planned is not None else ()
     arg_names = argument_names(train_step, len(args))
+    remat_planned = planned.remat if planned is not None and results else None
+    missing = sum(len(r.report.recompute) for r in results) - (remat_planned.products if remat_planned else 0)
+    if missing > 0:
+        warns.append(f"{missing} product(s) the plan recomputes were not found in the step by their weight; "
+                     "the compiled step keeps them (its memory is over the prediction)")
 
     def made(specs: Sequence[Spec], strategy: str, results: tuple[PlanResult, ...], better: str | None) -> Plan:
         """The plan of `specs` (the planner's when `results`, else a baseline's or data parallel's)."""
         in_shardings = _shardings(amesh, treedef, specs)
         out_sh = _out_shardings(out_shape, args, in_shardings, state_argnums, amesh)
         constraints = planned.constraints if planned is not None and results else ()
-        fn = (constrained_step(closed, jax.tree_util.tree_structure(out_shape), constraints, amesh) if constraints
+        remat = remat_planned if results else None
+        out_tree = jax.tree_util.tree_structure(out_shape)
+        fn = (checkpointed_step(closed, out_tree, remat, constraints, amesh) if remat
+              else constrained_step(closed, out_tree, constraints, amesh) if constraints
               else train_step)
         figures: tuple[float | None, float | None, float | None] = (
             (sum(r.report.step_s for r in results), sum(r.report.comm_bytes(None) for r in results),
@@ -844,7 +858,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
             tuple((_path_str(p, arg_names), str(P(*s))) for p, s in zip(leaves.paths, specs)), None,
             constraints=tuple((str(var), str(P(*spec))) for var, spec in constraints),
             blocks=tuple(depth_reuse_summary(r) for r in results if r.info.get("blocks")),
-            within=planned.within if planned is not None else ""), results)
+            within=planned.within if planned is not None else "", recomputed=remat.products if remat else 0), results)
 
     step = made(specs, strategy, results, better)
     compiled = compile_figures(jax.jit(step.fn, in_shardings=step.in_shardings, out_shardings=step.out_shardings),

@@ -41,7 +41,8 @@ from eqsat import ops
 from eqsat.ir import Graph, Node, Value
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import Mesh
-from eqsat.parallel.planner import DEFAULT_LIMITS, PlanError, PlanResult, RuleBook, graph_axes, plan_graph, plan_report
+from eqsat.parallel.planner import (DEFAULT_LIMITS, PlanError, PlanResult, RuleBook, checkpoint_to_fit, graph_axes,
+                                    plan_graph, plan_report)
 from eqsat.pipeline import numerics_match
 from eqsat.saturate import Limits
 
@@ -448,6 +449,8 @@ def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Lim
         plan = compose(graph, blocks, b.plan, entry_name, r.plan if r is not None else None, exit_name, where)
         graph_axes(plan)  # raises if the copies do not join into one SPMD program
         report = plan_report(plan, model)
+        if mem_budget is not None and report.mem_bytes > mem_budget:  # the copies' checkpoints, against the whole
+            report = checkpoint_to_fit(plan, model, report, mem_budget)
         peak = report.mem_bytes
         if mem_budget is None or block_mem is None or peak <= mem_budget * (1 + 1e-9):
             break

@@ -42,7 +42,7 @@ from eqsat import cost as cost_models
 from eqsat import ops
 from eqsat.context import NodeInContext, NodePrice
 from eqsat.distribution import local_attrs
-from eqsat.parallel.memory import node_bound, node_kept, per_device_bytes
+from eqsat.parallel.memory import node_bound, node_kept, per_device_bytes, recompute_bytes
 from eqsat.parallel.mesh import Mesh, parse_mesh
 
 Shape = tuple[int, ...]
@@ -76,6 +76,10 @@ class NodeCost:
     collectives: tuple[Collective, ...]
     mem_bytes: float  # per device: this node's term of the ILP memory row (`memory.node_kept`)
     mem_bound_bytes: float = 0.0  # every buffer it allocates in the step (`memory.node_bound`)
+    # activation checkpointing: recomputing this product in the backward adds recompute_s (its
+    # forward again) and takes recompute_bytes off its memory-row term (`memory.recompute_bytes`)
+    recompute_s: float = 0.0
+    recompute_bytes: float = 0.0
 
     @property
     def comm_s(self) -> float:
@@ -114,7 +118,9 @@ class ParallelCostModel:
         """The `InContextCostModel` protocol: the step's seconds; rows `mem` (per-device bytes kept
         through the step) and `comm` (per-device bytes its collectives move in a step)."""
         c = self.node_cost(node)
-        return NodePrice(c.seconds, {"mem": c.mem_bytes, "comm": float(sum(col.bytes for col in c.collectives))})
+        return NodePrice(c.seconds, {"mem": c.mem_bytes, "comm": float(sum(col.bytes for col in c.collectives)),
+                                     **({"recompute_s": c.recompute_s, "recompute_mem": c.recompute_bytes}
+                                        if c.recompute_bytes else {})})
 
     def node_cost(self, node: NodeInContext) -> NodeCost:
         """A node's step cost in context: its inputs' and output's device axes (`axes`), which
@@ -144,7 +150,8 @@ class ParallelCostModel:
                                        not grad[0], first.axes if first.weight_replicated else ())
             return NodeCost(update, 0.0, found, kept, bound)  # a collective's sums are priced in its alpha-beta time
         forward = self.compute.op_cost(op, local_attrs(op, attrs, depth), local)
-        return NodeCost(forward * (1 + BACKWARD_FACTOR) + update, forward, (), kept, bound)
+        freed = recompute_bytes(op, attrs, out_bytes, grad, derived)
+        return NodeCost(forward * (1 + BACKWARD_FACTOR) + update, forward, (), kept, bound, forward if freed else 0.0, freed)
 
     def _update_s(self, op: str, local_in: Sequence[Shape], local_out: Shape, leaves: Sequence[str | None]) -> float:
         """The optimizer update of the weights this node reads, on the piece each device holds (a

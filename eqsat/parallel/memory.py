@@ -39,12 +39,20 @@ data-moving collectives, the buffers a node's forward makes for its backward, a 
 gradient): close to the peak, and the ILP's memory row. The planner checks the extracted plan's
 simulated peak against the budget and solves again with a tighter row when it is over
 (`eqsat.parallel.planner.plan_graph`).
+
+Activation checkpointing (`recompute`): a product (matmul, conv) in `recompute` and its tail (what
+is computed from it without another product: bias add, activation) are not kept for the backward.
+Their buffers are freed after their last forward use and no node holds them; the backward makes a
+value again (its recomputed inputs first) just before the first node, in reverse order, that
+reads it, and frees it after its own backward (a value only the recompute reads, once what reads
+it is made). `recompute_bytes` is what a product's recompute takes off its term of the memory row
+(the row's stand-in for the product's activation: its output and the product under a fused relu).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -57,6 +65,7 @@ ELEMENTWISE_SAVE_OUTPUT = ops.ops_where(lambda s: s.grad_reads == "output")  # t
 ELEMENTWISE_SAVE_INPUT = ops.ops_where(lambda s: s.grad_reads == "input")  # jax.nn.relu masks by the input's sign
 GRADIENT_SYNC = ops.with_role("enter")  # replicate, partition: their transpose is an all-reduce over the axis
 ALIASES = ops.ops_where(lambda s: s.aliases)  # replicate, reduce: forward, no buffer of their own
+RECOMPUTABLE = ops.ops_where(lambda s: s.contraction)  # matmul, conv2d: what activation checkpointing may recompute
 
 
 OUT = -1  # a `Saved` index naming the node's output
@@ -242,10 +251,12 @@ def _best_fit(order: Sequence[int], size: Mapping[int, float], span: Mapping[int
     return top
 
 
-def step_memory(graph: Graph, axes: Sequence[Axes], state_copies: float = 0.0) -> StepMemory:
+def step_memory(graph: Graph, axes: Sequence[Axes], state_copies: float = 0.0,
+                recompute: Collection[int] = ()) -> StepMemory:
     """Simulate the training step of `graph` (device axes per node, `plan.graph_axes`); see the
     module docstring for what is live when. `state_copies`: optimizer state per weight, in copies
-    of it (Adam: 2), held as the weight is passed (sharded with it: ZeRO / FSDP)."""
+    of it (Adam: 2), held as the weight is passed (sharded with it: ZeRO / FSDP). `recompute`: the
+    products (node indices) the backward makes again instead of keeping (activation checkpointing)."""
     g = graph
     n_nodes = len(g.nodes)
     size = [per_device_bytes(n.shapes[0], len(axes[i])) for i, n in enumerate(g.nodes)]
@@ -292,6 +303,14 @@ def step_memory(graph: Graph, axes: Sequence[Axes], state_copies: float = 0.0) -
         last_use[v.node] = n_nodes  # the loss reads the outputs
     buf: dict[int, int] = {}  # forward value → buffer (absent for arguments)
     residual_of: dict[int, list[int]] = {}  # node → buffers its backward reads
+    # checkpointed products and their tails: what is computed from one without another product
+    # (its bias add, activation, a replicate of it), all made again in the backward
+    again = _recomputed_tail(g, recompute)
+    extra = {i: [size[i] for how, k in saved.get(i, ()) if how == "new" and k == OUT] for i in again}
+    remade_at: dict[int, set[int]] = {}  # node → recomputed values its backward reads (made again first)
+    for r, more in extra.items():
+        if more:  # its own backward reads the product under its relu
+            remade_at.setdefault(r, set()).add(r)
     for i, n in enumerate(g.nodes):
         if leaf[i]:
             continue
@@ -306,8 +325,13 @@ def step_memory(graph: Graph, axes: Sequence[Axes], state_copies: float = 0.0) -
             kept = saved[i]
             of = [i if k == OUT else n.inputs[k].node for _, k in kept]
             residual_of[i] = [early.pop((i, j)) if (i, j) in early else new(i, size[h])
-                              for j, ((how, _), h) in enumerate(zip(kept, of)) if how == "new"]
-            residual_of[i] += [heap.hold(buf[h]) for (how, _), h in zip(kept, of) if how == "hold" and h in buf]
+                              for j, ((how, k), h) in enumerate(zip(kept, of))
+                              if how == "new" and not (k == OUT and i in again)]
+            residual_of[i] += [heap.hold(buf[h]) for (how, _), h in zip(kept, of)
+                               if how == "hold" and h in buf and h not in again]
+            for (how, _), h in zip(kept, of):
+                if how == "hold" and h in again:
+                    remade_at.setdefault(i, set()).add(h)
             for j, ((how, _), h) in enumerate(zip(kept, of)):
                 if how == "scratch" and not (n.op == "conv2d" and h != i and channels_last[h]):
                     heap.drop(early.pop((i, j)) if (i, j) in early else new(i, size[h]))
@@ -350,7 +374,29 @@ def step_memory(graph: Graph, axes: Sequence[Axes], state_copies: float = 0.0) -
                 contribute(src, pads.pop(i) if i in pads else new(i, size[src]))
         heap.drop(c)
 
+    remade: set[int] = set()
+    read_again = {h for hs in remade_at.values() for h in hs}  # recomputed values a backward reads
+
+    def remake(r: int) -> list[int]:
+        """The backward's recompute of r (its recomputed inputs first): its output (unless it
+        aliases its input) and the product under its relu; live until r's own backward when a
+        backward reads it, else only until what reads it in the recompute is made (returned)."""
+        if r in remade:
+            return []
+        remade.add(r)
+        feeding = [b for v in g.nodes[r].inputs if v.node in again for b in remake(v.node)]
+        made = [new(r, b) for b in ([] if alias_of_input[r] else [size[r]]) + extra[r]]
+        for b in feeding:
+            heap.drop(b)
+        if r in read_again:
+            residual_of.setdefault(r, []).extend(made)
+            return []
+        return made
+
     for i in range(n_nodes - 1, -1, -1):
+        for r in sorted(remade_at.get(i, ()), reverse=True):
+            for b in remake(r):
+                heap.drop(b)
         if not leaf[i] and i in cot and needs_grad[i]:
             backward(i, sync_now=False)
         for b in residual_of.pop(i, []):
@@ -376,6 +422,31 @@ def saved_bytes(op: str, attrs: Mapping[str, object], in_bytes: Sequence[float],
     if op not in RESIDUALS or not any(grad_children):
         return 0.0
     return sum(out_bytes if k == OUT else in_bytes[k] for how, k in RESIDUALS[op](attrs, grad_children) if how in kinds)
+
+
+def _recomputed_tail(graph: Graph, recompute: Collection[int]) -> set[int]:
+    """The values the backward makes again when the products `recompute` are checkpointed: each
+    product and what is computed from it without another product, as the lowering recomputes
+    (`eqsat.parallel.remat`)."""
+    out: set[int] = set()
+    for i, n in enumerate(graph.nodes):
+        if n.op in RECOMPUTABLE:
+            if i in recompute:
+                out.add(i)
+        elif not ops.OPS[n.op].is_leaf and any(v.node in out for v in n.inputs):
+            out.add(i)
+    return out
+
+
+def recompute_bytes(op: str, attrs: Mapping[str, object], out_bytes: float, grad_children: Sequence[bool],
+                    derived_children: Sequence[bool]) -> float:
+    """Bytes one product's recompute in the backward takes off its term of the memory row
+    (`node_kept`): its output and, under a fused relu, the product kept beside it. Offered for
+    the products that read a weight moved by distribution ops only (`derived_children`) and
+    carry a gradient: the lowering finds such a product in the user's step by its weight."""
+    if op not in RECOMPUTABLE or not any(grad_children) or not any(derived_children):
+        return 0.0
+    return out_bytes * (1 + sum(1 for how, k in _activation_saved(attrs) if how == "new" and k == OUT))
 
 
 def node_bound(op: str, attrs: Mapping[str, object], in_bytes: Sequence[float], out_bytes: float,

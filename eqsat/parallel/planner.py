@@ -215,6 +215,9 @@ class PlanReport:
     # products (matmul, conv) of the training step: each forward one plus one per operand taking a
     # gradient (`step_products`); a compiled step with more recomputes (rematerializes) some
     contractions: int = 0
+    # activation checkpointing: the plan's products (node indices of the live plan) that the
+    # backward recomputes instead of keeping (`with_recompute`)
+    recompute: tuple[int, ...] = ()
 
     def comm_bytes(self, phase: str | None = "forward") -> float:
         return float(sum(c.bytes for _, c in self.collectives if phase is None or c.phase == phase))
@@ -226,6 +229,7 @@ class PlanReport:
             "predicted_step_wire_bytes": float(sum(c.wire_bytes for _, c in self.collectives)),
             "predicted_mem_bytes": self.mem_bytes, "predicted_mem_row_bytes": self.mem_row_bytes,
             "predicted_mem_bound_bytes": self.mem_bound_bytes, "predicted_step_contractions": self.contractions,
+            "recompute_nodes": list(self.recompute),
             **({"predicted_mem": {"arguments": self.memory.arguments, "outputs": self.memory.outputs,
                                   "temp": self.memory.temp}} if self.memory is not None else {}),
             "collectives": [{"node": i, "enode_op": graph.nodes[i].op, "kind": c.kind, "axis": c.axis,
@@ -270,8 +274,13 @@ def step_products(op: str, shapes: Sequence[tuple[int, ...]], grads: Sequence[bo
     return int(summed[0] > 1) + sum(int(g and size > 1) for g, size in zip(grads, summed[1:]))
 
 
-def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
+def plan_report(graph: Graph, model: ParallelCostModel, recompute: Sequence[int] = ()) -> PlanReport:
+    """What `graph` costs as a training step; `recompute`: its products (indices into
+    `graph.live()`) the backward makes again (activation checkpointing), each priced by the cost
+    model's `recompute_s` / `recompute_bytes` (the terms its twin e-node carries in the ILP)."""
     g = graph.live()
+    marked = set(recompute)
+    remade: list[int] = []
     axes = graph_axes(g)
     compute = comm = row = bound = 0.0
     contractions = 0
@@ -288,19 +297,23 @@ def plan_report(graph: Graph, model: ParallelCostModel) -> PlanReport:
                                   weight_replicated=i in replicated))
         c = model.node_cost(NodeInContext(n.op, n.attr, tuple(g.shape(v) for v in n.inputs),
                                           tuple(facts[v.node] for v in n.inputs), facts[i]))
-        compute += c.compute_s
+        again = i in marked and c.recompute_bytes > 0
+        if again:
+            remade.append(i)
+        compute += c.compute_s + (c.recompute_s if again else 0.0)
         comm += c.comm_s
-        per_node.append((c.compute_s, c.comm_s))
-        row += c.mem_bytes
+        per_node.append((c.compute_s + (c.recompute_s if again else 0.0), c.comm_s))
+        row += c.mem_bytes - (c.recompute_bytes if again else 0.0)
         bound += c.mem_bound_bytes
         found.extend((i, col) for col in c.collectives)
         if n.op in CONTRACTIONS:
             contractions += step_products(n.op, [g.shape(v) for v in n.inputs], [grad[v.node] for v in n.inputs])
     bound += sum(output_cotangent_bytes(g.shape(v), len(axes[v.node])) for v in set(g.outputs))
-    memory = step_memory(g, axes, model.state_copies or 0.0)
+    memory = step_memory(g, axes, model.state_copies or 0.0, remade)
     step = compute + comm if not model.overlap else overlapped_step(
         [c for c, _ in per_node], [m for _, m in per_node], [[v.node for v in n.inputs] for n in g.nodes])
-    return PlanReport(step, compute, comm, memory.peak, tuple(found), memory, row, bound, contractions)
+    return PlanReport(step, compute, comm, memory.peak, tuple(found), memory, row, bound, contractions + len(remade),
+                      tuple(remade))
 
 
 def replicated_weights(nodes: Iterable[tuple[Any, str, Sequence[Any]]]) -> frozenset[Any]:
@@ -461,11 +474,129 @@ def _greedy_plan(egraph: TensorEGraph, model: ParallelCostModel) -> tuple[Mappin
     return priced.json, selection.as_ids(priced.data)
 
 
+# --- activation checkpointing --------------------------------------------------------------------
+
+RECOMPUTE_SUFFIX = "~recompute"  # a twin e-node's id: its class's product, recomputed in the backward
+
+
+def with_recompute(pe: PricedEGraph) -> PricedEGraph:
+    """`pe` with activation checkpointing as e-graph alternatives: beside each product the cost
+    model offers to recompute (its `recompute_mem` row term, `memory.recompute_bytes`) a twin
+    e-node in the same class, the same op on the same children, priced by the same `price` call:
+    its time plus `recompute_s` (the forward again in the backward), its memory row minus
+    `recompute_mem` (the output is not kept). Why twins and not a marker op: a recompute changes
+    no value, so it is no rewrite (no rule to verify, no new class to lower), and why not a
+    separate choice variable: a twin is an ordinary e-node, so the one ILP, its rows, its starts
+    and the Lagrangian fallback choose it with no new constraint. The twins come first, so a plan
+    carried in (`choice_of`, a start) keeps its own, kept products."""
+    from eqsat.extract.egraph_data import load_egraph
+
+    json = pe.priced.json
+    twins: dict[str, dict[str, Any]] = {}
+    for nid, n in json["nodes"].items():
+        terms = n.get("rows", {})
+        freed = float(terms.get("recompute_mem", 0.0))
+        if freed > 0:
+            twins[nid + RECOMPUTE_SUFFIX] = {
+                **n, "cost": float(n["cost"]) + COST_SCALE * float(terms["recompute_s"]),
+                "rows": {**terms, "mem": float(terms.get("mem", 0.0)) - freed, "recompute_mem": 0.0, "recompute_s": 0.0}}
+    if not twins:
+        return pe
+    grown = {**json, "nodes": {**twins, **json["nodes"]}}
+    data = load_egraph(grown)
+    rows = {r: np.array([float(grown["nodes"][nid].get("rows", {}).get(r, 0.0)) for nid in data.node_ids])
+            for r in pe.priced.rows}
+    priced = replace(pe.priced, json=grown, data=data, rows=rows)
+    old = pe.data
+
+    def carried(choice: np.ndarray) -> np.ndarray:
+        return priced.choice({old.class_ids[c]: old.node_ids[k] for c, k in enumerate(choice) if k >= 0})
+
+    return replace(pe, priced=priced, hints=tuple(carried(h) for h in pe.hints))
+
+
+def recomputed_nodes(egraph_json: Mapping[str, Any], ids: Mapping[str, str], plan: Graph) -> tuple[int, ...]:
+    """The plan's nodes (indices into `plan`, a decoded live graph) whose class the selection `ids`
+    (class id -> node id) takes as a recompute twin: found by structure (op, attributes, inputs),
+    hash-consed on both sides, since the decoder keeps no class ids."""
+    nodes = egraph_json["nodes"]
+    twin_classes = {c for c, nid in ids.items() if nid.endswith(RECOMPUTE_SUFFIX)}
+    if not twin_classes:
+        return ()
+    table: dict[tuple[Any, ...], int] = {}
+
+    def intern(op: str, attrs: Mapping[str, Any], kids: tuple[int, ...]) -> int:
+        if ops.OPS[op].is_leaf:
+            key: tuple[Any, ...] = (op, attrs["name"])
+        else:
+            key = (op, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items())), kids)
+        return table.setdefault(key, len(table))
+
+    class_key: dict[str, int] = {}
+    for root in egraph_json["outputs"]:
+        stack = [(str(root), False)]
+        while stack:
+            cid, expanded = stack.pop()
+            if cid in class_key:
+                continue
+            node = nodes[ids[cid]]
+            kids = [str(nodes[c]["eclass"]) for c in node["children"]]
+            if not expanded:
+                stack.append((cid, True))
+                stack.extend((k, False) for k in kids if k not in class_key)
+                continue
+            attrs = node.get("attrs", {}) if ops.OPS[node["op"]].is_leaf else \
+                ops.op_spec(node["op"]).normalize_attrs(node.get("attrs", {}))
+            class_key[cid] = intern(node["op"], attrs, tuple(class_key[k] for k in kids))
+    wanted = {class_key[c] for c in twin_classes if c in class_key}
+    node_key: list[int] = []
+    for n in plan.nodes:
+        node_key.append(intern(n.op, n.attr, tuple(node_key[v.node] for v in n.inputs)))
+    return tuple(i for i, k in enumerate(node_key) if k in wanted)
+
+
+CHECKPOINT_STEPS = 8  # products added at most by `checkpoint_to_fit`
+CHECKPOINT_CANDIDATES = 16  # the largest products it tries (a deep model's plan has hundreds)
+
+
+def checkpoint_to_fit(plan: Graph, model: ParallelCostModel, report: PlanReport, budget: float) -> PlanReport:
+    """`plan`'s report with more of its products recomputed, one at a time (the one whose recompute
+    lowers the simulated peak most), while its peak is over `budget` and a recompute lowers it.
+    The ILP's memory row is a linear stand-in for the peak, and what a recompute saves depends on
+    when the peak happens (at the end of the backward nothing a recompute frees is live), so the
+    extracted plan's checkpoints are completed against the liveness simulation, as the budget
+    loop of `plan_graph` checks the plan against it."""
+    if report.mem_bytes <= budget * (1 + 1e-9):
+        return report
+    g = plan.live()
+    products = [i for i, n in enumerate(g.nodes) if n.op in CONTRACTIONS]
+    eligible = sorted((i for i in plan_report(g, model, products).recompute if i not in report.recompute),
+                      key=lambda i: -math.prod(g.nodes[i].shapes[0]))[:CHECKPOINT_CANDIDATES]
+    best = report
+    for _ in range(CHECKPOINT_STEPS):
+        trials = [plan_report(g, model, (*best.recompute, i)) for i in eligible if i not in best.recompute]
+        pick = min(trials, key=lambda r: (r.mem_bytes, r.step_s), default=None)
+        if pick is None or pick.mem_bytes >= best.mem_bytes:
+            break
+        best = pick
+        if best.mem_bytes <= budget * (1 + 1e-9):
+            break
+    return best
+
+
+def _extract(priced: Priced, model: ParallelCostModel, time_limit: float, rows: Mapping[str, float] | None = None,
+             starts: Sequence[np.ndarray] = ()) -> tuple[Selection, Graph, PlanReport]:
+    """One ILP extraction and its plan's report, with the recompute twins it chose (if any)."""
+    selection, plan = priced.extract("ilp", time_limit, rows, starts)
+    return selection, plan, plan_report(plan, model, recomputed_nodes(priced.json, selection.as_ids(priced.data), plan))
+
+
 def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
                time_limit: float = 20.0, mem_budget: float | None = None, model: ParallelCostModel | None = None,
                rules: Sequence[Rule] | None = None, priced: PricedEGraph | None = None,
                comm_budget: float | None = None, starts: Sequence[Graph] = (), check: bool = True,
-               book: RuleBook | None = None, within: str | None = None) -> PlanResult:
+               book: RuleBook | None = None, within: str | None = None,
+               recompute: bool | None = None) -> PlanResult:
     """Saturate `graph` with the strategy's parallel rules on `mesh` (or take `priced`, the same
     saturated e-graph built before, e.g. to draw random plans from it too), extract the cheapest
     training step (within `mem_budget` bytes per device and `comm_budget` bytes moved per device
@@ -480,18 +611,25 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
     more predicted memory and takes no longer than its plan, which the ILP starts from: the time
     objective alone trades bytes and memory for predicted time (GPT on 2x4 planned to 1.2x data
     parallel's predicted bytes for a step predicted 35 % faster). Where the ILP finds nothing within
-    them, the baseline's plan is the answer (`info["within"]["answer"]`)."""
+    them, the baseline's plan is the answer (`info["within"]["answer"]`).
+
+    `recompute` (default: when `mem_budget` is given): activation checkpointing among the choices
+    (`with_recompute`), so a budget the kept products do not fit may be met by recomputing some;
+    without a budget the e-graph and the plan are as before."""
     for name, value in (("memory budget", mem_budget), ("communication budget", comm_budget)):
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise PlanError(f"the {name} must be a finite number of bytes >= 0, not {value}")
     if not (math.isfinite(time_limit) and time_limit > 0):
         raise PlanError(f"the ILP time limit must be a finite number of seconds > 0, not {time_limit}")
     t0 = time.perf_counter()
+    recompute = mem_budget is not None if recompute is None else recompute
     if within is not None and within != strategy:
         base = plan_graph(graph, mesh, within, limits, time_limit / 2, model=model, check=False, book=book)
         return _plan_within(graph, mesh, strategy, limits, time_limit, mem_budget, model, rules, priced, comm_budget,
-                            starts, check, book, base, t0)
+                            starts, check, book, base, t0, recompute)
     pe = priced if priced is not None else saturate_and_price(graph, mesh, strategy, limits, model, rules, book=book)
+    if recompute:
+        pe = with_recompute(pe)
     t1 = time.perf_counter()
     carried = [c for c in map(pe.choice_of, starts) if c is not None]
     hints = (*pe.hints, *carried)
@@ -499,12 +637,16 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
     row_limit = mem_budget
     for attempt in range(BUDGET_ATTEMPTS):
         rows = {**({} if row_limit is None else {"mem": row_limit}), **comm_rows}
-        selection, plan = pe.priced.extract("ilp", time_limit if attempt == 0 else time_limit / 2, rows, hints)
-        report = plan_report(plan, pe.model)
+        selection, plan, report = _extract(pe.priced, pe.model, time_limit if attempt == 0 else time_limit / 2, rows,
+                                           hints)
+        if recompute and mem_budget is not None:
+            report = checkpoint_to_fit(plan, pe.model, report, mem_budget)
         if mem_budget is None or row_limit is None or report.mem_bytes <= mem_budget * (1 + 1e-9):
             break
         if selection.status != "optimal" and report.mem_row_bytes > row_limit:
             selection, plan, report = _priced_memory(pe, report, float(mem_budget), time_limit / 4, comm_rows)
+            if recompute:
+                report = checkpoint_to_fit(plan, pe.model, report, mem_budget)
             break
         # the row is a linear stand-in for the simulated peak: tighten it by how far the plan is over
         row_limit = min(row_limit, report.mem_row_bytes) * 0.95 * mem_budget / report.mem_bytes
@@ -527,7 +669,7 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
 def _plan_within(graph: Graph, mesh: Mesh, strategy: str, limits: Limits, time_limit: float, mem_budget: float | None,
                  model: ParallelCostModel | None, rules: Sequence[Rule] | None, priced: PricedEGraph | None,
                  comm_budget: float | None, starts: Sequence[Graph], check: bool, book: RuleBook | None,
-                 base: PlanResult, t0: float) -> PlanResult:
+                 base: PlanResult, t0: float, recompute: bool = False) -> PlanResult:
     """`plan_graph(..., within=...)` once the baseline's plan `base` is known: the search under the
     tighter of the caller's budgets and the baseline's bytes and predicted memory, started from
     the baseline's plan; the baseline's plan where nothing within them (and no slower) is found."""
@@ -538,7 +680,7 @@ def _plan_within(graph: Graph, mesh: Mesh, strategy: str, limits: Limits, time_l
     res: PlanResult | None
     try:
         res = plan_graph(graph, mesh, strategy, limits, time_limit, mem, model, rules, priced, comm,
-                         (*starts, base.plan), check=False, book=book)
+                         (*starts, base.plan), check=False, book=book, recompute=recompute)
     except PlanError:
         res = None
     r = res.report if res is not None else None
@@ -573,9 +715,8 @@ def _priced_memory(pe: PricedEGraph, over: PlanReport, budget: float, time_limit
     best: tuple[Selection, Graph, PlanReport] | None = None
     last: tuple[Selection, Graph, PlanReport] | None = None
     for lam in LAGRANGE_STEPS:
-        selection, plan = pe.priced.with_costs(pe.data.cost + lam * scale * weights).extract(
-            "ilp", time_limit / len(LAGRANGE_STEPS), rows)
-        last = (selection, plan, plan_report(plan, pe.model))
+        last = _extract(pe.priced.with_costs(pe.data.cost + lam * scale * weights), pe.model,
+                        time_limit / len(LAGRANGE_STEPS), rows)
         if last[2].mem_bytes <= budget * (1 + 1e-9):
             if best is None or last[2].step_s < best[2].step_s:
                 best = last
@@ -622,5 +763,6 @@ __all__ = [
     "spmd_context",
     "strategy_rules",
     "verified_parallel_rules",
+    "with_recompute",
     "with_weights",
 ]
