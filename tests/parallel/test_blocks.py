@@ -18,7 +18,7 @@ from eqsat.pipeline import numerics_match
 
 
 def _tiny_gpt(layers: int) -> Graph:
-    return gpt(layers, d=16, heads=2, seq=8)
+    return gpt(layers, d=16, heads=2, seq=8, batch=2)
 
 
 def test_gpt_blocks_are_found_whatever_the_depth() -> None:
@@ -102,7 +102,7 @@ def test_six_layers_plan_as_the_two_layer_plan_repeated() -> None:
     """The deep target on a small depth: 2 and 6 layers plan the same block plan, once each, and
     the 6-layer plan is that block plan over six copies, checked against the program."""
     mesh = parse_mesh("2x4")
-    two, four, six = (plan_repeated(gpt(n, d=64, heads=4, seq=16), mesh) for n in (2, 4, 6))
+    two, four, six = (plan_repeated(gpt(n, d=64, heads=4, seq=16, batch=2), mesh) for n in (2, 4, 6))
     for res, n in ((two, 2), (four, 4), (six, 6)):
         assert res.info["blocks"]["copies"] == n and res.info["blocks"]["planned_once"]
         assert res.numerics_ok and res.info["numerics"] == "whole plan checked"
