@@ -120,6 +120,36 @@ def gpt(blocks: int, d: int = 256, heads: int = 8, seq: int = 32, batch: int = 8
     return b.build([h])
 
 
+def _per_head_block(b: GraphBuilder, x: Tensor, mask: Tensor, i: int, d: int, heads: int, seq: int) -> Tensor:
+    dh = d // heads
+    xb = b.apply("broadcast", [x], {"shape": (heads, seq, d), "dims": (1, 2)})[0]
+    q = b.matmul(xb, b.weight(f"b{i}.wq", (heads, d, dh)))  # 1/sqrt(dh) folded into wq (the IR has no constants)
+    k = b.matmul(xb, b.weight(f"b{i}.wk", (heads, d, dh)))
+    v = b.matmul(xb, b.weight(f"b{i}.wv", (heads, d, dh)))
+    scores = b.matmul(q, b.transpose(k, (0, 2, 1)))  # (H, T, T)
+    masked = b.ewadd(scores, b.apply("broadcast", [mask], {"shape": (heads, seq, seq), "dims": (1, 2)})[0])
+    ctx = b.matmul(softmax_last(b, masked), v)  # (H, T, dh)
+    proj = b.matmul(ctx, b.weight(f"b{i}.wo", (heads, dh, d)))  # (H, T, d)
+    attn = b.apply("reduce_sum", [proj], {"axes": (0,)})[0]
+    h = b.ewadd(x, attn)
+    up = b.matmul(h, b.weight(f"b{i}.w1", (d, 4 * d)), act=2)
+    return b.ewadd(h, b.matmul(up, b.weight(f"b{i}.w2", (4 * d, d))))
+
+
+def gpt_per_head(blocks: int, d: int = 256, heads: int = 8, seq: int = 128) -> Graph:
+    """The GPT cases as they were before the batch dim: x (T, d) broadcast over heads, per-head
+    weights (H, d, dh) in head-batched products and the sum over heads, a form the head rules
+    (`bcast-partition`, `heads-*`) split by head and the captured one (`gpt`) is not (no rule moves
+    a head split through the reshape into heads). The deep benches (`experiments/parallel_deep.py`)
+    plan it, so the 13B pricing keeps Megatron's attention within its memory budget."""
+    b = GraphBuilder()
+    h = b.input("x", (seq, d))
+    mask = b.input("mask", (seq, seq))
+    for i in range(blocks):
+        h = _per_head_block(b, h, mask, i, d, heads, seq)
+    return b.build([h])
+
+
 def dlrm(tables: int = 8, batch: int = 128, rows: int = 1000, dim: int = 64) -> Graph:
     """8 embedding lookups as one-hot x table products, concatenated, then a 3-layer MLP."""
     b = GraphBuilder()

@@ -4,12 +4,18 @@ A plan is a table weight name → split: `col` (the weight's output dim split, M
 parallel linear), `row` (its input dim split, the partial sums reduced: row parallel, and for an
 embedding written as one-hot x table Megatron's vocabulary-parallel embedding), `heads` (a head-batched
 weight split by head) or no entry (replicated: every device computes the op). The plan graph is
-built op by op from the program: each value is replicated, split on its last dim, split by head or
-a partial sum, and is made replicated (`combine` / `reduce`) only where an op needs it, exactly as
-Megatron's `f` / `g` operators do. Tensor parallelism runs over the mesh's last axis (on a 2-D mesh
-the other axis computes the same values; the stacked representation reduces only over a value's
-outermost device axis, so a data x tensor hybrid by hand would need an all-gather over the data axis
-before every row-parallel reduce).
+built op by op from the program: each value is replicated, split along one dim or a partial sum,
+and is made replicated (`combine` / `reduce`) only where an op needs it, exactly as Megatron's `f`
+/ `g` operators do. A split carries through reshapes (the same elements on each device: a column
+block of q = x @ wq is a block of heads once reshaped to (B, T, H, dh)), transposes, reductions
+over other dims, broadcasts and elementwise ops; behind a reshape that merges it under a leading dim
+(the attention products batched over (B*H)) it is strided (`_Placed.outer`): each device runs its
+heads of every batch row, and no `partition` of the merged value states it, so such a plan is outside
+the joint search's e-graph. Tensor parallelism runs over the mesh's last axis; on a 2-D mesh the
+other axis computes the same values. DP x TP by hand (the batch over the other axis) is not built:
+every activation would carry a second device axis (the data axis inner, so the tensor-parallel
+reduces stay over the outermost one), and each op's attributes shift by the value's device depth,
+which this builder, one device axis deep, does not track.
 """
 
 from __future__ import annotations

@@ -52,6 +52,17 @@ def test_megatron_by_hand_is_megatron() -> None:
     assert kinds == [("backward", "all-reduce")] + [("forward", "all-reduce")] * 2
 
 
+def test_megatron_by_hand_with_fewer_heads_than_devices_gathers_them() -> None:
+    """4 heads on 8 devices: a column block of wq is half a head, which the reshape into heads
+    cannot keep split, so q, k and v are gathered there (all-gathers forward) and the plan still
+    equals the program."""
+    graph = gpt(1, d=32, heads=4, seq=8, batch=2)
+    plan = megatron_by_hand("gpt-block", graph, parse_mesh("8"))
+    assert numerics_match(graph, plan)[0]
+    kinds = [c.kind for _, c in plan_report(plan, _model("8")).collectives if c.phase == "forward"]
+    assert kinds.count("all-gather") == 3
+
+
 def test_unknown_hand_plan() -> None:
     with pytest.raises(HandPlanError, match="no hand-written"):
         megatron_by_hand("resnet", unity_mlp(), parse_mesh("2"))

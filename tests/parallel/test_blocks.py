@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from eqsat.ir import Graph, GraphBuilder, Value
-from eqsat.models.parallel_cases import gpt, mlp
+from eqsat.models.parallel_cases import gpt, gpt_per_head, mlp
 from eqsat.cost import cost_model
 from eqsat.parallel.blocks import block_graph, compose, find_blocks, plan_hash, plan_repeated, rest_graph
 from eqsat.parallel.cost import ParallelCostModel
@@ -33,6 +33,15 @@ def test_gpt_blocks_are_found_whatever_the_depth() -> None:
         names = [[str(g.nodes[i].attr["name"]) for i in own] for own in b.own_leaves]
         assert [[n.split(".")[1] for n in copy] for copy in names] == [[n.split(".")[1] for n in names[0]]] * layers
         assert all(n.startswith(f"b{k}.") for k, copy in enumerate(names) for n in copy)
+
+
+def test_the_deep_benches_per_head_gpt_is_a_chain_too() -> None:
+    """`gpt_per_head` (the form `experiments/parallel_deep.py` plans): its blocks are found, each
+    with its per-head weights (H, d, dh)."""
+    g = gpt_per_head(4, d=16, heads=2, seq=8)
+    b = find_blocks(g)
+    assert b is not None and b.copies == 4
+    assert g.leaf_shapes()["b0.wq"] == (2, 16, 8) and g.leaf_shapes()["x"] == (8, 16)
 
 
 def test_one_block_and_blocks_of_different_shapes_are_no_chain() -> None:
