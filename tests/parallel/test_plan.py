@@ -48,9 +48,8 @@ def test_batched_gpt_block_on_eight_devices_splits_the_batch_through_attention()
     assert len(attention) == 2 and all(n.shapes[0][:2] == (8, 8 * 8 // 8) for n in attention)  # (device, B*H/8, ...)
     softmax = [n for n in joint.plan.nodes if n.op == "reduce_max"]
     assert softmax and all(n.shapes[0][0] == 8 for n in softmax)  # on each device's piece
-    for strategy in ("data-parallel", "megatron"):
-        assert joint.report.step_s <= plan_graph(graph, mesh, strategy).report.step_s * (1 + 1e-9)
-    assert joint.report.step_s < plan_graph(graph, mesh, "data-parallel").report.step_s
+    dp, megatron = (plan_graph(graph, mesh, s, check=False).report.step_s for s in ("data-parallel", "megatron"))
+    assert joint.report.step_s < dp and joint.report.step_s <= megatron * (1 + 1e-9)
 
 
 @pytest.mark.slow  # ~40 s: the joint search of the default gpt-block on 2x4
