@@ -4,10 +4,11 @@
     python -m experiments.parallel_deep paper13b   # 13B GPT-3-style, 40 layers, d = 5120, Adam, h100x32, 80 GB
     python -m experiments.parallel_deep            # both
 
-`depth`: the built-in GPT-style stack (`eqsat.models.parallel_cases.gpt`: per-head attention, a
-4x MLP, residuals; seq 128, 8 heads, no layer norm) at 4 and 48 layers on the cpu8 preset's 2x4
-mesh. Target: the 48-layer plan in <= 120 s, and it is the 4-layer plan repeated (the same block
-plan, `block_plan_hash`, composed over more copies).
+`depth`: the built-in GPT-style stack in its per-head form (`eqsat.models.parallel_cases.gpt_per_head`,
+the GPT cases before their batch dim: per-head attention, a 4x MLP, residuals; seq 128, 8 heads,
+no layer norm) at 4 and 48 layers on the cpu8 preset's 2x4 mesh. Target: the 48-layer plan in
+<= 120 s, and it is the 4-layer plan repeated (the same block plan, `block_plan_hash`, composed
+over more copies).
 
 `paper13b`: a paper pricing, nothing runs: the same stack at GPT-3 13B's size (40 layers,
 d = 5120, 40 heads, seq 2048: 12.6e9 weights, no embedding) built as Graph IR (shapes only), planned on
@@ -28,7 +29,7 @@ from typing import Any
 
 from eqsat.cost import cost_model
 from eqsat.ir import Graph
-from eqsat.models.parallel_cases import gpt
+from eqsat.models.parallel_cases import gpt_per_head
 from eqsat.parallel.blocks import find_blocks, plan_repeated
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import PRESETS, parse_mesh
@@ -51,7 +52,7 @@ def _row(name: str, graph: Graph, result: PlanResult, seconds: float, cpu_s: flo
 def depth(layers: tuple[int, ...] = (4, 48), d: int = 1024, mesh: str = "2x4") -> list[dict[str, Any]]:
     rows = []
     for n in layers:
-        graph = gpt(n, d=d, heads=8, seq=128)
+        graph = gpt_per_head(n, d=d, heads=8, seq=128)
         t0, c0 = time.perf_counter(), time.process_time()
         result = plan_repeated(graph, parse_mesh(mesh))
         rows.append(_row(f"gpt{n}-d{d}", graph, result, time.perf_counter() - t0, time.process_time() - c0,
@@ -67,7 +68,7 @@ def depth(layers: tuple[int, ...] = (4, 48), d: int = 1024, mesh: str = "2x4") -
 
 def paper13b(layers: int = 40, d: int = 5120, heads: int = 40, seq: int = 2048) -> list[dict[str, Any]]:
     mesh = PRESETS["h100x32"]
-    graph = gpt(layers, d=d, heads=heads, seq=seq)
+    graph = gpt_per_head(layers, d=d, heads=heads, seq=seq)
     weights = sum(math.prod(n.shapes[0]) for _, n in graph.leaves("weight"))
     blocks = find_blocks(graph)
     rows = []

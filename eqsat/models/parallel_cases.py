@@ -2,11 +2,15 @@
 12-block stack, a DLRM-like model, a small CNN and a mixture of experts, built with `GraphBuilder`
 (float32, batch-major).
 
-The GPT block: per-head Q/K/V projections as head-batched matmuls (weights (H, d, d/H); 1/sqrt(d/H)
-folded into wq, as the IR has no constants), softmax attention over the keys with a causal mask
-given as an additive (T, T) input, written as JAX computes softmax (max, exp of the difference,
-sum, divide), the per-head output projection summed over heads, and a 4x MLP with relu, each with
-its residual. Layer norm is left out: it needs the constants 1/d and eps.
+The GPT block: x is (B, T, d) (batch 8 by default, so a batch split over 8 devices, or over one
+axis of 2x4 beside a model split over the other, is possible), built as JAX computes `jnp` code
+and `jax_backend.capture` records it: `x @ w` as a 2-D product between reshapes ((B, T, d) ->
+(B*T, d) -> (B, T, e)), q / k / v split into heads as reshape and transpose to (B, H, T, dh), the
+attention products batched over the merged (B*H) dims (1/sqrt(dh) folded into wq, as the IR has no
+constants), the causal mask an additive (T, T) input broadcast over batch and heads, softmax over
+the keys written as JAX computes it (max, exp of the difference, sum, divide), heads merged back
+to (B, T, d) for the output projection, and a 4x MLP with relu, each with its residual. Layer norm
+is left out: it needs the constants 1/d and eps.
 """
 
 from __future__ import annotations
@@ -63,7 +67,60 @@ def softmax_last(b: GraphBuilder, s: Tensor) -> Tensor:
     return b.apply("ewdiv", [e, z])[0]
 
 
+def _linear(b: GraphBuilder, x: Tensor, w: Tensor, act: int = 0) -> Tensor:
+    """`x @ w` on a (B, T, d) value as JAX's dot_general is captured (`jax_backend.capture`): the
+    rows flattened, a 2-D product, the rows unflattened."""
+    *lead, d = x.shape
+    rows = 1
+    for n in lead:
+        rows *= n
+    y = b.matmul(b.reshape(x, (rows, d)), w, act=act)
+    return b.reshape(y, (*lead, w.shape[-1]))
+
+
+def _batched(b: GraphBuilder, x: Tensor, y: Tensor) -> Tensor:
+    """`x @ y` on (B, H, ., .) values as JAX captures it: the batch dims merged into one (B*H), a
+    batched 3-D product, the batch dims split again."""
+    bsz, heads, m, k = x.shape
+    out = b.matmul(b.reshape(x, (bsz * heads, m, k)), b.reshape(y, (bsz * heads, k, y.shape[-1])))
+    return b.reshape(out, (bsz, heads, m, y.shape[-1]))
+
+
 def gpt_block(b: GraphBuilder, x: Tensor, mask: Tensor, i: int, d: int, heads: int, seq: int) -> Tensor:
+    """One block on x (B, T, d), written as `jnp` code is and captured as JAX computes it: q, k, v
+    as `x @ w` split into heads ((B, T, H, dh) -> (B, H, T, dh)), the scores `q @ k^T` (1/sqrt(dh)
+    folded into wq, as the IR has no constants) plus the (T, T) mask broadcast over batch and heads,
+    softmax over the keys, `p @ v` merged back to (B, T, d), `@ wo`, and a 4x relu MLP, each with
+    its residual."""
+    bsz, dh = x.shape[0], d // heads
+
+    def split_heads(z: Tensor) -> Tensor:
+        return b.transpose(b.reshape(z, (bsz, seq, heads, dh)), (0, 2, 1, 3))
+
+    q = split_heads(_linear(b, x, b.weight(f"b{i}.wq", (d, d))))
+    k = split_heads(_linear(b, x, b.weight(f"b{i}.wk", (d, d))))
+    v = split_heads(_linear(b, x, b.weight(f"b{i}.wv", (d, d))))
+    scores = _batched(b, q, b.transpose(k, (0, 1, 3, 2)))  # (B, H, T, T)
+    full = (bsz, heads, seq, seq)
+    masked = b.ewadd(scores, b.apply("broadcast", [mask], {"shape": full, "dims": (2, 3)})[0])
+    ctx = _batched(b, softmax_last(b, masked), v)  # (B, H, T, dh)
+    merged = b.reshape(b.transpose(ctx, (0, 2, 1, 3)), (bsz, seq, d))
+    h = b.ewadd(x, _linear(b, merged, b.weight(f"b{i}.wo", (d, d))))
+    up = _linear(b, h, b.weight(f"b{i}.w1", (d, 4 * d)), act=2)
+    return b.ewadd(h, _linear(b, up, b.weight(f"b{i}.w2", (4 * d, d))))
+
+
+def gpt(blocks: int, d: int = 256, heads: int = 8, seq: int = 32, batch: int = 8) -> Graph:
+    """`blocks` GPT blocks on x (batch, seq, d) with a causal (seq, seq) additive mask."""
+    b = GraphBuilder()
+    h = b.input("x", (batch, seq, d))
+    mask = b.input("mask", (seq, seq))
+    for i in range(blocks):
+        h = gpt_block(b, h, mask, i, d, heads, seq)
+    return b.build([h])
+
+
+def _per_head_block(b: GraphBuilder, x: Tensor, mask: Tensor, i: int, d: int, heads: int, seq: int) -> Tensor:
     dh = d // heads
     xb = b.apply("broadcast", [x], {"shape": (heads, seq, d), "dims": (1, 2)})[0]
     q = b.matmul(xb, b.weight(f"b{i}.wq", (heads, d, dh)))  # 1/sqrt(dh) folded into wq (the IR has no constants)
@@ -79,12 +136,17 @@ def gpt_block(b: GraphBuilder, x: Tensor, mask: Tensor, i: int, d: int, heads: i
     return b.ewadd(h, b.matmul(up, b.weight(f"b{i}.w2", (4 * d, d))))
 
 
-def gpt(blocks: int, d: int = 256, heads: int = 8, seq: int = 128) -> Graph:
+def gpt_per_head(blocks: int, d: int = 256, heads: int = 8, seq: int = 128) -> Graph:
+    """The GPT cases as they were before the batch dim: x (T, d) broadcast over heads, per-head
+    weights (H, d, dh) in head-batched products and the sum over heads, a form the head rules
+    (`bcast-partition`, `heads-*`) split by head and the captured one (`gpt`) is not (no rule moves
+    a head split through the reshape into heads). The deep benches (`experiments/parallel_deep.py`)
+    plan it, so the 13B pricing keeps Megatron's attention within its memory budget."""
     b = GraphBuilder()
     h = b.input("x", (seq, d))
     mask = b.input("mask", (seq, seq))
     for i in range(blocks):
-        h = gpt_block(b, h, mask, i, d, heads, seq)
+        h = _per_head_block(b, h, mask, i, d, heads, seq)
     return b.build([h])
 
 

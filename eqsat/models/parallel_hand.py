@@ -4,12 +4,18 @@ A plan is a table weight name → split: `col` (the weight's output dim split, M
 parallel linear), `row` (its input dim split, the partial sums reduced: row parallel, and for an
 embedding written as one-hot x table Megatron's vocabulary-parallel embedding), `heads` (a head-batched
 weight split by head) or no entry (replicated: every device computes the op). The plan graph is
-built op by op from the program: each value is replicated, split on its last dim, split by head or
-a partial sum, and is made replicated (`combine` / `reduce`) only where an op needs it, exactly as
-Megatron's `f` / `g` operators do. Tensor parallelism runs over the mesh's last axis (on a 2-D mesh
-the other axis computes the same values; the stacked representation reduces only over a value's
-outermost device axis, so a data x tensor hybrid by hand would need an all-gather over the data axis
-before every row-parallel reduce).
+built op by op from the program: each value is replicated, split along one dim or a partial sum,
+and is made replicated (`combine` / `reduce`) only where an op needs it, exactly as Megatron's `f`
+/ `g` operators do. A split carries through reshapes (the same elements on each device: a column
+block of q = x @ wq is a block of heads once reshaped to (B, T, H, dh)), transposes, reductions
+over other dims, broadcasts and elementwise ops; behind a reshape that merges it under a leading dim
+(the attention products batched over (B*H)) it is strided (`_Placed.outer`): each device runs its
+heads of every batch row, and no `partition` of the merged value states it, so such a plan is outside
+the joint search's e-graph. Tensor parallelism runs over the mesh's last axis; on a 2-D mesh the
+other axis computes the same values. DP x TP by hand (the batch over the other axis) is not built:
+every activation would carry a second device axis (the data axis inner, so the tensor-parallel
+reduces stay over the outermost one), and each op's attributes shift by the value's device depth,
+which this builder, one device axis deep, does not track.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ ELEMENTWISE = frozenset(name for name, spec in ops.OPS.items() if spec.elementwi
 REDUCTIONS = frozenset({"reduce_sum", "reduce_max"})
 
 REP, LAST, HEADS, CHANNELS, PARTIAL = "replicated", "split-last", "split-heads", "split-channels", "partial"
+SPLIT = "split"  # a split of any dim (`_Placed.dim`, from the end), strided when `_Placed.outer` > 1
 
 
 class HandPlanError(EqsatError):
@@ -45,11 +52,13 @@ def _mlp_spec(graph: Graph) -> dict[str, str]:
 
 
 def _gpt_spec(graph: Graph) -> dict[str, str]:
+    """Attention split by head: q, k, v column-parallel (a column block of wq is a block of heads
+    once reshaped), the output projection row-parallel; the MLP column / row."""
     out = {}
     for _, n in graph.leaves("weight"):
         name = n.attr["name"]
         kind = name.rsplit(".", 1)[-1]
-        out[name] = {"wq": "heads", "wk": "heads", "wv": "heads", "wo": "heads", "w1": "col", "w2": "row"}[kind]
+        out[name] = {"wq": "col", "wk": "col", "wv": "col", "wo": "row", "w1": "col", "w2": "row"}[kind]
     return out
 
 
@@ -94,6 +103,36 @@ class _Placed:
     tensor: Tensor
     layout: str
     broadcast_of: tuple[_Placed, tuple[int, ...]] | None = None  # a per-head broadcast of a replicated value
+    dim: int = -1  # SPLIT: the dim (from the end) split into `parts` blocks ...
+    outer: int = 1  # ... of its inner factor: dim = outer x inner, blocks of inner (1: contiguous blocks)
+
+    def split_of(self) -> tuple[int, int] | None:
+        """(dim, outer) of a split of one dim (LAST is the last dim's), else None."""
+        if self.layout == SPLIT:
+            return self.dim, self.outer
+        return (-1, 1) if self.layout == LAST else None
+
+
+def _prod(dims: tuple[int, ...] | list[int]) -> int:
+    out = 1
+    for n in dims:
+        out *= int(n)
+    return out
+
+
+def _reshaped_split(old: tuple[int, ...], split: tuple[int, int], new: tuple[int, ...], parts: int) -> tuple[int, int] | None:
+    """The split of a reshape's result that holds the same elements as `split` of its input on each
+    device, or None. A split is the digit (flat row-major index // unit) % parts of the value, and
+    a reshape keeps the flat index: the result's split is the dim whose elements that digit indexes."""
+    dim, outer = split
+    j = len(old) + dim
+    unit = _prod(old[j + 1:]) * old[j] // (outer * parts)
+    for k in range(len(new)):
+        inner = _prod(new[k + 1:])
+        span = inner * new[k]
+        if new[k] > 1 and unit % inner == 0 and span % (unit * parts) == 0:
+            return k - len(new), span // (unit * parts)
+    return None
 
 
 class _Builder:
@@ -115,6 +154,10 @@ class _Builder:
             return p.tensor
         if p.layout == PARTIAL:
             return self._op("reduce", [p.tensor], axis=self.axis)
+        if p.layout == SPLIT:
+            if p.outer != 1:
+                raise HandPlanError("a strided split (a split dim merged behind another) cannot be gathered by hand")
+            return self._op("combine", [p.tensor], dim=p.dim, axis=self.axis)
         return self._op("combine", [p.tensor], dim=self._split_dim(p.layout, p.tensor, stacked=True), axis=self.axis)
 
     @staticmethod
@@ -141,8 +184,61 @@ class _Builder:
         g = self.graph
         vals: list[_Placed] = []
         for n in g.nodes:
-            vals.append(self.node(n.op, n.attr, [vals[v.node] for v in n.inputs], [g.nodes[v.node] for v in n.inputs]))
+            ins = [vals[v.node] for v in n.inputs]
+            producers = [g.nodes[v.node] for v in n.inputs]
+            shapes = [tuple(p.shapes[v.index]) for p, v in zip(producers, n.inputs)]
+            placed = self.split_op(n.op, n.attr, ins, shapes, tuple(n.shapes[0])) if n.shapes else None
+            vals.append(placed or self.node(n.op, n.attr, ins, producers))
         return self.b.build([self.replicated(vals[v.node]) for v in g.outputs])
+
+    def _split(self, tensor: Tensor, dim: int, outer: int) -> _Placed:
+        return _Placed(tensor, LAST) if (dim, outer) == (-1, 1) else _Placed(tensor, SPLIT, dim=dim, outer=outer)
+
+    def _local(self, shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
+        """The stacked shape of a value of global `shape` split along `dim`."""
+        j = len(shape) + dim
+        return (self.parts, *shape[:j], shape[j] // self.parts, *shape[j + 1:])
+
+    def split_op(self, op: str, attrs: dict[str, Any], xs: list[_Placed], shapes: list[tuple[int, ...]],
+                 out: tuple[int, ...]) -> _Placed | None:
+        """An op on values split along one dim (heads through a transformer's reshapes and
+        transposes): it runs on each device's piece where the split carries through it, else None
+        (the op-specific cases of `node`)."""
+        splits = [x.split_of() for x in xs]
+        if not xs or all(sp is None for sp in splits):
+            return None
+        first = next(sp for sp in splits if sp is not None)
+        dim, outer = first
+        if op == "reshape":
+            new = _reshaped_split(shapes[0], first, out, self.parts)
+            if new is None:
+                return None
+            return self._split(self._op(op, [xs[0].tensor], shape=self._local(out, new[0])), *new)
+        if op == "transpose":
+            perm = tuple(int(p) for p in attrs["perm"])
+            j = perm.index(len(out) + dim)
+            return self._split(self._op(op, [xs[0].tensor], perm=(0, *(p + 1 for p in perm))), j - len(out), outer)
+        if op in REDUCTIONS:
+            axes = tuple(int(a) for a in attrs["axes"])
+            j = len(shapes[0]) + dim
+            if j in axes:
+                return None
+            kept = j - sum(a < j for a in axes)
+            return self._split(self._op(op, [xs[0].tensor], axes=tuple(a + 1 for a in axes)), kept - len(out), outer)
+        if op == "broadcast":
+            j = int(tuple(attrs["dims"])[len(shapes[0]) + dim])
+            dims = (0, *(int(d) + 1 for d in attrs["dims"]))
+            return self._split(self._op(op, [xs[0].tensor], shape=self._local(out, j - len(out)), dims=dims),
+                               j - len(out), outer)
+        if op in ELEMENTWISE and all(sp == first or (x.layout == REP and s == out)
+                                     for x, sp, s in zip(xs, splits, shapes)):
+            if outer != 1 and any(sp is None for sp in splits):
+                return None
+            ins = [x.tensor if sp is not None else self.partition(x.tensor, dim) for x, sp in zip(xs, splits)]
+            return self._split(self._op(op, ins, **attrs), dim, outer)
+        if op == "matmul" and len(out) >= 3 and splits[0] == splits[1] and dim <= -3:  # batched over the split dim
+            return self._split(self._op(op, [x.tensor for x in xs], **attrs), dim, outer)
+        return None
 
     def node(self, op: str, attrs: dict[str, Any], xs: list[_Placed], producers: list[Node]) -> _Placed:
         if op in ("input", "weight"):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from eqsat.ir import Graph, GraphBuilder, Value
-from eqsat.models.parallel_cases import gpt, mlp
+from eqsat.models.parallel_cases import gpt, gpt_per_head, mlp
 from eqsat.cost import cost_model
 from eqsat.parallel.blocks import block_graph, compose, find_blocks, plan_hash, plan_repeated, rest_graph
 from eqsat.parallel.cost import ParallelCostModel
@@ -18,7 +18,7 @@ from eqsat.pipeline import numerics_match
 
 
 def _tiny_gpt(layers: int) -> Graph:
-    return gpt(layers, d=16, heads=2, seq=8)
+    return gpt(layers, d=16, heads=2, seq=8, batch=2)
 
 
 def test_gpt_blocks_are_found_whatever_the_depth() -> None:
@@ -33,6 +33,15 @@ def test_gpt_blocks_are_found_whatever_the_depth() -> None:
         names = [[str(g.nodes[i].attr["name"]) for i in own] for own in b.own_leaves]
         assert [[n.split(".")[1] for n in copy] for copy in names] == [[n.split(".")[1] for n in names[0]]] * layers
         assert all(n.startswith(f"b{k}.") for k, copy in enumerate(names) for n in copy)
+
+
+def test_the_deep_benches_per_head_gpt_is_a_chain_too() -> None:
+    """`gpt_per_head` (the form `experiments/parallel_deep.py` plans): its blocks are found, each
+    with its per-head weights (H, d, dh)."""
+    g = gpt_per_head(4, d=16, heads=2, seq=8)
+    b = find_blocks(g)
+    assert b is not None and b.copies == 4
+    assert g.leaf_shapes()["b0.wq"] == (2, 16, 8) and g.leaf_shapes()["x"] == (8, 16)
 
 
 def test_one_block_and_blocks_of_different_shapes_are_no_chain() -> None:
@@ -102,7 +111,7 @@ def test_six_layers_plan_as_the_two_layer_plan_repeated() -> None:
     """The deep target on a small depth: 2 and 6 layers plan the same block plan, once each, and
     the 6-layer plan is that block plan over six copies, checked against the program."""
     mesh = parse_mesh("2x4")
-    two, four, six = (plan_repeated(gpt(n, d=64, heads=4, seq=16), mesh) for n in (2, 4, 6))
+    two, four, six = (plan_repeated(gpt(n, d=64, heads=4, seq=16, batch=2), mesh) for n in (2, 4, 6))
     for res, n in ((two, 2), (four, 4), (six, 6)):
         assert res.info["blocks"]["copies"] == n and res.info["blocks"]["planned_once"]
         assert res.numerics_ok and res.info["numerics"] == "whole plan checked"

@@ -69,9 +69,14 @@ def test_unity_mlp_plan_on_devices(mesh: str) -> None:
     assert check["measured_collectives"] == sorted(c.kind for _, c in result.report.collectives if c.phase == "forward")
 
 
-def test_gpt_block_megatron_compiles_to_two_all_reduces() -> None:
-    graph = gpt(1)
-    result = plan_graph(graph, parse_mesh("8"))
+@pytest.mark.parametrize("mesh", ["8", "2x4"])
+def test_batched_gpt_block_megatron_by_hand_compiles_to_two_all_reduces(mesh: str) -> None:
+    """Megatron by hand on x (B, T, d): heads split through the reshapes, transposes and the merged
+    (B*H) attention products lower to per-device programs whose forward is its two all-reduces."""
+    from eqsat.commands.parallel import hand_plan
+
+    graph = gpt(1, d=32, heads=8, seq=8, batch=2)
+    result = hand_plan("gpt-block", graph, parse_mesh(mesh))
     check = check_on_devices(graph, result.plan, result.mesh)
     assert check["numerics_ok"]
     assert check["measured_collectives"] == ["all-reduce", "all-reduce"]
@@ -81,7 +86,7 @@ def test_gpt_block_megatron_compiles_to_two_all_reduces() -> None:
 @pytest.mark.slow  # ~20 s: compiles and runs random plans on 8 devices (bench parallel runs 20 per case)
 def test_random_plans_on_devices() -> None:
     """Plans of every shape the rules allow (random extractions) run equal to the program."""
-    graph = gpt(1, d=32, heads=4, seq=8)
+    graph = gpt(1, d=32, heads=4, seq=8, batch=2)
     mesh = parse_mesh("2x4")
     pe = saturate_and_price(graph, mesh)
     for plan in random_plans(pe, 4, seed=5):
@@ -141,7 +146,7 @@ def test_predicted_step_memory_within_15pct_on_small_plans(mesh_spec: str) -> No
     row's value bounds it from above."""
     from jax_backend.checks import reference_gradients
 
-    graph = gpt(1, d=32, heads=4, seq=8)
+    graph = gpt(1, d=32, heads=4, seq=8, batch=2)
     mesh = parse_mesh(mesh_spec)
     pe = saturate_and_price(graph, mesh)
     reference = reference_gradients(graph)
@@ -195,7 +200,7 @@ def test_compiled_step_recomputes_no_product(case: str) -> None:
     taking a gradient): nothing rematerialized, for the extracted plan and random ones."""
     from jax_backend.checks import reference_gradients
 
-    graph = cnn(batch=2, channels=8, size=8, classes=8) if case == "conv" else gpt(1, d=32, heads=8, seq=8)
+    graph = cnn(batch=2, channels=8, size=8, classes=8) if case == "conv" else gpt(1, d=32, heads=8, seq=8, batch=2)
     mesh = parse_mesh("2x4")
     pe = saturate_and_price(graph, mesh)
     reference = reference_gradients(graph)
