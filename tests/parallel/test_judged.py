@@ -124,7 +124,7 @@ def test_a_forced_plan_that_compiles_to_more_bytes_is_replaced(monkeypatch: pyte
 
 
 @needs8
-@pytest.mark.slow  # ~60 s: plans the MoE and compiles it and four baselines
+@pytest.mark.slow  # 60-150 s: plans the MoE, compiles it and four baselines, runs 3 steps
 def test_moe_on_8_devices_is_within_data_parallel_compiled() -> None:
     from experiments.parallel_user_programs import moe_problem, same_as_single_device
 
