@@ -179,7 +179,8 @@ def test_parallel_name_sets_keep_their_membership() -> None:
                                "abs", "cos", "erf", "erfc", "ewmax", "ewmin", "log", "neg", "pow", "rsqrt", "sin",
                                "sqrt",
                                # a batch split through reshape (leading dims kept), the causal mask, softmax
-                               "reshape", "select_n", "stop_gradient"},
+                               "reshape", "select_n", "stop_gradient",
+                               "slice", "concat"},  # a split of another dim through split / concat
         "ops.DISTRIBUTION_OPS": distribution,  # memory.MOVERS
         "memory.ELEMENTWISE_SAVE_OUTPUT": {"tanh", "sigmoid", "exp"},
         "memory.ELEMENTWISE_SAVE_INPUT": {"relu"},
@@ -226,6 +227,10 @@ def test_parallel_name_sets_keep_their_membership() -> None:
     ("reduce_max", {"axes": (1, 2)}, 2, False),
     ("reshape", {"shape": (4, 8, 16)}, 1, True),  # the device axis kept in front (the rules build it so)
     ("reshape", {"shape": (4,)}, 1, False),  # no dim left for the piece
+    ("slice", {"axis": 3, "start": 0, "stop": 2}, 1, True),
+    ("slice", {"axis": 0, "start": 0, "stop": 2}, 1, False),  # a slice of the device axis
+    ("concat", {"axis": 2}, 2, True),
+    ("concat", {"axis": 1}, 2, False),
 ])
 def test_distributable_predicates(op: str, attrs: dict[str, object], k: int, runs: bool) -> None:
     from eqsat.parallel import planner as plan

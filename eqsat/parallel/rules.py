@@ -3,8 +3,9 @@
 The file is written for one generic axis with placeholders: `A` (the mesh axis index), `N` (its
 size), `ACT` (an activation code), `D` and `E` (dims -1..-4, counted from the end), `ST` and `PAD` (a conv's
 square stride, 1 or 2, and its padding code), `R` and `K` (a slice's or concat's rank, 2..5, and axis
-from the front; `R1`, `K1` are one more). The rule parser has no
-integer attribute variables, so each line is expanded over the placeholders' values; every
+from the front; `R1`, `K1` are one more). Rule lines can bind float, list and integer attributes
+(`?eps`, `?S`, a slice's `?a`) but do no arithmetic on them, so each line is expanded over the
+placeholders' values; every
 instance is named `rule[D=-1]@axis`. Rules are verified by the project's verifier
 (`eqsat.rewrites.verify`) at N = 2 and N = 4 (its shape grid reaches 4, so a larger N cannot be
 sampled); the rules are uniform in N. The file lives with the rule library but is no library group

@@ -160,9 +160,9 @@ def test_planner_default_trusts_only_rules_proved_for_all_shapes(tmp_path: Path,
     assert {r.name for r in opted} == {r.name for r in default} | {"heads-bcast@0"}
 
 
-@pytest.mark.slow  # ~50 s cold (all 276 instances); the cache makes later runs fast
+@pytest.mark.slow  # ~50 s cold (all 588 instances); the cache makes later runs fast
 def test_every_shipped_instance_is_trusted() -> None:
-    """All 276 instances (N = 2 and 4) are proved for all shapes, strictly or under the guard."""
+    """All 588 instances (N = 2 and 4) are proved for all shapes, strictly or under the guard."""
     family = [r for n in (2, 4) for r in instantiate(0, n)]
     assert all(map(is_trusted, verify_rules(family)))
 
