@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from engine_free import BLOCK_SEARCH_ENGINES
 
 from eqsat import cli
 from eqsat.commands.judge import find_plans
@@ -74,12 +75,7 @@ def test_judge_runs_without_the_search_engines(tmp_path: Path) -> None:
     fast, slow, _ = _pair()
     _save(tmp_path, "m", slow, fast=fast)
     blocker = (
-        "import sys, importlib.abc\n"
-        "class Block(importlib.abc.MetaPathFinder):\n"
-        "    def find_spec(self, name, path, target=None):\n"
-        "        if name.split('.')[0] in ('egglog', 'z3', 'highspy'):\n"
-        "            raise ModuleNotFoundError(name, name=name)\n"
-        "sys.meta_path.insert(0, Block())\n"
+        BLOCK_SEARCH_ENGINES +
         "from eqsat.cli import main\n"
         f"sys.exit(main(['judge', {str(tmp_path)!r}, '--timing-budget', '0', '--repeats', '5', '--json']))\n"
     )

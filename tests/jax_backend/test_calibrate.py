@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from engine_free import BLOCK_SEARCH_ENGINES
 
 from eqsat import cli
 from eqsat.cost import cost_model
@@ -161,12 +162,7 @@ def test_calibrate_and_xla_predictions_run_without_the_search_engines(tmp_path: 
     import sys
 
     code = (
-        "import sys, importlib.abc\n"
-        "class Block(importlib.abc.MetaPathFinder):\n"
-        "    def find_spec(self, name, path, target=None):\n"
-        "        if name.split('.')[0] in ('egglog', 'z3', 'highspy'):\n"
-        "            raise ModuleNotFoundError(name, name=name)\n"
-        "sys.meta_path.insert(0, Block())\n"
+        BLOCK_SEARCH_ENGINES +
         "from jax_backend import calibrate as c\n"
         "from eqsat.xla_cost import Calibration, Curve\n"
         "from eqsat.cost import _machine_key, cost_model\n"
