@@ -22,6 +22,8 @@ from eqsat.rewrites.rule import Rule
 from eqsat.rewrites.symbolic import prove_symbolic
 from eqsat.rewrites.to_egglog import to_egglog
 
+from .on_devices import assert_plan_runs_on_devices
+
 BATCH_RULES = ("reshape-partition-1", "reshape-partition-2", "reshape-partition-3", "reshape-partition-4",
                "reshape-partition-kept-1", "reshape-partition-kept-2", "reshape-partition-kept-3",
                "reshape-partition-kept-4", "partition-rsqrt", "partition-tanh", "partition-ewmax",
@@ -94,13 +96,7 @@ def test_batch_split_stays_on_through_reshapes() -> None:
     axes = graph_axes(plan)
     assert sum(1 for n, a in zip(plan.nodes, axes) if n.op == "reshape" and a) == 2  # both inner reshapes split
     assert plan.op_counts().get("combine", 0) == 1  # gathered once, at the output
-    jax = pytest.importorskip("jax")
-    if jax.device_count() < 4:
-        pytest.skip("needs 4 JAX devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
-    from jax_backend.checks import check_on_devices
-
-    got = check_on_devices(_flattened(), plan, mesh)
-    assert got["numerics_ok"], got
+    assert_plan_runs_on_devices(_flattened(), plan, mesh)
 
 
 def test_masked_scores_split_by_batch_run_on_devices() -> None:
