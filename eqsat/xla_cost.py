@@ -11,7 +11,8 @@ e-node of its class ends in an elementwise loop), and
   starts a loop: a kernel of its own, its reads and its write;
 - a dot or conv (`"library"`) costs what the calibration measured for a call of its size (seconds
   against flops, interpolated in log-log between measured shapes) or the time to read its operands
-  at the measured matrix-vector bandwidth, whichever is longer, plus the loop of its activation,
+  as a matrix-vector product of that many bytes took (`Calibration.gemv`), whichever is longer (an
+  NHWC conv on a curve of its own: on a CPU an NCHW conv pays XLA's transposes to NHWC), plus the loop of its activation,
   plus a loop kernel copying each operand that is a strided slice (a slice out of the middle of a
   value, or a view of one: a library call reads dense operands);
 - a copy (`"copy"`) costs a read and write of its output: a transpose of a dense value at the
@@ -59,9 +60,10 @@ if TYPE_CHECKING:
 __all__ = ["CALIBRATION_FORMAT", "FLOOR_KINDS", "Calibration", "CalibrationError", "ChainFit", "Curve", "XlaModel",
            "fit_chain", "fusion_context", "graph_enodes", "read_calibration", "write_calibration"]
 
-CALIBRATION_FORMAT = "eqsat-xla-calibration-3"
-"""3: per-kind kernel floors, the per-call time and grouped convs (a format-2 cache is refused and
-measured again)."""
+CALIBRATION_FORMAT = "eqsat-xla-calibration-4"
+"""3: per-kind kernel floors, the per-call time and grouped convs; 4: matrix-vector products by size
+(`Calibration.gemv`) and NHWC convs (`Calibration.conv_nhwc`). An older cache is refused and
+measured again."""
 
 FLOOR_KINDS: tuple[str, ...] = ("loop", "copy", "kernel", "dot", "conv")
 """The kinds of kernel whose floor the calibration measures (`Calibration.floors`)."""
@@ -178,6 +180,9 @@ class Calibration:
     conv_s: float = 0.0  # floor of a conv; 0: the conv curve's smallest call
     call_s: float = 0.0  # what a call costs beyond its kernels (dispatch, the wait for the result); 0: none
     gconv: Curve | None = None  # grouped convs (more than one channel a group); None: the conv curve
+    gemv: Curve | None = None  # a matrix-vector product: seconds against bytes moved; None: `weight_bandwidth`
+    conv_nhwc: Curve | None = None  # dense NHWC convs (`conv2d_nhwc`); None: the conv curve
+    gconv_nhwc: Curve | None = None  # grouped NHWC convs; None: `gconv`
 
     def __post_init__(self) -> None:
         defaults = {"weight_bandwidth": self.bandwidth, "copy_s": self.launch_s, "kernel_s": self.launch_s,
@@ -210,12 +215,12 @@ class Calibration:
                 raise CalibrationError(f"{found} is from an older eqsat (no kernel floors)" if older
                                        else f"not a {CALIBRATION_FORMAT} file")
             curves = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) for k in ("matmul", "conv")}
+            optional = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) if data[k] is not None else None
+                        for k in ("gconv", "gemv", "conv_nhwc", "gconv_nhwc")}
             return Calibration(str(data["machine"]), str(data["device"]), data["launch_s"], data["bandwidth"],
                                data["loop_flops"], curves["matmul"], curves["conv"], float(data.get("seconds", 0.0)),
                                data["weight_bandwidth"], data["copy_s"], data["kernel_s"], data["dot_s"],
-                               data["conv_s"], data["call_s"],
-                               Curve(tuple(data["gconv"]["flops"]), tuple(data["gconv"]["seconds"]))
-                               if data["gconv"] is not None else None)
+                               data["conv_s"], data["call_s"], **optional)
         except CalibrationError:
             raise
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -367,13 +372,11 @@ class XlaModel:
             return max(cal.launch_s, work / cal.loop_flops, (sum(in_bytes) + out_bytes) / cal.bandwidth)
         if kind == "library":
             is_conv = op in ("conv2d", "conv2d_nhwc")
-            curve, floor = (cal.conv, cal.conv_s) if is_conv else (cal.matmul, cal.dot_s)
-            if is_conv and cal.gconv is not None and _grouped(op, shapes):
-                curve = cal.gconv
+            curve, floor = (_conv_curve(cal, op, shapes), cal.conv_s) if is_conv else (cal.matmul, cal.dot_s)
             act = ops.Activation(int(spec.normalize_attrs(attrs).get("act", 0)))
             # the call: its efficiency at this size, or the time to read its operands (a matrix-vector product)
             dot = work - (ops.numel(outs[0]) if act is not ops.Activation.NONE else 0)
-            call = max(floor, curve.seconds_for(max(dot, 1.0)), (sum(in_bytes) + out_bytes) / cal.weight_bandwidth)
+            call = max(floor, curve.seconds_for(max(dot, 1.0)), _read_seconds(cal, sum(in_bytes) + out_bytes))
             # an operand sliced out of the middle of a value is first copied by a loop kernel
             call += sum(max(cal.launch_s, 2 * b / cal.bandwidth) for b, s in zip(in_bytes, strided) if s)
             if act is ops.Activation.NONE:
@@ -401,6 +404,27 @@ class XlaModel:
     def program_seconds(self, graph: Graph, fold_weights: bool = True) -> float:
         """Seconds a call of the graph takes, timed to completion: its kernels and the call itself."""
         return self.calibration.call_s + self.price_graph(graph, fold_weights)
+
+
+def _conv_curve(cal: Calibration, op: str, shapes: Sequence[Shape]) -> Curve:
+    """The curve a conv is priced on: by layout (an NCHW conv's curve holds the transposes XLA:CPU
+    puts around it to run it as NHWC) and whether it is grouped (`_grouped`)."""
+    nhwc = op == "conv2d_nhwc"
+    if _grouped(op, shapes) and cal.gconv is not None:
+        return cal.gconv_nhwc if nhwc and cal.gconv_nhwc is not None else cal.gconv
+    return cal.conv_nhwc if nhwc and cal.conv_nhwc is not None else cal.conv
+
+
+def _read_seconds(cal: Calibration, moved: float) -> float:
+    """Seconds a library call takes to read and write `moved` bytes (a matrix-vector product: bound
+    by reading its weight). On the gemv curve where one was measured: a CPU streams a large weight
+    faster per byte than a small one (more threads share it), so merged mat-vecs run faster than
+    the same bytes read in separate calls; below its smallest point, at that point's rate."""
+    if cal.gemv is None:
+        return moved / cal.weight_bandwidth
+    if moved < cal.gemv.flops[0]:
+        return cal.gemv.seconds[0] * moved / cal.gemv.flops[0]
+    return cal.gemv.seconds_for(moved)
 
 
 # The widest group the grouped-conv probes measure (`jax_backend.calibrate.GCONV_SHAPES`): a curve

@@ -9,7 +9,7 @@ correlation over all candidates.
 The calibration may be a format-2 file (before kernel floors); then the floors it lacks are the
 `--floor-us` PLACEHOLDER (loop, copy and pool kernels), the dot and conv floors are its curves'
 smallest measured calls, and the per-call time is `--call-us` (a PLACEHOLDER too, unless it
-was measured). A format-3 file (what `eqsat calibrate` now writes) is used as it is.
+was measured). A format-3 or -4 file (what `eqsat calibrate` writes) is used as it is.
 
     python -m experiments.xla_gpu_offline docs/data/tensat_h200/calibration_h200.json PLANS \
         docs/data/tensat_h200/judge_run1.jsonl docs/data/tensat_h200/judge_run2.jsonl --floor-us 0.63 2 3
@@ -37,11 +37,14 @@ WITHIN = 0.05  # the issue's target: predicted within ±5 points of measured
 def calibration(path: Path, floor_us: float | None, call_us: float) -> tuple[Calibration, str]:
     """The calibration at `path`, and how its floors were obtained (measured or PLACEHOLDER)."""
     data = json.loads(path.read_text(encoding="utf-8"))
+    if data.get("format") == "eqsat-xla-calibration-3":  # measured before the gemv and NHWC curves
+        data = {**data, "format": CALIBRATION_FORMAT, "gemv": None, "conv_nhwc": None, "gconv_nhwc": None}
     if data.get("format") == CALIBRATION_FORMAT and floor_us is None:
-        return Calibration.from_json(data), "measured (format 3)"
+        return Calibration.from_json(data), "measured (format 3 or 4)"
     fields = {k: data[k] for k in ("launch_s", "bandwidth", "loop_flops", "weight_bandwidth")}
     cal = Calibration.from_json({**data, "format": CALIBRATION_FORMAT, **fields, "copy_s": 0, "kernel_s": 0,
-                                 "dot_s": 0, "conv_s": 0, "call_s": call_us * 1e-6, "gconv": None})
+                                 "dot_s": 0, "conv_s": 0, "call_s": call_us * 1e-6, "gconv": None, "gemv": None,
+                                 "conv_nhwc": None, "gconv_nhwc": None})
     if floor_us is not None:
         f = floor_us * 1e-6
         cal = replace(cal, launch_s=f, copy_s=f, kernel_s=f)

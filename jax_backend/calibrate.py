@@ -5,9 +5,10 @@ about 20 s on a CPU: per kind of kernel (loop, copy, pool, dot, conv) its floor,
 tiny kernel of that kind adds to a chain of up to 64 (`FLOOR_PROBES`, `chain_fit`), and the time
 of a call beyond its kernels (each call timed to completion, as plans are judged), grouped convs, the
 bandwidth of a loop fusion streaming a 1 MiB array, the arithmetic rate of a long elementwise
-chain, dots and convs of representative sizes (seconds against flops: the efficiency curve) and
-matrix-vector products (the bandwidth at which a call reads its weight), each as the marginal
-cost of one more call in a chain.
+chain, dots and convs (NCHW and NHWC, dense and grouped) of representative sizes (seconds against
+flops: the efficiency curves), each as the marginal cost of one more call in a chain, and
+matrix-vector products of 256 KiB to 16 MiB weights (seconds against bytes: on a CPU a large one
+streams its weight faster per byte than a small one), as independent calls on distinct weights.
 The result is cached per machine, device and JAX version (`eqsat.xla_cost.Calibration`); the
 factory never measures inside an optimizer's clock: with no cache it fails with a line saying to
 run `eqsat calibrate`, and a damaged or foreign cache is re-measured (with a one-line warning)
@@ -37,16 +38,20 @@ from eqsat.xla_cost import (FLOOR_KINDS, Calibration, CalibrationError, ChainFit
 from jax_backend.measured_cost import check_measuring_device, device_key
 from jax_backend.timing import interleaved_rounds
 
-__all__ = ["MATMUL_SHAPES", "GEMV_SIZES", "CONV_SHAPES", "CHAIN_LENGTHS", "FLOOR_PROBES", "GCONV_SHAPES", "calibration_path", "calibrate",
+__all__ = ["MATMUL_SHAPES", "GEMV_SHAPES", "CONV_SHAPES", "CHAIN_LENGTHS", "FLOOR_PROBES", "GCONV_SHAPES", "calibration_path", "calibrate",
            "chain_fit", "chain_is_device_bound", "load_calibration", "xla_model"]
 
 MATMUL_SHAPES: tuple[tuple[int, int], ...] = (
     (8, 64), (32, 128), (64, 256), (128, 512), (64, 1024), (256, 1024))
 """(m, k) of the calibration's dots, (m, k) x (k, k): 6.6e4 to 5.4e8 flops (BERT's 64 x 1024 among them)."""
 
-GEMV_SIZES: tuple[int, ...] = (1024, 2048)
-"""k of the calibration's matrix-vector products (1, k) x (k, k) (NasRNN's): bound by reading the
-weight; the largest (16 MiB a weight, past any cache, as a model's weights are) gives the bandwidth."""
+GEMV_SHAPES: tuple[tuple[int, int], ...] = ((512, 128), (512, 512), (512, 2048), (512, 4096), (1024, 4096))
+"""(k, n) of the calibration's matrix-vector products (1, k) x (k, n), 256 KiB to 16 MiB a weight
+(NasRNN's, and its merged ones): bound by reading the weight, at a rate that grows with its size
+on a CPU (`eqsat.xla_cost.Calibration.gemv`). Each is timed as independent calls on distinct
+weights, `GEMV_BYTES` in all (past any last-level cache, as a model's weights are)."""
+
+GEMV_BYTES = 64 * 2**20
 
 CONV_SHAPES: tuple[tuple[int, int, int], ...] = (
     (8, 16, 3), (32, 32, 3), (192, 35, 1), (128, 28, 3), (256, 14, 3), (64, 56, 3), (128, 112, 3))
@@ -99,6 +104,17 @@ def _marginal(op: str, attrs: dict[str, Any], x_shape: tuple[int, ...], w_shape:
         if chain_is_device_bound(single, extra, links) or links >= MAX_LINKS:
             return max(extra / (links - 1), 1e-8)
         links = min(2 * links, MAX_LINKS)
+
+
+def _gemv_marginal(k: int, n: int) -> float:
+    """Seconds one more (1, k) x (k, n) matrix-vector product adds to a program of independent ones
+    on distinct weights (`GEMV_BYTES` of them: read from memory, as a model's are), against one."""
+    count = max(4, -(-GEMV_BYTES // (4 * k * n)))
+    x, *ws = _arrays((1, k), *[(k, n)] * count)
+    one = jax.jit(lambda x, w: x @ w)
+    many = jax.jit(lambda x, *ws: tuple(x @ w for w in ws))
+    extra, _ = _extra(functools.partial(one, x, ws[0]), functools.partial(many, x, *ws))
+    return max(extra / (count - 1), 1e-8)
 
 
 def chain_is_device_bound(single_s: float, extra_s: float, links: int) -> bool:
@@ -215,30 +231,35 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
     say(f"elementwise arithmetic in a loop: {loop_flops / 1e9:.1f} GFLOP/s ({4 * n_mid / 2**20:.0f} MiB)")
 
     matmul: list[tuple[float, float]] = []  # (flops, seconds)
-    gemv: list[tuple[float, float]] = []  # (bytes, seconds)
-    for m, k in MATMUL_SHAPES + tuple((1, k) for k in GEMV_SIZES):
+    for m, k in MATMUL_SHAPES:
         t = _marginal("matmul", {"act": 0}, (m, k), (k, k))
-        flops, moved = 2.0 * m * k * k, 4.0 * (2 * m * k + k * k)
-        (gemv if m == 1 else matmul).append((moved, t) if m == 1 else (flops, t))
-        say(f"dot {m}x{k}x{k}: {t * 1e6:.0f} us, {flops / t / 1e9:.1f} GFLOP/s, {moved / t / 1e9:.1f} GB/s")
+        flops = 2.0 * m * k * k
+        matmul.append((flops, t))
+        say(f"dot {m}x{k}x{k}: {t * 1e6:.0f} us, {flops / t / 1e9:.1f} GFLOP/s")
+    gemv: list[tuple[float, float]] = []  # (bytes, seconds)
+    for k, n in GEMV_SHAPES:
+        t = _gemv_marginal(k, n)
+        moved = 4.0 * (k + k * n + n)
+        gemv.append((moved, t))
+        say(f"matrix-vector 1x{k}x{n}: {t * 1e6:.0f} us, {moved / t / 1e9:.1f} GB/s")
     weight_bandwidth = gemv[-1][0] / gemv[-1][1]
-    conv = []
-    for c, hw, kk in CONV_SHAPES:
-        attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
-        t = _marginal("conv2d", attrs, (1, c, hw, hw), (c, c, kk, kk))
-        f = ops.flops("conv2d", [(1, c, hw, hw), (c, c, kk, kk)], attrs)
-        conv.append((f, t))
-        say(f"conv (1, {c}, {hw}, {hw}) * ({c}, {c}, {kk}, {kk}): {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
-    gconv = []
-    for c, hw, width in GCONV_SHAPES:
-        attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
-        t = _marginal("conv2d", attrs, (1, c, hw, hw), (c, width, 3, 3))
-        f = ops.flops("conv2d", [(1, c, hw, hw), (c, width, 3, 3)], attrs)
-        gconv.append((f, t))
-        say(f"grouped conv (1, {c}, {hw}, {hw}) * ({c}, {width}, 3, 3): {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
+    convs: dict[tuple[bool, bool], list[tuple[float, float]]] = {}  # (grouped, nhwc): (flops, seconds)
+    for grouped, shapes in ((False, CONV_SHAPES), (True, GCONV_SHAPES)):
+        for c, hw, kk in shapes:
+            kernel, width = (3, kk) if grouped else (kk, c)
+            attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+            f = ops.flops("conv2d", [(1, c, hw, hw), (c, width, kernel, kernel)], attrs)
+            for nhwc in (False, True):
+                t = (_marginal("conv2d_nhwc", attrs, (1, hw, hw, c), (kernel, kernel, width, c)) if nhwc
+                     else _marginal("conv2d", attrs, (1, c, hw, hw), (c, width, kernel, kernel)))
+                convs.setdefault((grouped, nhwc), []).append((f, t))
+                say(f"{'grouped ' if grouped else ''}conv {'NHWC' if nhwc else 'NCHW'} {c} channels {hw}x{hw} "
+                    f"({width} a group) {kernel}x{kernel}: {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
     return Calibration(_machine_key(), device_key(), launch, bandwidth, loop_flops, Curve.fit(matmul),
-                       Curve.fit(conv), time.perf_counter() - start, weight_bandwidth, fits["copy"].floor_s,
-                       fits["kernel"].floor_s, fits["dot"].floor_s, fits["conv"].floor_s, call_s, Curve.fit(gconv))
+                       Curve.fit(convs[False, False]), time.perf_counter() - start, weight_bandwidth,
+                       fits["copy"].floor_s, fits["kernel"].floor_s, fits["dot"].floor_s, fits["conv"].floor_s,
+                       call_s, Curve.fit(convs[True, False]), Curve.fit(gemv), Curve.fit(convs[False, True]),
+                       Curve.fit(convs[True, True]))
 
 
 def load_calibration(force: bool = False, say: Callable[[str], None] = lambda _: None,

@@ -254,3 +254,86 @@ def test_the_grouped_curve_covers_the_groups_its_probes_measure() -> None:
     from eqsat.xla_cost import GROUPED_CURVE_MAX_PER_GROUP
 
     assert max(width for _, _, width in GCONV_SHAPES) == GROUPED_CURVE_MAX_PER_GROUP
+
+
+def _nasrnn_step(merged: bool, pairs: int = 8, hidden: int = 512) -> Graph:
+    """x @ w_k for `pairs` weights, separately or as one mat-vec against the concatenated weights
+    (folded at load) sliced back: NasRNN's step with and without the merge."""
+    b = GraphBuilder()
+    x = b.input("x", (1, hidden))
+    ws = [b.weight(f"w{k}", (hidden, hidden)) for k in range(pairs)]
+    if merged:
+        (w,) = b.apply("concat", ws, {"axis": 1})
+        y = b.matmul(x, w)
+        parts = [b.apply("slice", [y], {"axis": 1, "start": k * hidden, "stop": (k + 1) * hidden})[0]
+                 for k in range(pairs)]
+    else:
+        parts = [b.matmul(x, w) for w in ws]
+    out = parts[0]
+    for p in parts[1:]:
+        out = b.ewadd(out, p)
+    return b.build([out])
+
+
+def test_merged_matrix_vector_products_are_cheaper_where_large_ones_stream_faster() -> None:
+    # a CPU's gemv curve: 1 MiB weights at 5 GB/s, 8 MiB at 12.5 GB/s (seconds against bytes moved)
+    mib = 2.0**20
+    gemv = Curve((mib, 8 * mib), (mib / 5e9, 8 * mib / 12.5e9))
+    fast = replace(CAL, gemv=gemv, dot_s=1e-6, launch_s=1e-7)
+    separate, merged = _nasrnn_step(False), _nasrnn_step(True)
+    assert predicted_speedup(separate, merged, XlaModel(fast)) > 1.5
+    # one mat-vec of a 1 MiB weight costs the curve's 1 MiB point; a tiny one the smallest point's rate
+    one = [(1, 512), (512, 512)]
+    moved = 4.0 * (512 + 512 * 512 + 512)
+    assert XlaModel(fast).op_cost("matmul", {"act": 0}, one) == pytest.approx(gemv.seconds_for(moved))
+    tiny = 4.0 * (8 + 64 + 8)
+    assert XlaModel(replace(fast, matmul=Curve((1.0, 1e9), (1e-9, 1e-1)))).op_cost(
+        "matmul", {"act": 0}, [(1, 8), (8, 8)]) == pytest.approx(max(1e-6, gemv.seconds[0] * tiny / mib))
+    # with a flat rate (the bytes are the same either way) merging gains only the per-kernel floors
+    flat = replace(fast, gemv=Curve((mib, 8 * mib), (mib / 5e9, 8 * mib / 5e9)))
+    assert predicted_speedup(separate, merged, XlaModel(flat)) == pytest.approx(1.0, abs=0.02)
+    assert Calibration.from_json(json.loads(json.dumps(fast.to_json()))) == fast
+
+
+def _conv_block(nhwc: bool) -> Graph:
+    """relu(conv(x)) in NCHW, or the same with the conv in NHWC between the layout's transposes."""
+    b = GraphBuilder()
+    x, w = b.input("x", (1, 64, 28, 28)), b.weight("w", (64, 64, 3, 3))
+    attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+    if nhwc:
+        (xt,) = b.apply("transpose", [x], {"perm": (0, 2, 3, 1)})
+        (wt,) = b.apply("transpose", [w], {"perm": (2, 3, 1, 0)})
+        (y,) = b.apply("conv2d_nhwc", [xt, wt], attrs)
+        (y,) = b.apply("transpose", [y], {"perm": (0, 3, 1, 2)})
+    else:
+        (y,) = b.apply("conv2d", [x, w], attrs)
+    return b.build([b.relu(y)])
+
+
+def test_an_nhwc_conv_is_priced_on_its_own_curve() -> None:
+    # NCHW convs pay XLA:CPU's transposes to NHWC inside each call: its curve is 2x the NHWC one
+    nchw = Curve((1e6, 1e9), (2e-4, 2e-1))
+    nhwc = Curve((1e6, 1e9), (1e-4, 1e-1))
+    cal = replace(CAL, conv=nchw, conv_nhwc=nhwc, copy_s=1e-7)
+    plain, layout = _conv_block(False), _conv_block(True)
+    assert predicted_speedup(plain, layout, XlaModel(cal)) > 1.5
+    # without an NHWC curve both layouts run on the one conv curve: the transposes make NHWC dearer
+    assert predicted_speedup(plain, layout, XlaModel(replace(cal, conv_nhwc=None))) < 1.0
+    # a grouped NHWC conv: its own curve, else the grouped NCHW one
+    attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+    grouped = [(1, 14, 14, 512), (3, 3, 16, 512)]
+    work = ops.flops("conv2d_nhwc", grouped, attrs)
+    slow, quick = Curve((1e6, 1e9), (3e-4, 3e-1)), Curve((1e6, 1e9), (1e-5, 1e-2))
+    assert XlaModel(replace(cal, gconv=slow)).op_cost("conv2d_nhwc", attrs, grouped) == pytest.approx(
+        slow.seconds_for(work))
+    with_own = replace(cal, gconv=slow, gconv_nhwc=quick)
+    assert XlaModel(with_own).op_cost("conv2d_nhwc", attrs, grouped) == pytest.approx(quick.seconds_for(work))
+    assert Calibration.from_json(json.loads(json.dumps(with_own.to_json()))) == with_own
+
+
+def test_a_format_3_calibration_is_refused_as_older(tmp_path: Path) -> None:
+    path = tmp_path / "cal.json"
+    old = {k: v for k, v in CAL.to_json().items() if k not in ("gemv", "conv_nhwc", "gconv_nhwc")}
+    path.write_text(json.dumps({**old, "format": "eqsat-xla-calibration-3"}))
+    with pytest.raises(CalibrationError, match="older eqsat"):
+        read_calibration(path, "machine-a", "cpu-test")

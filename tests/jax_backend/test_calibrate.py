@@ -13,7 +13,7 @@ from engine_free import BLOCK_SEARCH_ENGINES
 from eqsat import cli
 from eqsat.cost import cost_model
 from eqsat.errors import EqsatError
-from eqsat.xla_cost import Calibration, CalibrationError, Curve, XlaModel, write_calibration
+from eqsat.xla_cost import CALIBRATION_FORMAT, Calibration, CalibrationError, Curve, XlaModel, write_calibration
 from jax_backend import calibrate as cal_mod
 from jax_backend.calibration_check import spearman
 
@@ -133,7 +133,7 @@ def test_an_older_format_cache_is_measured_again_cleanly(cache: Path, capsys: py
     cal, status = cal_mod.load_calibration()
     assert status.startswith("re-measured") and "older eqsat" in status and cal == _fake()
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
-    assert json.loads(path.read_text())["format"] == "eqsat-xla-calibration-3"
+    assert json.loads(path.read_text())["format"] == CALIBRATION_FORMAT
 
 
 def test_a_floor_probe_chains_one_kernel_per_link() -> None:
