@@ -7,7 +7,7 @@ of a call beyond its kernels (each call timed to completion, as plans are judged
 bandwidth of a loop fusion streaming a 1 MiB array, the arithmetic rate of a long elementwise
 chain, dots and convs (NCHW and NHWC, dense and grouped) of representative sizes (seconds against
 flops: the efficiency curves), each as the marginal cost of one more call in a chain, and
-matrix-vector products of 256 KiB to 16 MiB weights (seconds against bytes: on a CPU a large one
+matrix-vector products of 1 to 16 MiB weights (seconds against bytes: on a CPU a large one
 streams its weight faster per byte than a small one), as independent calls on distinct weights.
 The result is cached per machine, device and JAX version (`eqsat.xla_cost.Calibration`); the
 factory never measures inside an optimizer's clock: with no cache it fails with a line saying to
@@ -41,12 +41,13 @@ from jax_backend.timing import interleaved_rounds
 __all__ = ["MATMUL_SHAPES", "GEMV_SHAPES", "CONV_SHAPES", "CHAIN_LENGTHS", "FLOOR_PROBES", "GCONV_SHAPES", "calibration_path", "calibrate",
            "chain_fit", "chain_is_device_bound", "load_calibration", "xla_model"]
 
-MATMUL_SHAPES: tuple[tuple[int, int], ...] = (
-    (8, 64), (32, 128), (64, 256), (128, 512), (64, 1024), (256, 1024))
-"""(m, k) of the calibration's dots, (m, k) x (k, k): 6.6e4 to 5.4e8 flops (BERT's 64 x 1024 among them)."""
+MATMUL_SHAPES: tuple[tuple[int, int, int], ...] = (
+    (8, 64, 64), (32, 128, 128), (64, 256, 256), (128, 512, 512), (64, 1024, 1024), (64, 1024, 4096))
+"""(m, k, n) of the calibration's dots, (m, k) x (k, n): 6.6e4 to 5.4e8 flops (BERT's 64 x 1024 among
+them; the largest a wide dot, as merging dots that share an operand makes them)."""
 
-GEMV_SHAPES: tuple[tuple[int, int], ...] = ((512, 128), (512, 512), (512, 2048), (512, 4096), (1024, 4096))
-"""(k, n) of the calibration's matrix-vector products (1, k) x (k, n), 256 KiB to 16 MiB a weight
+GEMV_SHAPES: tuple[tuple[int, int], ...] = ((512, 512), (512, 2048), (512, 4096), (1024, 4096))
+"""(k, n) of the calibration's matrix-vector products (1, k) x (k, n), 1 to 16 MiB a weight
 (NasRNN's, and its merged ones): bound by reading the weight, at a rate that grows with its size
 on a CPU (`eqsat.xla_cost.Calibration.gemv`). Each is timed as independent calls on distinct
 weights, `GEMV_BYTES` in all (past any last-level cache, as a model's weights are)."""
@@ -82,39 +83,63 @@ def _arrays(*shapes: tuple[int, ...]) -> list[jax.Array]:
     return [jnp.asarray(rng.standard_normal(s).astype(np.float32)) for s in shapes]
 
 
-def _marginal(op: str, attrs: dict[str, Any], x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> float:
-    """Seconds one more call of `op` adds to a jitted program: a chain of calls against a single
-    call, timed in the same rounds. What a program pays once (dispatch, waking threads) cancels out.
-    Each call is timed to completion (as plans are judged), and a short chain of small ops adds
-    less than a call's own jitter: the chain doubles (up to `MAX_LINKS`) until it takes at least
-    twice one call (`chain_is_device_bound`)."""
+type Variant = tuple[str, dict[str, Any], tuple[int, ...], tuple[int, ...]]
+"""An op, its attributes, the chained value's shape and the weight's shape (`_marginals`)."""
+
+
+def _marginals(variants: Sequence[Variant]) -> list[float]:
+    """Seconds one more call of each variant's op adds to a jitted program: a chain of calls against
+    a single call, all variants timed in the same rounds (so the points of a curve, and two layouts
+    of one conv, are compared under the same machine load). What a program pays once (dispatch,
+    waking threads) cancels out. A link whose output is larger than its input is cut back to the
+    input's shape (a slice, as a merged dot's outputs are sliced). Each call is timed to completion
+    (as plans are judged), and a short chain of small ops adds less than a call's own jitter: the
+    chains of those variants double (up to `MAX_LINKS`) until each takes at least twice one call
+    (`chain_is_device_bound`), and those are timed again."""
     from jax_backend.lower import lower_node
 
-    def chain(links: int) -> Callable[..., Any]:
+    def chain(op: str, attrs: dict[str, Any], links: int) -> Callable[..., Any]:
         def body(x: jax.Array, *ws: jax.Array) -> jax.Array:
             for i in range(links):
-                x = lower_node(op, (x, ws[i % len(ws)]), attrs)[0]
+                y = lower_node(op, (x, ws[i % len(ws)]), attrs)[0]
+                x = y[tuple(slice(0, d) for d in x.shape)] if y.shape != x.shape else y
             return x
         return jax.jit(body)
 
-    x, *ws = _arrays(x_shape, *[w_shape] * DISTINCT_WEIGHTS)
-    one, links = chain(1), LINKS
-    while True:
-        extra, single = _extra(functools.partial(one, x, ws[0]), functools.partial(chain(links), x, *ws[:links]))
-        if chain_is_device_bound(single, extra, links) or links >= MAX_LINKS:
-            return max(extra / (links - 1), 1e-8)
-        links = min(2 * links, MAX_LINKS)
+    args = [_arrays(x_shape, *[w_shape] * DISTINCT_WEIGHTS) for _, _, x_shape, w_shape in variants]
+    result: list[float] = [0.0] * len(variants)
+    todo, links = list(range(len(variants))), LINKS
+    while todo:
+        thunks = []
+        for i in todo:
+            (op, attrs, _, _), (x, *ws) = variants[i], args[i]
+            thunks += [_to_completion(functools.partial(chain(op, attrs, 1), x, ws[0])),
+                       _to_completion(functools.partial(chain(op, attrs, links), x, *ws[:links]))]
+        times, _ = interleaved_rounds(thunks, 9, budget_s=1.0 * len(todo), min_rounds=5)
+        left = []
+        for j, i in enumerate(todo):
+            extra = float(statistics.median(b - a for a, b in zip(times[2 * j], times[2 * j + 1])))
+            result[i] = max(extra / (links - 1), 1e-8)
+            if not chain_is_device_bound(float(statistics.median(times[2 * j])), extra, links) and links < MAX_LINKS:
+                left.append(i)
+        todo, links = left, min(2 * links, MAX_LINKS)
+    return result
 
 
-def _gemv_marginal(k: int, n: int) -> float:
-    """Seconds one more (1, k) x (k, n) matrix-vector product adds to a program of independent ones
-    on distinct weights (`GEMV_BYTES` of them: read from memory, as a model's are), against one."""
-    count = max(4, -(-GEMV_BYTES // (4 * k * n)))
-    x, *ws = _arrays((1, k), *[(k, n)] * count)
-    one = jax.jit(lambda x, w: x @ w)
-    many = jax.jit(lambda x, *ws: tuple(x @ w for w in ws))
-    extra, _ = _extra(functools.partial(one, x, ws[0]), functools.partial(many, x, *ws))
-    return max(extra / (count - 1), 1e-8)
+def _gemv_seconds(shapes: Sequence[tuple[int, int]], call_s: float, total_bytes: int = GEMV_BYTES) -> list[float]:
+    """Seconds of one (1, k) x (k, n) matrix-vector product per shape: a program of independent
+    ones on distinct weights, `total_bytes` of them (read from memory, as a model's are), less
+    `call_s`, over their count. All shapes are timed in the same interleaved rounds, so a busy
+    machine slows each alike and their ratios (what merging mat-vecs changes) hold."""
+    thunks, counts = [], []
+    for k, n in shapes:
+        count = max(4, -(-total_bytes // (4 * k * n)))
+        x, *ws = _arrays((1, k), *[(k, n)] * count)
+        many = jax.jit(lambda x, *ws: tuple(x @ w for w in ws))
+        thunks.append(_to_completion(functools.partial(many, x, *ws)))
+        counts.append(count)
+    times, _ = interleaved_rounds(thunks, 15, budget_s=4.0, min_rounds=7)
+    return [max((statistics.median(t) - call_s) / count, 1e-8) for t, count in zip(times, counts)]
 
 
 def chain_is_device_bound(single_s: float, extra_s: float, links: int) -> bool:
@@ -231,27 +256,30 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
     say(f"elementwise arithmetic in a loop: {loop_flops / 1e9:.1f} GFLOP/s ({4 * n_mid / 2**20:.0f} MiB)")
 
     matmul: list[tuple[float, float]] = []  # (flops, seconds)
-    for m, k in MATMUL_SHAPES:
-        t = _marginal("matmul", {"act": 0}, (m, k), (k, k))
-        flops = 2.0 * m * k * k
+    dots = _marginals([("matmul", {"act": 0}, (m, k), (k, n)) for m, k, n in MATMUL_SHAPES])
+    for (m, k, n), t in zip(MATMUL_SHAPES, dots):
+        flops = 2.0 * m * k * n
         matmul.append((flops, t))
-        say(f"dot {m}x{k}x{k}: {t * 1e6:.0f} us, {flops / t / 1e9:.1f} GFLOP/s")
+        say(f"dot {m}x{k}x{n}: {t * 1e6:.0f} us, {flops / t / 1e9:.1f} GFLOP/s")
     gemv: list[tuple[float, float]] = []  # (bytes, seconds)
-    for k, n in GEMV_SHAPES:
-        t = _gemv_marginal(k, n)
+    for (k, n), t in zip(GEMV_SHAPES, _gemv_seconds(GEMV_SHAPES, call_s)):
         moved = 4.0 * (k + k * n + n)
         gemv.append((moved, t))
         say(f"matrix-vector 1x{k}x{n}: {t * 1e6:.0f} us, {moved / t / 1e9:.1f} GB/s")
     weight_bandwidth = gemv[-1][0] / gemv[-1][1]
     convs: dict[tuple[bool, bool], list[tuple[float, float]]] = {}  # (grouped, nhwc): (flops, seconds)
     for grouped, shapes in ((False, CONV_SHAPES), (True, GCONV_SHAPES)):
-        for c, hw, kk in shapes:
-            kernel, width = (3, kk) if grouped else (kk, c)
-            attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+        attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+        dims = [(c, hw, *((3, kk) if grouped else (kk, c))) for c, hw, kk in shapes]  # channels, size, kernel, width
+        variants: list[Variant] = []
+        for c, hw, kernel, width in dims:  # both layouts of every shape in the same rounds
+            variants += [("conv2d", attrs, (1, c, hw, hw), (c, width, kernel, kernel)),
+                         ("conv2d_nhwc", attrs, (1, hw, hw, c), (kernel, kernel, width, c))]
+        seconds = _marginals(variants)
+        for i, (c, hw, kernel, width) in enumerate(dims):
             f = ops.flops("conv2d", [(1, c, hw, hw), (c, width, kernel, kernel)], attrs)
             for nhwc in (False, True):
-                t = (_marginal("conv2d_nhwc", attrs, (1, hw, hw, c), (kernel, kernel, width, c)) if nhwc
-                     else _marginal("conv2d", attrs, (1, c, hw, hw), (c, width, kernel, kernel)))
+                t = seconds[2 * i + nhwc]
                 convs.setdefault((grouped, nhwc), []).append((f, t))
                 say(f"{'grouped ' if grouped else ''}conv {'NHWC' if nhwc else 'NCHW'} {c} channels {hw}x{hw} "
                     f"({width} a group) {kernel}x{kernel}: {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")

@@ -177,3 +177,16 @@ def test_calibrate_and_xla_predictions_run_without_the_search_engines(tmp_path: 
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["call_us"] == pytest.approx(50.0)
+
+
+def test_probes_time_wide_dots_and_both_conv_layouts_in_one_set_of_rounds() -> None:
+    """A wide dot's chain is cut back to its input's shape each link, NCHW and NHWC convs of one shape
+    are timed together, and the mat-vec probe's weights are past any last-level cache."""
+    attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+    seconds = cal_mod._marginals([("matmul", {"act": 0}, (2, 8), (8, 32)),
+                                  ("conv2d", attrs, (1, 4, 6, 6), (4, 4, 3, 3)),
+                                  ("conv2d_nhwc", attrs, (1, 6, 6, 4), (3, 3, 4, 4))])
+    assert len(seconds) == 3 and all(0 < s < 1 for s in seconds)
+    assert all(n > k for _, k, n in cal_mod.MATMUL_SHAPES[-1:])  # the largest dot is a wide (merged) one
+    assert min(4 * k * n for k, n in cal_mod.GEMV_SHAPES) * 4 <= cal_mod.GEMV_BYTES
+    assert [s > 0 for s in cal_mod._gemv_seconds(((8, 16), (8, 32)), 0.0, total_bytes=4096)] == [True, True]
