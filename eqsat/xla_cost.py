@@ -11,7 +11,7 @@ e-node of its class ends in an elementwise loop), and
   starts a loop: a kernel of its own, its reads and its write;
 - a dot or conv (`"library"`) costs what the calibration measured for a call of its size (seconds
   against flops, interpolated in log-log between measured shapes) or the time to read its operands
-  as a matrix-vector product of that many bytes took (`Calibration.gemv`), whichever is longer (an
+  as a matrix-vector product as wide took per byte (`Calibration.gemv`), whichever is longer (an
   NHWC conv on a curve of its own: on a CPU an NCHW conv pays XLA's transposes to NHWC), plus the loop of its activation,
   plus a loop kernel copying each operand that is a strided slice (a slice out of the middle of a
   value, or a view of one: a library call reads dense operands);
@@ -180,7 +180,7 @@ class Calibration:
     conv_s: float = 0.0  # floor of a conv; 0: the conv curve's smallest call
     call_s: float = 0.0  # what a call costs beyond its kernels (dispatch, the wait for the result); 0: none
     gconv: Curve | None = None  # grouped convs (more than one channel a group); None: the conv curve
-    gemv: Curve | None = None  # a matrix-vector product: seconds against bytes moved; None: `weight_bandwidth`
+    gemv: Curve | None = None  # seconds of a (1, GEMV_K) x (GEMV_K, n) product against n; None: `weight_bandwidth`
     conv_nhwc: Curve | None = None  # dense NHWC convs (`conv2d_nhwc`); None: the conv curve
     gconv_nhwc: Curve | None = None  # grouped NHWC convs; None: `gconv`
 
@@ -376,7 +376,9 @@ class XlaModel:
             act = ops.Activation(int(spec.normalize_attrs(attrs).get("act", 0)))
             # the call: its efficiency at this size, or the time to read its operands (a matrix-vector product)
             dot = work - (ops.numel(outs[0]) if act is not ops.Activation.NONE else 0)
-            call = max(floor, curve.seconds_for(max(dot, 1.0)), _read_seconds(cal, sum(in_bytes) + out_bytes))
+            moved = sum(in_bytes) + out_bytes
+            read = moved / cal.weight_bandwidth if is_conv else _dot_read_seconds(cal, moved, shapes[1][-1])
+            call = max(floor, curve.seconds_for(max(dot, 1.0)), read)
             # an operand sliced out of the middle of a value is first copied by a loop kernel
             call += sum(max(cal.launch_s, 2 * b / cal.bandwidth) for b, s in zip(in_bytes, strided) if s)
             if act is ops.Activation.NONE:
@@ -415,16 +417,25 @@ def _conv_curve(cal: Calibration, op: str, shapes: Sequence[Shape]) -> Curve:
     return cal.conv_nhwc if nhwc and cal.conv_nhwc is not None else cal.conv
 
 
-def _read_seconds(cal: Calibration, moved: float) -> float:
-    """Seconds a library call takes to read and write `moved` bytes (a matrix-vector product: bound
-    by reading its weight). On the gemv curve where one was measured: a CPU streams a large weight
-    faster per byte than a small one (more threads share it), so merged mat-vecs run faster than
-    the same bytes read in separate calls; below its smallest point, at that point's rate."""
+# The reduction length of the calibration's matrix-vector probes (`jax_backend.calibrate.GEMV_SHAPES`):
+# `Calibration.gemv` is their seconds against their output width.
+GEMV_K = 512
+
+
+def _dot_read_seconds(cal: Calibration, moved: float, width: int) -> float:
+    """Seconds a dot takes to read and write `moved` bytes (a matrix-vector product is bound by
+    reading its weight), `width` output columns wide: at the rate the gemv curve's product of that
+    width streamed its bytes, where one was measured. A CPU splits a mat-vec's columns among its
+    threads, so a wide one (merged mat-vecs) streams its weight faster per byte than a narrow one
+    of the same bytes (a longer reduction); below the narrowest probe, at its rate."""
     if cal.gemv is None:
         return moved / cal.weight_bandwidth
-    if moved < cal.gemv.flops[0]:
-        return cal.gemv.seconds[0] * moved / cal.gemv.flops[0]
-    return cal.gemv.seconds_for(moved)
+    n = max(float(width), 1.0)
+    probe = 4.0 * (GEMV_K + GEMV_K * n + n)
+    if n < cal.gemv.flops[0]:
+        lo = cal.gemv.flops[0]
+        return cal.gemv.seconds[0] * moved / (4.0 * (GEMV_K + GEMV_K * lo + lo))
+    return cal.gemv.seconds_for(n) * moved / probe
 
 
 # The widest group the grouped-conv probes measure (`jax_backend.calibrate.GCONV_SHAPES`): a curve

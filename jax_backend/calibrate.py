@@ -7,8 +7,8 @@ of a call beyond its kernels (each call timed to completion, as plans are judged
 bandwidth of a loop fusion streaming a 1 MiB array, the arithmetic rate of a long elementwise
 chain, dots and convs (NCHW and NHWC, dense and grouped) of representative sizes (seconds against
 flops: the efficiency curves), each as the marginal cost of one more call in a chain, and
-matrix-vector products of 1 to 16 MiB weights (seconds against bytes: on a CPU a large one
-streams its weight faster per byte than a small one), as independent calls on distinct weights.
+matrix-vector products of 1 to 8 MiB weights (seconds against output width: on a CPU a wide
+one streams its weight faster per byte than a narrow one), as independent calls on distinct weights.
 The result is cached per machine, device and JAX version (`eqsat.xla_cost.Calibration`); the
 factory never measures inside an optimizer's clock: with no cache it fails with a line saying to
 run `eqsat calibrate`, and a damaged or foreign cache is re-measured (with a one-line warning)
@@ -33,7 +33,7 @@ from eqsat import ops
 from eqsat.cost import _machine_key, register_cost_model
 from eqsat.errors import EqsatError
 from eqsat.paths import cache_dir
-from eqsat.xla_cost import (FLOOR_KINDS, Calibration, CalibrationError, ChainFit, Curve, XlaModel, fit_chain,
+from eqsat.xla_cost import (FLOOR_KINDS, GEMV_K, Calibration, CalibrationError, ChainFit, Curve, XlaModel, fit_chain,
                              read_calibration, write_calibration)
 from jax_backend.measured_cost import check_measuring_device, device_key
 from jax_backend.timing import interleaved_rounds
@@ -46,11 +46,11 @@ MATMUL_SHAPES: tuple[tuple[int, int, int], ...] = (
 """(m, k, n) of the calibration's dots, (m, k) x (k, n): 6.6e4 to 5.4e8 flops (BERT's 64 x 1024 among
 them; the largest a wide dot, as merging dots that share an operand makes them)."""
 
-GEMV_SHAPES: tuple[tuple[int, int], ...] = ((512, 512), (512, 2048), (512, 4096), (1024, 4096))
-"""(k, n) of the calibration's matrix-vector products (1, k) x (k, n), 1 to 16 MiB a weight
-(NasRNN's, and its merged ones): bound by reading the weight, at a rate that grows with its size
-on a CPU (`eqsat.xla_cost.Calibration.gemv`). Each is timed as independent calls on distinct
-weights, `GEMV_BYTES` in all (past any last-level cache, as a model's weights are)."""
+GEMV_SHAPES: tuple[tuple[int, int], ...] = ((GEMV_K, 512), (GEMV_K, 1024), (GEMV_K, 2048), (GEMV_K, 4096))
+"""(k, n) of the calibration's matrix-vector products (1, k) x (k, n), 1 to 8 MiB a weight (NasRNN's,
+and its merged ones): bound by reading the weight, at a rate that grows with the output width n on a
+CPU (its threads split the columns; `eqsat.xla_cost.Calibration.gemv`). Each is timed as independent
+calls on distinct weights, `GEMV_BYTES` in all (past any last-level cache, as a model's weights are)."""
 
 GEMV_BYTES = 64 * 2**20
 
@@ -89,8 +89,9 @@ type Variant = tuple[str, dict[str, Any], tuple[int, ...], tuple[int, ...]]
 
 def _marginals(variants: Sequence[Variant]) -> list[float]:
     """Seconds one more call of each variant's op adds to a jitted program: a chain of calls against
-    a single call, all variants timed in the same rounds (so the points of a curve, and two layouts
-    of one conv, are compared under the same machine load). What a program pays once (dispatch,
+    a single call, all variants timed in the same rounds (so two layouts of one conv are compared
+    under the same machine load; variants of like cost only: a sample repeats each call as often as
+    the quickest one needs). What a program pays once (dispatch,
     waking threads) cancels out. A link whose output is larger than its input is cut back to the
     input's shape (a slice, as a merged dot's outputs are sliced). Each call is timed to completion
     (as plans are judged), and a short chain of small ops adds less than a call's own jitter: the
@@ -256,26 +257,25 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
     say(f"elementwise arithmetic in a loop: {loop_flops / 1e9:.1f} GFLOP/s ({4 * n_mid / 2**20:.0f} MiB)")
 
     matmul: list[tuple[float, float]] = []  # (flops, seconds)
-    dots = _marginals([("matmul", {"act": 0}, (m, k), (k, n)) for m, k, n in MATMUL_SHAPES])
+    dots = [_marginals([("matmul", {"act": 0}, (m, k), (k, n))])[0] for m, k, n in MATMUL_SHAPES]
     for (m, k, n), t in zip(MATMUL_SHAPES, dots):
         flops = 2.0 * m * k * n
         matmul.append((flops, t))
         say(f"dot {m}x{k}x{n}: {t * 1e6:.0f} us, {flops / t / 1e9:.1f} GFLOP/s")
-    gemv: list[tuple[float, float]] = []  # (bytes, seconds)
+    gemv: list[tuple[float, float]] = []  # (output width, seconds)
     for (k, n), t in zip(GEMV_SHAPES, _gemv_seconds(GEMV_SHAPES, call_s)):
         moved = 4.0 * (k + k * n + n)
-        gemv.append((moved, t))
+        gemv.append((n, t))
         say(f"matrix-vector 1x{k}x{n}: {t * 1e6:.0f} us, {moved / t / 1e9:.1f} GB/s")
-    weight_bandwidth = gemv[-1][0] / gemv[-1][1]
+    weight_bandwidth = 4.0 * (GEMV_K + GEMV_K * gemv[-1][0] + gemv[-1][0]) / gemv[-1][1]
     convs: dict[tuple[bool, bool], list[tuple[float, float]]] = {}  # (grouped, nhwc): (flops, seconds)
     for grouped, shapes in ((False, CONV_SHAPES), (True, GCONV_SHAPES)):
         attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
         dims = [(c, hw, *((3, kk) if grouped else (kk, c))) for c, hw, kk in shapes]  # channels, size, kernel, width
-        variants: list[Variant] = []
-        for c, hw, kernel, width in dims:  # both layouts of every shape in the same rounds
-            variants += [("conv2d", attrs, (1, c, hw, hw), (c, width, kernel, kernel)),
-                         ("conv2d_nhwc", attrs, (1, hw, hw, c), (kernel, kernel, width, c))]
-        seconds = _marginals(variants)
+        seconds: list[float] = []
+        for c, hw, kernel, width in dims:  # both layouts of a shape in the same rounds
+            seconds += _marginals([("conv2d", attrs, (1, c, hw, hw), (c, width, kernel, kernel)),
+                                   ("conv2d_nhwc", attrs, (1, hw, hw, c), (kernel, kernel, width, c))])
         for i, (c, hw, kernel, width) in enumerate(dims):
             f = ops.flops("conv2d", [(1, c, hw, hw), (c, width, kernel, kernel)], attrs)
             for nhwc in (False, True):

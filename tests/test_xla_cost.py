@@ -15,7 +15,7 @@ from eqsat.egraph import TensorEGraph
 from eqsat.ir import Graph, GraphBuilder
 from eqsat.rulesets import RULE_SETS, UnknownRuleSetError, named_rules
 from eqsat.cost import predicted_speedup
-from eqsat.xla_cost import (Calibration, CalibrationError, Curve, XlaModel, fit_chain, read_calibration,
+from eqsat.xla_cost import (GEMV_K, Calibration, CalibrationError, Curve, XlaModel, fit_chain, read_calibration,
                             write_calibration)
 
 CAL = Calibration("machine-a", "cpu-test", launch_s=5e-6, bandwidth=10e9, loop_flops=5e9,
@@ -275,24 +275,38 @@ def _nasrnn_step(merged: bool, pairs: int = 8, hidden: int = 512) -> Graph:
     return b.build([out])
 
 
-def test_merged_matrix_vector_products_are_cheaper_where_large_ones_stream_faster() -> None:
-    # a CPU's gemv curve: 1 MiB weights at 5 GB/s, 8 MiB at 12.5 GB/s (seconds against bytes moved)
-    mib = 2.0**20
-    gemv = Curve((mib, 8 * mib), (mib / 5e9, 8 * mib / 12.5e9))
+def test_a_wide_matrix_vector_product_streams_faster_per_byte_than_a_narrow_one() -> None:
+    # a CPU's gemv curve: (1, 512) x (512, n) at 2.4 GB/s for n = 512, at 3.4 GB/s for n = 4096
+    def probe(n: float) -> float:
+        return 4.0 * (GEMV_K + GEMV_K * n + n)
+
+    gemv = Curve((512.0, 4096.0), (probe(512) / 2.4e9, probe(4096) / 3.4e9))
     fast = replace(CAL, gemv=gemv, dot_s=1e-6, launch_s=1e-7)
     separate, merged = _nasrnn_step(False), _nasrnn_step(True)
-    assert predicted_speedup(separate, merged, XlaModel(fast)) > 1.5
-    # one mat-vec of a 1 MiB weight costs the curve's 1 MiB point; a tiny one the smallest point's rate
+    assert predicted_speedup(separate, merged, XlaModel(fast)) == pytest.approx(3.4 / 2.4, rel=0.05)
+    # as long a reduction but no wider (x·w + h·u as one (1, 1024) x (1024, 512) product): no faster
+    b = GraphBuilder()
+    x, h = b.input("x", (1, 512)), b.input("h", (1, 512))
+    w, u = b.weight("w", (512, 512)), b.weight("u", (512, 512))
+    pair = b.build([b.ewadd(b.matmul(x, w), b.matmul(h, u))])
+    (xh,) = b.apply("concat", [x, h], {"axis": 1})
+    (wu,) = b.apply("concat", [w, u], {"axis": 0})
+    stacked = b.build([b.matmul(xh, wu)])
+    assert predicted_speedup(pair, stacked, XlaModel(fast)) == pytest.approx(1.0, abs=0.05)
     one = [(1, 512), (512, 512)]
-    moved = 4.0 * (512 + 512 * 512 + 512)
-    assert XlaModel(fast).op_cost("matmul", {"act": 0}, one) == pytest.approx(gemv.seconds_for(moved))
-    tiny = 4.0 * (8 + 64 + 8)
+    assert XlaModel(fast).op_cost("matmul", {"act": 0}, one) == pytest.approx(gemv.seconds[0])
+    tiny = 4.0 * (8 + 64 + 8)  # narrower than the probes: at the narrowest one's rate (the floor above it)
     assert XlaModel(replace(fast, matmul=Curve((1.0, 1e9), (1e-9, 1e-1)))).op_cost(
-        "matmul", {"act": 0}, [(1, 8), (8, 8)]) == pytest.approx(max(1e-6, gemv.seconds[0] * tiny / mib))
-    # with a flat rate (the bytes are the same either way) merging gains only the per-kernel floors
-    flat = replace(fast, gemv=Curve((mib, 8 * mib), (mib / 5e9, 8 * mib / 5e9)))
-    assert predicted_speedup(separate, merged, XlaModel(flat)) == pytest.approx(1.0, abs=0.02)
+        "matmul", {"act": 0}, [(1, 8), (8, 8)]) == pytest.approx(max(1e-6, gemv.seconds[0] * tiny / probe(512)))
+    # without a gemv curve every mat-vec streams at the one bandwidth: merging gains only kernel floors
+    assert predicted_speedup(separate, merged, XlaModel(replace(fast, gemv=None))) == pytest.approx(1.0, abs=0.02)
     assert Calibration.from_json(json.loads(json.dumps(fast.to_json()))) == fast
+
+
+def test_the_gemv_probes_share_the_models_reduction_length() -> None:
+    from jax_backend.calibrate import GEMV_SHAPES
+
+    assert {k for k, _ in GEMV_SHAPES} == {GEMV_K} and len(GEMV_SHAPES) >= 2
 
 
 def _conv_block(nhwc: bool) -> Graph:

@@ -188,5 +188,5 @@ def test_probes_time_wide_dots_and_both_conv_layouts_in_one_set_of_rounds() -> N
                                   ("conv2d_nhwc", attrs, (1, 6, 6, 4), (3, 3, 4, 4))])
     assert len(seconds) == 3 and all(0 < s < 1 for s in seconds)
     assert all(n > k for _, k, n in cal_mod.MATMUL_SHAPES[-1:])  # the largest dot is a wide (merged) one
-    assert min(4 * k * n for k, n in cal_mod.GEMV_SHAPES) * 4 <= cal_mod.GEMV_BYTES
+    assert min(4 * k * n for k, n in cal_mod.GEMV_SHAPES) * 4 <= cal_mod.GEMV_BYTES  # 4 or more weights a probe
     assert [s > 0 for s in cal_mod._gemv_seconds(((8, 16), (8, 32)), 0.0, total_bytes=4096)] == [True, True]
