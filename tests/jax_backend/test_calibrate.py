@@ -104,7 +104,7 @@ def test_calibration_measures_this_cpu_quickly(tmp_path: Path, monkeypatch: pyte
 def test_optimize_under_the_xla_model_with_tensat_conventions_and_rules(
         cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_calibration(cal_mod.calibration_path(), _fake())
-    code = cli.main(["optimize", "nasrnn-small", "--json", "--repeats", "3", "--iterations", "5", "--time-limit", "20",
+    code = cli.main(["optimize", "nasrnn-small", "--json", "--repeats", "5", "--iterations", "5", "--time-limit", "20",
                      "--cost-model", "xla", "--conventions", "tensat", "--rules", "tensat-only"])
     out, err = capsys.readouterr()
     assert code == 0, err
