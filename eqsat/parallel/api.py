@@ -648,8 +648,11 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
             raise PlanError(f"the plan of a captured graph differs from it in numpy (max |diff| {res.max_abs_diff:.3g})")
         results.append(res)
         if constrain != "boundaries":
-            held, missed = _inner_constraints(program, step, res, names, sizes,
-                                              None if constrain == "all" else CONTRACTIONS)
+            try:
+                held, missed = _inner_constraints(program, step, res, names, sizes,
+                                                  None if constrain == "all" else CONTRACTIONS)
+            except EqsatError:  # a plan the numpy read-back cannot run: its inner layouts are left to GSPMD
+                held, missed = [], 0
             inner += held
             unheld += missed
         if res.baseline is not None:
