@@ -185,6 +185,12 @@ class Graph:
         inputs standing for the reals, as the pipeline's check runs a rewrite) a conversion between
         float dtypes is the identity, as the verifier models it: a bfloat16 product rewritten
         through float32 is the same real product, not one rounded to bfloat16 against an unrounded one."""
+        values = self.node_values(inputs, widen)
+        return [values[v.node][v.index] for v in self.outputs]
+
+    def node_values(self, inputs: Mapping[str, np.ndarray], widen: bool = False) -> list[tuple[np.ndarray, ...]]:
+        """Every node's outputs, as `evaluate` computes them (interior values too: a parallel plan's
+        layout of each value is read from them, `eqsat.parallel.layouts`)."""
         values: list[tuple[np.ndarray, ...]] = []
         for node in self.nodes:
             if ops.OPS[node.op].is_leaf:
@@ -202,7 +208,7 @@ class Graph:
                     values.append((args[0],))
                     continue
                 values.append(ops.evaluate(node.op, args, node.attr))
-        return [values[v.node][v.index] for v in self.outputs]
+        return values
 
     # --- cost-free summaries -----------------------------------------------------------------
 

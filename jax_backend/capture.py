@@ -47,6 +47,9 @@ class GraphStep:
     graph: Graph
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
+    # (value id, node, output index) for every value the graph's instructions make, interior ones
+    # included: where a plan's layout of a value is held in the traced step (`Program.where`)
+    sources: tuple[tuple[int, int, int], ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,6 +133,9 @@ class Program:
     outputs: tuple[int, ...]
     avals: Mapping[int, tuple[Shape, Any]] = field(repr=False)  # value id → (shape, dtype)
     effects: tuple[str, ...] = ()  # the jaxpr's effects (callbacks, debug prints): more than computing
+    # value id -> (the inlined call equations it is inside, outermost first, then its jaxpr variable):
+    # where the traced function computes it (values of loop bodies are absent)
+    where: Mapping[int, tuple[Any, ...]] = field(default_factory=dict, repr=False)
 
     @property
     def graphs(self) -> list[GraphStep]:
@@ -149,7 +155,7 @@ class Program:
         """The same program with each graph of `graphs` (in `graphs`' order) replaced (same leaves
         and outputs, in order)."""
         steps = _with_graphs(self.steps, iter(graphs))
-        return Program(self.n_inputs, self.consts, steps, self.outputs, self.avals, self.effects)
+        return Program(self.n_inputs, self.consts, steps, self.outputs, self.avals, self.effects, self.where)
 
 
 def graph_leaf_name(value_id: int) -> str:
@@ -175,6 +181,8 @@ class _Capturer:
         self.items: list[_Instr | OpaqueStep | LoopStep] = []
         self.reshape_sources: dict[int, int] = {}  # output of a captured reshape -> its input
         self.in_relu = False  # walking jax.nn.relu's custom_jvp body, where max(x, 0) is relu
+        self.calls: tuple[Any, ...] = ()  # the inlined call equations being walked, outermost first
+        self.where: dict[int, tuple[Any, ...]] = {}  # value id -> (*calls, jaxpr variable): `Program.where`
 
     def new(self, shape: Shape, dtype: Any) -> int:
         vid = len(self.avals)
@@ -262,6 +270,8 @@ class _Capturer:
                 self.items.append(OpaqueStep(eqn, tuple(ins), tuple(outs), why))
             for var, vid in zip(eqn.outvars, outs):
                 env[var] = vid
+                if isinstance(var, jcore.Var) and len(self.where.get(vid, (*self.calls, var, var))) > len(self.calls) + 1:
+                    self.where[vid] = (*self.calls, var)  # the outermost variable: a call's output outside it
         return [self.read(env, a) for a in jaxpr.outvars]
 
     def capture_eqn(self, eqn: Any, ins: list[int]) -> tuple[list[int] | None, str]:
@@ -269,7 +279,11 @@ class _Capturer:
         name = str(eqn.primitive)
         if name in _CALLS:
             closed = eqn.params["jaxpr"]
-            return self.walk(closed.jaxpr, closed.consts, ins), ""
+            self.calls = (*self.calls, eqn)
+            try:
+                return self.walk(closed.jaxpr, closed.consts, ins), ""
+            finally:
+                self.calls = self.calls[:-1]
         if name == "scan":
             return self.capture_scan(eqn, ins)
         rule = CAPTURE_RULES.get(name)
@@ -757,7 +771,8 @@ def _graph_step(c: _Capturer, members: list[int], exported: set[int]) -> GraphSt
         outs = builder.apply(item.op, [tensors[i] for i in item.inputs], dict(item.attrs))
         tensors.update(zip(item.outputs, outs))
     returned = [o for o in sorted(produced) if o in exported]
-    return GraphStep(builder.build([tensors[o] for o in returned]), tuple(inputs), tuple(returned))
+    sources = tuple((o, tensors[o].value.node, tensors[o].value.index) for o in sorted(produced))
+    return GraphStep(builder.build([tensors[o] for o in returned]), tuple(inputs), tuple(returned), sources)
 
 
 def capture_jaxpr(closed: Any) -> Program:
@@ -767,7 +782,7 @@ def capture_jaxpr(closed: Any) -> Program:
     outputs = c.walk(closed.jaxpr, closed.consts, args)
     steps = _build_steps(c, outputs)
     effects = tuple(sorted(str(e) for e in closed.effects))
-    return Program(len(args), dict(c.consts), steps, tuple(outputs), dict(c.avals), effects)
+    return Program(len(args), dict(c.consts), steps, tuple(outputs), dict(c.avals), effects, dict(c.where))
 
 
 def capture(fun: Callable[..., Any], *args: Any) -> tuple[Program, Any]:

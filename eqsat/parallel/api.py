@@ -53,9 +53,11 @@ from eqsat.parallel.blocks import depth_reuse_summary, plan_repeated
 from eqsat.cost import cost_model
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import CPU_LINK, INFINIBAND, NVLINK, Mesh, MeshAxis
-from eqsat.parallel.planner import DEFAULT_LIMITS, PlanError, PlanResult, RuleBook, graph_axes, with_weights
+from eqsat.parallel.layouts import value_layouts
+from eqsat.parallel.planner import (CONTRACTIONS, DEFAULT_LIMITS, PlanError, PlanResult, RuleBook, graph_axes,
+                                    with_weights)
 from eqsat.parallel.remat import Remat, checkpointed_step, find_remat, recomputed_products
-from jax_backend.capture import Program, bind_eqn, capture_jaxpr, graph_leaf_name
+from jax_backend.capture import GraphStep, Program, bind_eqn, capture_jaxpr, graph_leaf_name
 from jax_backend.leaf_names import argument_names
 from jax_backend.shard import compiled_collectives
 
@@ -64,6 +66,9 @@ __all__ = ["ApiError", "Plan", "PlanSummary", "parallelize", "plan"]
 Spec = tuple[Any, ...]  # a PartitionSpec's entries: None, an axis name, or a tuple of names
 BASELINE_NAMES = ("data-parallel", "fsdp", "megatron", "dp-x-tp")
 WITHIN = ("data-parallel", "fsdp", "megatron")  # the planner's baseline strategies a plan may be bounded by
+# which planned values `Plan.jit` holds with `with_sharding_constraint`: those opaque equations make
+# (the boundaries) and, inside the captured graphs, the products' ("products") or every value's ("all")
+CONSTRAIN = ("products", "all", "boundaries")
 
 
 class ApiError(EqsatError):
@@ -142,6 +147,10 @@ class PlanSummary:
     blocks: tuple[str, ...] = ()  # per planned graph with repeated blocks: how they were reused (`eqsat.parallel.blocks`)
     within: str = ""  # the plan against the baseline that bounds its bytes and memory (`plan(within=...)`)
     recomputed: int = 0  # products the lowered backward recomputes (activation checkpointing, `eqsat.parallel.remat`)
+    # the op of each of the last `len(inner_constraints)` constraints: values inside the captured
+    # graphs held at the plan's layout (the others are values opaque equations make)
+    inner_constraints: tuple[str, ...] = ()
+    unheld: int = 0  # planned values inside the graphs with no variable to hold (left to GSPMD)
 
     def to_json(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "mesh": self.mesh, "mesh_note": self.mesh_note,
@@ -151,6 +160,7 @@ class PlanSummary:
                 "opaque_equations": self.opaque_equations, "warnings": list(self.warnings),
                 "leaf_specs": dict(self.leaf_specs), "constraints": [list(c) for c in self.constraints],
                 "blocks": list(self.blocks), "within": self.within, "recomputed_products": self.recomputed,
+                "inner_constraints": len(self.inner_constraints), "unheld_inner_values": self.unheld,
                 **(self.compiled.to_json() if self.compiled is not None else {}),
                 "baselines": [b.to_json() for b in self.baselines]}
 
@@ -201,7 +211,13 @@ class Plan:
         lines.append("")
         lines.append(f"{'argument leaf':<48} PartitionSpec")
         lines += [f"{path:<48} {spec}" for path, spec in r.leaf_specs]
-        lines += [f"with_sharding_constraint on {var} (made by an opaque equation): {spec}" for var, spec in r.constraints]
+        edge = len(r.constraints) - len(r.inner_constraints)
+        lines += [f"with_sharding_constraint on {var} (made by an opaque equation): {spec}"
+                  for var, spec in r.constraints[:edge]]
+        lines += [f"with_sharding_constraint on {var} ({op} inside a captured graph): {spec}"
+                  for (var, spec), op in zip(r.constraints[edge:], r.inner_constraints)]
+        lines += [f"{r.unheld} planned value(s) inside the captured graphs have no variable of the step to hold "
+                  "(left to GSPMD)"] if r.unheld else []
         if r.collectives:
             lines.append("")
             lines.append(f"{'e-node':<20} {'kind':<15} {'axis':<8} {'bytes':>12} {'phase':<10} why")
@@ -583,11 +599,14 @@ class _Planned:
     predicted: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
     within: str = ""  # how the plan relates to the `within` baseline (`PlanSummary.within`)
     remat: Remat | None = None  # the plan's recomputed products in the step (`eqsat.parallel.remat`)
+    inner: tuple[str, ...] = ()  # per constraint inside a captured graph: the op of the value it holds
+    unheld: int = 0  # planned inner values with no variable to constrain (`_inner_constraints`)
 
 
 def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str], sizes: Mapping[str, int],
                   memory_budget: float | None, comm_budget: float | None, time_limit: float,
-                  predict_dp: bool = False, not_loss: Collection[int] = (), within: str | None = None) -> _Planned:
+                  predict_dp: bool = False, not_loss: Collection[int] = (), within: str | None = None,
+                  constrain: str = "products") -> _Planned:
     state_vars = {v for v, s in zip(closed.jaxpr.invars, leaves.state) if s}
     found = _forward_jaxpr(closed, state_vars, not_loss)
     empty: list[Spec | None] = [None] * len(leaves.paths)
@@ -610,6 +629,8 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
     figures: dict[str, list[tuple[float, float, float]]] = {"data-parallel": [], "fsdp": []}
     answers: list[str] = []
     book = RuleBook.of(pmesh)  # the rules parsed and verified once, for every graph and search below
+    inner: list[tuple[Any, Spec, str]] = []  # the plan's layouts held inside the captured graphs
+    unheld = 0
     t0 = time.perf_counter()
     for step in graphs:
         left = time_limit - (time.perf_counter() - t0)
@@ -626,6 +647,14 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
         if not res.numerics_ok:
             raise PlanError(f"the plan of a captured graph differs from it in numpy (max |diff| {res.max_abs_diff:.3g})")
         results.append(res)
+        if constrain != "boundaries":
+            try:
+                held, missed = _inner_constraints(program, step, res, names, sizes,
+                                                  None if constrain == "all" else CONTRACTIONS)
+            except EqsatError:  # a plan the numpy read-back cannot run: its inner layouts are left to GSPMD
+                held, missed = [], 0
+            inner += held
+            unheld += missed
         if res.baseline is not None:
             answers.append(str(res.info.get("within", {}).get("answer", "search")))
         # the data-parallel and FSDP baselines' predictions: the same search with their rules only;
@@ -667,10 +696,10 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
                                     "was predicted faster" if kept else "the search's plan is within them"))
     return _Planned(specs, tuple(results), program, len(program.opaque), "",
                     predicted["data-parallel"][0] if "data-parallel" in predicted else None,
-                    tuple(batch), _constraints(program, boundary, closed),
+                    tuple(batch), (*_constraints(program, boundary, closed), *((w, sp) for w, sp, _ in inner)),
                     predicted["fsdp"][0] if "fsdp" in predicted else None, predicted, how,
                     find_remat(closed, found[0], recomputed_products([(r.plan, r.report.recompute) for r in results]),
-                               state_names))
+                               state_names), tuple(op for _, _, op in inner), unheld)
 
 
 def optimizer_state_copies(program: Program, leaves: _Leaves) -> float:
@@ -704,28 +733,99 @@ def _constraints(program: Program, boundary: Mapping[int, Spec], closed: Any) ->
     return tuple(out)
 
 
+def _inner_constraints(program: Program, step: GraphStep, res: PlanResult, names: Sequence[str],
+                       sizes: Mapping[str, int], wanted: Collection[str] | None) -> tuple[list[tuple[Any, Spec, str]], int]:
+    """(where in the step, spec, op) holding the plan's layout of each value of `step`'s graph whose
+    op is in `wanted` (None: every op) inside the traced step (`eqsat.parallel.layouts`: the layout
+    read back from the plan; `Program.where`: the variable, possibly inside inlined calls, that
+    holds the value, or one of its views); and how many of those ops' values have no variable to
+    hold (made inside a loop body, or by one of several IR instructions an equation captures to
+    with no view of it the step names), left to GSPMD. Only split layouts are held: a value the
+    plan computes whole on every device is left to GSPMD, which keeps it split where its inputs are
+    (held whole, the MoE step on 8 devices compiled to 4.6 MB moved instead of 2.1; docs/parallel.md)."""
+    graph = step.graph
+    roots = _made_by(graph, wanted) if wanted is not None else {
+        i: i for i, n in enumerate(graph.nodes) if not ops.OPS[n.op].is_leaf}
+    held = {node for vid, node, index in step.sources
+            if node in roots and vid in program.where
+            and tuple(getattr(program.where[vid][-1].aval, "shape", ())) == graph.nodes[node].shapes[index]}
+    layouts = value_layouts(graph, res.plan, held)
+    out: list[tuple[Any, Spec, str]] = []
+    for vid, node, index in step.sources:
+        layout = layouts.get((node, index))
+        if layout is None or node not in held:
+            continue
+        where = program.where[vid]
+        spec = _spec(dict(layout.split), graph.nodes[node].shapes[index], names, sizes)
+        if not spec:  # held whole: left to GSPMD (replicating it would gather what it keeps split; see docs)
+            continue
+        out.append((where if len(where) > 1 else where[0], spec, graph.nodes[roots[node]].op))
+    return out, len(set(roots.values()) - {roots[n] for n in held})
+
+
+def _made_by(graph: Graph, wanted: Collection[str]) -> dict[int, int]:
+    """Nodes of an op in `wanted`, and the views of them (reshape, transpose, a dtype conversion,
+    following one input back), each with the node of that op it views: an einsum captures to a
+    product between transposes and reshapes, and its variable holds the last view."""
+    views = ("reshape", "transpose", "convert_element_type")
+    out: dict[int, int] = {}
+    for i, n in enumerate(graph.nodes):
+        if n.op in wanted:
+            out[i] = i
+        elif n.op in views and n.inputs and n.inputs[0].node in out:
+            out[i] = out[n.inputs[0].node]
+    return out
+
+
 def constrained_step(closed: Any, out_tree: Any, constraints: Sequence[tuple[Any, Spec]], mesh: JaxMesh) -> Callable[..., Any]:
     """The traced step, equation by equation (`bind_eqn`, as `jax.core.eval_jaxpr` runs them), with
     `with_sharding_constraint` on the values in `constraints`: the same computation as the user's
-    step, holding the plan's splits where it crosses the parts it leaves opaque."""
-    jaxpr, consts = closed.jaxpr, closed.consts
-    wanted = {var: NamedSharding(mesh, P(*spec)) for var, spec in constraints}
+    step, holding the plan's splits where it crosses the parts it leaves opaque and inside the
+    captured graphs. A constraint names a variable of the step's jaxpr, or a path (`Program.where`:
+    the call equations it is inside, then the variable); a call on such a path is run inlined,
+    equation by equation, so the constraint lands on the value inside it (the same computation:
+    XLA inlines the call anyway)."""
+    wanted = {_path_ids(key): NamedSharding(mesh, P(*spec)) for key, spec in constraints}
+    opened = {path[:k] for path in wanted for k in range(1, len(path))}
 
-    def run(*args: Any) -> Any:
+    def run_jaxpr(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], prefix: tuple[Any, ...]) -> list[Any]:
         env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
-        env.update(zip(jaxpr.invars, jax.tree_util.tree_leaves(args)))
+        env.update(zip(jaxpr.invars, args))
 
         def read(atom: Any) -> Any:
             return atom.val if isinstance(atom, jcore.Literal) else env[atom]
 
         for eqn in jaxpr.eqns:
-            outs = bind_eqn(eqn, [read(a) for a in eqn.invars])
+            ins = [read(a) for a in eqn.invars]
+            inner = (*prefix, id(eqn))
+            if inner in opened:
+                call = eqn.params["jaxpr"]
+                outs = run_jaxpr(call.jaxpr, call.consts, ins, inner)
+            else:
+                outs = bind_eqn(eqn, ins)
             for var, value in zip(eqn.outvars, outs):
                 if isinstance(var, jcore.Var):
-                    env[var] = jax.lax.with_sharding_constraint(value, wanted[var]) if var in wanted else value
-        return jax.tree_util.tree_unflatten(out_tree, [read(v) for v in jaxpr.outvars])
+                    held = wanted.get((*prefix, var))
+                    env[var] = jax.lax.with_sharding_constraint(value, held) if held is not None else value
+        return [read(v) for v in jaxpr.outvars]
+
+    def run(*args: Any) -> Any:
+        outs = run_jaxpr(closed.jaxpr, closed.consts, jax.tree_util.tree_leaves(args), ())
+        return jax.tree_util.tree_unflatten(out_tree, outs)
 
     return run
+
+
+def _path_ids(key: Any) -> tuple[Any, ...]:
+    """A constraint's key as (id of each call equation, variable): a bare variable is one of the step's own."""
+    path = key if isinstance(key, tuple) else (key,)
+    return (*(id(e) for e in path[:-1]), path[-1])
+
+
+def _where_str(key: Any) -> str:
+    """A constraint's place for the report: `var`, or `_einsum/var` inside an inlined call."""
+    path = key if isinstance(key, tuple) else (key,)
+    return "/".join([*(str(e.params.get("name", e.primitive)) for e in path[:-1]), str(path[-1])])
 
 
 def _flops(graph: Graph) -> float:
@@ -753,7 +853,7 @@ def _collective_rows(results: Sequence[PlanResult], names: Sequence[str]) -> tup
 
 def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: Sequence[int] = (0,),
          memory_budget: float | None = None, comm_budget: float | None = None, time_limit: float = 60.0,
-         baselines: bool = True, within: str | None = "data-parallel") -> Plan:
+         baselines: bool = True, within: str | None = "data-parallel", constrain: str = "products") -> Plan:
     """Plan `train_step(*args)` on `mesh` (see the module docstring). `params_argnums`: the
     arguments that are model state (parameters, optimizer state). `memory_budget` (bytes per
     device) and `comm_budget` (bytes a step moves per device) bound the planned part of the step;
@@ -764,8 +864,13 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     all three of step time, bytes and memory is never returned: that baseline's shardings are, and
     the report's strategy says so. Nor is a plan whose compiled step moves more bytes or holds more
     memory per device than the `within` baseline's compiled step (`judge_compiled`; that baseline
-    is compiled for it even with `baselines=False`)."""
+    is compiled for it even with `baselines=False`). `constrain` (`CONSTRAIN`): the values the
+    lowered step holds at the plan's layout with `with_sharding_constraint`, besides those opaque
+    equations make: the products' inside the captured graphs (default), every planned value's, or
+    none ("boundaries")."""
     t0 = time.perf_counter()
+    if constrain not in CONSTRAIN:
+        raise ApiError(f"constrain must be one of {', '.join(CONSTRAIN)}, not {constrain!r}")
     if within is not None and within not in WITHIN:
         raise ApiError(f"within must be one of {', '.join(WITHIN)} or None, not {within!r}")
     amesh = auto_mesh(mesh)
@@ -802,7 +907,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
         pmesh, names = planner_mesh(amesh)
         try:
             planned = _plan_forward(closed, leaves, pmesh, names, sizes, memory_budget, comm_budget, time_limit,
-                                    baselines, _state_outputs(out_shape, args, state_argnums), within)
+                                    baselines, _state_outputs(out_shape, args, state_argnums), within, constrain)
         except PlanError as exc:
             if memory_budget is not None or comm_budget is not None:
                 raise ApiError(f"no plan of the step's planned part meets the budget ({exc}); "
@@ -842,7 +947,11 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
         in_shardings = _shardings(amesh, treedef, specs)
         out_sh = _out_shardings(out_shape, args, in_shardings, state_argnums, amesh)
         constraints = planned.constraints if planned is not None and results else ()
+        inner = planned.inner if planned is not None and results else ()
         remat = remat_planned if results else None
+        if remat:  # the checkpointed step holds the step's own variables only (the boundaries)
+            constraints, inner = tuple(c for c in constraints[:len(constraints) - len(inner)]
+                                       if not isinstance(c[0], tuple)), ()
         out_tree = jax.tree_util.tree_structure(out_shape)
         fn = (checkpointed_step(closed, out_tree, remat, constraints, amesh) if remat
               else constrained_step(closed, out_tree, constraints, amesh) if constraints
@@ -856,7 +965,8 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
             strategy, " x ".join(f"{n}={s}" for n, s in sizes.items()), note, figures[0], figures[1], figures[2],
             _collective_rows(results, names), plan_s, len(results), planned.opaque if planned else 0, tuple(warns),
             tuple((_path_str(p, arg_names), str(P(*s))) for p, s in zip(leaves.paths, specs)), None,
-            constraints=tuple((str(var), str(P(*spec))) for var, spec in constraints),
+            constraints=tuple((_where_str(var), str(P(*spec))) for var, spec in constraints),
+            inner_constraints=inner, unheld=planned.unheld if planned is not None and results and not remat else 0,
             blocks=tuple(depth_reuse_summary(r) for r in results if r.info.get("blocks")),
             within=planned.within if planned is not None else "", recomputed=remat.products if remat else 0), results)
 
