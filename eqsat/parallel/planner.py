@@ -89,7 +89,7 @@ def node_axes(op: str, attrs: Mapping[str, Any], child_axes: Sequence[Axes],
 # --- rules ---------------------------------------------------------------------------------------
 
 ALGEBRA_RULES = ("unfuse-sigmoid", "unfuse-relu", "unfuse-tanh", "unfuse-conv-sigmoid", "unfuse-conv-relu",
-                 "unfuse-conv-tanh")
+                 "unfuse-conv-tanh", "bmm-unmerge")
 STRATEGY_RULES: Mapping[str, tuple[str, ...] | None] = {
     "joint": None,  # every rule: algebra and sharding saturated together
     "data-parallel": ("dp-matmul", "dp-conv"),
@@ -124,7 +124,11 @@ SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-
                 "partition-stop-gradient", "partition-stop-gradient4", "partition-ewadd4", "partition-ewsub4",
                 "partition-ewdiv4", "partition-ewmul4", "partition-exp4", "partition-select4", "batch-max4",
                 "batch-sum4", "batch-bcast4", "batch-heads-transpose", "batch-keys-transpose",
-                "partition-slice", "partition-concat")  # a split of another dim through split / concat
+                "partition-slice", "partition-concat",  # a split of another dim through split / concat
+                # a head split through the captured attention (Megatron's)
+                "reshape-partition-last-2", "reshape-partition-last-3", "reshape-partition-merge",
+                "reshape-partition-split", "heads-transpose-in", "heads-transpose-out", "heads-keys-transpose",
+                "heads-mask4", "heads-max4", "heads-sum4", "heads-bcast4")
 
 
 def _base(rule_name: str) -> str:
