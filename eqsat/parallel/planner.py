@@ -95,6 +95,10 @@ STRATEGY_RULES: Mapping[str, tuple[str, ...] | None] = {
     "data-parallel": ("dp-matmul", "dp-conv"),
     "megatron": ("col-matmul", "row-matmul", "batch-matmul", "col-conv", "row-conv"),
     "fsdp": ("dp-matmul", "dp-conv", "fsdp-gather", "fsdp-gather-rows"),  # data parallel, weights kept sharded or not
+    # DP x TP: the batch over every mesh axis but the last, Megatron's splits over the last (`@data` / `@model`
+    # name a rule's instances on those axes only, `rules_on`); a 1-D mesh has no such pair (callers skip it)
+    "dp-x-tp": ("dp-matmul@data", "dp-conv@data", "col-matmul@model", "row-matmul@model", "batch-matmul@model",
+                "col-conv@model", "row-conv@model"),
     # the algebra as given (activations stay fused, as a single-device optimizer leaves them), then sharding
     "algebra-first": ("dp-matmul", "col-matmul", "row-matmul", "batch-matmul", "dp-conv", "col-conv", "row-conv"),
 }
@@ -135,6 +139,29 @@ def _base(rule_name: str) -> str:
     return rule_name.split("@")[0]
 
 
+SCOPES = ("data", "model")  # `rule@data`: its instances on every mesh axis but the last; `rule@model`: on the last
+
+
+def rules_on(rules: Sequence[Rule], names: Sequence[str] | None, mesh: Mesh) -> list[Rule]:
+    """The instances in `rules` of the rules `names` (None: all), a name `rule@data` / `rule@model`
+    only on the data axes (all but the last) / the model axis (the last) of `mesh`."""
+    if names is None:
+        return list(rules)
+    last = len(mesh.axes) - 1
+    scoped: dict[str, set[bool]] = {}
+    for n in names:
+        base, _, scope = n.partition("@")
+        if scope and scope not in SCOPES:
+            raise PlanError(f"unknown rule scope '@{scope}' in '{n}'; choose from {', '.join(SCOPES)}")
+        scoped.setdefault(base, set()).update({True, False} if not scope else {scope == "model"})
+    out = []
+    for r in rules:
+        on = scoped.get(_INSTANCE_SUFFIX.sub("", r.name))
+        if on is not None and (int(r.name.rsplit("@", 1)[1]) == last) in on:
+            out.append(r)
+    return out
+
+
 def verified_parallel_rules(mesh: Mesh, names: Sequence[str] | None = None, trust_tested: bool = False) -> list[Rule]:
     """The mesh's rule instances whose generic form the one trust policy (`eqsat.rulesets.is_trusted`)
     accepts at N = 2 and N = 4: proved for all shapes (under the guard); with `trust_tested` also
@@ -142,7 +169,8 @@ def verified_parallel_rules(mesh: Mesh, names: Sequence[str] | None = None, trus
     from eqsat.rewrites.verify import verify_rules
     from eqsat.rulesets import is_trusted, warn_tested
 
-    parts = {n: instantiate(0, n, names=names) for n in (2, 4)}
+    bases = None if names is None else sorted({_base(n) for n in names})
+    parts = {n: instantiate(0, n, names=bases) for n in (2, 4)}
     family = [r for n in (2, 4) for r in parts[n]]
     results = verify_rules(family)
     accepted = {_base(r.name) for r, res in zip(family, results) if is_trusted(res, trust_tested=trust_tested)}
@@ -150,7 +178,7 @@ def verified_parallel_rules(mesh: Mesh, names: Sequence[str] | None = None, trus
                         and _base(r.name) in accepted}))
     per_n = {n: {_base(r.name) for r in parts[n]} for n in (2, 4)}
     ok = {b for b in per_n[2] | per_n[4] if (b not in per_n[2] or b in accepted) and (b not in per_n[4] or b in accepted)}
-    return [r for r in mesh_rules(mesh, names) if _base(r.name) in ok]
+    return rules_on([r for r in mesh_rules(mesh, bases) if _base(r.name) in ok], names, mesh)
 
 
 def _strategy_names(strategy: str) -> tuple[str, ...] | None:
@@ -196,10 +224,7 @@ class RuleBook:
 
     def rules_of(self, names: Sequence[str] | None) -> list[Rule]:
         """The instances of the rules named `names` (None: all), as `verified_parallel_rules(mesh, names)`."""
-        if names is None:
-            return list(self.rules)
-        wanted = set(names)
-        return [r for r in self.rules if _INSTANCE_SUFFIX.sub("", r.name) in wanted]
+        return rules_on(self.rules, names, self.mesh)
 
 
 # --- pricing -------------------------------------------------------------------------------------
