@@ -1,8 +1,9 @@
 """`eqsat parallel MODEL --mesh 8 | 2x4`: plan a model on a device mesh and check the plan on JAX.
 
 The plan (algebra and sharding from one ILP over the saturated e-graph, `eqsat.parallel.planner`) is
-compared with four baselines, each the best plan of its kind: pure data parallelism (the search
-restricted to the data-parallel rule), Megatron by hand (`eqsat.models.parallel_hand`: one split per
+compared with the baselines, each the best plan of its kind: pure data parallelism (the search
+restricted to the data-parallel rule), FSDP, DP x TP (on two mesh axes or more: data parallel over
+all but the last, Megatron's rules over the last), Megatron by hand (`eqsat.models.parallel_hand`: one split per
 weight, written as a practitioner would), the Megatron-style search (column / row / head rules
 only) and algebra first (the program's algebra as a single-device optimizer leaves it, fused
 activations kept, then every sharding rule). Each plan runs as a `shard_map` program on the emulated
