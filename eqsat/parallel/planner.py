@@ -103,7 +103,10 @@ STRATEGY_RULES: Mapping[str, tuple[str, ...] | None] = {
     "algebra-first": ("dp-matmul", "col-matmul", "row-matmul", "batch-matmul", "dp-conv", "col-conv", "row-conv"),
 }
 # The joint search saturates in stages on one e-graph: the searched baselines' rule sets first, one
-# after the other (their e-graphs are small), then every rule. Where every rule at once would stop
+# after the other (their e-graphs are small), then every rule. DP x TP comes first: it gets the whole
+# time budget, so where its own search saturates, the joint e-graph holds its plan (a start of the
+# joint ILP in `eqsat parallel`) even where a later stage stops on time (gpt12 on 2x4 under load);
+# on a 1-D mesh it is the Megatron search. Where every rule at once would stop
 # at the node limit (gpt12 on 2-D meshes), the joint e-graph then still holds every plan those
 # searches can find, and the budget left goes to the mixed rewrites; where all saturate, the
 # result is the same e-graph (saturation reaches one fixpoint whatever the order).
@@ -111,7 +114,7 @@ STRATEGY_RULES: Mapping[str, tuple[str, ...] | None] = {
 # plan is never worse than the best plan found on a stage, even where the final e-graph stopped
 # at the node limit (then the ILP rarely improves on its start, and the greedy answer on the big
 # e-graph can be worse than on a smaller one inside it).
-STAGES: Mapping[str, tuple[str, ...]] = {"joint": ("algebra-first", "megatron", "joint")}
+STAGES: Mapping[str, tuple[str, ...]] = {"joint": ("dp-x-tp", "algebra-first", "megatron", "joint")}
 SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-sum",
                 "relu-combine", "tanh-combine", "sigmoid-combine", "exp-combine", "ewadd-combine", "ewmul-combine",
                 "ewsub-combine", "ewdiv-combine", "partition-ewadd", "partition-ewsub", "partition-ewdiv", "partition-ewmul",
