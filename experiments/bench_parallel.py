@@ -25,8 +25,8 @@ from eqsat.commands.parallel import BASELINES, run_case
 CASES: tuple[str, ...] = ("unity-mlp", "mlp16", "gpt-block", "gpt12", "dlrm", "mlp-bottleneck", "cnn", "moe")
 MESHES: tuple[str, ...] = ("8", "2x4", "4x2")
 UNITY_CASE = ("unity-mlp", "2")  # Unity's figure is on two devices
-COLUMNS = ("model", "mesh", "predicted_s", "data_parallel_s", "megatron_s", "megatron_search_s", "algebra_first_s",
-           "joint_vs_best_baseline", "joint_strictly_better", "joint_dominates_all",
+COLUMNS = ("model", "mesh", "predicted_s", "data_parallel_s", "fsdp_s", "megatron_s", "dp_x_tp_s", "megatron_search_s",
+           "algebra_first_s", "joint_vs_best_baseline", "joint_never_worse", "joint_strictly_better", "joint_dominates_all",
            "predicted_step_comm_bytes", "measured_step_comm_bytes",
            "data_parallel_measured_step_comm_bytes", "megatron_measured_step_comm_bytes",
            "megatron_search_measured_step_comm_bytes", "algebra_first_measured_step_comm_bytes",

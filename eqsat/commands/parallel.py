@@ -1,8 +1,9 @@
 """`eqsat parallel MODEL --mesh 8 | 2x4`: plan a model on a device mesh and check the plan on JAX.
 
 The plan (algebra and sharding from one ILP over the saturated e-graph, `eqsat.parallel.planner`) is
-compared with four baselines, each the best plan of its kind: pure data parallelism (the search
-restricted to the data-parallel rule), Megatron by hand (`eqsat.models.parallel_hand`: one split per
+compared with the baselines, each the best plan of its kind: pure data parallelism (the search
+restricted to the data-parallel rule), FSDP, DP x TP (on two mesh axes or more: data parallel over
+all but the last, Megatron's rules over the last), Megatron by hand (`eqsat.models.parallel_hand`: one split per
 weight, written as a practitioner would), the Megatron-style search (column / row / head rules
 only) and algebra first (the program's algebra as a single-device optimizer leaves it, fused
 activations kept, then every sharding rule). Each plan runs as a `shard_map` program on the emulated
@@ -52,8 +53,9 @@ from jax_backend.checks import check_on_devices, reference_gradients
 
 __all__ = ["BASELINES", "add_arguments", "hand_plan", "run", "run_case"]
 
-BASELINES = ("data-parallel", "megatron", "megatron-search", "algebra-first")
-SEARCHED = {"data-parallel": "data-parallel", "megatron-search": "megatron", "algebra-first": "algebra-first"}
+BASELINES = ("data-parallel", "fsdp", "megatron", "dp-x-tp", "megatron-search", "algebra-first")
+SEARCHED = {"data-parallel": "data-parallel", "fsdp": "fsdp", "dp-x-tp": "dp-x-tp", "megatron-search": "megatron",
+            "algebra-first": "algebra-first"}
 UNITY_BYTES = {"algebra_first_dp": 813_056, "joint": 131_072}  # Unity OSDI'22, 2-layer MLP on 2 GPUs, times d
 
 
@@ -75,13 +77,14 @@ def run_case(model: str, mesh_spec: str, time_limit: float = 20.0, budget_fracti
     if budget_fraction is not None:
         budget = budget_fraction * plan_report(graph, _replicated_model(mesh)).mem_bytes
     priced = saturate_and_price(graph, mesh, "joint", model=cost, trust_tested=trust_tested)  # also the random plans'
-    joint = plan_graph(graph, mesh, "joint", time_limit=time_limit, mem_budget=budget, priced=priced,
-                       comm_budget=comm_budget)
     baselines = {name: plan_graph(graph, mesh, s, time_limit=time_limit, model=cost,
                                   priced=saturate_and_price(graph, mesh, s, model=cost, trust_tested=trust_tested))
-                 for name, s in SEARCHED.items()}
+                 for name, s in SEARCHED.items() if s != "dp-x-tp" or len(mesh.axes) > 1}  # DP x TP needs two axes
     if model in PARALLEL_MODELS:
         baselines["megatron"] = hand_plan(model, graph, mesh, cost)
+    # the joint ILP starts from every baseline's plan its e-graph holds: never predicted slower than those
+    joint = plan_graph(graph, mesh, "joint", time_limit=time_limit, mem_budget=budget, priced=priced,
+                       comm_budget=comm_budget, starts=[b.plan for b in baselines.values()])
     row: dict[str, Any] = {"model": model, **joint.to_json()}
     row.update(_baseline_fields(joint, baselines))
     if model == "unity-mlp":

@@ -89,17 +89,24 @@ def node_axes(op: str, attrs: Mapping[str, Any], child_axes: Sequence[Axes],
 # --- rules ---------------------------------------------------------------------------------------
 
 ALGEBRA_RULES = ("unfuse-sigmoid", "unfuse-relu", "unfuse-tanh", "unfuse-conv-sigmoid", "unfuse-conv-relu",
-                 "unfuse-conv-tanh")
+                 "unfuse-conv-tanh", "bmm-unmerge")
 STRATEGY_RULES: Mapping[str, tuple[str, ...] | None] = {
     "joint": None,  # every rule: algebra and sharding saturated together
     "data-parallel": ("dp-matmul", "dp-conv"),
     "megatron": ("col-matmul", "row-matmul", "batch-matmul", "col-conv", "row-conv"),
     "fsdp": ("dp-matmul", "dp-conv", "fsdp-gather", "fsdp-gather-rows"),  # data parallel, weights kept sharded or not
+    # DP x TP: the batch over every mesh axis but the last, Megatron's splits over the last (`@data` / `@model`
+    # name a rule's instances on those axes only, `rules_on`); a 1-D mesh has no such pair (callers skip it)
+    "dp-x-tp": ("dp-matmul@data", "dp-conv@data", "col-matmul@model", "row-matmul@model", "batch-matmul@model",
+                "col-conv@model", "row-conv@model"),
     # the algebra as given (activations stay fused, as a single-device optimizer leaves them), then sharding
     "algebra-first": ("dp-matmul", "col-matmul", "row-matmul", "batch-matmul", "dp-conv", "col-conv", "row-conv"),
 }
 # The joint search saturates in stages on one e-graph: the searched baselines' rule sets first, one
-# after the other (their e-graphs are small), then every rule. Where every rule at once would stop
+# after the other (their e-graphs are small), then every rule. DP x TP comes first: it gets the whole
+# time budget, so where its own search saturates, the joint e-graph holds its plan (a start of the
+# joint ILP in `eqsat parallel`) even where a later stage stops on time (gpt12 on 2x4 under load);
+# on a 1-D mesh it is the Megatron search. Where every rule at once would stop
 # at the node limit (gpt12 on 2-D meshes), the joint e-graph then still holds every plan those
 # searches can find, and the budget left goes to the mixed rewrites; where all saturate, the
 # result is the same e-graph (saturation reaches one fixpoint whatever the order).
@@ -107,7 +114,7 @@ STRATEGY_RULES: Mapping[str, tuple[str, ...] | None] = {
 # plan is never worse than the best plan found on a stage, even where the final e-graph stopped
 # at the node limit (then the ILP rarely improves on its start, and the greedy answer on the big
 # e-graph can be worse than on a smaller one inside it).
-STAGES: Mapping[str, tuple[str, ...]] = {"joint": ("algebra-first", "megatron", "joint")}
+STAGES: Mapping[str, tuple[str, ...]] = {"joint": ("dp-x-tp", "algebra-first", "megatron", "joint")}
 SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-sum",
                 "relu-combine", "tanh-combine", "sigmoid-combine", "exp-combine", "ewadd-combine", "ewmul-combine",
                 "ewsub-combine", "ewdiv-combine", "partition-ewadd", "partition-ewsub", "partition-ewdiv", "partition-ewmul",
@@ -124,11 +131,38 @@ SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-
                 "partition-stop-gradient", "partition-stop-gradient4", "partition-ewadd4", "partition-ewsub4",
                 "partition-ewdiv4", "partition-ewmul4", "partition-exp4", "partition-select4", "batch-max4",
                 "batch-sum4", "batch-bcast4", "batch-heads-transpose", "batch-keys-transpose",
-                "partition-slice", "partition-concat")  # a split of another dim through split / concat
+                "partition-slice", "partition-concat",  # a split of another dim through split / concat
+                # a head split through the captured attention (Megatron's)
+                "reshape-partition-last-2", "reshape-partition-last-3", "reshape-partition-merge",
+                "reshape-partition-split", "heads-transpose-in", "heads-transpose-out", "heads-keys-transpose",
+                "heads-mask4", "heads-max4", "heads-sum4", "heads-bcast4")
 
 
 def _base(rule_name: str) -> str:
     return rule_name.split("@")[0]
+
+
+SCOPES = ("data", "model")  # `rule@data`: its instances on every mesh axis but the last; `rule@model`: on the last
+
+
+def rules_on(rules: Sequence[Rule], names: Sequence[str] | None, mesh: Mesh) -> list[Rule]:
+    """The instances in `rules` of the rules `names` (None: all), a name `rule@data` / `rule@model`
+    only on the data axes (all but the last) / the model axis (the last) of `mesh`."""
+    if names is None:
+        return list(rules)
+    last = len(mesh.axes) - 1
+    scoped: dict[str, set[bool]] = {}
+    for n in names:
+        base, _, scope = n.partition("@")
+        if scope and scope not in SCOPES:
+            raise PlanError(f"unknown rule scope '@{scope}' in '{n}'; choose from {', '.join(SCOPES)}")
+        scoped.setdefault(base, set()).update({True, False} if not scope else {scope == "model"})
+    out = []
+    for r in rules:
+        on = scoped.get(_INSTANCE_SUFFIX.sub("", r.name))
+        if on is not None and (int(r.name.rsplit("@", 1)[1]) == last) in on:
+            out.append(r)
+    return out
 
 
 def verified_parallel_rules(mesh: Mesh, names: Sequence[str] | None = None, trust_tested: bool = False) -> list[Rule]:
@@ -138,7 +172,8 @@ def verified_parallel_rules(mesh: Mesh, names: Sequence[str] | None = None, trus
     from eqsat.rewrites.verify import verify_rules
     from eqsat.rulesets import is_trusted, warn_tested
 
-    parts = {n: instantiate(0, n, names=names) for n in (2, 4)}
+    bases = None if names is None else sorted({_base(n) for n in names})
+    parts = {n: instantiate(0, n, names=bases) for n in (2, 4)}
     family = [r for n in (2, 4) for r in parts[n]]
     results = verify_rules(family)
     accepted = {_base(r.name) for r, res in zip(family, results) if is_trusted(res, trust_tested=trust_tested)}
@@ -146,7 +181,7 @@ def verified_parallel_rules(mesh: Mesh, names: Sequence[str] | None = None, trus
                         and _base(r.name) in accepted}))
     per_n = {n: {_base(r.name) for r in parts[n]} for n in (2, 4)}
     ok = {b for b in per_n[2] | per_n[4] if (b not in per_n[2] or b in accepted) and (b not in per_n[4] or b in accepted)}
-    return [r for r in mesh_rules(mesh, names) if _base(r.name) in ok]
+    return rules_on([r for r in mesh_rules(mesh, bases) if _base(r.name) in ok], names, mesh)
 
 
 def _strategy_names(strategy: str) -> tuple[str, ...] | None:
@@ -192,10 +227,7 @@ class RuleBook:
 
     def rules_of(self, names: Sequence[str] | None) -> list[Rule]:
         """The instances of the rules named `names` (None: all), as `verified_parallel_rules(mesh, names)`."""
-        if names is None:
-            return list(self.rules)
-        wanted = set(names)
-        return [r for r in self.rules if _INSTANCE_SUFFIX.sub("", r.name) in wanted]
+        return rules_on(self.rules, names, self.mesh)
 
 
 # --- pricing -------------------------------------------------------------------------------------

@@ -92,6 +92,7 @@ class Unsupported(Exception):
 
 
 View = tuple[int, Callable[[Sequence[z3.ArithRef], z3.ArithRef], z3.ArithRef]]
+Tail = tuple[int, int, Callable[[Sequence[z3.ArithRef], z3.ArithRef, Sequence[z3.ArithRef]], z3.ArithRef]]
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,9 @@ class _Value:
     elem: Elem
     # (k, G): elem(i) = G(i[:k], the row-major flat index of i[k:]) — what reshape keeps (see `_flat_view`)
     view: View | None = None
+    # (k, s, H): elem(i) = H(i[:k], the flat index of the middle i[k:r-s], the last s indices i[r-s:]):
+    # what a reshape that keeps the first k and last s dims keeps (see `_tail_view`)
+    tail: Tail | None = None
 
 
 def _flat(idx: Sequence[z3.ArithRef], dims: Sequence[z3.ArithRef]) -> z3.ArithRef:
@@ -295,7 +299,7 @@ class _Builder:
                 total = self._sum(body, x.dims[-1])
                 return total if act is None else _act(act, total)
 
-            return _Value((*x.dims[:-1], y.dims[-1]), product)
+            return _Value((*x.dims[:-1], y.dims[-1]), product, None, self._batched_tail(x, y, act))
         if t.op == "split_part":
             (x,) = args
             ax, index = a["axis"], a["index"]
@@ -490,8 +494,14 @@ class _Builder:
         row-major index map keeps the other indices. Only on a strict right side: there its typing is
         a goal, and equal remaining dims are a stronger goal than equal element counts, so a proof
         stays sound; as a hypothesis (a left side, or the guard) it would assume too much."""
-        if x.view is not None:
-            return self._flat_view(t, x, typed)
+        if x.view is not None or x.tail is not None:
+            try:
+                return self._flat_view(t, x, typed)
+            except Unsupported:
+                out = self._tail_view(t, x, typed)
+                if out is None:
+                    raise
+                return out
         if self.typed_is_assumed or self.guarded_mode:
             raise Unsupported("reshape on a left side or under the guard (row-major index maps over symbolic dims)")
         shape = self.attr(t.attr["shape"], typed)
@@ -514,8 +524,9 @@ class _Builder:
         k prefix dims: row-major, element i of the result is G(i[:k], flat index of i[k:] in the
         new dims), whatever the dims (no div / mod). Typed where the element counts agree (also
         stated past the longest common prefix: implied by the whole count, as each dim is >= 1)."""
-        k, read = x.view or (0, None)
-        assert read is not None
+        if x.view is None:
+            raise Unsupported("reshape of a value with no flat view")
+        k, read = x.view
         shape = tuple(self.attr(t.attr["shape"], typed))
         if len(shape) < k or any(not z3.eq(_poly(a), _poly(b)) for a, b in zip(shape[:k], x.dims[:k])):
             raise Unsupported("reshape that does not keep the leading dims its input is read by")
@@ -526,6 +537,54 @@ class _Builder:
         typed.append(_product(shape[common:]) == _product(x.dims[common:]))
         rest = shape[k:]
         return _Value(shape, lambda i: read(i[:k], _flat(i[k:], rest)), (k, read))
+
+    def _batched_tail(self, x: _Value, y: _Value, act: str | None) -> Tail | None:
+        """A batched product of two values read through their batch dims' flat index (`_tail` with
+        the two matrix dims last, the same prefix): its elements read through that index too."""
+        if len(x.dims) < 3:
+            return None
+        tx, ty = _tail(x, 2), _tail(y, 2)
+        if tx is None or ty is None or tx[0] != ty[0]:
+            return None
+        (k, rx), (_, ry) = tx, ty
+        inner = x.dims[-1]
+
+        def read(pre: Sequence[z3.ArithRef], m: z3.ArithRef, post: Sequence[z3.ArithRef]) -> z3.ArithRef:
+            def body(j: z3.ArithRef) -> z3.ArithRef:
+                return rx(pre, m, [post[0], j]) * ry(pre, m, [j, post[1]])
+
+            total = self._sum(body, inner)
+            return total if act is None else _act(act, total)
+
+        return (k, 2, read)
+
+    def _tail_view(self, t: Term, x: _Value, typed: list[z3.BoolRef]) -> _Value | None:
+        """reshape that keeps x's first k and last s dims (x read as H(prefix, flat middle, last s),
+        `_tail`): element i of the result is H(i[:k], flat index of its middle, i[r-s:]), the
+        row-major map of the middle alone, whatever the dims (no div / mod). A split of the last dim
+        through (B*T, d) <-> (B, T, d), a product batched over merged dims. None: no such view."""
+        shape = tuple(self.attr(t.attr["shape"], typed))
+        suffix = 0
+        while suffix < min(len(shape), len(x.dims)) and z3.eq(_poly(shape[-1 - suffix]), _poly(x.dims[-1 - suffix])):
+            suffix += 1
+        for s in range(suffix, 0, -1):
+            found = _tail(x, s)
+            if found is None:
+                continue
+            k, read = found
+            r_new, r_old = len(shape), len(x.dims)
+            if k > r_new - s or any(not z3.eq(_poly(a), _poly(b)) for a, b in zip(shape[:k], x.dims[:k])):
+                continue
+            middle = shape[k:r_new - s]
+            typed += [d >= 1 for d in shape] + [_product(shape) == _product(x.dims)]
+            typed.append(_product(middle) == _product(x.dims[k:r_old - s]))
+
+            def elem(i: Sequence[z3.ArithRef], k: int = k, s: int = s, read: Any = read,
+                     middle: Dims = middle) -> z3.ArithRef:
+                return read(i[:k], _flat(i[k:len(i) - s], middle), i[len(i) - s:])
+
+            return _Value(shape, elem, None, (k, s, read))
+        return None
 
     def _merge_gconv(self, t: Term, w: _Value, typed: list[z3.BoolRef]) -> _Value:
         """`ops.merge_gconv_into`: the kernel of a conv with G groups as that of the same conv with
@@ -607,7 +666,7 @@ class _Builder:
             return out
 
         return _Value((z3.IntVal(parts), *x.dims[:ax], piece, *x.dims[ax + 1:]), part,
-                      _partition_view(x, ax, parts, piece))
+                      _partition_view(x, ax, parts, piece), _partition_tail(x, ax, piece))
 
     def _piece(self, size: z3.ArithRef, parts: int, typed: list[z3.BoolRef]) -> z3.ArithRef:
         """size / parts with parts | size: a literal multiple divides exactly; where the typing is a
@@ -977,6 +1036,40 @@ def _partition_view(x: _Value, ax: int, parts: int, piece: z3.ArithRef) -> View 
         return read(outer[:k], _poly(_flat(outer[k:], x.dims[k:ax]) * block + d * piece * after + flat))
 
     return (ax + 1, view)
+
+
+def _tail(x: _Value, s: int) -> tuple[int, Callable[[Sequence[z3.ArithRef], z3.ArithRef, Sequence[z3.ArithRef]], z3.ArithRef]] | None:
+    """x read as H(i[:k], flat index of i[k:r-s], i[r-s:]) (`_Value.tail`), from its tail or its flat
+    view (G(pre, m * (product of the last s dims) + their flat index)), or None."""
+    r = len(x.dims)
+    if x.tail is not None and x.tail[1] == s:
+        return x.tail[0], x.tail[2]
+    if x.view is None or x.view[0] > r - s:
+        return None
+    k, read = x.view
+    last = x.dims[r - s:]
+    width = _product(last)
+
+    def h(pre: Sequence[z3.ArithRef], m: z3.ArithRef, post: Sequence[z3.ArithRef]) -> z3.ArithRef:
+        return read(pre, _poly(m * width + _flat(post, last)))
+
+    return k, h
+
+
+def _partition_tail(x: _Value, ax: int, piece: z3.ArithRef) -> Tail | None:
+    """The tail view of a partition along x's last axis (x read through a flat view (k, G)):
+    device d's element (pre, middle, j) is G(pre, flat(middle) * S + d * piece + j), so a reshape
+    that keeps the device, x's first k dims and the piece keeps it (a split of the last dim through
+    (B*T, d) <-> (B, T, d))."""
+    if x.view is None or ax != len(x.dims) - 1 or x.view[0] > ax:
+        return None
+    k, read = x.view
+    size = x.dims[ax]
+
+    def h(pre: Sequence[z3.ArithRef], m: z3.ArithRef, post: Sequence[z3.ArithRef]) -> z3.ArithRef:
+        return read(pre[1:], _poly(m * size + pre[0] * piece + post[0]))
+
+    return (1 + k, 1, h)
 
 
 def _permuted(x: _Value, perm: Sequence[int]) -> _Value:
@@ -1393,11 +1486,12 @@ def _holds_at(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: i
     funcs = {v: z3.Function(f"T_{v}", *([z3.IntSort()] * r), z3.RealSort()) for v, r in ranks.items()}
     sum_fn = z3.Function("SUM", z3.ArraySort(z3.IntSort(), z3.RealSort()), z3.RealSort())
     distributed = bool(ops_used_by(rule) & DISTRIBUTION)
-    if distributed:
+    # a reshape on the left side is read through the flat index too (a product batched over merged dims)
+    flat = "reshape" in ops_used_by(rule) and (distributed or any("reshape" in ops_used(p) for p in rule.lhs))
+    if distributed or flat:
         _unify(rule, ranks, guarded, dims, funcs, sum_fn)
     factors = _parametrize(rule, dims, guarded) if factor else []
-    builder = _Builder(ranks, dims, funcs, sum_fn, factors=factors, slots=slots,
-                       flat_leaves=distributed and "reshape" in ops_used_by(rule))
+    builder = _Builder(ranks, dims, funcs, sum_fn, factors=factors, slots=slots, flat_leaves=flat)
     conditions = [_condition(c, dims) for c in rule.conditions]
     builder.assumed = [d >= 1 for ds in dims.values() for d in ds] + [f >= 1 for f in factors] + conditions
     lhs_typed: list[z3.BoolRef] = []
