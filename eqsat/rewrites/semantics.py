@@ -9,6 +9,7 @@ uninterpreted are equal for every relu), and z3 later gives relu its exact meani
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -263,11 +264,11 @@ def _conv(alg: Algebra, xs: Sequence[np.ndarray], a: Mapping[str, Any]) -> np.nd
     groups, og = x.shape[1] // ci, o // (x.shape[1] // ci)
     parts = []
     for g in range(groups):
-        acc = alg.zeros((x.shape[0], ho, wo, og))
-        for i in range(kh):
-            for j in range(kw):
-                win = xp[:, g * ci:(g + 1) * ci, i:i + (ho - 1) * sh + 1:sh, j:j + (wo - 1) * sw + 1:sw]
-                acc = alg.add(acc, alg.tensordot(win, w[g * og:(g + 1) * og, :, i, j], ([1], [1])))
+        # every kernel position's window, stacked on one axis (i major, as the kernel flattens), so that
+        # one contraction over channels and positions sums what a loop over positions would
+        wins = np.stack([xp[:, g * ci:(g + 1) * ci, i:i + (ho - 1) * sh + 1:sh, j:j + (wo - 1) * sw + 1:sw]
+                         for i in range(kh) for j in range(kw)], axis=2)
+        acc = alg.tensordot(wins, w[g * og:(g + 1) * og].reshape(og, ci, kh * kw), ([1, 2], [1, 2]))
         parts.append(np.transpose(acc, (0, 3, 1, 2)))
     return _act(alg, np.concatenate(parts, axis=1), a["act"])
 
@@ -461,11 +462,28 @@ def term_shape(t: Term, arg_shapes: Sequence[Shape], split_sizes: SplitSizes | N
             raise ShapeError(f"split: sizes {list(sizes)} do not add up to {x[axis]} (shape {x}, axis {axis})")
         out: Shape = x[:axis] + (sizes[index],) + x[axis + 1:]
     else:
-        out = ops.infer_shapes(t.op, arg_shapes, t.attr)[0]
+        try:
+            found = _node_shape(t.op, t.attrs, tuple(map(tuple, arg_shapes)))
+        except TypeError:  # an unhashable attribute value: infer without the memo
+            found = _node_shape.__wrapped__(t.op, t.attrs, tuple(map(tuple, arg_shapes)))
+        if isinstance(found, ShapeError):
+            raise type(found)(*found.args)
+        out = found
     for kind, value in t.guards:
         if kind == "ndim" and len(out) != value:
             raise ShapeError(f"{t.op}: guard ndim {value} but the result has rank {len(out)}")
     return out
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _node_shape(op: str, attrs: tuple[tuple[str, Any], ...], arg_shapes: tuple[Shape, ...]) -> Shape | ShapeError:
+    """The registry's shape inference for one op, memoized (a pure function of its arguments): the
+    shape sampler asks it the same question hundreds of thousands of times per rule library. An
+    ill-typed node gives its ShapeError as the value (re-raised fresh by `term_shape`)."""
+    try:
+        return ops.infer_shapes(op, arg_shapes, dict(attrs))[0]
+    except ShapeError as exc:
+        return exc
 
 
 FLOAT_ATTR_VALUE = 0.0009765625  # a float attribute variable (?eps) is verified at this value, see below
