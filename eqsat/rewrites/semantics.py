@@ -9,7 +9,6 @@ uninterpreted are equal for every relu), and z3 later gives relu its exact meani
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -462,28 +461,11 @@ def term_shape(t: Term, arg_shapes: Sequence[Shape], split_sizes: SplitSizes | N
             raise ShapeError(f"split: sizes {list(sizes)} do not add up to {x[axis]} (shape {x}, axis {axis})")
         out: Shape = x[:axis] + (sizes[index],) + x[axis + 1:]
     else:
-        try:
-            found = _node_shape(t.op, t.attrs, tuple(map(tuple, arg_shapes)))
-        except TypeError:  # an unhashable attribute value: infer without the memo
-            found = _node_shape.__wrapped__(t.op, t.attrs, tuple(map(tuple, arg_shapes)))
-        if isinstance(found, ShapeError):
-            raise type(found)(*found.args)
-        out = found
+        out = ops.infer_shapes(t.op, arg_shapes, t.attr)[0]
     for kind, value in t.guards:
         if kind == "ndim" and len(out) != value:
             raise ShapeError(f"{t.op}: guard ndim {value} but the result has rank {len(out)}")
     return out
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _node_shape(op: str, attrs: tuple[tuple[str, Any], ...], arg_shapes: tuple[Shape, ...]) -> Shape | ShapeError:
-    """The registry's shape inference for one op, memoized (a pure function of its arguments): the
-    shape sampler asks it the same question hundreds of thousands of times per rule library. An
-    ill-typed node gives its ShapeError as the value (re-raised fresh by `term_shape`)."""
-    try:
-        return ops.infer_shapes(op, arg_shapes, dict(attrs))[0]
-    except ShapeError as exc:
-        return exc
 
 
 FLOAT_ATTR_VALUE = 0.0009765625  # a float attribute variable (?eps) is verified at this value, see below

@@ -268,13 +268,9 @@ class _Sampler:
         # its cached shape, and whether it has references to bind at all (asked once, not per draw)
         self.refs: dict[int, tuple[str, ...]] = {}
         self.binds: dict[int, bool] = {}
-        self.needed: dict[int, tuple[str, ...]] = {}
         for p in rule.lhs + rule.rhs:
             for t in _post_order(p):
                 self.note(t)
-        # a subterm's shape is a function of the variables it needs: cached by their values alone, so
-        # that a hit needs no walk over the subterm's arguments
-        self.by_needed: dict[tuple[Any, ...], Shape | None] = {}
         position = {v: i for i, v in enumerate(self.order)}
         # subterms that become fully bound when order[i] is bound, children first
         self.ready: list[list[Term]] = [[] for _ in self.order]
@@ -289,22 +285,16 @@ class _Sampler:
             self.cond_ready[max((position.get(v, 0) for v in names), default=0)].append(c)
 
     def note(self, t: Term) -> None:
-        """Record what `t`'s shape depends on (its own attributes' references, every variable below it)."""
+        """Record what `t`'s own attributes reference (asked once per subterm, not per draw)."""
         self.refs[id(t)] = tuple(sorted(referenced_variables(t)))
         self.binds[id(t)] = bool(term_attr_refs(t))
-        self.needed[id(t)] = tuple(sorted(_needed(t) | set(referenced_variables(t))))
 
     def shape_of(self, p: Pattern, env: Mapping[str, Shape]) -> Shape | None:
         if isinstance(p, Var):
             return env[p.name]
         if id(p) not in self.refs:  # not a subterm of the rule's sides
             self.note(p)
-        whole = (id(p), *(env.get(v) for v in self.needed[id(p)]))
-        if whole in self.by_needed:
-            return self.by_needed[whole]
-        found = self._shape_of(p, env)
-        self.by_needed[whole] = found
-        return found
+        return self._shape_of(p, env)
 
     def _shape_of(self, p: Term, env: Mapping[str, Shape]) -> Shape | None:
         args = tuple(self.shape_of(a, env) for a in p.args)
