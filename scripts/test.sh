@@ -20,4 +20,5 @@ mypy=0
 wait "$mypy_pid" || mypy=$?
 cat "$mypy_log" >&2
 [ "$mypy" -eq 0 ] || echo "mypy failed (exit $mypy)" >&2
-[ "$tests" -eq 0 ] && [ "$mypy" -eq 0 ]
+[ "$tests" -eq 0 ] || exit "$tests"  # pytest's own status (1 failed, 2 interrupted, 5 nothing collected)
+exit "$mypy"
