@@ -263,11 +263,11 @@ def _conv(alg: Algebra, xs: Sequence[np.ndarray], a: Mapping[str, Any]) -> np.nd
     groups, og = x.shape[1] // ci, o // (x.shape[1] // ci)
     parts = []
     for g in range(groups):
-        acc = alg.zeros((x.shape[0], ho, wo, og))
-        for i in range(kh):
-            for j in range(kw):
-                win = xp[:, g * ci:(g + 1) * ci, i:i + (ho - 1) * sh + 1:sh, j:j + (wo - 1) * sw + 1:sw]
-                acc = alg.add(acc, alg.tensordot(win, w[g * og:(g + 1) * og, :, i, j], ([1], [1])))
+        # every kernel position's window, stacked on one axis (i major, as the kernel flattens), so that
+        # one contraction over channels and positions sums what a loop over positions would
+        wins = np.stack([xp[:, g * ci:(g + 1) * ci, i:i + (ho - 1) * sh + 1:sh, j:j + (wo - 1) * sw + 1:sw]
+                         for i in range(kh) for j in range(kw)], axis=2)
+        acc = alg.tensordot(wins, w[g * og:(g + 1) * og].reshape(og, ci, kh * kw), ([1, 2], [1, 2]))
         parts.append(np.transpose(acc, (0, 3, 1, 2)))
     return _act(alg, np.concatenate(parts, axis=1), a["act"])
 

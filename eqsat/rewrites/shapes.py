@@ -20,6 +20,8 @@ transposes), so a rule true only where the likely shapes coincide is caught.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -248,6 +250,9 @@ def _factorizations(total: int, rank: int) -> list[Shape]:
     return [(d, *rest) for d in range(1, total + 1) if total % d == 0 for rest in _factorizations(total // d, rank - 1)]
 
 
+_MISSING = object()
+
+
 class _Sampler:
     """Randomized depth-first search for well-typed assignments, checking each subterm once bound."""
 
@@ -259,6 +264,13 @@ class _Sampler:
         self.reshaped = _reshape_inputs(rule)  # a reshape's ?S: drawn from the factorizations of its input's size
         self.rng = np.random.default_rng(seed)
         self.cache: dict[tuple[Any, ...], Shape | None] = {}
+        # per subterm (by id), what its own attributes reference: the sorted variable names that key
+        # its cached shape, and whether it has references to bind at all (asked once, not per draw)
+        self.refs: dict[int, tuple[str, ...]] = {}
+        self.binds: dict[int, bool] = {}
+        for p in rule.lhs + rule.rhs:
+            for t in _post_order(p):
+                self.note(t)
         position = {v: i for i, v in enumerate(self.order)}
         # subterms that become fully bound when order[i] is bound, children first
         self.ready: list[list[Term]] = [[] for _ in self.order]
@@ -272,20 +284,31 @@ class _Sampler:
             names = [v.name for v in _cond_vars(c)]
             self.cond_ready[max((position.get(v, 0) for v in names), default=0)].append(c)
 
+    def note(self, t: Term) -> None:
+        """Record what `t`'s own attributes reference (asked once per subterm, not per draw)."""
+        self.refs[id(t)] = tuple(sorted(referenced_variables(t)))
+        self.binds[id(t)] = bool(term_attr_refs(t))
+
     def shape_of(self, p: Pattern, env: Mapping[str, Shape]) -> Shape | None:
         if isinstance(p, Var):
             return env[p.name]
+        if id(p) not in self.refs:  # not a subterm of the rule's sides
+            self.note(p)
+        return self._shape_of(p, env)
+
+    def _shape_of(self, p: Term, env: Mapping[str, Shape]) -> Shape | None:
         args = tuple(self.shape_of(a, env) for a in p.args)
         if any(a is None for a in args):
             return None
-        refs = tuple(env[v] for v in sorted(referenced_variables(p)))
-        key = (id(p), args, refs)
-        if key not in self.cache:
+        key = (id(p), args, tuple(env[v] for v in self.refs[id(p)]))
+        found = self.cache.get(key, _MISSING)
+        if found is _MISSING:
             try:
-                self.cache[key] = term_shape(bind_attrs(p, env), args, None)  # type: ignore[arg-type]
+                found = term_shape(bind_attrs(p, env) if self.binds[id(p)] else p, args, None)  # type: ignore[arg-type]
             except ShapeError:
-                self.cache[key] = None
-        return self.cache[key]
+                found = None
+            self.cache[key] = found
+        return found  # type: ignore[return-value]
 
     def bound_ok(self, i: int, env: Mapping[str, Shape], seen: list[Shape]) -> bool:
         for t in self.ready[i]:
@@ -356,6 +379,24 @@ def _cond_vars(c: Any) -> list[Var]:
     return [v for a in c.args for v in _cond_vars(a)]
 
 
+def sampled_ranks(rule: Rule, guarded: bool = False) -> list[dict[str, int]]:
+    """The rank assignments the samplers draw dims for: `rank_choices` over `RANKS`, else over
+    `WIDER_RANKS`, else those that type the left side alone (see `sample_assignments`). Memoized per
+    rule (a pure function of it): the likely and the adversarial sampler, strict and guarded, ask it."""
+    try:
+        found = _sampled_ranks(rule, guarded)
+    except TypeError:  # an unhashable attribute value: no memo
+        found = _sampled_ranks.__wrapped__(rule, guarded)
+    return [dict(r) for r in found]
+
+
+@functools.lru_cache(maxsize=4096)
+def _sampled_ranks(rule: Rule, guarded: bool) -> tuple[tuple[tuple[str, int], ...], ...]:
+    found = (rank_choices(rule, guarded=guarded) or rank_choices(rule, guarded=guarded, ranks=WIDER_RANKS)
+             or rank_choices(replace(rule, conditions=())))
+    return tuple(tuple(r.items()) for r in found)
+
+
 def sample_assignments(rule: Rule, count: int, seed: int = 0, max_steps: int = 6000,
                        dims: Sequence[int] = DIMS, guarded: bool = False) -> list[Env]:
     """Up to `count` distinct well-typed assignments, diverse by randomization; [] if none found.
@@ -364,8 +405,7 @@ def sample_assignments(rule: Rule, count: int, seed: int = 0, max_steps: int = 6
     or, when no all-equal dims meet the conditions and the right side (an even group count: input
     channels twice a multiple of the kernel's), the ranks that type the left side alone; the sampler
     still checks both on every assignment."""
-    ranks_list = (rank_choices(rule, guarded=guarded) or rank_choices(rule, guarded=guarded, ranks=WIDER_RANKS)
-                  or rank_choices(replace(rule, conditions=())))
+    ranks_list = sampled_ranks(rule, guarded)
     if not ranks_list:
         return []
     sampler = _Sampler(rule, seed, dims, guarded)
@@ -408,8 +448,7 @@ def adversarial_assignments(rule: Rule, count: int, seed: int = 0, max_steps: in
     kernel under a stride on an even input, `enlarge` of a 1-wide kernel, uneven concat pieces);
     the rest random walks from those (`perturbations`). At most `max_elements` input elements each (so the field
     test stays cheap)."""
-    ranks_list = (rank_choices(rule, guarded=guarded) or rank_choices(rule, guarded=guarded, ranks=WIDER_RANKS)
-                  or rank_choices(replace(rule, conditions=())))
+    ranks_list = sampled_ranks(rule, guarded)
     if not ranks_list:
         return []
     dims = attribute_dims(rule)
@@ -536,7 +575,7 @@ def perturbations(checker: ShapeChecker, bases: Sequence[Env], dims: Sequence[in
 
 
 def total_elements(env: Mapping[str, Shape]) -> int:
-    return sum(int(np.prod(s)) for s in env.values() if isinstance(s, tuple))
+    return sum(math.prod(s) for s in env.values() if isinstance(s, tuple))
 
 
 def describe(env: Mapping[str, Shape]) -> str:

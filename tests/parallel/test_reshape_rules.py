@@ -63,8 +63,8 @@ def test_every_batch_rule_instance_is_proved_for_all_shapes(parts: int) -> None:
 def test_wrong_batch_rules_are_not_proved(text: str) -> None:
     rule = parse_rule_text(text)[0]
     assert prove_symbolic(rule) is None and prove_symbolic(rule, guarded=True) is None
-    assert REFUTED in {verify_concrete(rule, VerifyOptions(samples=24)).guarded_status,
-                       verify_concrete(rule, VerifyOptions(samples=24)).status}
+    result = verify_concrete(rule, VerifyOptions(samples=24))  # one decision: it is deterministic
+    assert REFUTED in {result.guarded_status, result.status}
 
 
 def test_a_condition_names_the_reshape_target() -> None:
