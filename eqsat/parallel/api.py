@@ -53,17 +53,17 @@ from eqsat.parallel.blocks import depth_reuse_summary, plan_repeated
 from eqsat.cost import cost_model
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import CPU_LINK, INFINIBAND, NVLINK, Mesh, MeshAxis
-from eqsat.parallel.layouts import value_layouts
-from eqsat.parallel.planner import (CONTRACTIONS, DEFAULT_LIMITS, PlanError, PlanResult, RuleBook, graph_axes,
-                                    with_weights)
+from eqsat.parallel.constraints import boundary_constraints, constrained_step, inner_constraints, where_str
+from eqsat.parallel.planner import (CONTRACTIONS, DEFAULT_LIMITS, PlanError, PlanResult, RuleBook, with_weights)
+from eqsat.parallel.specs import (Spec, batch_held, choose_split, finest_split, leaf_splits,
+                                  partition_spec)
 from eqsat.parallel.remat import Remat, checkpointed_step, find_remat, recomputed_products
-from jax_backend.capture import GraphStep, Program, bind_eqn, capture_jaxpr, graph_leaf_name
+from jax_backend.capture import Program, capture_jaxpr, graph_leaf_name
 from jax_backend.leaf_names import argument_names
 from jax_backend.shard import compiled_collectives
 
 __all__ = ["ApiError", "Plan", "PlanSummary", "parallelize", "plan"]
 
-Spec = tuple[Any, ...]  # a PartitionSpec's entries: None, an axis name, or a tuple of names
 BASELINE_NAMES = ("data-parallel", "fsdp", "megatron", "dp-x-tp")
 WITHIN = ("data-parallel", "fsdp", "megatron")  # the planner's baseline strategies a plan may be bounded by
 # which planned values `Plan.jit` holds with `with_sharding_constraint`: those opaque equations make
@@ -319,105 +319,6 @@ def _forward_jaxpr(closed: Any, state_vars: set[Any], not_loss: Collection[int] 
     return None
 
 
-# --- reading a plan's leaf splits -----------------------------------------------------------------
-
-def leaf_splits(plan: Graph) -> dict[str, list[dict[int, list[int]]]]:
-    """Per leaf name, one split per use path: leaf dim (from the front) -> planner mesh axes in the
-    order they split it. A use path follows `partition`, `replicate`, `broadcast`, `transpose` and
-    `reshape` (its leading dim: a batch split entered after `(B, T, D) -> (B*T, D)`) from the leaf
-    to the first op that computes (a path through other ops ends there)."""
-    g = plan.live()
-    users = g.users
-    depth = graph_axes(g)
-    out: dict[str, list[dict[int, list[int]]]] = {}
-
-    def walk(i: int, dims: list[int | None], split: dict[int, list[int]], found: list[dict[int, list[int]]]) -> None:
-        nexts = users.get(i, ())
-        if not nexts:
-            found.append(split)
-        for u in nexts:
-            n = g.nodes[u]
-            a = n.attr
-            if n.op == "partition":
-                d = dims[len(dims) + int(a["dim"])]
-                s = {k: list(v) for k, v in split.items()}
-                if d is not None:
-                    s.setdefault(d, []).append(int(a["axis"]))
-                walk(u, dims, s, found)
-            elif n.op == "replicate":
-                walk(u, dims, split, found)
-            elif n.op == "broadcast":  # attributes are on the stacked shape: drop the k device axes
-                k = len(depth[u])
-                bd = [int(x) - k for x in a["dims"]][k:]
-                new: list[int | None] = [None] * (len(a["shape"]) - k)
-                for m, j in enumerate(bd):
-                    new[j] = dims[m] if m < len(dims) else None
-                walk(u, new, split, found)
-            elif n.op == "transpose":
-                k = len(depth[u])
-                walk(u, [dims[int(p) - k] for p in a["perm"][k:]], split, found)
-            elif n.op == "reshape" and dims:  # a split of the result's leading dim is one of the input's
-                k = len(depth[u])                # (row-major: both cut the buffer into equal runs; `reshape-partition`)
-                walk(u, [dims[0]] + [None] * (len(a["shape"]) - k - 1), split, found)
-            else:
-                found.append(split)
-
-    for i, n in enumerate(g.nodes):
-        if ops.OPS[n.op].is_leaf:
-            found: list[dict[int, list[int]]] = []
-            walk(i, list(range(len(n.shapes[0]))), {}, found)
-            out[str(n.attr["name"])] = found
-    return out
-
-
-def _choose(splits: Sequence[dict[int, list[int]]]) -> dict[int, list[int]]:
-    """One split for a leaf from its use paths: the most common (ties: the first); any choice is
-    right, GSPMD reshards the other uses."""
-    if not splits:
-        return {}
-    keyed = [tuple(sorted((d, tuple(a)) for d, a in s.items())) for s in splits]
-    best = max(keyed, key=lambda k: (keyed.count(k), -keyed.index(k)))
-    return {d: list(a) for d, a in best}
-
-
-def _axes_of(entry: Any) -> tuple[str, ...]:
-    return () if entry is None else tuple(entry) if isinstance(entry, tuple) else (entry,)
-
-
-def _batch_held(spec: Spec, size: int, batch: Sequence[tuple[int, Any]]) -> Spec:
-    """A batch-split value made by opaque equations held at the finest batch split planned for its
-    leading size (the tokens' in `_mirror`; one use path may split it over `model` only and a later
-    one over `data` too, and a coarser constraint makes GSPMD gather it back)."""
-    if not spec or spec[0] is None:
-        return spec
-    fits = [split for n, split in batch if n == size]
-    best = max(fits, key=lambda e: len(_axes_of(e)), default=spec[0])
-    others = {a for e in spec[1:] for a in _axes_of(e)}
-    if len(_axes_of(best)) <= len(_axes_of(spec[0])) or others & set(_axes_of(best)):
-        return spec
-    return (best, *spec[1:])
-
-
-def _finest(splits: Sequence[dict[int, list[int]]]) -> dict[int, list[int]]:
-    """The use path's split over the most mesh axes (ties: `_choose`'s order)."""
-    if not splits:
-        return {}
-    most = max(sum(len(a) for a in s.values()) for s in splits)
-    return _choose([s for s in splits if sum(len(a) for a in s.values()) == most])
-
-
-def _spec(split: Mapping[int, Sequence[int]], shape: Sequence[int], names: Sequence[str],
-          sizes: Mapping[str, int]) -> Spec:
-    entries: list[Any] = [None] * len(shape)
-    for d, axes in split.items():
-        axis_names = [names[a] for a in axes]
-        if d < len(shape) and axis_names and shape[d] % math.prod(sizes[n] for n in axis_names) == 0:
-            entries[d] = axis_names[0] if len(axis_names) == 1 else tuple(axis_names)
-    while entries and entries[-1] is None:
-        entries.pop()
-    return tuple(entries)
-
-
 # --- specs per argument leaf ----------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -593,14 +494,14 @@ class _Planned:
     why_not: str  # why nothing was planned ("" when something was)
     dp_predicted_s: float | None
     batch: tuple[tuple[int, Any], ...] = ()  # (leading dim, its split) of planned leaves no argument is
-    constraints: tuple[tuple[Any, Spec], ...] = ()  # (step jaxpr variable, spec): `_constraints`
+    constraints: tuple[tuple[Any, Spec], ...] = ()  # (step jaxpr variable, spec): `boundary_constraints`
     fsdp_predicted_s: float | None = None
     # per baseline with a prediction: (step s, bytes per step, memory) summed over the planned graphs
     predicted: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
     within: str = ""  # how the plan relates to the `within` baseline (`PlanSummary.within`)
     remat: Remat | None = None  # the plan's recomputed products in the step (`eqsat.parallel.remat`)
     inner: tuple[str, ...] = ()  # per constraint inside a captured graph: the op of the value it holds
-    unheld: int = 0  # planned inner values with no variable to constrain (`_inner_constraints`)
+    unheld: int = 0  # planned inner values with no variable to constrain (`inner_constraints`)
 
 
 def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str], sizes: Mapping[str, int],
@@ -649,7 +550,7 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
         results.append(res)
         if constrain != "boundaries":
             try:
-                held, missed = _inner_constraints(program, step, res, names, sizes,
+                held, missed = inner_constraints(program, step, res, names, sizes,
                                                   None if constrain == "all" else CONTRACTIONS)
             except EqsatError:  # a plan the numpy read-back cannot run: its inner layouts are left to GSPMD
                 held, missed = [], 0
@@ -676,7 +577,7 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
             vid = int(name[1:])
             # a value opaque equations make (an embedding gather's output) is data: held at its finest
             # batch split, the one the tokens take (`_mirror`), so GSPMD need not gather it back
-            spec = _spec(_choose(splits) if vid < len(leaves.paths) else _finest(splits), shapes[name], names, sizes)
+            spec = partition_spec(choose_split(splits) if vid < len(leaves.paths) else finest_split(splits), shapes[name], names, sizes)
             if vid < len(leaves.paths):
                 if specs[vid] is None:
                     specs[vid] = spec
@@ -685,7 +586,7 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
                 lead[vid] = shapes[name][0]
                 if spec[0] is not None:
                     batch.append((shapes[name][0], spec[0]))
-    boundary = {vid: _batch_held(spec, lead[vid], batch) for vid, spec in boundary.items()}
+    boundary = {vid: batch_held(spec, lead[vid], batch) for vid, spec in boundary.items()}
     predicted = {k: (sum(f[0] for f in v), sum(f[1] for f in v), sum(f[2] for f in v))
                  for k, v in figures.items() if v and len(v) == len(results)}
     how = ""
@@ -696,7 +597,7 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
                                     "was predicted faster" if kept else "the search's plan is within them"))
     return _Planned(specs, tuple(results), program, len(program.opaque), "",
                     predicted["data-parallel"][0] if "data-parallel" in predicted else None,
-                    tuple(batch), (*_constraints(program, boundary, closed), *((w, sp) for w, sp, _ in inner)),
+                    tuple(batch), (*boundary_constraints(program, boundary, closed), *((w, sp) for w, sp, _ in inner)),
                     predicted["fsdp"][0] if "fsdp" in predicted else None, predicted, how,
                     find_remat(closed, found[0], recomputed_products([(r.plan, r.report.recompute) for r in results]),
                                state_names), tuple(op for _, _, op in inner), unheld)
@@ -716,116 +617,6 @@ def optimizer_state_copies(program: Program, leaves: _Leaves) -> float:
             else:
                 other += math.prod(shape)
     return other / params if params else 0.0
-
-
-def _constraints(program: Program, boundary: Mapping[int, Spec], closed: Any) -> tuple[tuple[Any, Spec], ...]:
-    """(jaxpr variable of the step, spec) for the planned values that opaque equations of the step's
-    own jaxpr make (not those inside an inlined call): where the lowered step needs a
-    `with_sharding_constraint` to hold the plan's split at a boundary GSPMD would otherwise choose."""
-    top = {id(e) for e in closed.jaxpr.eqns}
-    out: list[tuple[Any, Spec]] = []
-    for step in program.opaque:
-        if id(step.eqn) not in top:
-            continue
-        for var, vid in zip(step.eqn.outvars, step.outputs):
-            if vid in boundary and isinstance(var, jcore.Var):
-                out.append((var, boundary[vid]))
-    return tuple(out)
-
-
-def _inner_constraints(program: Program, step: GraphStep, res: PlanResult, names: Sequence[str],
-                       sizes: Mapping[str, int], wanted: Collection[str] | None) -> tuple[list[tuple[Any, Spec, str]], int]:
-    """(where in the step, spec, op) holding the plan's layout of each value of `step`'s graph whose
-    op is in `wanted` (None: every op) inside the traced step (`eqsat.parallel.layouts`: the layout
-    read back from the plan; `Program.where`: the variable, possibly inside inlined calls, that
-    holds the value, or one of its views); and how many of those ops' values have no variable to
-    hold (made inside a loop body, or by one of several IR instructions an equation captures to
-    with no view of it the step names), left to GSPMD. Only split layouts are held: a value the
-    plan computes whole on every device is left to GSPMD, which keeps it split where its inputs are
-    (held whole, the MoE step on 8 devices compiled to 4.6 MB moved instead of 2.1; docs/parallel.md)."""
-    graph = step.graph
-    roots = _made_by(graph, wanted) if wanted is not None else {
-        i: i for i, n in enumerate(graph.nodes) if not ops.OPS[n.op].is_leaf}
-    held = {node for vid, node, index in step.sources
-            if node in roots and vid in program.where
-            and tuple(getattr(program.where[vid][-1].aval, "shape", ())) == graph.nodes[node].shapes[index]}
-    layouts = value_layouts(graph, res.plan, held)
-    out: list[tuple[Any, Spec, str]] = []
-    for vid, node, index in step.sources:
-        layout = layouts.get((node, index))
-        if layout is None or node not in held:
-            continue
-        where = program.where[vid]
-        spec = _spec(dict(layout.split), graph.nodes[node].shapes[index], names, sizes)
-        if not spec:  # held whole: left to GSPMD (replicating it would gather what it keeps split; see docs)
-            continue
-        out.append((where if len(where) > 1 else where[0], spec, graph.nodes[roots[node]].op))
-    return out, len(set(roots.values()) - {roots[n] for n in held})
-
-
-def _made_by(graph: Graph, wanted: Collection[str]) -> dict[int, int]:
-    """Nodes of an op in `wanted`, and the views of them (reshape, transpose, a dtype conversion,
-    following one input back), each with the node of that op it views: an einsum captures to a
-    product between transposes and reshapes, and its variable holds the last view."""
-    views = ("reshape", "transpose", "convert_element_type")
-    out: dict[int, int] = {}
-    for i, n in enumerate(graph.nodes):
-        if n.op in wanted:
-            out[i] = i
-        elif n.op in views and n.inputs and n.inputs[0].node in out:
-            out[i] = out[n.inputs[0].node]
-    return out
-
-
-def constrained_step(closed: Any, out_tree: Any, constraints: Sequence[tuple[Any, Spec]], mesh: JaxMesh) -> Callable[..., Any]:
-    """The traced step, equation by equation (`bind_eqn`, as `jax.core.eval_jaxpr` runs them), with
-    `with_sharding_constraint` on the values in `constraints`: the same computation as the user's
-    step, holding the plan's splits where it crosses the parts it leaves opaque and inside the
-    captured graphs. A constraint names a variable of the step's jaxpr, or a path (`Program.where`:
-    the call equations it is inside, then the variable); a call on such a path is run inlined,
-    equation by equation, so the constraint lands on the value inside it (the same computation:
-    XLA inlines the call anyway)."""
-    wanted = {_path_ids(key): NamedSharding(mesh, P(*spec)) for key, spec in constraints}
-    opened = {path[:k] for path in wanted for k in range(1, len(path))}
-
-    def run_jaxpr(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], prefix: tuple[Any, ...]) -> list[Any]:
-        env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
-        env.update(zip(jaxpr.invars, args))
-
-        def read(atom: Any) -> Any:
-            return atom.val if isinstance(atom, jcore.Literal) else env[atom]
-
-        for eqn in jaxpr.eqns:
-            ins = [read(a) for a in eqn.invars]
-            inner = (*prefix, id(eqn))
-            if inner in opened:
-                call = eqn.params["jaxpr"]
-                outs = run_jaxpr(call.jaxpr, call.consts, ins, inner)
-            else:
-                outs = bind_eqn(eqn, ins)
-            for var, value in zip(eqn.outvars, outs):
-                if isinstance(var, jcore.Var):
-                    held = wanted.get((*prefix, var))
-                    env[var] = jax.lax.with_sharding_constraint(value, held) if held is not None else value
-        return [read(v) for v in jaxpr.outvars]
-
-    def run(*args: Any) -> Any:
-        outs = run_jaxpr(closed.jaxpr, closed.consts, jax.tree_util.tree_leaves(args), ())
-        return jax.tree_util.tree_unflatten(out_tree, outs)
-
-    return run
-
-
-def _path_ids(key: Any) -> tuple[Any, ...]:
-    """A constraint's key as (id of each call equation, variable): a bare variable is one of the step's own."""
-    path = key if isinstance(key, tuple) else (key,)
-    return (*(id(e) for e in path[:-1]), path[-1])
-
-
-def _where_str(key: Any) -> str:
-    """A constraint's place for the report: `var`, or `_einsum/var` inside an inlined call."""
-    path = key if isinstance(key, tuple) else (key,)
-    return "/".join([*(str(e.params.get("name", e.primitive)) for e in path[:-1]), str(path[-1])])
 
 
 def _flops(graph: Graph) -> float:
@@ -965,7 +756,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
             strategy, " x ".join(f"{n}={s}" for n, s in sizes.items()), note, figures[0], figures[1], figures[2],
             _collective_rows(results, names), plan_s, len(results), planned.opaque if planned else 0, tuple(warns),
             tuple((_path_str(p, arg_names), str(P(*s))) for p, s in zip(leaves.paths, specs)), None,
-            constraints=tuple((_where_str(var), str(P(*spec))) for var, spec in constraints),
+            constraints=tuple((where_str(var), str(P(*spec))) for var, spec in constraints),
             inner_constraints=inner, unheld=planned.unheld if planned is not None and results and not remat else 0,
             blocks=tuple(depth_reuse_summary(r) for r in results if r.info.get("blocks")),
             within=planned.within if planned is not None else "", recomputed=remat.products if remat else 0), results)

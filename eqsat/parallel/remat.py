@@ -142,7 +142,7 @@ def find_remat(closed: Any, forward: Any, wanted: Sequence[tuple[tuple[str, ...]
 
 def checkpointed_step(closed: Any, out_tree: Any, remat: Remat, constraints: Sequence[tuple[Any, Spec]],
                       mesh: JaxMesh) -> Callable[..., Any]:
-    """The traced step, equation by equation (as `api.constrained_step`, with its sharding
+    """The traced step, equation by equation (as `constraints.constrained_step`, with its sharding
     constraints), whose backward reads the values of `remat` made again (see the module docstring)."""
     jaxpr, consts = closed.jaxpr, closed.consts
     eqns = list(jaxpr.eqns)

@@ -15,6 +15,8 @@ import eqsat.parallel as ep
 from eqsat.errors import EqsatError
 from eqsat.ir import GraphBuilder
 from eqsat.parallel import api
+from eqsat.parallel import constraints as step_constraints
+from eqsat.parallel import specs
 
 optax = pytest.importorskip("optax")
 needs8 = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
@@ -99,14 +101,14 @@ def test_leaf_splits_follow_partitions_through_broadcast_and_transpose() -> None
     wts = b.apply("partition", [wt], {"dim": -2, "axis": 1, "parts": 2})[0]
     bb = b.apply("broadcast", [bias], {"shape": (8, 6), "dims": (1,)})[0]
     g = b.build([xs, wts, bb])
-    splits = api.leaf_splits(g)
+    splits = specs.leaf_splits(g)
     assert splits["x"] == [{0: [0, 1]}]
     assert splits["w"] == [{1: [1]}]
     assert splits["bias"] == [{}]
     sizes = {"data": 2, "model": 2}
-    assert api._spec(splits["x"][0], (8, 4), ("data", "model"), sizes) == (("data", "model"),)
-    assert api._spec(splits["w"][0], (4, 6), ("data", "model"), sizes) == (None, "model")
-    assert api._spec({0: [0]}, (7, 4), ("data", "model"), sizes) == ()  # 7 rows do not split in 2
+    assert specs.partition_spec(splits["x"][0], (8, 4), ("data", "model"), sizes) == (("data", "model"),)
+    assert specs.partition_spec(splits["w"][0], (4, 6), ("data", "model"), sizes) == (None, "model")
+    assert specs.partition_spec({0: [0]}, (7, 4), ("data", "model"), sizes) == ()  # 7 rows do not split in 2
 
 
 def test_optimizer_state_mirrors_its_parameter_and_labels_follow_the_batch() -> None:
@@ -256,7 +258,7 @@ def test_constrained_step_is_the_step_with_its_boundary_held() -> None:
     closed, out = jax.make_jaxpr(f, return_shape=True)(x, w)
     sin = next(e for e in closed.jaxpr.eqns if str(e.primitive) == "sin")
     mesh = api.auto_mesh(mesh_of((8,)))
-    g = api.constrained_step(closed, jax.tree_util.tree_structure(out), [(sin.outvars[0], ("data",))], mesh)
+    g = step_constraints.constrained_step(closed, jax.tree_util.tree_structure(out), [(sin.outvars[0], ("data",))], mesh)
     np.testing.assert_allclose(float(jax.jit(g)(x, w)), float(jax.jit(f)(x, w)), rtol=1e-5)
     def constraints(fn: Any) -> list[str]:  # Shardy's sharding_constraint, or GSPMD's @Sharding custom call
         text = jax.jit(fn).lower(x, w).as_text()

@@ -1,6 +1,6 @@
 """A plan's layouts inside the captured graphs: read back from the plan (`eqsat.parallel.layouts`),
 found in the traced step (`Program.where`, inside inlined calls too) and held there with
-`with_sharding_constraint` (`api.constrained_step`), the step's numbers unchanged."""
+`with_sharding_constraint` (`constraints.constrained_step`), the step's numbers unchanged."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 import eqsat.parallel as ep
 from eqsat.ir import GraphBuilder
 from eqsat.parallel import api
+from eqsat.parallel import constraints
 from eqsat.parallel.layouts import value_layouts
 from jax_backend.capture import capture_jaxpr
 
@@ -113,11 +114,11 @@ def test_constrained_step_holds_a_value_inside_a_call() -> None:
     call = next(e for e in closed.jaxpr.eqns if "jaxpr" in e.params)
     tanh_var = call.params["jaxpr"].jaxpr.eqns[0].outvars[0]
     mesh = api.auto_mesh(jax.make_mesh((8,), ("data",)))
-    g = api.constrained_step(closed, jax.tree_util.tree_structure(out), [((call, tanh_var), ("data",))], mesh)
+    g = constraints.constrained_step(closed, jax.tree_util.tree_structure(out), [((call, tanh_var), ("data",))], mesh)
     np.testing.assert_allclose(float(jax.jit(g)(x, w)), float(jax.jit(f)(x, w)), rtol=1e-5)
     found = _constraint_lines(jax.jit(g).lower(x, w).as_text())
     assert len(found) == 1 and ('"data"' in found[0] or "devices=[8" in found[0]), found
-    assert api._where_str((call, tanh_var)).startswith("inner/")
+    assert constraints.where_str((call, tanh_var)).startswith("inner/")
 
 
 @needs8

@@ -16,6 +16,7 @@ from eqsat.cost import cost_model
 from eqsat.errors import EqsatError
 from eqsat.ir import GraphBuilder
 from eqsat.parallel import api
+from eqsat.parallel import specs
 from eqsat.parallel.blocks import plan_repeated
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import parse_mesh
@@ -116,7 +117,7 @@ def test_leaf_splits_follow_a_batch_split_through_a_reshape() -> None:
     flat = b.apply("reshape", [xs], {"shape": (2, 16, 6)})[0]
     both = b.apply("partition", [flat], {"dim": -2, "axis": 0, "parts": 2})[0]
     g = b.build([both])
-    assert api.leaf_splits(g)["x"] == [{0: [1, 0]}]
+    assert specs.leaf_splits(g)["x"] == [{0: [1, 0]}]
 
 
 def test_data_leaves_take_the_finest_batch_split_of_the_planned_values() -> None:
@@ -130,14 +131,14 @@ def test_data_leaves_take_the_finest_batch_split_of_the_planned_values() -> None
 
 
 def test_finest_takes_the_split_over_the_most_axes() -> None:
-    assert api._finest([{0: [1]}, {0: [1]}, {0: [1, 0]}, {}]) == {0: [1, 0]}
-    assert api._choose([{0: [1]}, {0: [1]}, {0: [1, 0]}, {}]) == {0: [1]}
-    assert api._finest([]) == {}
+    assert specs.finest_split([{0: [1]}, {0: [1]}, {0: [1, 0]}, {}]) == {0: [1, 0]}
+    assert specs.choose_split([{0: [1]}, {0: [1]}, {0: [1, 0]}, {}]) == {0: [1]}
+    assert specs.finest_split([]) == {}
 
 
 def test_a_boundary_value_is_held_at_the_tokens_batch_split() -> None:
     batch = ((8, "model"), (8, ("model", "data")), (4, ("data", "model", "x")))
-    assert api._batch_held(("model",), 8, batch) == (("model", "data"),)
-    assert api._batch_held(("model", None, "data"), 8, batch) == ("model", None, "data")  # data is taken
-    assert api._batch_held((None, "model"), 8, batch) == (None, "model")
-    assert api._batch_held((("model", "data"),), 8, ((8, "model"),)) == (("model", "data"),)
+    assert specs.batch_held(("model",), 8, batch) == (("model", "data"),)
+    assert specs.batch_held(("model", None, "data"), 8, batch) == ("model", None, "data")  # data is taken
+    assert specs.batch_held((None, "model"), 8, batch) == (None, "model")
+    assert specs.batch_held((("model", "data"),), 8, ((8, "model"),)) == (("model", "data"),)
