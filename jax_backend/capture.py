@@ -270,7 +270,8 @@ class _Capturer:
                 self.items.append(OpaqueStep(eqn, tuple(ins), tuple(outs), why))
             for var, vid in zip(eqn.outvars, outs):
                 env[var] = vid
-                if isinstance(var, jcore.Var) and len(self.where.get(vid, (*self.calls, var, var))) > len(self.calls) + 1:
+                known = self.where.get(vid)
+                if isinstance(var, jcore.Var) and (known is None or len(known) > len(self.calls) + 1):
                     self.where[vid] = (*self.calls, var)  # the outermost variable: a call's output outside it
         return [self.read(env, a) for a in jaxpr.outvars]
 

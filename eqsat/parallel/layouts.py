@@ -26,6 +26,7 @@ import numpy as np
 
 from eqsat import ops
 from eqsat.ir import Graph
+from eqsat.parallel.planner import graph_axes
 from eqsat.pipeline import checkable_inputs
 
 __all__ = ["Layout", "value_layouts"]
@@ -88,8 +89,6 @@ def value_layouts(original: Graph, plan: Graph, wanted: Collection[int] | None =
     own op, else where a collective or `reduce` first makes it, else where any node first holds
     it. Values the plan holds in no layout that undoes to them (only as partial sums, or not at
     all) are absent."""
-    from eqsat.parallel.planner import graph_axes
-
     inputs, _ = checkable_inputs(original, seed)
     with np.errstate(all="ignore"):
         mine = original.node_values(inputs, widen=True)
