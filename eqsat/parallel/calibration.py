@@ -79,7 +79,7 @@ class MeshCalibration:
     seconds: float  # how long measuring took
     matmul: tuple[tuple[float, float], ...] = ()  # (flops, seconds) of the timed matmuls: the efficiency curve
 
-    def mesh(self, sync: bool = False) -> Mesh:
+    def mesh(self, sync: bool = True) -> Mesh:
         """The planner's mesh: this shape, each axis with its own fitted link and ring latency, and
         (`sync`) its measured in-program cost per collective beyond the link's."""
         axes = tuple(MeshAxis(f"a{i}", a.size, a.link.beta, a.link.alpha, "ring", a.sync_s if sync else 0.0)
@@ -189,10 +189,9 @@ class CalibratedCompute:
         return self.matmul.seconds_for(flops) if flops >= smallest else its_seconds * flops / smallest
 
 
-def calibrated_model(cal: MeshCalibration, overlap: bool = True, sync: bool = False) -> ParallelCostModel:
+def calibrated_model(cal: MeshCalibration, overlap: bool = True, sync: bool = True) -> ParallelCostModel:
     """The training-step model priced with the calibration: the fitted links per axis (ring
-    latency; with `sync`, plus each axis's measured in-program cost per collective beyond it: off
-    by default, as on the 8 CPU devices it ordered plans worse, docs/parallel.md), the measured
+    latency; with `sync`, plus each axis's measured in-program cost per collective beyond it), the measured
     compute (`CalibratedCompute`), collectives hidden behind independent compute in a plan's
     report (`overlap`)."""
     return ParallelCostModel(cal.mesh(sync), CalibratedCompute(cal.compute, Curve.fit(cal.matmul)),

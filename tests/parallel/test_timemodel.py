@@ -181,7 +181,7 @@ def test_in_program_sync_prices_each_collective_on_its_axis() -> None:
     link1 = tm.collective_seconds("all-reduce", 4, 64.0, a1.link.alpha, a1.link.beta, "ring")
     assert a1.sync_s == pytest.approx(300e-6 - link1) and a0.sync_s > a1.sync_s > 0
     assert _calibration(in_program=(1e-9, 1e-9)).axes[0].sync_s == 0.0  # never negative
-    with_sync, without = calibrated_model(cal, overlap=False, sync=True), calibrated_model(cal, overlap=False)
+    with_sync, without = calibrated_model(cal, overlap=False), calibrated_model(cal, overlap=False, sync=False)
     assert with_sync.mesh.collective_seconds("all-gather", 1, 1e6) == pytest.approx(
         without.mesh.collective_seconds("all-gather", 1, 1e6) + a1.sync_s)
     assert with_sync.mesh.collective_seconds("all-gather", 1, 0.0) == 0.0  # no collective, no rendezvous
