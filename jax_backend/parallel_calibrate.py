@@ -64,9 +64,9 @@ MAX_REPEAT = 20  # step calls per sample of the fastest plan, at most
 MATMULS: tuple[tuple[int, int], ...] = ((16, 64), (64, 256), (128, 512), (256, 768))  # (m, k): (m, k) @ (k, k) per device
 PIECES = 8  # compute pieces of the in-program probe, each followed by one collective
 # its piece, (m, k) @ (k, k) per device, the smallest matmul probe: what waiting for the slowest
-# device costs grows with the compute between collectives (2026-11-26, load 13: about 0.1 ms at
-# 0.02 MFLOP pieces, 0.3-1 ms at 8, 1-3.5 ms at 67), so the probe keeps that small; the
-# all-reduce's float32 elements
+# device costs grows with the compute between collectives (2026-11-26, load 13: 0.1-0.16 ms at
+# 0.02 MFLOP pieces, 0.04-0.97 ms at 8, 0.7-3.5 ms at 67), which no per-collective constant
+# prices, so the probe keeps the pieces small; the all-reduce's float32 elements
 IN_PROGRAM = ((16, 64), 16)
 
 
