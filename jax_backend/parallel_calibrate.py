@@ -8,6 +8,10 @@ call cancels out and every device is busy, as in a planned step:
 
 - per mesh axis, all-reduces and all-gathers of `SIZES` bytes per device over that axis; alpha and
   beta fitted by least squares (`eqsat.parallel.timemodel.fit_link`, ring latency);
+- per mesh axis, a small all-reduce *between compute pieces* (`IN_PROGRAM`): `PIECES` matmuls each
+  followed by one against the same matmuls without, so its marginal cost includes waiting for the
+  slowest device at the rendezvous (a collective-only chain keeps the devices in step and does not
+  see it); its excess over alpha-beta is the axis's `sync` term;
 - compute, on every device at once: matmuls (the flop rate), an elementwise op on 1 MiB (the
   bandwidth) and on a few bytes (the cost of one more kernel), each kept apart from its neighbours
   by `optimization_barrier` so that XLA cannot fuse the chain into one loop.
@@ -50,14 +54,20 @@ from eqsat.parallel.timemodel import LinkSample, fit_link
 from jax_backend.measured_cost import device_key
 from jax_backend.timing import interleaved_rounds
 
-__all__ = ["EXTRA", "SIZES", "calibrate_mesh", "load_mesh_calibration", "parallel_calibrated", "step_seconds"]
+__all__ = ["EXTRA", "IN_PROGRAM", "PIECES", "SIZES", "calibrate_mesh", "load_mesh_calibration", "parallel_calibrated", "step_seconds"]
 
 SIZES: tuple[int, ...] = (16 * 1024, 256 * 1024, 2 * 1024 * 1024)
 """Bytes per device of the timed collectives: latency-bound to bandwidth-bound on a CPU mesh."""
 KINDS = ("all-reduce", "all-gather")
 EXTRA = 4  # more operations in the long chain than in the short one
 MAX_REPEAT = 20  # step calls per sample of the fastest plan, at most
-MATMULS: tuple[tuple[int, int], ...] = ((64, 256), (128, 512), (256, 768))  # (m, k): (m, k) @ (k, k) per device
+MATMULS: tuple[tuple[int, int], ...] = ((16, 64), (64, 256), (128, 512), (256, 768))  # (m, k): (m, k) @ (k, k) per device
+PIECES = 8  # compute pieces of the in-program probe, each followed by one collective
+# its piece, (m, k) @ (k, k) per device, the smallest matmul probe: what waiting for the slowest
+# device costs grows with the compute between collectives (2026-11-26, load 13: 0.1-0.16 ms at
+# 0.02 MFLOP pieces, 0.04-0.97 ms at 8, 0.7-3.5 ms at 67), which no per-collective constant
+# prices, so the probe keeps the pieces small; the all-reduce's float32 elements
+IN_PROGRAM = ((16, 64), 16)
 
 
 def _marginal(build: Callable[[int], Callable[[], Any]], budget_s: float) -> float:
@@ -102,6 +112,26 @@ def _compute_chain(jm: Any, step: Callable[[jax.Array, int], jax.Array], local: 
     return build
 
 
+def _in_program(jm: Any, axis: str, budget_s: float) -> float:
+    """Seconds one small all-reduce over `axis` adds between compute pieces: `PIECES` matmuls, each
+    followed by the all-reduce of a few of its elements folded back into it (so the next piece waits
+    for it), against the same program with the fold but no all-reduce."""
+    (m, k), elems = IN_PROGRAM
+    step = _matmul_step(k)
+
+    def build(collective: bool) -> Callable[[], Any]:
+        def body(x: jax.Array) -> jax.Array:
+            for i in range(PIECES):
+                x = lax.optimization_barrier(step(x, i))
+                head = x.reshape(-1)[:elems]
+                x = x + 1e-6 * jnp.sum(lax.psum(head, axis) if collective else head)
+            return x
+        return _mesh_program(jm, body, (m, k))
+
+    times, _ = interleaved_rounds([build(False), build(True)], 40, budget_s=budget_s, min_rounds=6)
+    return max(float(statistics.median(b - a for a, b in zip(*times))) / PIECES, 1e-8)
+
+
 def _matmul_step(k: int) -> Callable[[jax.Array, int], jax.Array]:
     w = jnp.asarray(np.random.default_rng(1).standard_normal((k, k)) / np.sqrt(k), jnp.float32)
 
@@ -112,7 +142,7 @@ def _matmul_step(k: int) -> Callable[[jax.Array, int], jax.Array]:
 
 def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None] = lambda _: None) -> MeshCalibration:
     """Measure alpha, beta per axis of `mesh` and the compute rates on JAX's devices (about
-    `budget_s` per timed pair: 6 pairs per axis and 4 for compute)."""
+    `budget_s` per timed pair: 7 pairs per axis and 6 for compute)."""
     from jax_backend.shard import jax_mesh
 
     start = time.perf_counter()
@@ -131,7 +161,10 @@ def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None]
         link = fit_link(samples, "ring")
         say(f"axis {name}: alpha {link.alpha * 1e6:.2f} us per ring step, beta {link.beta / 1e9:.2f} GB/s "
             f"(rms error {link.rms_rel_error:.0%})")
-        axes.append(AxisCalibration(size, link, tuple(samples)))
+        inside = _in_program(jm, name, budget_s)
+        axes.append(AxisCalibration(size, link, tuple(samples), inside, float(IN_PROGRAM[1] * 4)))
+        say(f"axis {name}: a {IN_PROGRAM[1] * 4} B all-reduce between compute pieces: {inside * 1e6:.1f} us "
+            f"(beyond alpha-beta: {axes[-1].sync_s * 1e6:.1f} us)")
     rates, matmul = [], []
     for m, k in MATMULS:
         t = _marginal(_compute_chain(jm, _matmul_step(k), (m, k)), budget_s)

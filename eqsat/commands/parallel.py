@@ -328,6 +328,7 @@ def _calibrate(args: argparse.Namespace) -> dict[str, Any]:
         row[f"a{i}_alpha_us"] = a.link.alpha * 1e6
         row[f"a{i}_beta_gbs"] = a.link.beta / 1e9
         row[f"a{i}_fit_rms_error"] = a.link.rms_rel_error
+        row[f"a{i}_in_program_us"], row[f"a{i}_sync_us"] = a.in_program_s * 1e6, a.sync_s * 1e6
     row.update(matmul_gflops=cal.compute.peak_flops_fp32 / 1e9, elementwise_gbs=cal.compute.bandwidth / 1e9,
                kernel_us=cal.compute.launch_s * 1e6)
     return row

@@ -6,7 +6,11 @@ What is kept: for each axis the fitted link (`timemodel.fit_link` over timed all
 all-gathers of a few sizes on that axis, ring latency) and the samples it was fitted to; for the
 compute a roofline `DeviceSpec` whose peak is the measured matmul rate, bandwidth the measured
 elementwise rate and launch the measured cost of one more small kernel, each taken with every
-device of the mesh busy (on 8 emulated CPU devices sharing a few cores, one device's share).
+device of the mesh busy (on 8 emulated CPU devices sharing a few cores, one device's share); per
+axis also what one small all-reduce costs *inside* a program, between compute pieces (`in_program_s`:
+every device waits there for the slowest), whose excess over the link's alpha-beta time is the
+axis's `sync` term. A product smaller than the smallest timed matmul is priced at that matmul's
+rate (not at its time: a flat floor priced every small product of a case alike).
 The cache file is keyed by machine (`eqsat.cost._machine_key`), JAX device and mesh shape; a
 damaged one, or one from another machine or device, is refused (`read_mesh_calibration`) and
 measured again. This module needs no JAX; the measuring does.
@@ -28,14 +32,14 @@ from eqsat.calibration_cache import read_cached_calibration
 from eqsat.errors import EqsatError
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import Mesh, MeshAxis
-from eqsat.parallel.timemodel import LinkFit, LinkSample
+from eqsat.parallel.timemodel import LinkFit, LinkSample, collective_seconds
 from eqsat.paths import cache_dir
 from eqsat.xla_cost import Curve
 
 __all__ = ["AxisCalibration", "CalibratedCompute", "MeshCalibration", "MeshCalibrationError", "calibrated_model", "calibration_file",
            "read_mesh_calibration", "write_mesh_calibration"]
 
-FORMAT = 2
+FORMAT = 3  # 3: in-program collective cost per axis; a smaller matmul probe
 Shape = tuple[int, ...]
 
 
@@ -50,6 +54,19 @@ class AxisCalibration:
     size: int
     link: LinkFit
     samples: tuple[LinkSample, ...]
+    # one small all-reduce of `in_program_bytes` per device placed between compute pieces: its
+    # marginal seconds there (0: not measured)
+    in_program_s: float = 0.0
+    in_program_bytes: float = 0.0
+
+    @property
+    def sync_s(self) -> float:
+        """What a collective over this axis costs inside a program beyond the link's alpha-beta time
+        (never negative): the wait for the slowest device at the rendezvous."""
+        if self.in_program_s <= 0:
+            return 0.0
+        link = collective_seconds("all-reduce", self.size, self.in_program_bytes, self.link.alpha, self.link.beta, "ring")
+        return max(self.in_program_s - link, 0.0)
 
 
 @dataclass(frozen=True)
@@ -62,14 +79,17 @@ class MeshCalibration:
     seconds: float  # how long measuring took
     matmul: tuple[tuple[float, float], ...] = ()  # (flops, seconds) of the timed matmuls: the efficiency curve
 
-    def mesh(self) -> Mesh:
-        """The planner's mesh: this shape, each axis with its own fitted link and ring latency."""
-        axes = tuple(MeshAxis(f"a{i}", a.size, a.link.beta, a.link.alpha, "ring") for i, a in enumerate(self.axes))
+    def mesh(self, sync: bool = True) -> Mesh:
+        """The planner's mesh: this shape, each axis with its own fitted link and ring latency, and
+        (`sync`) its measured in-program cost per collective beyond the link's."""
+        axes = tuple(MeshAxis(f"a{i}", a.size, a.link.beta, a.link.alpha, "ring", a.sync_s if sync else 0.0)
+                     for i, a in enumerate(self.axes))
         return Mesh(f"calibrated[{'x'.join(map(str, self.shape))}]", axes, self.compute.name)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "machine": self.machine, "device": self.device, "shape": list(self.shape),
-                "axes": [{"size": a.size, "link": asdict(a.link), "samples": [asdict(s) for s in a.samples]}
+                "axes": [{"size": a.size, "link": asdict(a.link), "samples": [asdict(s) for s in a.samples],
+                          "in_program": {"seconds": a.in_program_s, "bytes": a.in_program_bytes}}
                          for a in self.axes],
                 "compute": asdict(self.compute), "seconds": self.seconds, "matmul": [list(p) for p in self.matmul]}
 
@@ -84,7 +104,8 @@ class MeshCalibration:
                                                                     _number(a["link"]["rms_rel_error"]),
                                                                     _whole(a["link"]["samples"])),
                                          tuple(LinkSample(str(s["kind"]), _whole(s["n"]), _number(s["bytes"]),
-                                                          _number(s["seconds"])) for s in a["samples"]))
+                                                          _number(s["seconds"])) for s in a["samples"]),
+                                         _number(a["in_program"]["seconds"]), _number(a["in_program"]["bytes"]))
                          for a in data["axes"])
             spec = data["compute"]
             compute = cost_models.DeviceSpec(str(spec["name"]), _number(spec["peak_flops_fp32"]),
@@ -100,7 +121,7 @@ class MeshCalibration:
             raise MeshCalibrationError("damaged mesh calibration (its axes do not match its shape)")
         rates = (compute.peak_flops_fp32, compute.bandwidth, compute.launch_s,
                  *(x for a in axes for x in (a.link.beta,)))
-        if not all(r > 0 for r in rates) or any(a.link.alpha < 0 for a in axes):
+        if not all(r > 0 for r in rates) or any(x < 0 for a in axes for x in (a.link.alpha, a.in_program_s, a.in_program_bytes)):
             raise MeshCalibrationError("damaged mesh calibration (a rate is not positive)")
         return cal
 
@@ -141,8 +162,8 @@ def write_mesh_calibration(path: Path, cal: MeshCalibration) -> None:
 class CalibratedCompute:
     """Per-device compute as measured with every device busy: a matmul or conv takes the time the
     measured curve gives for its flops (`eqsat.xla_cost.Curve`: a bigger product gets a lower
-    rate once the devices share caches), or its memory time if longer; every other op is the
-    roofline at the measured rates."""
+    rate once the devices share caches; below the smallest timed product, that product's rate), or
+    its memory time if longer; every other op is the roofline at the measured rates."""
 
     spec: cost_models.DeviceSpec
     matmul: Curve
@@ -158,12 +179,20 @@ class CalibratedCompute:
             return roofline.op_cost(op, attrs, input_shapes)
         shapes = [tuple(s) for s in input_shapes]
         memory = ops.bytes_moved(op, shapes, attrs, roofline.itemsize) / self.spec.bandwidth
-        return max(self.matmul.seconds_for(ops.flops(op, shapes, attrs)), memory) + self.spec.launch_s
+        return max(self._product_seconds(ops.flops(op, shapes, attrs)), memory) + self.spec.launch_s
+
+    def _product_seconds(self, flops: float) -> float:
+        """The curve's seconds, but linear below its smallest point (`Curve` is flat there: a call
+        costs at least the smallest one's time, which for a product of a few kFLOP against an 8
+        MFLOP probe was a 1 ms floor on every small matmul; the per-kernel cost is `launch_s`)."""
+        smallest, its_seconds = self.matmul.flops[0], self.matmul.seconds[0]
+        return self.matmul.seconds_for(flops) if flops >= smallest else its_seconds * flops / smallest
 
 
-def calibrated_model(cal: MeshCalibration, overlap: bool = True) -> ParallelCostModel:
+def calibrated_model(cal: MeshCalibration, overlap: bool = True, sync: bool = True) -> ParallelCostModel:
     """The training-step model priced with the calibration: the fitted links per axis (ring
-    latency), the measured compute (`CalibratedCompute`), collectives hidden behind independent
-    compute in a plan's report (`overlap`)."""
-    return ParallelCostModel(cal.mesh(), CalibratedCompute(cal.compute, Curve.fit(cal.matmul)), "parallel-calibrated",
-                             overlap)
+    latency; with `sync`, plus each axis's measured in-program cost per collective beyond it), the measured
+    compute (`CalibratedCompute`), collectives hidden behind independent compute in a plan's
+    report (`overlap`)."""
+    return ParallelCostModel(cal.mesh(sync), CalibratedCompute(cal.compute, Curve.fit(cal.matmul)),
+                             "parallel-calibrated", overlap)

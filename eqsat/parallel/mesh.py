@@ -38,6 +38,7 @@ class MeshAxis:
     bandwidth: float  # bytes/s per device per direction
     latency: float  # seconds per collective step (alpha)
     algorithm: str = "once"  # latency steps per collective: ring, tree or once (`timemodel.latency_steps`)
+    sync: float = 0.0  # seconds a collective costs inside a program beyond alpha-beta (measured: `eqsat parallel calibrate`)
 
 
 # Collective kind -> factor of S (bytes per device) each device sends, on an axis of size n.
@@ -75,12 +76,13 @@ class Mesh:
     def collective_seconds(self, kind: str, axis: int, bytes_per_device: float) -> float:
         """alpha-beta time of one collective over `axis`, S = bytes per device (see module doc)."""
         ax = self.axis(axis)
-        return timemodel.collective_seconds(kind, ax.size, bytes_per_device, ax.latency, ax.bandwidth, ax.algorithm)
+        return timemodel.collective_seconds(kind, ax.size, bytes_per_device, ax.latency, ax.bandwidth, ax.algorithm,
+                                            ax.sync)
 
     def collective_seconds_over(self, kind: str, axes: Sequence[int], bytes_per_device: float) -> float:
         """One collective over several axes at once (a weight's gradient sync over a 2-D mesh is one
         all-reduce over both, as XLA runs it): their product of devices, on the slowest of their links
-        (largest latency, smallest bandwidth; ring latency if their algorithms differ). One axis: as
+        (largest latency and sync, smallest bandwidth; ring latency if their algorithms differ). One axis: as
         `collective_seconds`."""
         over = [self.axis(a) for a in axes]
         if not over:
@@ -88,7 +90,8 @@ class Mesh:
         algorithms = {ax.algorithm for ax in over}
         algorithm = over[0].algorithm if len(algorithms) == 1 else "ring"
         return timemodel.collective_seconds(kind, math.prod(ax.size for ax in over), bytes_per_device,
-                                            max(ax.latency for ax in over), min(ax.bandwidth for ax in over), algorithm)
+                                            max(ax.latency for ax in over), min(ax.bandwidth for ax in over), algorithm,
+                                            max(ax.sync for ax in over))
 
     def wire_bytes_over(self, kind: str, axes: Sequence[int], bytes_per_device: float) -> float:
         """Bytes one device sends for one collective over several axes (their product of devices)."""
@@ -108,7 +111,8 @@ class Mesh:
                             f"more than the {self.n_devices} of {self.name}")
         bw = min(a.bandwidth for a in self.axes)
         lat = max(a.latency for a in self.axes)
-        axes = tuple(MeshAxis(f"a{i}", s, bw, lat, self.axes[0].algorithm) for i, s in enumerate(shape))
+        axes = tuple(MeshAxis(f"a{i}", s, bw, lat, self.axes[0].algorithm, max(a.sync for a in self.axes))
+                     for i, s in enumerate(shape))
         return Mesh(f"{self.name}[{'x'.join(map(str, shape))}]", axes, self.device, self.memory_bytes)
 
 

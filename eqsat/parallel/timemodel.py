@@ -4,7 +4,7 @@ A collective of `kind` over a mesh axis of n devices, S bytes per device (the bu
 `eqsat.parallel.cost` counts it), on a link of latency alpha (seconds per algorithm step) and
 bandwidth beta (bytes/s per device per direction) takes
 
-    seconds = steps(kind, n) * alpha + wire(kind, n, S) / beta
+    seconds = steps(kind, n) * alpha + wire(kind, n, S) / beta  (+ sync, see below)
 
 - bytes on the wire, what each device sends (the bandwidth-optimal ring / pairwise algorithms):
   all-reduce 2(n-1)/n S (a reduce-scatter then an all-gather), all-gather, reduce-scatter and
@@ -13,6 +13,10 @@ bandwidth beta (bytes/s per device per direction) takes
 - latency steps by algorithm: `ring` (n-1) per phase, so 2(n-1) for an all-reduce; `tree`
   (recursive doubling / halving, Bruck's all-to-all) ceil(log2 n) per phase; `once` a single alpha
   per collective whatever n (the nominal presets' convention, kept so their prices do not move).
+
+A collective inside a program also makes every device wait for the slowest to reach it: `sync`,
+seconds per collective beyond alpha-beta (0 unless measured; `eqsat parallel calibrate` measures
+it per axis as a small all-reduce between compute pieces against the same pieces without it).
 
 `fit_link` recovers alpha and beta of one axis from timed collectives (least squares, both >= 0);
 `overlapped_step` lets a collective hide behind compute that neither feeds it nor waits for it.
@@ -76,11 +80,13 @@ def latency_steps(kind: str, n: int, algorithm: str = "ring") -> float:
     raise TimeModelError(f"unknown latency algorithm {algorithm!r}; known: {', '.join(LATENCY_ALGORITHMS)}")
 
 
-def collective_seconds(kind: str, n: int, size: float, alpha: float, beta: float, algorithm: str = "ring") -> float:
-    """steps * alpha + wire bytes / beta; nothing for one device or an empty buffer."""
+def collective_seconds(kind: str, n: int, size: float, alpha: float, beta: float, algorithm: str = "ring",
+                       sync: float = 0.0) -> float:
+    """steps * alpha + wire bytes / beta, plus `sync` (what one collective costs inside a program
+    beyond that: every device waits for the last to arrive); nothing for one device or an empty buffer."""
     if n <= 1 or size == 0:
         return 0.0
-    return latency_steps(kind, n, algorithm) * alpha + wire_bytes(kind, n, size) / beta
+    return latency_steps(kind, n, algorithm) * alpha + wire_bytes(kind, n, size) / beta + sync
 
 
 # --- fitting a link from timings ------------------------------------------------------------------

@@ -104,9 +104,12 @@ def test_overlap_hides_comm_behind_independent_compute_only() -> None:
 
 # --- the calibration's cache ---------------------------------------------------------------------
 
-def _calibration(machine: str = "m1", device: str = "cpu-test") -> MeshCalibration:
-    axes = tuple(AxisCalibration(n, tm.fit_link(_samples(a, b, n)), tuple(_samples(a, b, n)))
-                 for n, a, b in ((2, 30e-6, 1e9), (4, 10e-6, 2e9)))
+def _calibration(machine: str = "m1", device: str = "cpu-test",
+                 in_program: tuple[float, float] = (0.0, 0.0)) -> MeshCalibration:
+    """A hand-made calibration; `in_program`: each axis's measured seconds of a 64 B all-reduce
+    between compute pieces (0: not measured, no sync term)."""
+    axes = tuple(AxisCalibration(n, tm.fit_link(_samples(a, b, n)), tuple(_samples(a, b, n)), t, 64.0 if t else 0.0)
+                 for (n, a, b), t in zip(((2, 30e-6, 1e9), (4, 10e-6, 2e9)), in_program))
     return MeshCalibration(machine, device, (2, 4), axes, DeviceSpec("cpu-calibrated", 5e9, 5e9, 8e9, 1e-6, "test"), 1.0,
                            ((1e7, 1e-3), (1e8, 2e-2)))
 
@@ -126,7 +129,7 @@ def test_calibration_round_trips_and_prices_per_axis(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["not json {", "[]", "null", "zero-rate", "negative-alpha", "wrong-shape", "bool",
-                                    "one-matmul"])
+                                    "one-matmul", "negative-in-program", "no-in-program", "format-2"])
 def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
     path = tmp_path / "cal.json"
     data = _calibration().to_json()
@@ -140,9 +143,59 @@ def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
         data["axes"][1]["size"] = True
     elif damage == "one-matmul":
         data["matmul"] = data["matmul"][:1]
+    elif damage == "negative-in-program":
+        data["axes"][1]["in_program"]["seconds"] = -1e-4
+    elif damage == "no-in-program":
+        del data["axes"][0]["in_program"]
+    elif damage == "format-2":  # a cache from before the in-program term: measured again, never half-read
+        data["format"] = 2
+        for a in data["axes"]:
+            del a["in_program"]
     path.write_text(damage if damage in ("not json {", "[]", "null") else json.dumps(data))
     with pytest.raises(MeshCalibrationError, match="damaged"):
         read_mesh_calibration(path, "m1", "cpu-test", (2, 4))
+
+
+def test_small_products_are_priced_at_the_smallest_probes_rate() -> None:
+    """Below the smallest timed matmul (1e7 flops in 1e-3 s) a product scales with its flops: a
+    flat floor priced a 1 MFLOP and a 10 kFLOP product alike (moe's plans all within 15%)."""
+    model = calibrated_model(_calibration())
+    launch = 1e-6
+    # (10, 50) @ (50, 1000): 1e6 flops -> a tenth of the smallest probe's time
+    assert model.compute.op_cost("matmul", {"act": 0}, [(10, 50), (50, 1000)]) == pytest.approx(1e-4 + launch)
+    small = model.compute.op_cost("matmul", {"act": 0}, [(10, 50), (50, 10)])  # 1e4 flops
+    assert small == pytest.approx(1e-6 + launch)
+    # at and above the smallest probe the measured curve as before
+    assert model.compute.op_cost("matmul", {"act": 0}, [(10, 500), (500, 1000)]) == pytest.approx(1e-3 + launch)
+
+
+def test_in_program_sync_prices_each_collective_on_its_axis() -> None:
+    """The measured in-program cost of a collective beyond alpha-beta (`sync_s`) is added once per
+    collective, on its own axis: a plan with more collectives is priced higher by exactly that."""
+    from eqsat.models import build_parallel_model
+    from eqsat.models.parallel_hand import megatron_by_hand
+    from eqsat.parallel.planner import plan_report
+
+    cal = _calibration(in_program=(400e-6, 300e-6))
+    a0, a1 = cal.axes
+    link1 = tm.collective_seconds("all-reduce", 4, 64.0, a1.link.alpha, a1.link.beta, "ring")
+    assert a1.sync_s == pytest.approx(300e-6 - link1) and a0.sync_s > a1.sync_s > 0
+    assert _calibration(in_program=(1e-9, 1e-9)).axes[0].sync_s == 0.0  # never negative
+    with_sync, without = calibrated_model(cal, overlap=False), calibrated_model(cal, overlap=False, sync=False)
+    assert with_sync.mesh.collective_seconds("all-gather", 1, 1e6) == pytest.approx(
+        without.mesh.collective_seconds("all-gather", 1, 1e6) + a1.sync_s)
+    assert with_sync.mesh.collective_seconds("all-gather", 1, 0.0) == 0.0  # no collective, no rendezvous
+    # a gradient sync over both axes is one all-reduce: one (the larger) sync, not two
+    assert with_sync.mesh.collective_seconds_over("all-reduce", (0, 1), 1e6) == pytest.approx(
+        without.mesh.collective_seconds_over("all-reduce", (0, 1), 1e6) + a0.sync_s)
+    graph = build_parallel_model("mlp16")
+    plan = megatron_by_hand("mlp16", graph, with_sync.mesh)
+    priced, plain = plan_report(plan, with_sync), plan_report(plan, without)
+    assert priced.collectives and priced.compute_s == pytest.approx(plain.compute_s)
+    extra = sum((a0, a1)[c.axis].sync_s for _, c in plain.collectives if c.bytes > 0)
+    assert extra > 0 and priced.step_s - plain.step_s == pytest.approx(extra)
+    # and the cache keeps the measurement
+    assert MeshCalibration.from_json(json.loads(json.dumps(cal.to_json()))) == cal
 
 
 def test_foreign_cache_is_refused(tmp_path: Path) -> None:
