@@ -5,6 +5,8 @@ replayed with them (`constrained_step`)."""
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -106,7 +108,7 @@ def constrained_step(closed: Any, out_tree: Any, constraints: Sequence[tuple[Any
             ins = [read(a) for a in eqn.invars]
             inner = (*prefix, id(eqn))
             if inner in opened and str(eqn.primitive) == "scan":
-                outs = _opened_scan(eqn, ins, lambda j, c, a, at=inner: run_jaxpr(j, c, a, at))
+                outs = _opened_scan(eqn, ins, functools.partial(run_jaxpr, prefix=inner))
             elif inner in opened:
                 call = eqn.params["jaxpr"]
                 outs = run_jaxpr(call.jaxpr, call.consts, ins, inner)
