@@ -6,7 +6,6 @@ replayed with them (`constrained_step`)."""
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
