@@ -1,10 +1,13 @@
 """User programs for `eqsat.parallel.plan`, written as users write them (none is a built-in case): an
 MLP classifier, a GPT-2-style decoder (pre-LN, fused QKV + split, causal mask, GELU, batch x seq
-x d, token embedding gather) and an MoE layer (top-k token dispatch), each with an optax Adam step. For each program and mesh one JSON row:
+x d, token embedding gather) and an MoE layer (top-k token dispatch), each with an optax Adam step;
+a Flax Llama-style decoder (RMSNorm, rotary embeddings, SwiGLU, layers under `nn.scan`, AdamW after
+global-norm clipping) and a Flax CNN classifier (convolutions, pooling, a label mask, SGD with momentum).
+For each program and mesh one JSON row:
 plan time, the plan's predicted step and compiled bytes / memory beside the baselines', and whether
 3 steps equal the single-device `jax.jit(train_step)`'s (loss rtol 1e-4, params within 2 lr steps).
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.parallel_user_programs [mlp|gpt|moe] [8|2x4|4x2]
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.parallel_user_programs [mlp|gpt|moe|llama|cnn] [8|2x4|4x2]
 
 Times are predictions of the `parallel` cost model; the 8 emulated CPU devices share this machine's
 cores, so wall-clock figures mean nothing here. Bytes and memory are the compiled programs'.
@@ -143,8 +146,116 @@ def moe_problem(batch: int = 8, seq: int = 32, d: int = 64, hidden: int = 256, e
     return _adam_step(model), (params, OPT.init(params), (x, y))
 
 
+# --- a Llama-style decoder in Flax linen, its layers under `nn.scan` ------------------------------
+
+def llama_problem(batch: int = 8, seq: int = 32, d: int = 128, heads: int = 4, hidden: int = 256, vocab: int = 256,
+                  layers: int = 2) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """Token embedding, `layers` pre-norm blocks stacked by `nn.scan` over their params (RMSNorm,
+    rotary position embeddings on q and k by half-split slicing and concat, causal mask, SwiGLU
+    MLP, no biases), a final RMSNorm and an untied head; next-token cross-entropy; optax AdamW
+    chained after `clip_by_global_norm`."""
+    import flax.linen as nn
+
+    class RMSNorm(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any) -> Any:
+            scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
+            return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
+
+    def rope(x: Any) -> Any:  # (b, t, heads, hd)
+        half = x.shape[-1] // 2
+        freqs = 1.0 / 10000 ** (jnp.arange(half, dtype=jnp.float32) / half)
+        angles = jnp.arange(x.shape[1], dtype=jnp.float32)[:, None] * freqs[None, :]
+        cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
+        x1, x2 = x[..., :half], x[..., half:]
+        return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any, _: Any) -> tuple[Any, None]:
+            b, t, _d = x.shape
+            h = RMSNorm()(x)
+            q, k, v = (nn.Dense(d, use_bias=False, name=n)(h).reshape(b, t, heads, d // heads) for n in ("wq", "wk", "wv"))
+            q, k = rope(q), rope(k)
+            s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(d // heads).astype(x.dtype)
+            s = jnp.where(nn.make_causal_mask(jnp.ones((b, t))), s, jnp.finfo(s.dtype).min)
+            a = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v).reshape(b, t, d)
+            x = x + nn.Dense(d, use_bias=False, name="wo")(a)
+            h = RMSNorm()(x)
+            mlp = jax.nn.silu(nn.Dense(hidden, use_bias=False, name="w_gate")(h)) * nn.Dense(hidden, use_bias=False, name="w_up")(h)
+            return x + nn.Dense(d, use_bias=False, name="w_down")(mlp), None
+
+    class Llama(nn.Module):
+        @nn.compact
+        def __call__(self, tokens: Any) -> Any:
+            x = nn.Embed(vocab, d, name="embed")(tokens)
+            stack = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True}, length=layers)
+            x, _ = stack(name="layers")(x, None)
+            return nn.Dense(vocab, use_bias=False, name="lm_head")(RMSNorm(name="final_norm")(x))
+
+    model = Llama()
+    tokens = jax.random.randint(jax.random.key(1), (batch, seq + 1), 0, vocab)
+    params = model.init(jax.random.key(0), tokens[:, :-1])["params"]
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(LR, weight_decay=0.1))
+
+    def train_step(params: Any, opt_state: Any, batch: Any) -> Any:
+        inputs, targets = batch
+
+        def loss_fn(p: Any) -> Any:
+            logits = model.apply({"params": p}, inputs)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return train_step, (params, opt.init(params), (tokens[:, :-1], tokens[:, 1:]))
+
+
+# --- a CNN image classifier in Flax linen --------------------------------------------------------
+
+def cnn_problem(batch: int = 32, size: int = 16, channels: int = 3, features: tuple[int, ...] = (16, 32, 64),
+                classes: int = 10) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """NHWC images through 3x3 convolutions with ReLU, average then max pooling between them, a
+    mean over the spatial dims, a dense hidden layer and a dense head; softmax cross-entropy on
+    one-hot labels weighted by a label mask (padded examples count zero); optax SGD with momentum."""
+    import flax.linen as nn
+
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any) -> Any:
+            for i, f in enumerate(features):
+                x = nn.relu(nn.Conv(f, (3, 3))(x))
+                if i < len(features) - 1:
+                    pool = nn.avg_pool if i % 2 == 0 else nn.max_pool
+                    x = pool(x, (2, 2), strides=(2, 2))
+            x = nn.relu(nn.Dense(128)(x.mean(axis=(1, 2))))
+            return nn.Dense(classes)(x)
+
+    model = CNN()
+    k_img, k_lab, k_init = jax.random.split(jax.random.key(0), 3)
+    images = jax.random.normal(k_img, (batch, size, size, channels))
+    labels = jax.random.randint(k_lab, (batch,), 0, classes)
+    mask = (jnp.arange(batch) % 7 != 3).astype(jnp.float32)  # the padding of a last, partial batch
+    params = model.init(k_init, images)["params"]
+    opt = optax.sgd(10 * LR, momentum=0.9)
+
+    def train_step(params: Any, opt_state: Any, batch: Any) -> Any:
+        x, y, m = batch
+
+        def loss_fn(p: Any) -> Any:
+            ce = optax.softmax_cross_entropy(model.apply({"params": p}, x), jax.nn.one_hot(y, classes))
+            return (ce * m).sum() / m.sum()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return train_step, (params, opt.init(params), (images, labels, mask))
+
+
 PROGRAMS: dict[str, Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]] = {
-    "mlp": mlp_problem, "gpt": gpt_problem, "moe": moe_problem}
+    "mlp": mlp_problem, "gpt": gpt_problem, "moe": moe_problem, "llama": llama_problem, "cnn": cnn_problem}
 
 
 def same_as_single_device(plan: Any, step: Callable[..., Any], args: tuple[Any, ...], steps: int = 3) -> dict[str, Any]:

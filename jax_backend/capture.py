@@ -134,7 +134,7 @@ class Program:
     avals: Mapping[int, tuple[Shape, Any]] = field(repr=False)  # value id → (shape, dtype)
     effects: tuple[str, ...] = ()  # the jaxpr's effects (callbacks, debug prints): more than computing
     # value id -> (the inlined call equations it is inside, outermost first, then its jaxpr variable):
-    # where the traced function computes it (values of loop bodies are absent)
+    # where the traced function computes it (a loop body's: behind its scan equation)
     where: Mapping[int, tuple[Any, ...]] = field(default_factory=dict, repr=False)
 
     @property
@@ -323,6 +323,8 @@ class _Capturer:
                 self.avals.pop(vid, None)
                 self.consts.pop(vid, None)
             return None, "control flow: nothing in its body is captured (replayed as JAX traces it)"
+        # a body value is held where the body computes it: inside the scan equation (`constrained_step` opens it)
+        self.where.update({vid: (*self.calls, eqn, *path) for vid, path in body.where.items()})
         results = [self.new(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
         self.items.append(LoopStep(eqn, tuple(ins), tuple(results), tuple(args), steps, tuple(outs)))
         return results, ""

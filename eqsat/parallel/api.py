@@ -58,7 +58,7 @@ from eqsat.parallel.planner import (CONTRACTIONS, DEFAULT_LIMITS, PlanError, Pla
 from eqsat.parallel.specs import (Spec, batch_held, choose_split, finest_split, leaf_splits,
                                   partition_spec)
 from eqsat.parallel.remat import Remat, checkpointed_step, find_remat, recomputed_products
-from jax_backend.capture import Program, capture_jaxpr, graph_leaf_name
+from jax_backend.capture import GraphStep, LoopStep, Program, Step, capture_jaxpr, graph_leaf_name, scan_counts
 from jax_backend.leaf_names import argument_names
 from jax_backend.shard import compiled_collectives
 
@@ -502,6 +502,7 @@ class _Planned:
     remat: Remat | None = None  # the plan's recomputed products in the step (`eqsat.parallel.remat`)
     inner: tuple[str, ...] = ()  # per constraint inside a captured graph: the op of the value it holds
     unheld: int = 0  # planned inner values with no variable to constrain (`inner_constraints`)
+    trips: tuple[int, ...] = ()  # per result: the times a step runs its graph (`loop_trips`)
 
 
 def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str], sizes: Mapping[str, int],
@@ -519,7 +520,11 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
     if not graphs:
         return _Planned(empty, (), program, len(program.opaque),
                         "the loss captures to no matmul or convolution (nothing to split)", None)
-    state_names = {graph_leaf_name(i) for i in range(len(leaves.paths)) if leaves.state[i]}
+    # a scan body's slice of a stacked layer weight (or a const it closes over) is model state too
+    origins = loop_origins(program)
+    state_names = {graph_leaf_name(i) for i in range(len(leaves.paths)) if leaves.state[i]} | {
+        graph_leaf_name(v) for v, (o, _) in origins.items() if o < len(leaves.paths) and leaves.state[o]}
+    trips = loop_trips(program)
     model = ParallelCostModel(pmesh, cost_model("roofline", pmesh.device),
                               state_copies=optimizer_state_copies(program, leaves))
     specs: list[Spec | None] = list(empty)
@@ -532,6 +537,7 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
     book = RuleBook.of(pmesh)  # the rules parsed and verified once, for every graph and search below
     inner: list[tuple[Any, Spec, str]] = []  # the plan's layouts held inside the captured graphs
     unheld = 0
+    runs: list[int] = []  # per result: `loop_trips` (its figures count once per run)
     t0 = time.perf_counter()
     for step in graphs:
         left = time_limit - (time.perf_counter() - t0)
@@ -548,6 +554,7 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
         if not res.numerics_ok:
             raise PlanError(f"the plan of a captured graph differs from it in numpy (max |diff| {res.max_abs_diff:.3g})")
         results.append(res)
+        runs.append(trips.get(id(step), 1))
         if constrain != "boundaries":
             try:
                 held, missed = inner_constraints(program, step, res, names, sizes,
@@ -569,22 +576,25 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
                                          model=model, check=False, book=book)
                 else:
                     continue
-                acc.append((base.report.step_s, base.report.comm_bytes(None), base.report.mem_bytes))
+                acc.append((runs[-1] * base.report.step_s, runs[-1] * base.report.comm_bytes(None),
+                            runs[-1] * base.report.mem_bytes))
             except EqsatError:
                 pass
         shapes = {str(n.attr["name"]): n.shapes[0] for _, n in res.plan.leaves()}
         for name, splits in leaf_splits(res.plan).items():
-            vid = int(name[1:])
+            vid, stacked = origins.get(int(name[1:]), (int(name[1:]), 0))
             # a value opaque equations make (an embedding gather's output) is data: held at its finest
             # batch split, the one the tokens take (`_mirror`), so GSPMD need not gather it back
             spec = partition_spec(choose_split(splits) if vid < len(leaves.paths) else finest_split(splits), shapes[name], names, sizes)
+            if stacked and spec:  # a scan's slice: the stacked value keeps its leading (layer) dims whole
+                spec = (None,) * stacked + spec
             if vid < len(leaves.paths):
                 if specs[vid] is None:
                     specs[vid] = spec
             elif spec:  # a value made by opaque equations (an embedding gather's output): constrained to the plan's split
                 boundary.setdefault(vid, spec)
                 lead[vid] = shapes[name][0]
-                if spec[0] is not None:
+                if spec[0] is not None and not stacked:
                     batch.append((shapes[name][0], spec[0]))
     boundary = {vid: batch_held(spec, lead[vid], batch) for vid, spec in boundary.items()}
     predicted = {k: (sum(f[0] for f in v), sum(f[1] for f in v), sum(f[2] for f in v))
@@ -600,7 +610,44 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
                     tuple(batch), (*boundary_constraints(program, boundary, closed), *((w, sp) for w, sp, _ in inner)),
                     predicted["fsdp"][0] if "fsdp" in predicted else None, predicted, how,
                     find_remat(closed, found[0], recomputed_products([(r.plan, r.report.recompute) for r in results]),
-                               state_names), tuple(op for _, _, op in inner), unheld)
+                               state_names), tuple(op for _, _, op in inner), unheld, tuple(runs))
+
+
+def loop_origins(program: Program) -> dict[int, tuple[int, int]]:
+    """Per value id a `lax.scan` body reads (its consts, carry and one slice of each scanned input):
+    (the outermost value it stands for, the leading dims that value has more: one per enclosing scan
+    that slices it). A body graph's plan of a layer's weight slice is then the plan of the stacked
+    weight (`nn.scan` / `lax.scan` over layer params), its leading layer dim(s) whole."""
+    out: dict[int, tuple[int, int]] = {}
+
+    def walk(steps: Sequence[Step]) -> None:
+        for s in steps:
+            if not isinstance(s, LoopStep):
+                continue
+            n_consts, n_carry = scan_counts(s.eqn.params, len(s.inputs))
+            for k, (inner, outer) in enumerate(zip(s.body_inputs, s.inputs)):
+                origin, stacked = out.get(outer, (outer, 0))
+                out[inner] = (origin, stacked + (k >= n_consts + n_carry))
+            walk(s.body)
+
+    walk(program.steps)
+    return out
+
+
+def loop_trips(program: Program) -> dict[int, int]:
+    """Per graph of `program.graphs` (by `id` of its step) the times one step runs it: the product of
+    the lengths of the scans around it (a layer body under `nn.scan` runs once per layer)."""
+    out: dict[int, int] = {}
+
+    def walk(steps: Sequence[Step], trips: int) -> None:
+        for s in steps:
+            if isinstance(s, LoopStep):
+                walk(s.body, trips * int(s.eqn.params.get("length", 1)))
+            elif isinstance(s, GraphStep):
+                out[id(s)] = trips
+
+    walk(program.steps, 1)
+    return out
 
 
 def optimizer_state_copies(program: Program, leaves: _Leaves) -> float:
@@ -609,6 +656,7 @@ def optimizer_state_copies(program: Program, leaves: _Leaves) -> float:
     parameters). What the planner's memory row and update time charge per weight (ZeRO / FSDP
     shards both with the weight)."""
     read = {str(n.attr["name"]) for s in program.graphs for _, n in s.graph.leaves()}
+    read |= {graph_leaf_name(o) for v, (o, _) in loop_origins(program).items() if graph_leaf_name(v) in read}
     params = other = 0.0
     for i, shape in enumerate(leaves.shapes):
         if leaves.state[i]:
@@ -744,12 +792,14 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
             constraints, inner = tuple(c for c in constraints[:len(constraints) - len(inner)]
                                        if not isinstance(c[0], tuple)), ()
         out_tree = jax.tree_util.tree_structure(out_shape)
+        runs = planned.trips if planned is not None and len(planned.trips) == len(results) else (1,) * len(results)
         fn = (checkpointed_step(closed, out_tree, remat, constraints, amesh) if remat
               else constrained_step(closed, out_tree, constraints, amesh) if constraints
               else train_step)
         figures: tuple[float | None, float | None, float | None] = (
-            (sum(r.report.step_s for r in results), sum(r.report.comm_bytes(None) for r in results),
-             sum(r.report.mem_bytes for r in results)) if results else
+            (sum(k * r.report.step_s for r, k in zip(results, runs)),
+             sum(k * r.report.comm_bytes(None) for r, k in zip(results, runs)),
+             sum(k * r.report.mem_bytes for r, k in zip(results, runs))) if results else
             planned.predicted.get(better, (None, None, None)) if planned is not None and better is not None
             else (None, None, None))
         return Plan(fn, amesh, in_shardings, out_sh, PlanSummary(

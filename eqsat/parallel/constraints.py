@@ -5,6 +5,7 @@ replayed with them (`constrained_step`)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ from eqsat.ir import Graph
 from eqsat.parallel.layouts import value_layouts
 from eqsat.parallel.planner import PlanResult
 from eqsat.parallel.specs import Spec, partition_spec
-from jax_backend.capture import GraphStep, Program, bind_eqn
+from jax_backend.capture import GraphStep, Program, bind_eqn, scan_counts
 
 __all__ = ["boundary_constraints", "constrained_step", "inner_constraints", "where_str"]
 
@@ -90,7 +91,8 @@ def constrained_step(closed: Any, out_tree: Any, constraints: Sequence[tuple[Any
     captured graphs. A constraint names a variable of the step's jaxpr, or a path (`Program.where`:
     the call equations it is inside, then the variable); a call on such a path is run inlined,
     equation by equation, so the constraint lands on the value inside it (the same computation:
-    XLA inlines the call anyway)."""
+    XLA inlines the call anyway); a scan on such a path is run again as `lax.scan` with the
+    constraints in its body."""
     wanted = {_path_ids(key): NamedSharding(mesh, P(*spec)) for key, spec in constraints}
     opened = {path[:k] for path in wanted for k in range(1, len(path))}
 
@@ -104,7 +106,9 @@ def constrained_step(closed: Any, out_tree: Any, constraints: Sequence[tuple[Any
         for eqn in jaxpr.eqns:
             ins = [read(a) for a in eqn.invars]
             inner = (*prefix, id(eqn))
-            if inner in opened:
+            if inner in opened and str(eqn.primitive) == "scan":
+                outs = _opened_scan(eqn, ins, functools.partial(run_jaxpr, prefix=inner))
+            elif inner in opened:
                 call = eqn.params["jaxpr"]
                 outs = run_jaxpr(call.jaxpr, call.consts, ins, inner)
             else:
@@ -120,6 +124,23 @@ def constrained_step(closed: Any, out_tree: Any, constraints: Sequence[tuple[Any
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
     return run
+
+
+def _opened_scan(eqn: Any, ins: Sequence[Any], run_body: Callable[[Any, Sequence[Any], Sequence[Any]], list[Any]]) -> list[Any]:
+    """A scan equation again as `lax.scan` with its parameters, its body run by `run_body` (which
+    holds the constraints inside it): a layer stack under `nn.scan` keeps the plan's layouts."""
+    p = eqn.params
+    body = p["jaxpr"]
+    n_consts, n_carry = scan_counts(p, len(ins))
+    fixed, init, xs = list(ins[:n_consts]), list(ins[n_consts:n_consts + n_carry]), list(ins[n_consts + n_carry:])
+
+    def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+        outs = run_body(body.jaxpr, body.consts, [*fixed, *carry, *x])
+        return outs[:n_carry], outs[n_carry:]
+
+    carry, ys = jax.lax.scan(step, init, xs, length=int(p["length"]), reverse=bool(p["reverse"]),
+                             unroll=p.get("unroll", 1))
+    return [*carry, *ys]
 
 
 def _path_ids(key: Any) -> tuple[Any, ...]:
