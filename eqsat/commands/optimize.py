@@ -3,9 +3,9 @@
 Build the model, saturate it with Tensat's rules, extract the cheapest graph under the cost model
 (and a few cheap alternatives on the same e-graph: greedy-dag, the ILP under the roofline without
 launch cost; and the chosen plan with its convs NHWC, `eqsat.layout_phase`), then judge every
-plan by running it: the original and each candidate lowered through JAX, checked against the float64 reference, timed in interleaved rounds (median, 95% bootstrap
-interval), and a plan kept only if faster with confidence (`jax_backend.checks.judge_plans`, the
-decision `@eqsat.optimize` makes too); otherwise the answer is the original, `kept: "original"`.
+plan by running it: the original and each candidate lowered through JAX, checked against the
+float64 reference, timed in interleaved rounds (median, 95% bootstrap interval), and a plan kept
+only if faster with confidence (`jax_backend.checks.judge_plans`, the decision `@eqsat.optimize` makes too); otherwise the answer is the original, `kept: "original"`.
 The rules are `eqsat.rulesets.candidate_rules`, the models `eqsat.models`.
 """
 
