@@ -5,7 +5,8 @@ Build the model, saturate it with Tensat's rules, extract the cheapest graph und
 launch cost; and the chosen plan with its convs NHWC, `eqsat.layout_phase`), then judge every
 plan by running it: the original and each candidate lowered through JAX, checked against the
 float64 reference, timed in interleaved rounds (median, 95% bootstrap interval), and a plan kept
-only if faster with confidence (`jax_backend.checks.judge_plans`, the decision `@eqsat.optimize` makes too); otherwise the answer is the original, `kept: "original"`.
+only if faster with confidence (`jax_backend.checks.judge_plans`, the decision `@eqsat.optimize`
+makes too); otherwise the answer is the original, `kept: "original"`.
 The rules are `eqsat.rulesets.candidate_rules`, the models `eqsat.models`.
 """
 
