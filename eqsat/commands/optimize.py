@@ -186,7 +186,8 @@ class Judged:
             "launch_sensitivity": launch_sensitivity(original, plan, costs.device),
             "kernels_original": original.runtime_kernels(), "kernels_eqsat": plan.runtime_kernels(),
             "flops_original": original.runtime_flops(), "flops_eqsat": plan.runtime_flops(),
-            "optimizer_s": self.optimizer_s, "candidates_s": self.candidates_s, "original_abs_err_jax": j.original_abs_err,
+            "optimizer_s": self.optimizer_s, "candidates_s": self.candidates_s, "layout_s": self.layout_s,
+            "original_abs_err_jax": j.original_abs_err,
         }
 
 

@@ -139,9 +139,11 @@ def test_eqsat_optimize_times_the_layout_plan_beside_the_extractors_answer() -> 
 
     assert LAYOUT in OptimizeOptions().candidates and check_candidates([LAYOUT]) == (LAYOUT,)
     graph = _conv_chain()
-    judged = optimize_and_judge(graph, [], Limits(nodes=1_000, seconds=10), cost_model("roofline", device="cpu"),
-                                candidates=(LAYOUT,), rounds=5, budget_s=0.0)
+    costs = cost_model("roofline", device="cpu")
+    judged = optimize_and_judge(graph, [], Limits(nodes=1_000, seconds=10), costs, candidates=(LAYOUT,), rounds=5,
+                                budget_s=0.0)
     names = [name for name, _ in judged.plans]
     assert names[1:] == [LAYOUT] and 0 < judged.layout_s <= judged.candidates_s
     assert all(c.numerics_ok for c in judged.judgement.checks)  # run through JAX against the original
     assert dict(judged.plans)[LAYOUT].live().op_counts().get("conv2d_nhwc") == 3
+    assert judged.fields(costs)["layout_s"] == judged.layout_s  # reported by `eqsat optimize --json`
