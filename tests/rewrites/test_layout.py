@@ -147,3 +147,22 @@ def test_eqsat_optimize_times_the_layout_plan_beside_the_extractors_answer() -> 
     assert all(c.numerics_ok for c in judged.judgement.checks)  # run through JAX against the original
     assert dict(judged.plans)[LAYOUT].live().op_counts().get("conv2d_nhwc") == 3
     assert judged.fields(costs)["layout_s"] == judged.layout_s  # reported by `eqsat optimize --json`
+
+
+def test_the_search_skips_its_numpy_check_only_when_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`check=False` (the late layout phase, whose plans `judge_plans` checks through JAX): no numpy check."""
+    import eqsat.pipeline
+    from eqsat.cost import cost_model
+
+    calls: list[int] = []
+
+    def counting(a: Any, b: Any, seed: int = 0) -> tuple[bool, float]:
+        calls.append(seed)
+        return True, 0.0
+
+    monkeypatch.setattr(eqsat.pipeline, "numerics_match", counting)
+    graph, rules = _conv_chain(), library_rules(["layout"])
+    for check in (False, True):
+        eqsat.pipeline.optimize_graph(graph, rules, Limits(nodes=1_000, seconds=10), cost_model("roofline", device="cpu"),
+                                      extractor="greedy-dag", check=check)
+        assert bool(calls) == check
