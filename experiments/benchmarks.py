@@ -148,7 +148,7 @@ def _tensat_flags(parser: argparse.ArgumentParser) -> None:
                         help="seconds of timing rounds per pass (past the 5 that always run)")
     parser.add_argument("--candidates", nargs="*", default=None, metavar="NAME",
                         help="plans timed beside the ILP's answer, as for eqsat optimize (default: greedy "
-                             "roofline-launch0)")
+                             "roofline-launch0 layout)")
     from eqsat.cost import CONVENTIONS
     from eqsat.rulesets import RULE_SETS
 

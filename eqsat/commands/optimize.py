@@ -2,10 +2,11 @@
 
 Build the model, saturate it with Tensat's rules, extract the cheapest graph under the cost model
 (and a few cheap alternatives on the same e-graph: greedy-dag, the ILP under the roofline without
-launch cost), then judge every plan by running it: the original and each candidate lowered through
-JAX, checked against the float64 reference, timed in interleaved rounds (median, 95% bootstrap
-interval), and a plan kept only if faster with confidence (`jax_backend.checks.judge_plans`, the
-decision `@eqsat.optimize` makes too); otherwise the answer is the original, `kept: "original"`.
+launch cost; and the chosen plan with its convs NHWC, `eqsat.layout_phase`), then judge every
+plan by running it: the original and each candidate lowered through JAX, checked against the
+float64 reference, timed in interleaved rounds (median, 95% bootstrap interval), and a plan kept
+only if faster with confidence (`jax_backend.checks.judge_plans`, the decision `@eqsat.optimize`
+makes too); otherwise the answer is the original, `kept: "original"`.
 The rules are `eqsat.rulesets.candidate_rules`, the models `eqsat.models`.
 """
 
@@ -52,7 +53,7 @@ class OptimizeOptions:
     seed: int = 0
     repeats: int = 30
     timing_budget: float = 30.0
-    candidates: tuple[str, ...] = ("greedy", "roofline-launch0")
+    candidates: tuple[str, ...] = ("greedy", "roofline-launch0", "layout")
     save_graphs: Path | None = None
     rtol: float = 1e-4
     atol: float = 1e-5
@@ -91,8 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timing-budget", type=float, default=d.timing_budget,
                         help="seconds of timing rounds (past the 5 that always run)")
     parser.add_argument("--candidates", nargs="*", default=list(d.candidates), metavar="NAME",
-                        help="plans timed beside the extractor's answer: greedy, roofline-launch0, or a cost model "
-                             "(the ILP under it) (default: %(default)s)")
+                        help="plans timed beside the extractor's answer: greedy, roofline-launch0, layout (its convs "
+                             "NHWC), or a cost model (the ILP under it) (default: %(default)s)")
     parser.add_argument("--save-graphs", type=Path, default=None, metavar="DIR",
                         help="write MODEL.before.json, MODEL.after.json and each MODEL.candidate.NAME.json "
                              "(Graph JSON) here: `eqsat judge` runs them on another device")
@@ -116,6 +117,7 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
 
 GREEDY = "greedy"
 LAUNCH0 = "roofline-launch0"
+LAYOUT = "layout"  # eqsat.layout_phase: the extractor's answer with its convs NHWC where transposes cancel
 
 
 def candidate_file_name(name: str) -> str:
@@ -125,9 +127,10 @@ def candidate_file_name(name: str) -> str:
 
 def check_candidates(names: Sequence[str]) -> tuple[str, ...]:
     """The extra candidate names, checked: "greedy" (the registry's greedy-dag on the same
-    e-graph), "roofline-launch0" (the ILP under the roofline with no launch cost), or a registered
-    cost model (the ILP under it)."""
-    known = sorted({GREEDY, LAUNCH0, *COST_MODEL_FACTORIES})
+    e-graph), "roofline-launch0" (the ILP under the roofline with no launch cost), "layout" (the
+    extractor's answer with its convs NHWC: `eqsat.layout_phase`), or a registered cost model (the
+    ILP under it)."""
+    known = sorted({GREEDY, LAUNCH0, LAYOUT, *COST_MODEL_FACTORIES})
     for name in names:
         if name not in known:
             raise EqsatError(f"--candidates: unknown candidate {name!r}; choose from {', '.join(known)}")
@@ -143,7 +146,8 @@ class Judged:
     plans: tuple[tuple[str, Graph], ...]  # (candidate name, graph); the first is the extractor's answer
     predicted: Mapping[str, float]  # candidate name -> cost_original / cost_plan under the chosen model
     judgement: Judgement
-    candidates_s: float  # the extra candidates' extraction seconds (greedy and the alternatives)
+    candidates_s: float  # the extra candidates' extraction seconds (greedy, the alternatives, the layout phase)
+    layout_s: float = 0.0  # of which the layout phase's (`eqsat.layout_phase.nhwc_plan`)
 
     @property
     def optimizer_s(self) -> float:
@@ -182,7 +186,8 @@ class Judged:
             "launch_sensitivity": launch_sensitivity(original, plan, costs.device),
             "kernels_original": original.runtime_kernels(), "kernels_eqsat": plan.runtime_kernels(),
             "flops_original": original.runtime_flops(), "flops_eqsat": plan.runtime_flops(),
-            "optimizer_s": self.optimizer_s, "candidates_s": self.candidates_s, "original_abs_err_jax": j.original_abs_err,
+            "optimizer_s": self.optimizer_s, "candidates_s": self.candidates_s, "layout_s": self.layout_s,
+            "original_abs_err_jax": j.original_abs_err,
         }
 
 
@@ -221,7 +226,7 @@ def _greedy(result: OptimizationResult, time_limit: float) -> tuple[Graph | None
 
 def optimize_and_judge(graph: Graph, rules: Sequence[Rule], limits: Limits, costs: CostModel, *,
                        extractor: str = "ilp", time_limit: float = 60.0, seed: int = 0,
-                       candidates: Sequence[str] = (GREEDY, LAUNCH0), rounds: int = 30, budget_s: float = 30.0,
+                       candidates: Sequence[str] = (GREEDY, LAUNCH0, LAYOUT), rounds: int = 30, budget_s: float = 30.0,
                        rtol: float = 1e-4, atol: float = 1e-5, progress: bool = False, strict: bool = True,
                        fold_weights: bool = True) -> Judged:
     """THE path of `eqsat optimize` (and of each pass of `eqsat bench tensat`): saturate once,
@@ -234,7 +239,7 @@ def optimize_and_judge(graph: Graph, rules: Sequence[Rule], limits: Limits, cost
 
     alternatives = {name: (cost_model("roofline", device=costs.device, launch_s=0.0) if name == LAUNCH0
                            else cost_model(name, device=costs.device))
-                    for name in candidates if name != GREEDY}
+                    for name in candidates if name not in (GREEDY, LAYOUT)}
     result = optimize_graph(graph, rules, limits, costs, extractor=extractor, time_limit=time_limit, seed=seed,
                             progress=progress, alternatives=alternatives, fold_weights=fold_weights)
     main = f"{extractor}/{costs.name}"
@@ -246,6 +251,13 @@ def optimize_and_judge(graph: Graph, rules: Sequence[Rule], limits: Limits, cost
             plans.append(("greedy-dag", greedy))
     plans += [(f"{extractor}/{name}", found.graph) for name, found in result.alternatives.items()
               if found.numerics_ok and f"{extractor}/{name}" != main]  # one name per plan
+    layout_s = 0.0
+    if LAYOUT in candidates:  # late: the layout rules in the main saturation make the ILP run to its limit
+        from eqsat.layout_phase import nhwc_plan
+
+        nhwc, layout_s = nhwc_plan(result.optimized, costs.device, fold_weights=fold_weights)
+        if nhwc is not None:
+            plans.append((LAYOUT, nhwc))
     before = graph_cost(graph, costs)
     predicted = {name: (before / after if after > 0 else float("nan"))
                  for name, after in ((n, graph_cost(g, costs)) for n, g in plans)}
@@ -255,7 +267,7 @@ def optimize_and_judge(graph: Graph, rules: Sequence[Rule], limits: Limits, cost
         raise NumericsError(f"the optimized graph disagrees with the original through JAX: "
                             f"{main_check.reason or 'float64 check failed'}; no result is reported")
     return Judged(result, tuple(plans), predicted, judgement,
-                  greedy_s + sum(found.seconds for found in result.alternatives.values()))
+                  greedy_s + layout_s + sum(found.seconds for found in result.alternatives.values()), layout_s)
 
 
 def optimize_model(model: str, options: OptimizeOptions = OptimizeOptions()) -> dict[str, Any]:
