@@ -190,3 +190,12 @@ def test_probes_time_wide_dots_and_both_conv_layouts_in_one_set_of_rounds() -> N
     assert all(n > k for _, k, n in cal_mod.MATMUL_SHAPES[-1:])  # the largest dot is a wide (merged) one
     assert min(4 * k * n for k, n in cal_mod.GEMV_SHAPES) * 4 <= cal_mod.GEMV_BYTES  # 4 or more weights a probe
     assert [s > 0 for s in cal_mod._gemv_seconds(((8, 16), (8, 32)), 0.0, total_bytes=4096)] == [True, True]
+
+
+def test_the_1x1_conv_grid_is_timed_in_both_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every (rows, channels) point of the grid gives one NCHW and one NHWC time, in grid order."""
+    monkeypatch.setattr(cal_mod, "CONV1X1_SIZES", (2, 3))
+    monkeypatch.setattr(cal_mod, "CONV1X1_CHANNELS", (4, 8))
+    nchw, nhwc = cal_mod._conv1x1_surfaces(lambda _: None)
+    assert nchw.rows == nhwc.rows == (4.0, 9.0) and nchw.weights == (16.0, 64.0)
+    assert len(nchw.seconds) == len(nhwc.seconds) == 4 and all(0 < s < 1 for s in (*nchw.seconds, *nhwc.seconds))
