@@ -147,6 +147,25 @@ class Surface:
         if any(b <= a for axis in (self.rows, self.weights) for a, b in zip(axis, axis[1:])):
             raise CalibrationError("a calibration surface's rows or weights are not increasing")
 
+    @staticmethod
+    def fit(rows: Sequence[float], weights: Sequence[float], seconds: Sequence[float]) -> Surface:
+        """A surface through a measured grid, each row count's seconds per flop made non-decreasing in
+        the weight (a larger weight never runs at a higher rate: past L2 it streams from further
+        away) by pooling adjacent violators in log space, as `Curve.fit` does: one noisy fast point
+        would otherwise make every merge toward it look like a gain."""
+        n = len(weights)
+        pooled: list[float] = []
+        for i, r in enumerate(rows):
+            blocks: list[tuple[float, int]] = []  # (mean log seconds per flop, points pooled)
+            for j, w in enumerate(weights):
+                blocks.append((math.log(seconds[i * n + j] / (2.0 * r * w)), 1))
+                while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+                    (a, k), (c, m) = blocks[-2], blocks[-1]
+                    blocks[-2:] = [((a * k + c * m) / (k + m), k + m)]
+            logs = [mean for mean, k in blocks for _ in range(k)]
+            pooled += [2.0 * r * w * math.exp(lg) for w, lg in zip(weights, logs)]
+        return Surface(tuple(rows), tuple(weights), tuple(pooled))
+
     def seconds_for(self, rows: float, weights: float) -> float:
         """Seconds of a 1x1 conv of `rows` output pixels and `weights` weight elements (2 * rows * weights flops)."""
         (i, t), (j, u) = _cell(self.rows, rows), _cell(self.weights, weights)

@@ -313,7 +313,7 @@ def _conv1x1_surfaces(say: Callable[[str], None]) -> tuple[Surface, Surface]:
                 say(f"1x1 conv {'NHWC' if nhwc else 'NCHW'} {c} channels {hw}x{hw}: {t * 1e6:.0f} us, "
                     f"{2 * hw * hw * c * c / t / 1e9:.1f} GFLOP/s")
     rows, weights = tuple(float(hw * hw) for hw in CONV1X1_SIZES), tuple(float(c * c) for c in CONV1X1_CHANNELS)
-    return Surface(rows, weights, tuple(seconds[False])), Surface(rows, weights, tuple(seconds[True]))
+    return Surface.fit(rows, weights, seconds[False]), Surface.fit(rows, weights, seconds[True])
 
 
 def load_calibration(force: bool = False, say: Callable[[str], None] = lambda _: None,

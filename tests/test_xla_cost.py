@@ -424,3 +424,13 @@ def test_the_op_registrys_conv_layout_picks_the_conv_pricing(monkeypatch: pytest
     assert XlaModel(cal).op_cost("conv2d_nhwc", attrs, nhwc_shapes) == pytest.approx(
         max(cal.dot_s, cal.matmul.seconds_for(ops.flops("conv2d_nhwc", nhwc_shapes, attrs)),
             4 * (17 * 17 * 768 + 768 * 192 + 17 * 17 * 192) / cal.weight_bandwidth))
+
+
+def test_a_fitted_surface_never_runs_a_larger_weight_at_a_higher_rate() -> None:
+    rows, weights = (64.0, 1225.0), (1e4, 1e5, 1e6)
+    spf = (1e-11, 0.5e-11, 4e-11, 1e-11, 2e-11, 3e-11)  # at 64 rows the middle weight ran fast (noise)
+    s = Surface.fit(rows, weights, [2 * r * w * spf[i * 3 + j] for i, r in enumerate(rows) for j, w in enumerate(weights)])
+    pooled = math.sqrt(1e-11 * 0.5e-11)  # the violators pooled in log space
+    assert s.seconds_for(64, 1e4) == pytest.approx(2 * 64 * 1e4 * pooled)
+    assert s.seconds_for(64, 1e5) == pytest.approx(2 * 64 * 1e5 * pooled)
+    assert s.seconds_for(1225, 1e5) == pytest.approx(2 * 1225 * 1e5 * 2e-11)  # already ordered: as measured
