@@ -73,6 +73,8 @@ CONV1X1_CHANNELS: tuple[int, ...] = (256, 768, 1280)
 `CONV1X1_CHANNELS` (6.6e4 to 1.6e6 weight elements; merged 1x1 convs reach 2048 x 1152, priced at the
 largest: the probe at 35 x 35 rows is already 4e9 flops)."""
 
+CONV1X1_CALLS = 2  # independent convs a 1x1 probe program runs (`_conv1x1_surfaces`)
+
 CHAIN_LENGTHS: tuple[int, ...] = (1, 16, 32, 64)
 """Kernels in the chains that measure each kind's floor (`eqsat.xla_cost.fit_chain`): the longest
 take a few times a call's dispatch (64 kernels of 2-8 us on an H200 against its ~75 us call), so
@@ -292,7 +294,7 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
                 convs.setdefault((grouped, nhwc), []).append((f, t))
                 say(f"{'grouped ' if grouped else ''}conv {'NHWC' if nhwc else 'NCHW'} {c} channels {hw}x{hw} "
                     f"({width} a group) {kernel}x{kernel}: {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
-    surfaces = _conv1x1_surfaces(say)
+    surfaces = _conv1x1_surfaces(say, call_s)
     return Calibration(_machine_key(), device_key(), launch, bandwidth, loop_flops, Curve.fit(matmul),
                        Curve.fit(convs[False, False]), time.perf_counter() - start, weight_bandwidth,
                        fits["copy"].floor_s, fits["kernel"].floor_s, fits["dot"].floor_s, fits["conv"].floor_s,
@@ -300,20 +302,36 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
                        Curve.fit(convs[True, True]), *surfaces)
 
 
-def _conv1x1_surfaces(say: Callable[[str], None]) -> tuple[Surface, Surface]:
-    """The NCHW and NHWC 1x1-conv surfaces: each grid point timed in both layouts in the same rounds."""
+def _conv1x1_surfaces(say: Callable[[str], None], call_s: float = 0.0) -> tuple[Surface, Surface]:
+    """The NCHW and NHWC 1x1-conv surfaces. Per row count, every channel count in both layouts in the
+    same interleaved rounds (a busy machine slows each alike, so the ratios along the weight, what
+    merging convs changes, hold), each as a program of `CONV1X1_CALLS` independent convs of one
+    input on distinct weights (as a plan's parallel branches run), less `call_s`, over their count."""
     attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
     seconds: dict[bool, list[float]] = {False: [], True: []}
     for hw in CONV1X1_SIZES:
+        thunks = []
         for c in CONV1X1_CHANNELS:
-            pair = _marginals([("conv2d", attrs, (1, c, hw, hw), (c, c, 1, 1)),
-                               ("conv2d_nhwc", attrs, (1, hw, hw, c), (1, 1, c, c))])
-            for nhwc, t in zip((False, True), pair):
+            for op, x_shape, w_shape in (("conv2d", (1, c, hw, hw), (c, c, 1, 1)),
+                                         ("conv2d_nhwc", (1, hw, hw, c), (1, 1, c, c))):
+                x, *ws = _arrays(x_shape, *[w_shape] * CONV1X1_CALLS)
+                many = jax.jit(functools.partial(_independent_convs, op, attrs))
+                thunks.append(_to_completion(functools.partial(many, x, *ws)))
+        times, _ = interleaved_rounds(thunks, 15, budget_s=4.0, min_rounds=5)
+        for i, c in enumerate(CONV1X1_CHANNELS):
+            for nhwc in (False, True):
+                t = max((statistics.median(times[2 * i + nhwc]) - call_s) / CONV1X1_CALLS, 1e-8)
                 seconds[nhwc].append(t)
                 say(f"1x1 conv {'NHWC' if nhwc else 'NCHW'} {c} channels {hw}x{hw}: {t * 1e6:.0f} us, "
                     f"{2 * hw * hw * c * c / t / 1e9:.1f} GFLOP/s")
     rows, weights = tuple(float(hw * hw) for hw in CONV1X1_SIZES), tuple(float(c * c) for c in CONV1X1_CHANNELS)
     return Surface.fit(rows, weights, seconds[False]), Surface.fit(rows, weights, seconds[True])
+
+
+def _independent_convs(op: str, attrs: dict[str, Any], x: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:
+    from jax_backend.lower import lower_node
+
+    return tuple(lower_node(op, (x, w), attrs)[0] for w in ws)
 
 
 def load_calibration(force: bool = False, say: Callable[[str], None] = lambda _: None,
