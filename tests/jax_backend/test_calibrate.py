@@ -5,6 +5,7 @@ host is refused, and the commands refuse bad flags in one line."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ from engine_free import BLOCK_SEARCH_ENGINES
 from eqsat import cli
 from eqsat.cost import cost_model
 from eqsat.errors import EqsatError
-from eqsat.xla_cost import CALIBRATION_FORMAT, Calibration, CalibrationError, Curve, XlaModel, write_calibration
+from eqsat.xla_cost import (CALIBRATION_FORMAT, Calibration, CalibrationError, Curve, Surface, XlaModel,
+                             write_calibration)
 from jax_backend import calibrate as cal_mod
 from jax_backend.calibration_check import spearman
 
@@ -83,7 +85,17 @@ def test_calibrate_reports_what_it_fitted(cache: Path, capsys: pytest.CaptureFix
     assert cli.main(["calibrate", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
     assert row["status"] == "measured" and row["launch_us"] == pytest.approx(2.0)
-    assert set(row["matmul_gflops"]) == {"1e+03", "1e+09"}
+    assert set(row["matmul_gflops"]) == {"1e+03", "1e+09"} and row["conv1x1_gflops"] is None
+
+
+def test_calibrate_reports_the_1x1_surface(cache: Path, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    surface = Surface((64.0, 1225.0), (6.5e4, 1.6e6), (1e-3, 2e-2, 1e-2, 4e-1))
+    monkeypatch.setattr(cal_mod, "calibrate", lambda say=None: replace(_fake(), conv1x1=surface))
+    assert cli.main(["calibrate", "--json"]) == 0
+    rates = json.loads(capsys.readouterr().out)["conv1x1_gflops"]
+    assert rates["64 rows x 6.5e+04"] == pytest.approx(2 * 64 * 6.5e4 / 1e-3 / 1e9)
+    assert len(rates) == 4
 
 
 def test_spearman() -> None:
