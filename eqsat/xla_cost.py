@@ -12,8 +12,8 @@ e-node of its class ends in an elementwise loop), and
 - a dot or conv (`"library"`) costs what the calibration measured for a call of its size (seconds
   against flops, interpolated in log-log between measured shapes) or the time to read its operands
   as a matrix-vector product as wide took per byte (`Calibration.gemv`), whichever is longer (an
-  NHWC conv on a curve of its own: on a CPU an NCHW conv pays XLA's transposes to NHWC; a dense 1x1
-  conv by its GEMM shape, `Calibration.conv1x1`), plus the loop of its activation,
+  NHWC conv on a curve of its own: on a CPU an NCHW conv pays XLA's transposes to NHWC; a dense conv
+  by its GEMM shape, rows x weight, on the surface `Calibration.conv1x1`), plus the loop of its activation,
   plus a loop kernel copying each operand that is a strided slice (a slice out of the middle of a
   value, or a view of one: a library call reads dense operands);
 - a copy (`"copy"`) costs a read and write of its output: a transpose of a dense value at the
@@ -133,7 +133,8 @@ class Surface:
     rows x weight elements (cin * cout), both increasing, `seconds` row-major (rows outer). Priced at
     the seconds per flop interpolated bilinearly in log space, clamped to the grid: on XLA:CPU such a
     conv's rate falls with fewer rows and with a larger weight, so neither flops alone nor a GEMM of
-    the same shape (which XLA does not make of it) predicts it."""
+    the same shape (which XLA does not make of it) predicts it. Any conv XLA:CPU runs as a GEMM is
+    priced at the rate for its GEMM shape (`_gemm_shape`)."""
 
     rows: tuple[float, ...]
     weights: tuple[float, ...]
@@ -245,7 +246,7 @@ class Calibration:
     gemv: Curve | None = None  # seconds of a (1, GEMV_K) x (GEMV_K, n) product against n; None: `weight_bandwidth`
     conv_nhwc: Curve | None = None  # dense NHWC convs (`conv2d_nhwc`); None: the conv curve
     gconv_nhwc: Curve | None = None  # grouped NHWC convs; None: `gconv`
-    conv1x1: Surface | None = None  # dense 1x1 NCHW convs by rows and weight; None: the conv curve
+    conv1x1: Surface | None = None  # dense NCHW convs by GEMM rows and weight (1x1 probes); None: the conv curve
     conv1x1_nhwc: Surface | None = None  # dense 1x1 NHWC convs; None: `conv1x1`
 
     def __post_init__(self) -> None:
@@ -479,25 +480,30 @@ class XlaModel:
 
 def _conv_seconds(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Shape], out: Shape,
                   flops: float) -> float:
-    """A conv call's seconds: a dense 1x1 conv by its GEMM shape on the layout's 1x1 surface, where one
-    was measured; any other on its layout's curve by flops (`_conv_curve`)."""
+    """A conv call's seconds: a conv run as a GEMM (`_gemm_shape`) at the seconds per flop of the
+    layout's surface for its GEMM shape, where one was measured; any other (a narrow grouped or a
+    depthwise conv) on its layout's curve by flops (`_conv_curve`)."""
     gemm = _gemm_shape(layout, shapes, out)
     surface = cal.conv1x1_nhwc if layout == "NHWC" and cal.conv1x1_nhwc is not None else cal.conv1x1
     if gemm is not None and surface is not None:
-        return surface.seconds_for(*gemm)
+        rows, weights = gemm
+        return surface.seconds_for(rows, weights) * flops / (2.0 * rows * weights)
     return _conv_curve(cal, layout, shapes).seconds_for(flops)
 
 
 def _gemm_shape(layout: ops.ConvLayout, shapes: Sequence[Shape], out: Shape) -> tuple[float, float] | None:
-    """(rows, weight elements) of a dense 1x1 conv on one image batch: the GEMM of its output pixels
-    by its cin x cout weight; None for any other conv."""
+    """(rows, weight elements) of a conv on one image batch as the GEMM XLA:CPU runs it: its output
+    pixels by its (cin / groups * kh * kw) x cout weight. For a dense conv, or one of groups wider
+    than the grouped curve's probes (`_grouped`): on a CPU their rate falls with fewer rows and a
+    larger weight, as a 1x1 conv's does (a 3x3 conv of 512 channels at 14x14 runs at a third of the
+    rate of one of 256). None for narrow grouped and depthwise convs (their own curve)."""
     x, w = shapes[0], shapes[1]
     if len(x) != 4 or len(w) != 4:
         return None
-    (cout, cin, kh, kw), channels = (w, x[1]) if layout == "NCHW" else ((w[3], w[2], w[0], w[1]), x[3])
-    if (kh, kw) != (1, 1) or cin != channels:
+    (cout, per_group, kh, kw), channels = (w, x[1]) if layout == "NCHW" else ((w[3], w[2], w[0], w[1]), x[3])
+    if per_group != channels and per_group <= GROUPED_CURVE_MAX_PER_GROUP:
         return None
-    return float(ops.numel(out) // cout), float(cin * cout)
+    return float(ops.numel(out) // cout), float(cout * per_group * kh * kw)
 
 
 def _conv_curve(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Shape]) -> Curve:

@@ -385,8 +385,14 @@ def test_a_merged_1x1_conv_is_priced_by_its_gemm_shape() -> None:
     shapes = [(1, 768, 17, 17), (192, 768, 1, 1)]
     assert XlaModel(by_shape).op_cost("conv2d", attrs, shapes) == pytest.approx(
         SLOWER_WHEN_WIDE.seconds_for(17 * 17, 768 * 192))
-    # a 3x3 conv and a grouped 1x1 conv stay on the curve by flops
-    for other in ([(1, 768, 17, 17), (192, 768, 3, 3)], [(1, 768, 17, 17), (192, 384, 1, 1)]):
+    # a 3x3 conv and a conv of 2 wide groups are GEMMs too: rows x (cin / groups * 3 * 3 or 1) x cout
+    for other, weights in (([(1, 768, 17, 17), (192, 768, 3, 3)], 192 * 768 * 9),
+                           ([(1, 768, 17, 17), (192, 384, 1, 1)], 192 * 384)):
+        work = ops.flops("conv2d", other, attrs)
+        rate = SLOWER_WHEN_WIDE.seconds_for(17 * 17, weights) / (2 * 17 * 17 * weights)
+        assert XlaModel(by_shape).op_cost("conv2d", attrs, other) == pytest.approx(work * rate)
+    # a narrow grouped conv (16 channels a group) and a depthwise one stay on the curve by flops
+    for other in ([(1, 512, 14, 14), (512, 16, 3, 3)], [(1, 512, 14, 14), (512, 1, 3, 3)]):
         work = ops.flops("conv2d", other, attrs)
         assert XlaModel(by_shape).op_cost("conv2d", attrs, other) == pytest.approx(conv.seconds_for(work))
 
