@@ -68,11 +68,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             if line.strip().startswith("{")]
     for path in args.calibrations:
         data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("format") == "eqsat-xla-calibration-4":  # measured before the 1x1 conv surfaces
+        if data.get("format") == "eqsat-xla-calibration-4":  # measured before the conv surfaces
             data = {**data, "format": CALIBRATION_FORMAT, "conv1x1": None, "conv1x1_nhwc": None}
         measured = Calibration.from_json(data)
         for label, cal in (("as measured", measured),
-                           ("without the 1x1 conv surfaces (the format-4 model)",
+                           ("without the conv surfaces (the format-4 model: convs by flops)",
                             replace(measured, conv1x1=None, conv1x1_nhwc=None)),
                            ("without the gemv, NHWC and 1x1 curves (the format-3 model)",
                             replace(measured, gemv=None, conv_nhwc=None, gconv_nhwc=None, conv1x1=None,

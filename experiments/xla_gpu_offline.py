@@ -39,7 +39,7 @@ def calibration(path: Path, floor_us: float | None, call_us: float) -> tuple[Cal
     data = json.loads(path.read_text(encoding="utf-8"))
     if data.get("format") == "eqsat-xla-calibration-3":  # measured before the gemv and NHWC curves
         data = {**data, "format": "eqsat-xla-calibration-4", "gemv": None, "conv_nhwc": None, "gconv_nhwc": None}
-    if data.get("format") == "eqsat-xla-calibration-4":  # measured before the 1x1 conv surfaces
+    if data.get("format") == "eqsat-xla-calibration-4":  # measured before the conv surfaces
         data = {**data, "format": CALIBRATION_FORMAT, "conv1x1": None, "conv1x1_nhwc": None}
     if data.get("format") == CALIBRATION_FORMAT and floor_us is None:
         return Calibration.from_json(data), "measured (format 3, 4 or 5)"
