@@ -36,6 +36,8 @@ FusionKind = Literal["leaf", "view", "loop", "copy", "library", "kernel"]
 nothing; `loop` ops join the loop fusion of their elementwise neighbours; `copy` ops move bytes (a
 concat, a transpose); `library` ops are a dot or conv call of their own; `kernel`: any other op
 is its own kernel (pools, reductions)."""
+ConvLayout = Literal["NCHW", "NHWC"]
+"""A convolution's operand layout (`OpSpec.conv_layout`): NCHW x OIHW, or NHWC x HWIO (XLA:CPU's own)."""
 DtypeKind = Literal["float", "int", "bool"]
 ResultDtype = Literal["same", "bool", "attr", "select"]
 """How an op's output dtype follows from its operands: `same` (operands of one dtype, the output of
@@ -153,6 +155,7 @@ class OpSpec:
     on_devices: Callable[[Attrs, int], bool] | None = None  # runs on a value with k leading device axes, each
     # device on its piece, for these attributes (None: never on distributed values)
     fusion_kind: FusionKind | None = None  # what XLA makes of it, where `fusion` cannot derive it
+    conv_layout: ConvLayout | None = None  # a convolution's operand layout (None: not a convolution)
 
     @property
     def fusion(self) -> FusionKind:
@@ -731,11 +734,11 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("conv2d", (AttrSpec("stride_h", "int", 1), AttrSpec("stride_w", "int", 1), AttrSpec("pad", "int", 0),
                       AttrSpec("act", "int", 0)), 2, _conv_infer, _conv_numpy, _conv_flops,
            doc="NCHW x OIHW convolution; groups = input channels / weight's input channels; shared leading axes batch it",
-           contraction=True, on_devices=_any_depth),
+           contraction=True, on_devices=_any_depth, conv_layout="NCHW"),
     OpSpec("conv2d_nhwc", (AttrSpec("stride_h", "int", 1), AttrSpec("stride_w", "int", 1), AttrSpec("pad", "int", 0),
                            AttrSpec("act", "int", 0)), 2, _conv_nhwc_infer, _conv_nhwc_numpy, _conv_nhwc_flops,
            doc="conv2d in the layout XLA:CPU runs natively: NHWC x HWIO → NHWC (the layout rules make it)",
-           fusion_kind="library"),
+           fusion_kind="library", conv_layout="NHWC"),
     _unary("relu", lambda x: np.maximum(x, 0), 1, "max(x, 0)", grad_reads="input", on_devices=_any_depth),
     _unary("tanh", np.tanh, 4, "hyperbolic tangent", grad_reads="output", on_devices=_any_depth),
     _unary("sigmoid", _sigmoid, 4, "logistic function", grad_reads="output", on_devices=_any_depth),

@@ -12,7 +12,8 @@ e-node of its class ends in an elementwise loop), and
 - a dot or conv (`"library"`) costs what the calibration measured for a call of its size (seconds
   against flops, interpolated in log-log between measured shapes) or the time to read its operands
   as a matrix-vector product as wide took per byte (`Calibration.gemv`), whichever is longer (an
-  NHWC conv on a curve of its own: on a CPU an NCHW conv pays XLA's transposes to NHWC), plus the loop of its activation,
+  NHWC conv on a curve of its own: on a CPU an NCHW conv pays XLA's transposes to NHWC; a dense conv
+  by its GEMM shape, rows x weight, on the surface `Calibration.conv1x1`), plus the loop of its activation,
   plus a loop kernel copying each operand that is a strided slice (a slice out of the middle of a
   value, or a view of one: a library call reads dense operands);
 - a copy (`"copy"`) costs a read and write of its output: a transpose of a dense value at the
@@ -57,13 +58,13 @@ from eqsat.errors import EqsatError
 if TYPE_CHECKING:
     from eqsat.ir import Graph
 
-__all__ = ["CALIBRATION_FORMAT", "FLOOR_KINDS", "Calibration", "CalibrationError", "ChainFit", "Curve", "XlaModel",
+__all__ = ["CALIBRATION_FORMAT", "FLOOR_KINDS", "Calibration", "CalibrationError", "ChainFit", "Curve", "Surface", "XlaModel",
            "fit_chain", "fusion_context", "graph_enodes", "read_calibration", "write_calibration"]
 
-CALIBRATION_FORMAT = "eqsat-xla-calibration-4"
+CALIBRATION_FORMAT = "eqsat-xla-calibration-5"
 """3: per-kind kernel floors, the per-call time and grouped convs; 4: matrix-vector products by size
-(`Calibration.gemv`) and NHWC convs (`Calibration.conv_nhwc`). An older cache is refused and
-measured again."""
+(`Calibration.gemv`) and NHWC convs (`Calibration.conv_nhwc`); 5: 1x1 convs by rows and weight
+(`Calibration.conv1x1`). An older cache is refused and measured again."""
 
 FLOOR_KINDS: tuple[str, ...] = ("loop", "copy", "kernel", "dot", "conv")
 """The kinds of kernel whose floor the calibration measures (`Calibration.floors`)."""
@@ -126,6 +127,68 @@ class Curve:
         return flops / self.seconds_for(flops)
 
 
+@dataclass(frozen=True)
+class Surface:
+    """Seconds of a dense 1x1 conv (a GEMM of `rows` output pixels by a cin x cout weight) on a grid of
+    rows x weight elements (cin * cout), both increasing, `seconds` row-major (rows outer). Priced at
+    the seconds per flop interpolated bilinearly in log space, clamped to the grid: on XLA:CPU such a
+    conv's rate falls with fewer rows and with a larger weight, so neither flops alone nor a GEMM of
+    the same shape (which XLA does not make of it) predicts it. Any conv XLA:CPU runs as a GEMM is
+    priced at the rate for its GEMM shape (`_gemm_shape`)."""
+
+    rows: tuple[float, ...]
+    weights: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.rows) < 2 or len(self.weights) < 2 or len(self.seconds) != len(self.rows) * len(self.weights):
+            raise CalibrationError("a calibration surface needs a grid of at least 2 x 2 (rows, weight) points")
+        if not all(_positive(x) for x in (*self.rows, *self.weights, *self.seconds)):
+            raise CalibrationError("a calibration surface holds a non-positive or non-finite number")
+        if any(b <= a for axis in (self.rows, self.weights) for a, b in zip(axis, axis[1:])):
+            raise CalibrationError("a calibration surface's rows or weights are not increasing")
+
+    @staticmethod
+    def fit(rows: Sequence[float], weights: Sequence[float], seconds: Sequence[float]) -> Surface:
+        """A surface through a measured grid, each row count's seconds per flop made non-decreasing in
+        the weight (a larger weight never runs at a higher rate: past L2 it streams from further
+        away) by pooling adjacent violators in log space, as `Curve.fit` does: one noisy fast point
+        would otherwise make every merge toward it look like a gain."""
+        n = len(weights)
+        pooled: list[float] = []
+        for i, r in enumerate(rows):
+            blocks: list[tuple[float, int]] = []  # (mean log seconds per flop, points pooled)
+            for j, w in enumerate(weights):
+                blocks.append((math.log(seconds[i * n + j] / (2.0 * r * w)), 1))
+                while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+                    (a, k), (c, m) = blocks[-2], blocks[-1]
+                    blocks[-2:] = [((a * k + c * m) / (k + m), k + m)]
+            logs = [mean for mean, k in blocks for _ in range(k)]
+            pooled += [2.0 * r * w * math.exp(lg) for w, lg in zip(weights, logs)]
+        return Surface(tuple(rows), tuple(weights), tuple(pooled))
+
+    def seconds_for(self, rows: float, weights: float) -> float:
+        """Seconds of a 1x1 conv of `rows` output pixels and `weights` weight elements (2 * rows * weights flops)."""
+        (i, t), (j, u) = _cell(self.rows, rows), _cell(self.weights, weights)
+        n = len(self.weights)
+
+        def log_rate(a: int, b: int) -> float:  # log seconds per flop at grid point (a, b)
+            return math.log(self.seconds[a * n + b] / (2.0 * self.rows[a] * self.weights[b]))
+
+        low = (1 - u) * log_rate(i, j) + u * log_rate(i, j + 1)
+        high = (1 - u) * log_rate(i + 1, j) + u * log_rate(i + 1, j + 1)
+        return 2.0 * rows * weights * math.exp((1 - t) * low + t * high)
+
+
+def _cell(axis: Sequence[float], x: float) -> tuple[int, float]:
+    """The grid cell [axis[i], axis[i + 1]] holding x and x's place in it (0..1, in log space), clamped."""
+    lx = math.log(min(max(x, axis[0]), axis[-1]))
+    for i in range(len(axis) - 1):
+        if lx <= math.log(axis[i + 1]) or i == len(axis) - 2:
+            return i, (lx - math.log(axis[i])) / (math.log(axis[i + 1]) - math.log(axis[i]))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def _positive(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf
 
@@ -183,6 +246,8 @@ class Calibration:
     gemv: Curve | None = None  # seconds of a (1, GEMV_K) x (GEMV_K, n) product against n; None: `weight_bandwidth`
     conv_nhwc: Curve | None = None  # dense NHWC convs (`conv2d_nhwc`); None: the conv curve
     gconv_nhwc: Curve | None = None  # grouped NHWC convs; None: `gconv`
+    conv1x1: Surface | None = None  # dense NCHW convs by GEMM rows and weight (1x1 probes); None: the conv curve
+    conv1x1_nhwc: Surface | None = None  # dense 1x1 NHWC convs; None: `conv1x1`
 
     def __post_init__(self) -> None:
         defaults = {"weight_bandwidth": self.bandwidth, "copy_s": self.launch_s, "kernel_s": self.launch_s,
@@ -217,10 +282,14 @@ class Calibration:
             curves = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) for k in ("matmul", "conv")}
             optional = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) if data[k] is not None else None
                         for k in ("gconv", "gemv", "conv_nhwc", "gconv_nhwc")}
+            surfaces = {k: Surface(tuple(data[k]["rows"]), tuple(data[k]["weights"]), tuple(data[k]["seconds"]))
+                        if data[k] is not None else None for k in ("conv1x1", "conv1x1_nhwc")}
             return Calibration(str(data["machine"]), str(data["device"]), data["launch_s"], data["bandwidth"],
                                data["loop_flops"], curves["matmul"], curves["conv"], float(data.get("seconds", 0.0)),
                                data["weight_bandwidth"], data["copy_s"], data["kernel_s"], data["dot_s"],
-                               data["conv_s"], data["call_s"], **optional)
+                               data["conv_s"], data["call_s"], optional["gconv"], optional["gemv"],
+                               optional["conv_nhwc"], optional["gconv_nhwc"], surfaces["conv1x1"],
+                               surfaces["conv1x1_nhwc"])
         except CalibrationError:
             raise
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -371,14 +440,15 @@ class XlaModel:
                 return max(work / cal.loop_flops, reads / cal.bandwidth)
             return max(cal.launch_s, work / cal.loop_flops, (sum(in_bytes) + out_bytes) / cal.bandwidth)
         if kind == "library":
-            is_conv = op in ("conv2d", "conv2d_nhwc")
-            curve, floor = (_conv_curve(cal, op, shapes), cal.conv_s) if is_conv else (cal.matmul, cal.dot_s)
+            layout = spec.conv_layout
             act = ops.Activation(int(spec.normalize_attrs(attrs).get("act", 0)))
             # the call: its efficiency at this size, or the time to read its operands (a matrix-vector product)
-            dot = work - (ops.numel(outs[0]) if act is not ops.Activation.NONE else 0)
+            dot = max(work - (ops.numel(outs[0]) if act is not ops.Activation.NONE else 0), 1.0)
             moved = sum(in_bytes) + out_bytes
-            read = moved / cal.weight_bandwidth if is_conv else _dot_read_seconds(cal, moved, shapes[1][-1])
-            call = max(floor, curve.seconds_for(max(dot, 1.0)), read)
+            if layout is not None:
+                call = max(cal.conv_s, _conv_seconds(cal, layout, shapes, outs[0], dot), moved / cal.weight_bandwidth)
+            else:
+                call = max(cal.dot_s, cal.matmul.seconds_for(dot), _dot_read_seconds(cal, moved, shapes[1][-1]))
             # an operand sliced out of the middle of a value is first copied by a loop kernel
             call += sum(max(cal.launch_s, 2 * b / cal.bandwidth) for b, s in zip(in_bytes, strided) if s)
             if act is ops.Activation.NONE:
@@ -408,11 +478,39 @@ class XlaModel:
         return self.calibration.call_s + self.price_graph(graph, fold_weights)
 
 
-def _conv_curve(cal: Calibration, op: str, shapes: Sequence[Shape]) -> Curve:
+def _conv_seconds(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Shape], out: Shape,
+                  flops: float) -> float:
+    """A conv call's seconds: a conv run as a GEMM (`_gemm_shape`) at the seconds per flop of the
+    layout's surface for its GEMM shape, where one was measured; any other (a narrow grouped or a
+    depthwise conv) on its layout's curve by flops (`_conv_curve`)."""
+    gemm = _gemm_shape(layout, shapes, out)
+    surface = cal.conv1x1_nhwc if layout == "NHWC" and cal.conv1x1_nhwc is not None else cal.conv1x1
+    if gemm is not None and surface is not None:
+        rows, weights = gemm
+        return surface.seconds_for(rows, weights) * flops / (2.0 * rows * weights)
+    return _conv_curve(cal, layout, shapes).seconds_for(flops)
+
+
+def _gemm_shape(layout: ops.ConvLayout, shapes: Sequence[Shape], out: Shape) -> tuple[float, float] | None:
+    """(rows, weight elements) of a conv on one image batch as the GEMM XLA:CPU runs it: its output
+    pixels by its (cin / groups * kh * kw) x cout weight. For a dense conv, or one of groups wider
+    than the grouped curve's probes (`_grouped`): on a CPU their rate falls with fewer rows and a
+    larger weight, as a 1x1 conv's does (a 3x3 conv of 512 channels at 14x14 runs at a third of the
+    rate of one of 256). None for narrow grouped and depthwise convs (their own curve)."""
+    x, w = shapes[0], shapes[1]
+    if len(x) != 4 or len(w) != 4:
+        return None
+    (cout, per_group, kh, kw), channels = (w, x[1]) if layout == "NCHW" else ((w[3], w[2], w[0], w[1]), x[3])
+    if per_group != channels and per_group <= GROUPED_CURVE_MAX_PER_GROUP:
+        return None
+    return float(ops.numel(out) // cout), float(cout * per_group * kh * kw)
+
+
+def _conv_curve(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Shape]) -> Curve:
     """The curve a conv is priced on: by layout (an NCHW conv's curve holds the transposes XLA:CPU
     puts around it to run it as NHWC) and whether it is grouped (`_grouped`)."""
-    nhwc = op == "conv2d_nhwc"
-    if _grouped(op, shapes) and cal.gconv is not None:
+    nhwc = layout == "NHWC"
+    if _grouped(layout, shapes) and cal.gconv is not None:
         return cal.gconv_nhwc if nhwc and cal.gconv_nhwc is not None else cal.gconv
     return cal.conv_nhwc if nhwc and cal.conv_nhwc is not None else cal.conv
 
@@ -443,10 +541,10 @@ def _dot_read_seconds(cal: Calibration, moved: float, width: int) -> float:
 GROUPED_CURVE_MAX_PER_GROUP = 64
 
 
-def _grouped(op: str, shapes: Sequence[Shape]) -> bool:
+def _grouped(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
     """A grouped conv of more than one and at most `GROUPED_CURVE_MAX_PER_GROUP` channels a group (not
     a dense conv, not a depthwise one). Wider groups (two merged convs: 2 groups of 1280) run as the
     dense convs they are and are priced on the dense curve."""
     x, w = shapes[0], shapes[1]
-    channels, per_group = (x[1], w[1]) if op == "conv2d" else (x[3], w[2])
+    channels, per_group = (x[1], w[1]) if layout == "NCHW" else (x[3], w[2])
     return 1 < per_group < channels and per_group <= GROUPED_CURVE_MAX_PER_GROUP

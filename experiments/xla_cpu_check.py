@@ -25,7 +25,7 @@ from typing import Any
 from eqsat.candidates import structure_key
 from eqsat.cost import predicted_speedup
 from eqsat.ir import Graph
-from eqsat.xla_cost import Calibration, XlaModel
+from eqsat.xla_cost import CALIBRATION_FORMAT, Calibration, XlaModel
 from jax_backend.calibration_check import spearman
 
 ILP = "ilp-xla"  # the xla ILP plan's file name (`ilp/xla` in optimize rows)
@@ -67,9 +67,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = [json.loads(line) for run in args.runs for line in run.read_text(encoding="utf-8").splitlines()
             if line.strip().startswith("{")]
     for path in args.calibrations:
-        measured = Calibration.from_json(json.loads(path.read_text(encoding="utf-8")))
-        for label, cal in (("as measured", measured), ("without the gemv and NHWC curves (the format-3 model)",
-                                                       replace(measured, gemv=None, conv_nhwc=None, gconv_nhwc=None))):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("format") == "eqsat-xla-calibration-4":  # measured before the conv surfaces
+            data = {**data, "format": CALIBRATION_FORMAT, "conv1x1": None, "conv1x1_nhwc": None}
+        measured = Calibration.from_json(data)
+        for label, cal in (("as measured", measured),
+                           ("without the conv surfaces (the format-4 model: convs by flops)",
+                            replace(measured, conv1x1=None, conv1x1_nhwc=None)),
+                           ("without the gemv, NHWC and 1x1 curves (the format-3 model)",
+                            replace(measured, gemv=None, conv_nhwc=None, gconv_nhwc=None, conv1x1=None,
+                                    conv1x1_nhwc=None))):
             report(f"{path}: {label}", cal, args.plans, rows)
 
 

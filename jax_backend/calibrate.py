@@ -6,7 +6,8 @@ tiny kernel of that kind adds to a chain of up to 64 (`FLOOR_PROBES`, `chain_fit
 of a call beyond its kernels (each call timed to completion, as plans are judged), grouped convs, the
 bandwidth of a loop fusion streaming a 1 MiB array, the arithmetic rate of a long elementwise
 chain, dots and convs (NCHW and NHWC, dense and grouped) of representative sizes (seconds against
-flops: the efficiency curves), each as the marginal cost of one more call in a chain, and
+flops: the efficiency curves; dense 1x1 convs on a grid of rows x channels), each as the marginal
+cost of one more call in a chain, and
 matrix-vector products of 1 to 8 MiB weights (seconds against output width: on a CPU a wide
 one streams its weight faster per byte than a narrow one), as independent calls on distinct weights.
 The result is cached per machine, device and JAX version (`eqsat.xla_cost.Calibration`); the
@@ -33,12 +34,13 @@ from eqsat import ops
 from eqsat.cost import _machine_key, register_cost_model
 from eqsat.errors import EqsatError
 from eqsat.paths import cache_dir
-from eqsat.xla_cost import (FLOOR_KINDS, GEMV_K, Calibration, CalibrationError, ChainFit, Curve, XlaModel, fit_chain,
-                             read_calibration, write_calibration)
+from eqsat.xla_cost import (FLOOR_KINDS, GEMV_K, Calibration, CalibrationError, ChainFit, Curve, Surface, XlaModel,
+                             fit_chain, read_calibration, write_calibration)
 from jax_backend.measured_cost import check_measuring_device, device_key
 from jax_backend.timing import interleaved_rounds
 
-__all__ = ["MATMUL_SHAPES", "GEMV_SHAPES", "CONV_SHAPES", "CHAIN_LENGTHS", "FLOOR_PROBES", "GCONV_SHAPES", "calibration_path", "calibrate",
+__all__ = ["MATMUL_SHAPES", "GEMV_SHAPES", "CONV_SHAPES", "CONV1X1_SIZES", "CONV1X1_CHANNELS",
+           "CHAIN_LENGTHS", "FLOOR_PROBES", "GCONV_SHAPES", "calibration_path", "calibrate",
            "chain_fit", "chain_is_device_bound", "load_calibration", "xla_model"]
 
 MATMUL_SHAPES: tuple[tuple[int, int, int], ...] = (
@@ -63,6 +65,15 @@ extrapolated, up to them)."""
 GCONV_SHAPES: tuple[tuple[int, int, int], ...] = ((64, 56, 4), (512, 14, 16), (2048, 7, 64))
 """(channels, height = width, channels a group) of the calibration's grouped 3x3 convs (ResNeXt's
 cardinality-32 blocks): 1.4e7 to 1.2e8 flops."""
+
+CONV1X1_SIZES: tuple[int, ...] = (8, 17, 35)
+CONV1X1_CHANNELS: tuple[int, ...] = (256, 768, 1280)
+"""The grid of the calibration's dense 1x1 convs (`eqsat.xla_cost.Calibration.conv1x1`): (1, C, H, H) *
+(C, C, 1, 1) for H in `CONV1X1_SIZES` (64 to 1225 rows: Inception's 8x8, 17x17 and 35x35) and C in
+`CONV1X1_CHANNELS` (6.6e4 to 1.6e6 weight elements; merged 1x1 convs reach 2048 x 1152, priced at the
+largest: the probe at 35 x 35 rows is already 4e9 flops)."""
+
+CONV1X1_CALLS = 2  # independent convs a 1x1 probe program runs (`_conv1x1_surfaces`)
 
 CHAIN_LENGTHS: tuple[int, ...] = (1, 16, 32, 64)
 """Kernels in the chains that measure each kind's floor (`eqsat.xla_cost.fit_chain`): the longest
@@ -283,11 +294,44 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
                 convs.setdefault((grouped, nhwc), []).append((f, t))
                 say(f"{'grouped ' if grouped else ''}conv {'NHWC' if nhwc else 'NCHW'} {c} channels {hw}x{hw} "
                     f"({width} a group) {kernel}x{kernel}: {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
+    surfaces = _conv1x1_surfaces(say, call_s)
     return Calibration(_machine_key(), device_key(), launch, bandwidth, loop_flops, Curve.fit(matmul),
                        Curve.fit(convs[False, False]), time.perf_counter() - start, weight_bandwidth,
                        fits["copy"].floor_s, fits["kernel"].floor_s, fits["dot"].floor_s, fits["conv"].floor_s,
                        call_s, Curve.fit(convs[True, False]), Curve.fit(gemv), Curve.fit(convs[False, True]),
-                       Curve.fit(convs[True, True]))
+                       Curve.fit(convs[True, True]), *surfaces)
+
+
+def _conv1x1_surfaces(say: Callable[[str], None], call_s: float = 0.0) -> tuple[Surface, Surface]:
+    """The NCHW and NHWC 1x1-conv surfaces. Per row count, every channel count in both layouts in the
+    same interleaved rounds (a busy machine slows each alike, so the ratios along the weight, what
+    merging convs changes, hold), each as a program of `CONV1X1_CALLS` independent convs of one
+    input on distinct weights (as a plan's parallel branches run), less `call_s`, over their count."""
+    attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    for hw in CONV1X1_SIZES:
+        thunks = []
+        for c in CONV1X1_CHANNELS:
+            for op, x_shape, w_shape in (("conv2d", (1, c, hw, hw), (c, c, 1, 1)),
+                                         ("conv2d_nhwc", (1, hw, hw, c), (1, 1, c, c))):
+                x, *ws = _arrays(x_shape, *[w_shape] * CONV1X1_CALLS)
+                many = jax.jit(functools.partial(_independent_convs, op, attrs))
+                thunks.append(_to_completion(functools.partial(many, x, *ws)))
+        times, _ = interleaved_rounds(thunks, 15, budget_s=4.0, min_rounds=5)
+        for i, c in enumerate(CONV1X1_CHANNELS):
+            for nhwc in (False, True):
+                t = max((statistics.median(times[2 * i + nhwc]) - call_s) / CONV1X1_CALLS, 1e-8)
+                seconds[nhwc].append(t)
+                say(f"1x1 conv {'NHWC' if nhwc else 'NCHW'} {c} channels {hw}x{hw}: {t * 1e6:.0f} us, "
+                    f"{2 * hw * hw * c * c / t / 1e9:.1f} GFLOP/s")
+    rows, weights = tuple(float(hw * hw) for hw in CONV1X1_SIZES), tuple(float(c * c) for c in CONV1X1_CHANNELS)
+    return Surface.fit(rows, weights, seconds[False]), Surface.fit(rows, weights, seconds[True])
+
+
+def _independent_convs(op: str, attrs: dict[str, Any], x: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:
+    from jax_backend.lower import lower_node
+
+    return tuple(lower_node(op, (x, w), attrs)[0] for w in ws)
 
 
 def load_calibration(force: bool = False, say: Callable[[str], None] = lambda _: None,

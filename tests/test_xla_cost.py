@@ -4,6 +4,7 @@ context, and the conventions and named rule sets it is compared under."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from eqsat.egraph import TensorEGraph
 from eqsat.ir import Graph, GraphBuilder
 from eqsat.rulesets import RULE_SETS, UnknownRuleSetError, named_rules
 from eqsat.cost import predicted_speedup
-from eqsat.xla_cost import (GEMV_K, Calibration, CalibrationError, Curve, XlaModel, fit_chain, read_calibration,
+from eqsat.xla_cost import (GEMV_K, Calibration, CalibrationError, Curve, Surface, XlaModel, fit_chain, read_calibration,
                             write_calibration)
 
 CAL = Calibration("machine-a", "cpu-test", launch_s=5e-6, bandwidth=10e9, loop_flops=5e9,
@@ -351,3 +352,91 @@ def test_a_format_3_calibration_is_refused_as_older(tmp_path: Path) -> None:
     path.write_text(json.dumps({**old, "format": "eqsat-xla-calibration-3"}))
     with pytest.raises(CalibrationError, match="older eqsat"):
         read_calibration(path, "machine-a", "cpu-test")
+
+
+def _one_by_one_convs(parts: tuple[int, ...], nhwc: bool = False) -> Graph:
+    """One image through dense 1x1 convs of `parts` output channels each (a merged conv: one part)."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 17, 17, 768) if nhwc else (1, 768, 17, 17))
+    attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+    outs = []
+    for i, cout in enumerate(parts):
+        w = b.weight(f"w{i}", (1, 1, 768, cout) if nhwc else (cout, 768, 1, 1))
+        (y,) = b.apply("conv2d_nhwc" if nhwc else "conv2d", [x, w], attrs)
+        outs.append(y)
+    return b.build(outs)
+
+
+# seconds per flop doubling from the smallest weight to the largest, the same at every row count
+SLOWER_WHEN_WIDE = Surface((64.0, 1225.0), (6.5e4, 1.6e6), tuple(2 * r * w * spf for r in (64.0, 1225.0)
+                                                                   for w, spf in ((6.5e4, 1e-11), (1.6e6, 2e-11))))
+
+
+def test_a_merged_1x1_conv_is_priced_by_its_gemm_shape() -> None:
+    # the conv curve by flops alone runs a 4x larger conv at a higher rate: merging looks like a gain
+    conv = Curve((1e6, 1e8, 1e9), (1e-4, 2e-3, 1e-2))
+    separate, merged = _one_by_one_convs((192,) * 4), _one_by_one_convs((768,))
+    flops_only = replace(CAL, conv=conv, conv_s=1e-7)
+    assert predicted_speedup(separate, merged, XlaModel(flops_only)) > 1.2
+    # on the 1x1 surface a 768 x 768 weight runs at a lower rate than a 768 x 192 one: no gain
+    by_shape = replace(flops_only, conv1x1=SLOWER_WHEN_WIDE)
+    assert predicted_speedup(separate, merged, XlaModel(by_shape)) < 1.0
+    attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+    shapes = [(1, 768, 17, 17), (192, 768, 1, 1)]
+    assert XlaModel(by_shape).op_cost("conv2d", attrs, shapes) == pytest.approx(
+        SLOWER_WHEN_WIDE.seconds_for(17 * 17, 768 * 192))
+    # a 3x3 conv and a conv of 2 wide groups are GEMMs too: rows x (cin / groups * 3 * 3 or 1) x cout
+    for other, weights in (([(1, 768, 17, 17), (192, 768, 3, 3)], 192 * 768 * 9),
+                           ([(1, 768, 17, 17), (192, 384, 1, 1)], 192 * 384)):
+        work = ops.flops("conv2d", other, attrs)
+        rate = SLOWER_WHEN_WIDE.seconds_for(17 * 17, weights) / (2 * 17 * 17 * weights)
+        assert XlaModel(by_shape).op_cost("conv2d", attrs, other) == pytest.approx(work * rate)
+    # a narrow grouped conv (16 channels a group) and a depthwise one stay on the curve by flops
+    for other in ([(1, 512, 14, 14), (512, 16, 3, 3)], [(1, 512, 14, 14), (512, 1, 3, 3)]):
+        work = ops.flops("conv2d", other, attrs)
+        assert XlaModel(by_shape).op_cost("conv2d", attrs, other) == pytest.approx(conv.seconds_for(work))
+
+
+def test_a_surface_interpolates_the_rate_in_log_space_and_clamps_it() -> None:
+    s = SLOWER_WHEN_WIDE
+    assert s.seconds_for(64, 6.5e4) == pytest.approx(2 * 64 * 6.5e4 * 1e-11)
+    assert s.seconds_for(1225, 1.6e6) == pytest.approx(2 * 1225 * 1.6e6 * 2e-11)
+    mid = math.sqrt(6.5e4 * 1.6e6)  # halfway in log: the geometric mean of the rates
+    assert s.seconds_for(300, mid) == pytest.approx(2 * 300 * mid * math.sqrt(2) * 1e-11)
+    assert s.seconds_for(10, 1e3) == pytest.approx(2 * 10 * 1e3 * 1e-11)  # below the grid: the edge's rate
+    assert s.seconds_for(1e5, 1e8) == pytest.approx(2 * 1e5 * 1e8 * 2e-11)
+    with pytest.raises(CalibrationError, match="2 x 2"):
+        Surface((1.0, 2.0), (1.0, 2.0), (1.0, 1.0, 1.0))
+    with pytest.raises(CalibrationError, match="increasing"):
+        Surface((2.0, 1.0), (1.0, 2.0), (1.0,) * 4)
+    cal = replace(CAL, conv1x1=s, conv1x1_nhwc=s)
+    assert Calibration.from_json(json.loads(json.dumps(cal.to_json()))) == cal
+
+
+def test_the_op_registrys_conv_layout_picks_the_conv_pricing(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ops.op_spec("conv2d").conv_layout == "NCHW" and ops.op_spec("conv2d_nhwc").conv_layout == "NHWC"
+    assert all(spec.fusion == "library" for spec in ops.OPS.values() if spec.conv_layout is not None)
+    assert ops.op_spec("matmul").conv_layout is None
+    quick = Surface((64.0, 1225.0), (6.5e4, 1.6e6), (1e-3,) * 4)
+    cal = replace(CAL, conv1x1=SLOWER_WHEN_WIDE, conv1x1_nhwc=quick, conv_s=1e-9)
+    attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+    nhwc_shapes = [(1, 17, 17, 768), (1, 1, 768, 192)]
+    assert XlaModel(cal).op_cost("conv2d_nhwc", attrs, nhwc_shapes) == pytest.approx(1e-3)
+    # the field, not the op's name, says which layout's surface (and which axes) a conv is priced on
+    spec = ops.OPS["conv2d_nhwc"]
+    monkeypatch.setitem(ops.OPS, "conv2d_nhwc", replace(spec, conv_layout="NCHW"))  # type: ignore[index]
+    assert XlaModel(cal).op_cost("conv2d_nhwc", attrs, nhwc_shapes) != pytest.approx(1e-3)
+    monkeypatch.setitem(ops.OPS, "conv2d_nhwc", replace(spec, conv_layout=None))  # type: ignore[index]
+    assert XlaModel(cal).op_cost("conv2d_nhwc", attrs, nhwc_shapes) == pytest.approx(
+        max(cal.dot_s, cal.matmul.seconds_for(ops.flops("conv2d_nhwc", nhwc_shapes, attrs)),
+            4 * (17 * 17 * 768 + 768 * 192 + 17 * 17 * 192) / cal.weight_bandwidth))
+
+
+def test_a_fitted_surface_never_runs_a_larger_weight_at_a_higher_rate() -> None:
+    rows, weights = (64.0, 1225.0), (1e4, 1e5, 1e6)
+    spf = (1e-11, 0.5e-11, 4e-11, 1e-11, 2e-11, 3e-11)  # at 64 rows the middle weight ran fast (noise)
+    s = Surface.fit(rows, weights, [2 * r * w * spf[i * 3 + j] for i, r in enumerate(rows) for j, w in enumerate(weights)])
+    pooled = math.sqrt(1e-11 * 0.5e-11)  # the violators pooled in log space
+    assert s.seconds_for(64, 1e4) == pytest.approx(2 * 64 * 1e4 * pooled)
+    assert s.seconds_for(64, 1e5) == pytest.approx(2 * 64 * 1e5 * pooled)
+    assert s.seconds_for(1225, 1e5) == pytest.approx(2 * 1225 * 1e5 * 2e-11)  # already ordered: as measured

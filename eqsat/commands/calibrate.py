@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
         "conv_gflops": {f"{f:.3g}": f / s / 1e9 for f, s in zip(cal.conv.flops, cal.conv.seconds)},
         "gconv_gflops": {f"{f:.3g}": f / s / 1e9 for f, s in zip(cal.gconv.flops, cal.gconv.seconds)}
         if cal.gconv is not None else None,
+        "conv1x1_gflops": {f"{r:.0f} rows x {w:.3g}": 2 * r * w / cal.conv1x1.seconds_for(r, w) / 1e9
+                           for r in cal.conv1x1.rows for w in cal.conv1x1.weights} if cal.conv1x1 is not None else None,
     }
     if not names:
         yield fitted

@@ -5,6 +5,7 @@ host is refused, and the commands refuse bad flags in one line."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ from engine_free import BLOCK_SEARCH_ENGINES
 from eqsat import cli
 from eqsat.cost import cost_model
 from eqsat.errors import EqsatError
-from eqsat.xla_cost import CALIBRATION_FORMAT, Calibration, CalibrationError, Curve, XlaModel, write_calibration
+from eqsat.xla_cost import (CALIBRATION_FORMAT, Calibration, CalibrationError, Curve, Surface, XlaModel,
+                             write_calibration)
 from jax_backend import calibrate as cal_mod
 from jax_backend.calibration_check import spearman
 
@@ -83,7 +85,17 @@ def test_calibrate_reports_what_it_fitted(cache: Path, capsys: pytest.CaptureFix
     assert cli.main(["calibrate", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
     assert row["status"] == "measured" and row["launch_us"] == pytest.approx(2.0)
-    assert set(row["matmul_gflops"]) == {"1e+03", "1e+09"}
+    assert set(row["matmul_gflops"]) == {"1e+03", "1e+09"} and row["conv1x1_gflops"] is None
+
+
+def test_calibrate_reports_the_1x1_surface(cache: Path, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    surface = Surface((64.0, 1225.0), (6.5e4, 1.6e6), (1e-3, 2e-2, 1e-2, 4e-1))
+    monkeypatch.setattr(cal_mod, "calibrate", lambda say=None: replace(_fake(), conv1x1=surface))
+    assert cli.main(["calibrate", "--json"]) == 0
+    rates = json.loads(capsys.readouterr().out)["conv1x1_gflops"]
+    assert rates["64 rows x 6.5e+04"] == pytest.approx(2 * 64 * 6.5e4 / 1e-3 / 1e9)
+    assert len(rates) == 4
 
 
 def test_spearman() -> None:
@@ -190,3 +202,12 @@ def test_probes_time_wide_dots_and_both_conv_layouts_in_one_set_of_rounds() -> N
     assert all(n > k for _, k, n in cal_mod.MATMUL_SHAPES[-1:])  # the largest dot is a wide (merged) one
     assert min(4 * k * n for k, n in cal_mod.GEMV_SHAPES) * 4 <= cal_mod.GEMV_BYTES  # 4 or more weights a probe
     assert [s > 0 for s in cal_mod._gemv_seconds(((8, 16), (8, 32)), 0.0, total_bytes=4096)] == [True, True]
+
+
+def test_the_1x1_conv_grid_is_timed_in_both_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every (rows, channels) point of the grid gives one NCHW and one NHWC time, in grid order."""
+    monkeypatch.setattr(cal_mod, "CONV1X1_SIZES", (2, 3))
+    monkeypatch.setattr(cal_mod, "CONV1X1_CHANNELS", (4, 8))
+    nchw, nhwc = cal_mod._conv1x1_surfaces(lambda _: None)
+    assert nchw.rows == nhwc.rows == (4.0, 9.0) and nchw.weights == (16.0, 64.0)
+    assert len(nchw.seconds) == len(nhwc.seconds) == 4 and all(0 < s < 1 for s in (*nchw.seconds, *nhwc.seconds))
