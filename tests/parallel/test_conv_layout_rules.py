@@ -6,7 +6,7 @@ axis) move a batch split through the layout transposes with the permutation shif
 axis; `batch-bias-bcast4`, `batch-scalar-bcast*` split the broadcasts feeding the bias adds and the
 scalar ops; `batch-pool*` pool each device's piece (pooling now runs on values with leading device
 axes, as conv2d does); `batch-spatial-sum` and `partition-ewdiv2` carry the split through the mean
-into the dense head. Each instance is proved for every shape the guard admits; wrong variants are
+into the dense head (`-kept`: the same behind a device axis of another mesh axis). Each instance is proved for every shape the guard admits; wrong variants are
 refuted.
 """
 
@@ -25,7 +25,8 @@ from jax_backend.lower import lower_node
 
 CNN_RULES = ("nchw-batch-transpose", "nhwc-batch-transpose", "nchw-batch-transpose-kept", "nhwc-batch-transpose-kept",
              "batch-bias-bcast4", "batch-scalar-bcast4", "batch-scalar-bcast2", "partition-relu4", "batch-poolavg2",
-             "batch-poolmax2", "batch-poolavg3", "batch-poolmax3", "batch-spatial-sum", "partition-ewdiv2")
+             "batch-poolmax2", "batch-poolavg3", "batch-poolmax3", "batch-spatial-sum", "partition-ewdiv2",
+             "batch-bias-bcast4-kept", "batch-scalar-bcast4-kept", "batch-scalar-bcast2-kept", "batch-spatial-sum-kept")
 POOL_INSTANCES = 4  # each pool line: strides 1, 2 x paddings SAME, VALID
 
 
