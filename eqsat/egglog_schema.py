@@ -254,14 +254,19 @@ def _conv2d_nhwc(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCa
 
 
 def _pool(attrs: Mapping[str, Expr], xs: Sequence[Expr]) -> tuple[ShapeCase, ...]:
+    """NCHW, with any leading (device) axes, as `_conv2d`: the last two dims are pooled."""
     (x,) = xs
     kh, kw, sh, sw = attrs["kernel_h"], attrs["kernel_w"], attrs["stride_h"], attrs["stride_w"]
+    h, w = _get(x, _from_end(x, "-2")), _get(x, _from_end(x, "-1"))
     cases = []
     for pad in ops.Padding:
-        ho, wo = _window(_get(x, 2), kh, sh, pad), _window(_get(x, 3), kw, sw, pad)
-        facts = (f"(= {_length(x)} 4)", f"(>= {kh} 1)", f"(>= {kw} 1)", f"(>= {sh} 1)", f"(>= {sw} 1)",
-                 f"(>= {ho} 1)", f"(>= {wo} 1)", *_act_ok(attrs["act"]))
-        cases.append(ShapeCase(facts, f"(vec-of {_get(x, 0)} {_get(x, 1)} {ho} {wo})", (("pad", int(pad)),)))
+        ho, wo = _window(h, kh, sh, pad), _window(w, kw, sw, pad)
+        facts = (f"(>= {_length(x)} 4)", f"(<= {_length(x)} {ops.CONV_MAX_RANK})", f"(>= {kh} 1)", f"(>= {kw} 1)",
+                 f"(>= {sh} 1)", f"(>= {sw} 1)", f"(>= {ho} 1)", f"(>= {wo} 1)", *_act_ok(attrs["act"]))
+        items = vec_items(x)
+        result = (vec_of([*items[:-2], ho, wo]) if items is not None
+                  else f"(vec-push (vec-push (vec-pop (vec-pop {x})) {ho}) {wo})")
+        cases.append(ShapeCase(facts, result, (("pad", int(pad)),)))
     return tuple(cases)
 
 

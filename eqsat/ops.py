@@ -464,23 +464,25 @@ def _pool_infer(op: str) -> Callable[[Sequence[Shape], Attrs], tuple[Shape, ...]
     def infer(shapes: Sequence[Shape], a: Attrs) -> tuple[Shape, ...]:
         x = shapes[0]
         _check_act(op, shapes, a["act"])
-        if len(x) != 4:
-            raise _fail(op, shapes, "needs an NCHW input")
+        if not 4 <= len(x) <= CONV_MAX_RANK:  # leading axes: one pool per device (eqsat.distribution)
+            raise _fail(op, shapes, "needs an NCHW input (or one with leading batch axes)")
         if min(a["kernel_h"], a["kernel_w"], a["stride_h"], a["stride_w"]) < 1:
             raise _fail(op, shapes, "kernel and strides must be positive")
         if a["pad"] not in tuple(Padding):
             raise _fail(op, shapes, f"padding code {a['pad']} is not 0 SAME or 1 VALID")
-        ho, _, _ = window_out_and_pads(x[2], a["kernel_h"], a["stride_h"], a["pad"])
-        wo, _, _ = window_out_and_pads(x[3], a["kernel_w"], a["stride_w"], a["pad"])
+        ho, _, _ = window_out_and_pads(x[-2], a["kernel_h"], a["stride_h"], a["pad"])
+        wo, _, _ = window_out_and_pads(x[-1], a["kernel_w"], a["stride_w"], a["pad"])
         if ho < 1 or wo < 1:
             raise _fail(op, shapes, "the window is larger than the (unpadded) input")
-        return ((x[0], x[1], ho, wo),)
+        return ((*x[:-2], ho, wo),)
 
     return infer
 
 
 def _pool_numpy(reduce: str) -> Callable[[Sequence[np.ndarray], Attrs], tuple[np.ndarray, ...]]:
     def run(xs: Sequence[np.ndarray], a: Attrs) -> tuple[np.ndarray, ...]:
+        if xs[0].ndim > 4:  # leading batch axes: one pool each
+            return (np.stack([run([x], a)[0] for x in xs[0]]),)
         fill = -np.inf if reduce == "max" else 0.0
         win = _windows(xs[0], a["kernel_h"], a["kernel_w"], a["stride_h"], a["stride_w"], a["pad"], fill)
         out = win.max(axis=(4, 5)) if reduce == "max" else win.mean(axis=(4, 5))  # avg counts padding
@@ -742,9 +744,10 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
     _unary("relu", lambda x: np.maximum(x, 0), 1, "max(x, 0)", grad_reads="input", on_devices=_any_depth),
     _unary("tanh", np.tanh, 4, "hyperbolic tangent", grad_reads="output", on_devices=_any_depth),
     _unary("sigmoid", _sigmoid, 4, "logistic function", grad_reads="output", on_devices=_any_depth),
-    OpSpec("poolmax", _POOL_ATTRS, 1, _pool_infer("poolmax"), _pool_numpy("max"), _pool_flops, doc="max pooling"),
+    OpSpec("poolmax", _POOL_ATTRS, 1, _pool_infer("poolmax"), _pool_numpy("max"), _pool_flops, doc="max pooling",
+           on_devices=_any_depth),
     OpSpec("poolavg", _POOL_ATTRS, 1, _pool_infer("poolavg"), _pool_numpy("avg"), _pool_flops,
-           doc="average pooling; padded positions count as zeros"),
+           doc="average pooling; padded positions count as zeros", on_devices=_any_depth),
     OpSpec("concat", (AttrSpec("axis", "int"),), None, _concat_infer,
            lambda xs, a: (np.concatenate(xs, axis=a["axis"]),), _zero_flops, doc="join along an axis",
            fusion_kind="copy", operand_kinds=ANY_KIND, on_devices=_axis_past_devices),

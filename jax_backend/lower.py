@@ -84,6 +84,8 @@ def _conv2d_nhwc(xs: Sequence[Array], a: Mapping[str, Any], precision: Any) -> t
 def _pool(reduce: str) -> Lowering:
     def lower(xs: Sequence[Array], a: Mapping[str, Any], precision: Any) -> tuple[Array, ...]:
         x = xs[0]
+        if x.ndim > 4:  # leading batch axes (one pool per device): one pool each
+            return (jax.vmap(lambda xi: lower((xi,), a, precision)[0])(x),)
         kh, kw = a["kernel_h"], a["kernel_w"]
         pads = [(0, 0), (0, 0), *_window_pads(x.shape, kh, kw, a["stride_h"], a["stride_w"], a["pad"])]
         dims, strides = (1, 1, kh, kw), (1, 1, a["stride_h"], a["stride_w"])

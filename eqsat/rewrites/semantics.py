@@ -281,6 +281,8 @@ def _conv_nhwc(alg: Algebra, xs: Sequence[np.ndarray], a: Mapping[str, Any]) -> 
 def _pool(reduce: str) -> Impl:
     def run(alg: Algebra, xs: Sequence[np.ndarray], a: Mapping[str, Any]) -> np.ndarray:
         x = xs[0]
+        if x.ndim > 4:  # leading batch axes (one pool per device): one pool each
+            return np.stack([run(alg, [xi], a) for xi in x])
         kh, kw, sh, sw = a["kernel_h"], a["kernel_w"], a["stride_h"], a["stride_w"]
         ho, pt, pb = ops.window_out_and_pads(x.shape[2], kh, sh, a["pad"])
         wo, pl, pr = ops.window_out_and_pads(x.shape[3], kw, sw, a["pad"])

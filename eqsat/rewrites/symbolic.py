@@ -426,11 +426,11 @@ class _Builder:
         if not all(type(v) is int for v in (kh, kw, sh, sw, pad, code)):
             raise Unsupported(f"{t.op}: attributes that are not integer literals")
         act = _activation(t.op, code)
-        if len(x.dims) != 4 or min(kh, kw, sh, sw) < 1 or pad not in (0, 1):
+        if not 4 <= len(x.dims) <= 6 or min(kh, kw, sh, sw) < 1 or pad not in (0, 1):
             raise _IllTyped(f"{t.op}: rank, kernel, strides or padding")
         if kh * kw > 64:
             raise Unsupported(f"{t.op}: a window of {kh * kw} reads")
-        n, c, h, wd = x.dims
+        *lead, h, wd = x.dims  # leading (batch, channel, device) axes are read in place
         ho, pt = _window(h, z3.IntVal(kh), sh, pad, typed)
         wo, pl = _window(wd, z3.IntVal(kw), sw, pad, typed)
         if t.op == "poolmax":  # each window overlaps the input: padding on each side below the kernel
@@ -438,12 +438,12 @@ class _Builder:
         typed += [ho >= 1, wo >= 1]
 
         def pool(i: Sequence[z3.ArithRef]) -> z3.ArithRef:
-            b, ch, oi, oj = i
+            *front, oi, oj = i
             reads = []
             for di in range(kh):
                 for dj in range(kw):
                     r, q = oi * sh + di - pt, oj * sw + dj - pl
-                    reads.append((z3.And(r >= 0, r < h, q >= 0, q < wd), x.elem([b, ch, r, q])))
+                    reads.append((z3.And(r >= 0, r < h, q >= 0, q < wd), x.elem([*front, r, q])))
             if t.op == "poolavg":
                 total = z3.Sum([z3.If(inb, v, z3.RealVal(0)) for inb, v in reads])
                 out = total / z3.RealVal(kh * kw)
@@ -454,7 +454,7 @@ class _Builder:
                     seen = z3.Or(seen, inb)
             return out if act is None else _act(act, out)
 
-        return _Value((n, c, ho, wo), pool)
+        return _Value((*lead, ho, wo), pool)
 
     def _broadcast(self, t: Term, x: _Value, typed: list[z3.BoolRef]) -> _Value:
         """`ops` broadcast: input axis k lands on output axis dims[k] (increasing), its size 1 or the
