@@ -180,7 +180,8 @@ def test_parallel_name_sets_keep_their_membership() -> None:
                                "sqrt",
                                # a batch split through reshape (leading dims kept), the causal mask, softmax
                                "reshape", "select_n", "stop_gradient",
-                               "slice", "concat"},  # a split of another dim through split / concat
+                               "slice", "concat",  # a split of another dim through split / concat
+                               "poolavg", "poolmax"},  # pools run on device stacks, as conv2d does
         "ops.DISTRIBUTION_OPS": distribution,  # memory.MOVERS
         "memory.ELEMENTWISE_SAVE_OUTPUT": {"tanh", "sigmoid", "exp"},
         "memory.ELEMENTWISE_SAVE_INPUT": {"relu"},
