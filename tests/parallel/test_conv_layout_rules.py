@@ -20,10 +20,11 @@ from eqsat import ops
 from eqsat.parallel.rules import _items, instantiate
 from eqsat.rewrites.concrete import REFUTED, VerifyOptions, verify_concrete
 from eqsat.rewrites.parser import parse_rule_text
-from eqsat.rewrites.symbolic import prove_symbolic
 from eqsat.rewrites.verify import verify_rules
 from eqsat.rulesets import is_trusted
 from jax_backend.lower import lower_node
+
+from .rule_proofs import assert_proved_for_all_shapes, assert_refuted
 
 CNN_RULES = ("nchw-batch-transpose", "nhwc-batch-transpose", "nchw-batch-transpose-kept", "nhwc-batch-transpose-kept",
              "batch-bias-bcast4", "partition-relu4", "batch-poolavg2",
@@ -36,9 +37,7 @@ POOL_INSTANCES = 4  # each pool line: strides 1, 2 x paddings SAME, VALID
 def test_every_cnn_rule_instance_is_proved_for_all_shapes(parts: int) -> None:
     rules = instantiate(0, parts, names=CNN_RULES)
     assert len(rules) == len(CNN_RULES) + 4 * (POOL_INSTANCES - 1)
-    for rule in rules:
-        how = prove_symbolic(rule) or prove_symbolic(rule, guarded=True)
-        assert how is not None and "symbolic dims" in how, rule.name
+    assert_proved_for_all_shapes(rules)
     for rule, result in zip(rules, verify_rules(rules), strict=True):  # what the planner's trust policy reads
         assert is_trusted(result), (rule.name, result.status, result.guarded_status)
 
@@ -58,9 +57,7 @@ def test_every_cnn_rule_instance_is_proved_for_all_shapes(parts: int) -> None:
 ])
 def test_wrong_cnn_rules_are_refuted(text: str) -> None:
     rule = parse_rule_text(_items(text))[0]
-    assert prove_symbolic(rule) is None and prove_symbolic(rule, guarded=True) is None
-    got = verify_concrete(rule, VerifyOptions(samples=24))
-    assert REFUTED in {got.status, got.guarded_status}
+    assert_refuted(rule)
 
 
 @pytest.mark.parametrize("op", ["poolavg", "poolmax"])

@@ -24,11 +24,10 @@ from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import Mesh
 from eqsat.parallel.planner import STRATEGY_RULES, PlanError, graph_axes, plan_graph, plan_report, rules_on
 from eqsat.parallel.rules import instantiate, mesh_rules
-from eqsat.rewrites.concrete import REFUTED, VerifyOptions, verify_concrete
 from eqsat.rewrites.parser import parse_rule_text
-from eqsat.rewrites.symbolic import prove_symbolic
 
 from .on_devices import assert_plan_runs_on_devices
+from .rule_proofs import assert_proved_for_all_shapes, assert_refuted
 
 HEAD_RULES = ("bmm-unmerge", "reshape-partition-last-2", "reshape-partition-last-3", "reshape-partition-merge",
               "reshape-partition-split", "heads-transpose-in", "heads-transpose-out", "heads-keys-transpose",
@@ -39,9 +38,7 @@ HEAD_RULES = ("bmm-unmerge", "reshape-partition-last-2", "reshape-partition-last
 def test_every_head_rule_instance_is_proved_for_all_shapes(parts: int) -> None:
     rules = instantiate(0, parts, names=HEAD_RULES)
     assert len(rules) == len(HEAD_RULES)
-    for rule in rules:
-        how = prove_symbolic(rule) or prove_symbolic(rule, guarded=True)
-        assert how is not None and "symbolic dims" in how, rule.name
+    assert_proved_for_all_shapes(rules)
 
 
 @pytest.mark.parametrize("text", [
@@ -65,9 +62,7 @@ def test_every_head_rule_instance_is_proved_for_all_shapes(parts: int) -> None:
 ])
 def test_wrong_head_rules_are_refuted(text: str) -> None:
     rule = parse_rule_text(text)[0]
-    assert prove_symbolic(rule) is None and prove_symbolic(rule, guarded=True) is None
-    got = verify_concrete(rule, VerifyOptions(samples=24))
-    assert REFUTED in {got.status, got.guarded_status}
+    assert_refuted(rule)
 
 
 def test_dp_x_tp_splits_the_batch_over_the_data_axes_and_megatron_over_the_last() -> None:

@@ -16,13 +16,12 @@ from eqsat.ir import Graph, GraphBuilder
 from eqsat.parallel.mesh import parse_mesh
 from eqsat.parallel.planner import graph_axes, plan_graph, verified_parallel_rules
 from eqsat.parallel.rules import instantiate
-from eqsat.rewrites.concrete import REFUTED, VerifyOptions, verify_concrete
 from eqsat.rewrites.parser import parse_rule_text
 from eqsat.rewrites.rule import Rule
-from eqsat.rewrites.symbolic import prove_symbolic
 from eqsat.rewrites.to_egglog import to_egglog
 
 from .on_devices import assert_plan_runs_on_devices
+from .rule_proofs import assert_proved_for_all_shapes, assert_refuted
 
 BATCH_RULES = ("reshape-partition-1", "reshape-partition-2", "reshape-partition-3", "reshape-partition-4",
                "reshape-partition-kept-1", "reshape-partition-kept-2", "reshape-partition-kept-3",
@@ -40,9 +39,7 @@ def _one(name: str, parts: int = 2) -> Rule:
 def test_every_batch_rule_instance_is_proved_for_all_shapes(parts: int) -> None:
     rules = instantiate(0, parts, names=BATCH_RULES)
     assert len(rules) == 8 * 4 + 16
-    for rule in rules:
-        how = prove_symbolic(rule) or prove_symbolic(rule, guarded=True)
-        assert how is not None and "symbolic dims" in how, rule.name
+    assert_proved_for_all_shapes(rules)
 
 
 @pytest.mark.parametrize("text", [
@@ -62,9 +59,7 @@ def test_every_batch_rule_instance_is_proved_for_all_shapes(parts: int) -> None:
 ])
 def test_wrong_batch_rules_are_not_proved(text: str) -> None:
     rule = parse_rule_text(text)[0]
-    assert prove_symbolic(rule) is None and prove_symbolic(rule, guarded=True) is None
-    result = verify_concrete(rule, VerifyOptions(samples=24))  # one decision: it is deterministic
-    assert REFUTED in {result.guarded_status, result.status}
+    assert_refuted(rule)
 
 
 def test_a_condition_names_the_reshape_target() -> None:
