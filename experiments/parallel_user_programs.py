@@ -254,8 +254,143 @@ def cnn_problem(batch: int = 32, size: int = 16, channels: int = 3, features: tu
     return train_step, (params, opt.init(params), (images, labels, mask))
 
 
+# --- a ViT classifier in Equinox ------------------------------------------------------------------
+
+def vit_problem(batch: int = 16, size: int = 16, patch: int = 4, channels: int = 3, d: int = 64, heads: int = 4,
+                hidden: int = 128, layers: int = 2, classes: int = 10) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """An Equinox ViT: patches cut by reshape and embedded by `eqx.nn.Linear` under `jax.vmap`, a
+    class token concatenated in front, learned position embeddings, pre-norm blocks of
+    `eqx.nn.LayerNorm` / `eqx.nn.MultiheadAttention` (a key padding mask: each image has a number of
+    valid patches) / a GELU MLP, the class token's logits; the model written for one example and
+    vmapped over the batch; params split by `eqx.partition(model, eqx.is_array)`, gradients by
+    `eqx.filter_value_and_grad`, optax AdamW on a warmup-cosine schedule after global-norm clipping."""
+    import equinox as eqx
+
+    tokens = (size // patch) ** 2 + 1
+
+    class Block(eqx.Module):
+        ln1: eqx.nn.LayerNorm
+        attn: eqx.nn.MultiheadAttention
+        ln2: eqx.nn.LayerNorm
+        fc1: eqx.nn.Linear
+        fc2: eqx.nn.Linear
+
+        def __init__(self, key: Any) -> None:
+            k1, k2, k3 = jax.random.split(key, 3)
+            self.ln1, self.ln2 = eqx.nn.LayerNorm(d), eqx.nn.LayerNorm(d)
+            self.attn = eqx.nn.MultiheadAttention(heads, d, key=k1)
+            self.fc1, self.fc2 = eqx.nn.Linear(d, hidden, key=k2), eqx.nn.Linear(hidden, d, key=k3)
+
+        def __call__(self, x: Any, mask: Any) -> Any:
+            h = jax.vmap(self.ln1)(x)
+            x = x + self.attn(h, h, h, mask=mask)
+            h = jax.vmap(self.ln2)(x)
+            return x + jax.vmap(lambda t: self.fc2(jax.nn.gelu(self.fc1(t))))(h)
+
+    class ViT(eqx.Module):
+        embed: eqx.nn.Linear
+        cls: jax.Array
+        pos: jax.Array
+        blocks: list[Block]
+        norm: eqx.nn.LayerNorm
+        head: eqx.nn.Linear
+
+        def __init__(self, key: Any) -> None:
+            keys = jax.random.split(key, layers + 4)
+            self.embed = eqx.nn.Linear(patch * patch * channels, d, key=keys[0])
+            self.cls = jax.random.normal(keys[1], (1, d)) * 0.02
+            self.pos = jax.random.normal(keys[2], (tokens, d)) * 0.02
+            self.blocks = [Block(k) for k in keys[4:]]
+            self.norm = eqx.nn.LayerNorm(d)
+            self.head = eqx.nn.Linear(d, classes, key=keys[3])
+
+        def __call__(self, image: Any, valid: Any) -> Any:  # one (H, W, C) image, its number of valid patches
+            g = size // patch
+            patches = image.reshape(g, patch, g, patch, channels).transpose(0, 2, 1, 3, 4).reshape(g * g, -1)
+            x = jnp.concatenate([self.cls, jax.vmap(self.embed)(patches)]) + self.pos
+            keep = jnp.arange(tokens) <= valid  # the class token and the valid patches
+            mask = jnp.broadcast_to(keep[None, :], (tokens, tokens))
+            for block in self.blocks:
+                x = block(x, mask)
+            return self.head(self.norm(x[0]))
+
+    model = ViT(jax.random.key(0))
+    params, static = eqx.partition(model, eqx.is_array)
+    schedule = optax.warmup_cosine_decay_schedule(0.0, LR, warmup_steps=2, decay_steps=100)
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.05))
+    k_img, k_lab, k_valid = jax.random.split(jax.random.key(1), 3)
+    images = jax.random.normal(k_img, (batch, size, size, channels))
+    labels = jax.random.randint(k_lab, (batch,), 0, classes)
+    valid = jax.random.randint(k_valid, (batch,), tokens // 2, tokens)
+
+    def train_step(params: Any, opt_state: Any, batch: Any) -> Any:
+        x, y, n = batch
+
+        @eqx.filter_value_and_grad
+        def loss_fn(p: Any) -> Any:
+            logits = jax.vmap(eqx.combine(p, static))(x, n)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+        loss, grads = loss_fn(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return eqx.apply_updates(params, updates), opt_state, loss
+
+    return train_step, (params, opt.init(params), (images, labels, valid))
+
+
+# --- a bf16 GRU language model under `lax.scan` ---------------------------------------------------
+
+def gru_problem(batch: int = 16, seq: int = 16, vocab: int = 64, d: int = 64, hidden: int = 128) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """A GRU language model in bf16 mixed precision: f32 master params cast to bf16 for the
+    compute, an embedding gather, the input projections of all steps at once, the recurrence under
+    `lax.scan` over time (time-major), bf16 logits cast to f32 for a next-token cross-entropy
+    masked by each sequence's length; optax Lion after global-norm clipping."""
+    keys = iter(jax.random.split(jax.random.key(0), 8))
+
+    def normal(*shape: int) -> Any:
+        return jax.random.normal(next(keys), shape) / shape[0] ** 0.5
+
+    params = {"embed": normal(vocab, d), "w_x": normal(d, 3 * hidden), "w_h": normal(hidden, 3 * hidden),
+              "b": jnp.zeros(3 * hidden), "w_out": normal(hidden, vocab), "b_out": jnp.zeros(vocab)}
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.lion(LR, weight_decay=1e-4))
+
+    def gru(p: Any, tokens: Any) -> Any:
+        p = jax.tree_util.tree_map(lambda w: w.astype(jnp.bfloat16), p)
+        xs = p["embed"][tokens] @ p["w_x"] + p["b"]                        # (b, t, 3h), all steps at once
+
+        def cell(h: Any, x: Any) -> tuple[Any, Any]:
+            xr, xz, xn = jnp.split(x, 3, axis=-1)
+            hr, hz, hn = jnp.split(h @ p["w_h"], 3, axis=-1)
+            r, z = jax.nn.sigmoid(xr + hr), jax.nn.sigmoid(xz + hz)
+            h = (1 - z) * jnp.tanh(xn + r * hn) + z * h
+            return h, h
+
+        h0 = jnp.zeros((tokens.shape[0], hidden), jnp.bfloat16)
+        _, hs = jax.lax.scan(cell, h0, xs.swapaxes(0, 1))                  # (t, b, h)
+        return (hs.swapaxes(0, 1) @ p["w_out"] + p["b_out"]).astype(jnp.float32)
+
+    tokens = jax.random.randint(next(keys), (batch, seq + 1), 0, vocab)
+    lengths = jax.random.randint(next(keys), (batch,), seq // 2, seq + 1)
+
+    def train_step(params: Any, opt_state: Any, batch: Any) -> Any:
+        tokens, lengths = batch
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+
+        def loss_fn(p: Any) -> Any:
+            ce = optax.softmax_cross_entropy_with_integer_labels(gru(p, inputs), targets)
+            mask = (jnp.arange(inputs.shape[1])[None, :] < lengths[:, None]).astype(jnp.float32)
+            return (ce * mask).sum() / mask.sum()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return train_step, (params, opt.init(params), (tokens, lengths))
+
+
 PROGRAMS: dict[str, Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]] = {
-    "mlp": mlp_problem, "gpt": gpt_problem, "moe": moe_problem, "llama": llama_problem, "cnn": cnn_problem}
+    "mlp": mlp_problem, "gpt": gpt_problem, "moe": moe_problem, "llama": llama_problem, "cnn": cnn_problem,
+    "vit": vit_problem, "gru": gru_problem}
 
 
 def same_as_single_device(plan: Any, step: Callable[..., Any], args: tuple[Any, ...], steps: int = 3) -> dict[str, Any]:

@@ -617,11 +617,18 @@ def loop_origins(program: Program) -> dict[int, tuple[int, int]]:
     """Per value id a `lax.scan` body reads (its consts, carry and one slice of each scanned input):
     (the outermost value it stands for, the leading dims that value has more: one per enclosing scan
     that slices it). A body graph's plan of a layer's weight slice is then the plan of the stacked
-    weight (`nn.scan` / `lax.scan` over layer params), its leading layer dim(s) whole."""
+    weight (`nn.scan` / `lax.scan` over layer params), its leading layer dim(s) whole. A graph's
+    dtype cast of a value it reads (bf16 compute on f32 master weights) stands for that value too."""
     out: dict[int, tuple[int, int]] = {}
 
     def walk(steps: Sequence[Step]) -> None:
         for s in steps:
+            if isinstance(s, GraphStep):
+                for vid, node, _ in s.sources:
+                    n = s.graph.nodes[node]
+                    if n.op == "convert_element_type" and ops.OPS[s.graph.nodes[n.inputs[0].node].op].is_leaf:
+                        read = int(str(s.graph.nodes[n.inputs[0].node].attr["name"])[1:])
+                        out[vid] = out.get(read, (read, 0))
             if not isinstance(s, LoopStep):
                 continue
             n_consts, n_carry = scan_counts(s.eqn.params, len(s.inputs))

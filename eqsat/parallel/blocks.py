@@ -311,7 +311,8 @@ def _subgraph(graph: Graph, keep: Sequence[int], replaced: Mapping[Value, Node],
 
     for i in keep:
         copy(i)
-    return Graph(tuple(nodes), tuple(value(v) for v in outputs)).live()
+    outs = tuple(value(v) for v in outputs)  # first: an output outside `keep` (a constant) adds its nodes
+    return Graph(tuple(nodes), outs).live()
 
 
 def _leaf_node(graph: Graph, v: Value, name: str) -> Node:
@@ -347,7 +348,7 @@ def rest_graph(graph: Graph, blocks: Blocks) -> tuple[Graph | None, str, tuple[i
     entry = blocks.entries[0]
     if not constant[entry.node]:
         outs.append(entry)
-    if not keep or not outs:
+    if not outs:  # (an output made from leaves alone is returned even when nothing else is kept)
         return None, name, tuple(where)
     return _subgraph(graph, keep, {blocks.exits[-1]: _leaf_node(graph, blocks.exits[-1], name)}, outs), name, tuple(where)
 

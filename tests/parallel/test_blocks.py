@@ -172,3 +172,22 @@ def test_user_gpt_with_four_layers_reuses_its_block_plan() -> None:
     specs = dict(plan.report.leaf_specs)
     for name in ("qkv", "proj", "fc", "out"):  # every layer's weight split as the first layer's
         assert len({specs[f"arg0['blocks'][{k}]['{name}']"] for k in range(4)}) == 1, specs
+
+
+def test_rest_graph_returns_an_output_computed_from_leaves_alone() -> None:
+    """A graph output made from leaves without a product (a mask the step also returns) is in no
+    block and not in the rest's kept nodes: the rest graph still returns it, its nodes included
+    (it once read past the rest's nodes and failed with a KeyError, or was dropped with no rest)."""
+    for head in (True, False):
+        b = GraphBuilder()
+        h = b.input("x", (4, 8))
+        for i in range(3):
+            h = b.tanh(b.matmul(h, b.weight(f"w{i}", (8, 8))))
+        m = b.input("m", (4, 8))
+        g = b.build([b.matmul(h, b.weight("head", (8, 2))) if head else h, b.tanh(b.ewmul(m, m))])
+        blocks = find_blocks(g)
+        assert blocks is not None and blocks.copies == 3
+        rest, _, where = rest_graph(g, blocks)
+        assert rest is not None and where == ((0, 1) if head else (None, 0))
+        assert [n.op for n in rest.nodes if n.op not in ("input", "weight")][-2:] == ["ewmul", "tanh"]
+        assert rest.shape(rest.outputs[1 if head else 0]) == (4, 8)
