@@ -224,8 +224,8 @@ def _parallel_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--random-plans", type=POSITIVE_INT, default=None,
                         help="random plans per case (default: 20; with --spearman 10)")
     parser.add_argument("--user-programs", nargs="+", default=None, metavar="PROGRAM",
-                        help="instead: these user programs (mlp, gpt, moe, llama, cnn) through eqsat.parallel.plan, 3 optax steps "
-                             "checked against one device")
+                        help="instead: these user programs (mlp, gpt, moe, llama, cnn, vit, gru) through eqsat.parallel.plan, "
+                             "3 optax steps checked against one device")
     parser.add_argument("--meshes", nargs="+", default=None, help="mesh shapes (default: 8 2x4 4x2)")
     parser.add_argument("--mesh", default="2x4", help="--spearman: the mesh shape")
     parser.add_argument("--timing-budget", type=POSITIVE, default=6.0,

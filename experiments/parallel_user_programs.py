@@ -2,12 +2,17 @@
 MLP classifier, a GPT-2-style decoder (pre-LN, fused QKV + split, causal mask, GELU, batch x seq
 x d, token embedding gather) and an MoE layer (top-k token dispatch), each with an optax Adam step;
 a Flax Llama-style decoder (RMSNorm, rotary embeddings, SwiGLU, layers under `nn.scan`, AdamW after
-global-norm clipping) and a Flax CNN classifier (convolutions, pooling, a label mask, SGD with momentum).
+global-norm clipping), a Flax CNN classifier (convolutions, pooling, a label mask, SGD with momentum),
+an Equinox ViT (vmapped per-example model, class token, key padding mask, AdamW on a warmup-cosine
+schedule) and a bf16 mixed-precision GRU language model (`lax.scan` over time, Lion).
 For each program and mesh one JSON row:
 plan time, the plan's predicted step and compiled bytes / memory beside the baselines', and whether
-3 steps equal the single-device `jax.jit(train_step)`'s (loss rtol 1e-4, params within 2 lr steps).
+3 steps equal the single-device `jax.jit(train_step)`'s (loss rtol 1e-4, params within 2 lr steps;
+`TOLERANCES` for the bf16 GRU).
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.parallel_user_programs [mlp|gpt|moe|llama|cnn] [8|2x4|4x2]
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.parallel_user_programs [PROGRAM] [MESH]
+
+(PROGRAM: mlp, gpt, moe, llama, cnn, vit, gru; MESH: 8, 2x4, 4x2.)
 
 Times are predictions of the `parallel` cost model; the 8 emulated CPU devices share this machine's
 cores, so wall-clock figures mean nothing here. Bytes and memory are the compiled programs'.
@@ -340,7 +345,8 @@ def vit_problem(batch: int = 16, size: int = 16, patch: int = 4, channels: int =
 
 # --- a bf16 GRU language model under `lax.scan` ---------------------------------------------------
 
-def gru_problem(batch: int = 16, seq: int = 16, vocab: int = 64, d: int = 64, hidden: int = 128) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+def gru_problem(batch: int = 16, seq: int = 16, vocab: int = 64, d: int = 64,
+                hidden: int = 128) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """A GRU language model in bf16 mixed precision: f32 master params cast to bf16 for the
     compute, an embedding gather, the input projections of all steps at once, the recurrence under
     `lax.scan` over time (time-major), bf16 logits cast to f32 for a next-token cross-entropy
@@ -393,7 +399,18 @@ PROGRAMS: dict[str, Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]] = 
     "vit": vit_problem, "gru": gru_problem}
 
 
-def same_as_single_device(plan: Any, step: Callable[..., Any], args: tuple[Any, ...], steps: int = 3) -> dict[str, Any]:
+TOLERANCES: dict[str, tuple[float, float]] = {"gru": (2.0 ** -8, 1.001)}
+"""(loss rtol, params bound in units of 2 lr steps) of a program not checked at (1e-4, 1): the bf16
+GRU's loss is compared at bf16's unit roundoff (2^-8: its sharded products round their partial sums
+in bf16), and Lion's step is lr (1 + wd |p|) per element, so a noise-level gradient that flips sign
+each step moves a parameter a hair over 2 lr per step."""
+
+
+def same_as_single_device(plan: Any, step: Callable[..., Any], args: tuple[Any, ...], steps: int = 3,
+                          tolerance: tuple[float, float] = (1e-4, 1.0)) -> dict[str, Any]:
+    """Runs `steps` steps of the plan's jitted step and of the single-device `jax.jit(step)`: the worst
+    relative loss difference, the largest parameter difference, and whether both are within
+    `tolerance` (loss rtol, params bound in units of 2 lr steps)."""
     params, opt_state, batch = args
     sharded = plan.jit(donate_argnums=(0, 1))
     ref = jax.jit(step)
@@ -407,7 +424,7 @@ def same_as_single_device(plan: Any, step: Callable[..., Any], args: tuple[Any, 
     worst_param = max(float(jnp.max(jnp.abs(a - b))) for a, b in
                       zip(jax.tree_util.tree_leaves(mine[0]), jax.tree_util.tree_leaves(theirs[0])))
     return {"loss_rel_diff": worst_loss, "param_max_diff": worst_param,
-            "same_as_single_device": worst_loss <= 1e-4 and worst_param <= 2 * LR * steps}
+            "same_as_single_device": worst_loss <= tolerance[0] and worst_param <= tolerance[1] * 2 * LR * steps}
 
 
 def run(program: str, mesh_spec: str, time_limit: float = 60.0) -> dict[str, Any]:
@@ -420,7 +437,7 @@ def run(program: str, mesh_spec: str, time_limit: float = 60.0) -> dict[str, Any
                            **plan.report.to_json()}
     row.pop("leaf_specs")
     row["collectives"] = len(row["collectives"])
-    row.update(same_as_single_device(plan, step, args))
+    row.update(same_as_single_device(plan, step, args, tolerance=TOLERANCES.get(program, (1e-4, 1.0))))
     dp = next(b for b in plan.report.baselines if b.name == "data-parallel")
     if dp.compiled is not None and plan.report.compiled is not None:
         row["bytes_le_dp"] = plan.report.compiled.comm_bytes <= dp.compiled.comm_bytes
