@@ -292,6 +292,28 @@ def _check_argnums(args: Sequence[Any], params_argnums: Sequence[int]) -> tuple[
 
 # --- the forward of the step ----------------------------------------------------------------------
 
+def unwrap_jit(closed: Any) -> Any:
+    """The step's own jaxpr when the whole step is one `jax.jit` / `eqx.filter_jit` call (a decorated
+    `train_step` traces to a single call equation over all its arguments, which would hide the loss
+    from `_forward_jaxpr`); else `closed` itself."""
+    jaxpr = closed.jaxpr
+    if len(jaxpr.eqns) != 1 or str(jaxpr.eqns[0].primitive) not in ("jit", "pjit"):
+        return closed
+    eqn = jaxpr.eqns[0]
+    inner = eqn.params.get("jaxpr")
+    body, consts = (inner.jaxpr, list(inner.consts)) if hasattr(inner, "consts") else (inner, [])
+    if (not isinstance(body, jcore.Jaxpr) or len(body.constvars) != len(consts)
+            or list(eqn.invars) != list(jaxpr.invars) or len(body.outvars) != len(eqn.outvars)):
+        return closed
+    inside = dict(zip(eqn.outvars, body.outvars)) | dict(zip(jaxpr.invars, body.invars))
+    outs = [inside.get(v, v) if isinstance(v, jcore.Var) else v for v in jaxpr.outvars]
+    if not all(isinstance(v, jcore.Literal) or v in set(body.invars) or any(v in e.outvars for e in body.eqns)
+               for v in outs):
+        return closed
+    return jcore.ClosedJaxpr(jcore.Jaxpr(body.constvars, body.invars, outs, body.eqns, body.effects,
+                                         debug_info=jaxpr.debug_info), consts)
+
+
 def _forward_jaxpr(closed: Any, state_vars: set[Any], not_loss: Collection[int] = ()) -> tuple[Any, int] | None:
     """The step's forward: the equations its loss (the first float scalar output that depends on
     the model state and is no new state, `not_loss`) is computed from, as a closed jaxpr over all
@@ -744,6 +766,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
 
     try:
         closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*flat)
+        closed = unwrap_jit(closed)
     except EqsatError:
         raise
     except Exception as exc:
