@@ -286,7 +286,9 @@ def _check_argnums(args: Sequence[Any], params_argnums: Sequence[int]) -> tuple[
         bad = [type(x).__name__ for x in leaves if not hasattr(x, "shape") or not hasattr(x, "dtype")]
         if not leaves or bad:
             raise ApiError(f"params_argnums names argument {i}, which is not a pytree of arrays"
-                           + (f" (it holds {', '.join(sorted(set(bad)))})" if bad else " (it has no leaves)"))
+                           + (f" (it holds {', '.join(sorted(set(bad)))}; pass its arrays alone, e.g. Equinox's "
+                              "`params, static = eqx.partition(model, eqx.is_array)`, the step closing over `static`)"
+                              if bad else " (it has no leaves)"))
     return nums
 
 

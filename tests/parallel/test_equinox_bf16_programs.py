@@ -104,6 +104,22 @@ def test_a_jitted_step_is_planned_as_its_body() -> None:
     assert unwrap_jit(plain) is plain
 
 
+def test_an_equinox_model_passed_whole_is_refused_in_one_line_that_says_how() -> None:
+    """An `eqx.Module` holds functions besides its arrays: as a `params_argnums` argument it is one
+    `EqsatError` line naming what it holds and how to pass its arrays alone."""
+    import equinox as eqx
+
+    import eqsat.parallel as ep
+    from eqsat.errors import EqsatError
+
+    model = eqx.nn.MLP(4, 2, 8, 1, key=jax.random.key(0))
+    with pytest.raises(EqsatError) as err:
+        ep.plan(lambda m, x: jnp.mean(jax.vmap(m)(x)), model, jnp.ones((8, 4)),
+                mesh=jax.make_mesh((len(jax.devices()),), ("data",)), params_argnums=(0,))
+    said = str(err.value)
+    assert "not a pytree of arrays" in said and "eqx.partition(model, eqx.is_array)" in said and "\n" not in said
+
+
 @needs8
 @pytest.mark.slow
 def test_gru_planned_on_2x4_equals_single_device() -> None:
