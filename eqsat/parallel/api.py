@@ -220,9 +220,9 @@ class Plan:
                   "(left to GSPMD)"] if r.unheld else []
         if r.collectives:
             lines.append("")
-            lines.append(f"{'e-node':<20} {'kind':<15} {'axis':<8} {'bytes':>12} {'phase':<10} why")
-            lines += [f"{c['enode']:<20} {c['kind']:<15} {c['axis']:<8} {c['bytes']:>12,.0f} {c['phase']:<10} {c['why']}"
-                      for c in r.collectives]
+            lines.append(f"{'e-node':<20} {'kind':<15} {'axis':<8} {'bytes':>12} {'runs':>4} {'phase':<10} why")
+            lines += [f"{c['enode']:<20} {c['kind']:<15} {c['axis']:<8} {c['bytes']:>12,.0f} {c.get('runs', 1):>4} "
+                      f"{c['phase']:<10} {c['why']}" for c in r.collectives]
         rows = [("eqsat plan", r.predicted_step_s, r.compiled)] + [(b.name, b.predicted_s, b.compiled) for b in r.baselines]
         lines.append("")
         lines.append(f"{'step':<16} {'predicted ms':>13} {'compiled bytes':>15} {'memory':>12} collectives")
@@ -676,15 +676,17 @@ def _flops(graph: Graph) -> float:
     return total
 
 
-def _collective_rows(results: Sequence[PlanResult], names: Sequence[str]) -> tuple[Mapping[str, Any], ...]:
-    """The planned collectives with the mesh's axis names, for the report."""
+def _collective_rows(results: Sequence[PlanResult], names: Sequence[str],
+                     runs: Sequence[int] = ()) -> tuple[Mapping[str, Any], ...]:
+    """The planned collectives with the mesh's axis names, for the report; `runs`: how many times a
+    step runs each, its graph's `loop_trips` (a scan body's once per layer, as compiled)."""
     rows = []
     for k, res in enumerate(results):
         g = res.plan.live()
         for i, c in res.report.collectives:
             node: Node = g.nodes[i]
             rows.append({"enode": f"g{k}:{i}:{node.op}", "kind": c.kind, "axis": names[c.axis], "bytes": c.bytes,
-                         "phase": c.phase, "why": c.why})
+                         "phase": c.phase, "why": c.why, "runs": runs[k] if k < len(runs) else 1})
     return tuple(rows)
 
 
@@ -804,7 +806,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
             else (None, None, None))
         return Plan(fn, amesh, in_shardings, out_sh, PlanSummary(
             strategy, " x ".join(f"{n}={s}" for n, s in sizes.items()), note, figures[0], figures[1], figures[2],
-            _collective_rows(results, names), plan_s, len(results), planned.opaque if planned else 0, tuple(warns),
+            _collective_rows(results, names, runs), plan_s, len(results), planned.opaque if planned else 0, tuple(warns),
             tuple((_path_str(p, arg_names), str(P(*s))) for p, s in zip(leaves.paths, specs)), None,
             constraints=tuple((where_str(var), str(P(*spec))) for var, spec in constraints),
             inner_constraints=inner, unheld=planned.unheld if planned is not None and results and not remat else 0,
