@@ -216,12 +216,21 @@ def _group_size(groups: str) -> int:
 
 
 def compiled_collectives(hlo_text: str) -> list[CompiledCollective]:
-    """Every collective of a compiled HLO module; one XLA combined into a tuple counts once per
-    element (XLA's combiner merges independent all-reduces; each element is one of the plan's),
-    except a tuple all-to-all (no `dimensions=`): XLA's CPU backend splits one array all-to-all
-    into a tuple with one chunk per peer, so each group-size run of elements is one all-to-all."""
+    """Every collective a step of a compiled HLO module runs; one XLA combined into a tuple counts
+    once per element (XLA's combiner merges independent all-reduces; each element is one of the
+    plan's), except a tuple all-to-all (no `dimensions=`): XLA's CPU backend splits one array
+    all-to-all into a tuple with one chunk per peer, so each group-size run of elements is one
+    all-to-all. One inside a while loop's body counts once per trip (`loop_runs`: a layer stack
+    under `lax.scan` all-reduces each layer's gradient in the loop), as the planner counts a loop
+    body's collectives once per layer (`eqsat.parallel.api.loop_trips`)."""
     found: list[CompiledCollective] = []
+    runs = loop_runs(hlo_text)
+    computation = ""
     for line in hlo_text.splitlines():
+        head = _COMPUTATION.match(line)
+        if head:
+            computation = head.group(1)
+            continue
         m = _COLLECTIVE_LINE.search(line)
         if not m or "-done" in line:
             continue
@@ -232,8 +241,48 @@ def compiled_collectives(hlo_text: str) -> list[CompiledCollective]:
         if kind == "reduce-scatter":
             sizes = [s * _group_size(groups) for s in sizes]
         per = _group_size(groups) if kind == "all-to-all" and "dimensions=" not in line and len(sizes) > 1 else 1
-        found.extend(CompiledCollective(kind, sum(sizes[i:i + per]), groups) for i in range(0, len(sizes), per))
+        found.extend(CompiledCollective(kind, sum(sizes[i:i + per]), groups)
+                     for _ in range(runs.get(computation, 1)) for i in range(0, len(sizes), per))
     return found
+
+
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_CALLS = re.compile(r"\b(body|condition|calls|to_apply|branch_computations)=(\{[^}]*\}|%?[\w.\-]+)")
+_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+def loop_runs(hlo_text: str) -> dict[str, int]:
+    """Per computation of an HLO module, how many times one run of its entry runs it: a while
+    loop's body runs its known trip count (`known_trip_count`, as XLA writes it for a `lax.scan`)
+    times per run of the computation holding the loop (1 where XLA does not know it); other called
+    computations once per call site's run. Computations no call reaches (or an HLO text with no
+    computation headers) are absent: callers count them once."""
+    calls: dict[str, list[tuple[str, int]]] = {}
+    entry, computation = "", ""
+    for line in hlo_text.splitlines():
+        head = _COMPUTATION.match(line)
+        if head:
+            computation = head.group(1)
+            entry = computation if line.startswith("ENTRY") else entry
+            continue
+        if not computation:
+            continue
+        trips = _TRIPS.search(line)
+        for kind, target in _CALLS.findall(line):
+            for callee in re.findall(r"%?([\w.\-]+)", target):
+                calls.setdefault(computation, []).append((callee, int(trips.group(1)) if kind == "body" and trips else 1))
+    runs: dict[str, int] = {}
+
+    def visit(name: str, times: int, path: frozenset[str]) -> None:
+        if name in path:  # no recursion in HLO; guard against a malformed text
+            return
+        runs[name] = runs.get(name, 0) + times
+        for callee, k in calls.get(name, ()):
+            visit(callee, times * k, path | {name})
+
+    if entry:
+        visit(entry, 1, frozenset())
+    return runs
 
 
 @dataclass(frozen=True)

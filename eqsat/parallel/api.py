@@ -54,7 +54,8 @@ from eqsat.cost import cost_model
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import CPU_LINK, INFINIBAND, NVLINK, Mesh, MeshAxis
 from eqsat.parallel.constraints import boundary_constraints, constrained_step, inner_constraints, where_str
-from eqsat.parallel.planner import (CONTRACTIONS, DEFAULT_LIMITS, PlanError, PlanResult, RuleBook, with_weights)
+from eqsat.parallel.planner import (COMPILED_PHASES, CONTRACTIONS, DEFAULT_LIMITS, PlanError, PlanResult, RuleBook,
+                                     with_weights)
 from eqsat.parallel.specs import (Spec, batch_held, choose_split, finest_split, leaf_splits,
                                   partition_spec)
 from eqsat.parallel.remat import Remat, checkpointed_step, find_remat, recomputed_products
@@ -220,9 +221,9 @@ class Plan:
                   "(left to GSPMD)"] if r.unheld else []
         if r.collectives:
             lines.append("")
-            lines.append(f"{'e-node':<20} {'kind':<15} {'axis':<8} {'bytes':>12} {'phase':<10} why")
-            lines += [f"{c['enode']:<20} {c['kind']:<15} {c['axis']:<8} {c['bytes']:>12,.0f} {c['phase']:<10} {c['why']}"
-                      for c in r.collectives]
+            lines.append(f"{'e-node':<20} {'kind':<15} {'axis':<8} {'bytes':>12} {'runs':>4} {'phase':<10} why")
+            lines += [f"{c['enode']:<20} {c['kind']:<15} {c['axis']:<8} {c['bytes']:>12,.0f} {c.get('runs', 1):>4} "
+                      f"{c['phase']:<10} {c['why']}" for c in r.collectives]
         rows = [("eqsat plan", r.predicted_step_s, r.compiled)] + [(b.name, b.predicted_s, b.compiled) for b in r.baselines]
         lines.append("")
         lines.append(f"{'step':<16} {'predicted ms':>13} {'compiled bytes':>15} {'memory':>12} collectives")
@@ -626,7 +627,8 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
     how = ""
     if within is not None and answers:
         kept = sum(a == "baseline" for a in answers)
-        how = (f"searched within {within}'s predicted bytes and memory (the planner's {within} plan, which the ILP "
+        moved = "gradient sync's bytes" if within in COMPILED_PHASES else "predicted bytes"
+        how = (f"searched within {within}'s {moved} and predicted memory (the planner's {within} plan, which the ILP "
                f"starts from); " + (f"{kept} of {len(answers)} graph(s) kept {within}'s plan: nothing within them "
                                     "was predicted faster" if kept else "the search's plan is within them"))
     return _Planned(specs, tuple(results), program, len(program.opaque), "",
@@ -707,15 +709,17 @@ def _flops(graph: Graph) -> float:
     return total
 
 
-def _collective_rows(results: Sequence[PlanResult], names: Sequence[str]) -> tuple[Mapping[str, Any], ...]:
-    """The planned collectives with the mesh's axis names, for the report."""
+def _collective_rows(results: Sequence[PlanResult], names: Sequence[str],
+                     runs: Sequence[int] = ()) -> tuple[Mapping[str, Any], ...]:
+    """The planned collectives with the mesh's axis names, for the report; `runs`: how many times a
+    step runs each, its graph's `loop_trips` (a scan body's once per layer, as compiled)."""
     rows = []
     for k, res in enumerate(results):
         g = res.plan.live()
         for i, c in res.report.collectives:
             node: Node = g.nodes[i]
             rows.append({"enode": f"g{k}:{i}:{node.op}", "kind": c.kind, "axis": names[c.axis], "bytes": c.bytes,
-                         "phase": c.phase, "why": c.why})
+                         "phase": c.phase, "why": c.why, "runs": runs[k] if k < len(runs) else 1})
     return tuple(rows)
 
 
@@ -728,7 +732,8 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     arguments that are model state (parameters, optimizer state). `memory_budget` (bytes per
     device) and `comm_budget` (bytes a step moves per device) bound the planned part of the step;
     so does `within`, a baseline strategy ("data-parallel", "fsdp", "megatron"; None: time
-    alone): each planned graph moves no more predicted bytes and holds no more predicted memory
+    alone): each planned graph moves no more predicted bytes (within data parallel: than its
+    gradient sync, what it compiles to; `planner.bound_bytes`) and holds no more predicted memory
     than the planner's plan of that baseline, and is no slower. `baselines` also compiles data
     parallel, FSDP, Megatron and DP x TP for the report. A plan that a predicted baseline beats in
     all three of step time, bytes and memory is never returned: that baseline's shardings are, and
@@ -836,7 +841,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
             else (None, None, None))
         return Plan(fn, amesh, in_shardings, out_sh, PlanSummary(
             strategy, " x ".join(f"{n}={s}" for n, s in sizes.items()), note, figures[0], figures[1], figures[2],
-            _collective_rows(results, names), plan_s, len(results), planned.opaque if planned else 0, tuple(warns),
+            _collective_rows(results, names, runs), plan_s, len(results), planned.opaque if planned else 0, tuple(warns),
             tuple((_path_str(p, arg_names), str(P(*s))) for p, s in zip(leaves.paths, specs)), None,
             constraints=tuple((where_str(var), str(P(*spec))) for var, spec in constraints),
             inner_constraints=inner, unheld=planned.unheld if planned is not None and results and not remat else 0,

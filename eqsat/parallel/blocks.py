@@ -41,8 +41,8 @@ from eqsat import ops
 from eqsat.ir import Graph, Node, Value
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import Mesh
-from eqsat.parallel.planner import (DEFAULT_LIMITS, PlanError, PlanResult, RuleBook, checkpoint_to_fit, graph_axes,
-                                    plan_graph, plan_report)
+from eqsat.parallel.planner import (DEFAULT_LIMITS, PlanError, PlanResult, RuleBook, bound_bytes, checkpoint_to_fit,
+                                    graph_axes, plan_graph, plan_report)
 from eqsat.pipeline import numerics_match
 from eqsat.saturate import Limits
 
@@ -467,7 +467,7 @@ def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Lim
     answer = "search"
     if baseline is not None:
         slack, base = 1 + 1e-9, baseline.report
-        if not (report.step_s <= base.step_s * slack and report.comm_bytes(None) <= base.comm_bytes(None) * slack
+        if not (report.step_s <= base.step_s * slack and report.comm_bytes(None) <= bound_bytes(baseline) * slack
                 and report.mem_bytes <= base.mem_bytes * slack):
             plan, report, answer = baseline.plan, base, "baseline"
     t1 = time.perf_counter()
@@ -486,7 +486,8 @@ def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Lim
                        "block_search_s": b.search_s}}
     if baseline is not None:
         info["within"] = {"strategy": baseline.strategy, "answer": answer, "predicted_s": baseline.report.step_s,
-                          "comm_bytes": baseline.report.comm_bytes(None), "mem_bytes": baseline.report.mem_bytes}
+                          "comm_bytes": baseline.report.comm_bytes(None), "bound_bytes": bound_bytes(baseline),
+                          "mem_bytes": baseline.report.mem_bytes}
     return PlanResult(strategy, mesh, plan, report, ok, diff,
                       sum(p.search_s for p in parts_res), sum(p.saturate_s for p in parts_res),
                       sum(p.extract_s for p in parts_res), sum(p.enodes for p in parts_res),

@@ -177,3 +177,35 @@ def test_cnn_planned_on_2x4_equals_single_device_within_data_parallel() -> None:
     assert plan.report.compiled.mem_bytes <= dp.compiled.mem_bytes
     found = same_as_single_device(plan, step, args)
     assert found["same_as_single_device"] and found["loss_rel_diff"] <= 1e-4, found
+
+
+@needs8
+@pytest.mark.slow
+def test_a_scanned_layer_stacks_gradient_sync_is_predicted_as_compiled() -> None:
+    """Data parallel over 3 scanned layers (a batch big enough that the planner splits it): the
+    planner's plan is returned (it compiles to data parallel's bytes and memory), and its gradient
+    sync, run once per layer (`runs`), is what the compiled step moves, collectives in the loop
+    counted once per trip. What the prediction has beyond that is the scan body's outputs (its
+    carry and residuals), which the planner gathers whole and GSPMD leaves split (docs/parallel.md)."""
+    import eqsat.parallel as ep
+
+    ws = jax.random.normal(jax.random.key(0), (LAYERS, 64, 64)) / 8
+    x = jax.random.normal(jax.random.key(1), (1024, 64))
+
+    def step(ws: Any, x: Any) -> Any:
+        loss, g = jax.value_and_grad(stacked_mlp)(ws, x)
+        return ws - 0.1 * g, loss
+
+    plan = ep.plan(step, ws, x, mesh=jax.make_mesh((8,), ("data",)), params_argnums=(0,), time_limit=20)
+    r = plan.report
+    dp = next(b.compiled for b in r.baselines if b.name == "data-parallel")
+    assert r.strategy == "eqsat", r.strategy
+    assert r.compiled is not None and dp is not None
+    assert r.compiled.comm_bytes <= dp.comm_bytes and r.compiled.mem_bytes <= dp.mem_bytes
+    sync = [c for c in r.collectives if c["phase"] == "grad-sync"]
+    assert sync and all(c["runs"] == LAYERS for c in sync)
+    predicted_sync = sum(c["bytes"] * c["runs"] for c in sync)
+    assert predicted_sync == LAYERS * 64 * 64 * 4
+    assert 0 <= r.compiled.comm_bytes - predicted_sync <= 64  # and the loss's all-reduce
+    _, loss = plan.jit()(ws, x)
+    np.testing.assert_allclose(float(loss), float(jax.jit(step)(ws, x)[1]), rtol=1e-5)

@@ -4,6 +4,8 @@ its registry semantics, and the compiled program communicates what the planner p
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -103,6 +105,61 @@ def test_tuple_collectives_count_per_element() -> None:
     assert [c.kind for c in found] == ["all-reduce", "all-reduce", "reduce-scatter"]
     assert [c.bytes for c in found] == [32768.0, 32768.0, 2 * 128.0]
 
+
+
+def test_collectives_in_a_loop_count_once_per_trip() -> None:
+    """A while body's collective runs its known trip count times a step (nested loops multiply);
+    one outside any loop, or in a loop whose trip count XLA does not know, once."""
+    from jax_backend.shard import loop_runs
+
+    text = """HloModule m
+
+%inner (p: f32[4]) -> f32[4] {
+  %ar = f32[4]{0} all-reduce(%p), channel_id=1, replica_groups={{0,1}}, to_apply=%sum
+}
+
+%outer (q: f32[4]) -> f32[4] {
+  %w = f32[4]{0} while(%q), condition=%c, body=%inner, backend_config={"known_trip_count":{"n":"3"}}
+  %ag = f32[8]{0} all-gather(%q), channel_id=2, replica_groups={{0,1}}, dimensions={0}
+}
+
+%unknown (r: f32[4]) -> f32[4] {
+  %ar2 = f32[2]{0} all-reduce(%r), channel_id=3, replica_groups={{0,1}}, to_apply=%sum
+}
+
+ENTRY %main (x: f32[4]) -> f32[4] {
+  %w1 = f32[4]{0} while(%x), condition=%c, body=%outer, backend_config={"known_trip_count":{"n":"2"}}
+  %w2 = f32[4]{0} while(%x), condition=%c, body=%unknown
+  %ar3 = f32[1]{0} all-reduce(%x), channel_id=4, replica_groups={{0,1}}, to_apply=%sum
+}
+"""
+    assert {k: loop_runs(text)[k] for k in ("main", "outer", "inner", "unknown")} == {
+        "main": 1, "outer": 2, "inner": 6, "unknown": 1}
+    found = compiled_collectives(text)
+    assert sorted((c.kind, c.bytes) for c in found) == sorted(
+        [("all-reduce", 16.0)] * 6 + [("all-gather", 32.0)] * 2 + [("all-reduce", 8.0), ("all-reduce", 4.0)])
+
+
+def test_a_scanned_layer_stacks_gradient_sync_counts_every_layer() -> None:
+    """Data parallel over a `lax.scan` of 3 layers all-reduces each layer's gradient inside the
+    backward loop: compiled, a step moves all 3 layers' gradients, not one's."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    layers, d = 3, 32
+
+    def loss(ws: Any, x: Any) -> Any:
+        h, _ = jax.lax.scan(lambda h, w: (jax.numpy.tanh(h @ w), None), x, ws)
+        return jax.numpy.sum(h * h)
+
+    jm = jax.make_mesh((len(jax.devices()),), ("x",))
+    fn = jax.jit(jax.grad(loss), in_shardings=(NamedSharding(jm, P()), NamedSharding(jm, P("x"))),
+                 out_shardings=NamedSharding(jm, P()))
+    text = fn.lower(jax.ShapeDtypeStruct((layers, d, d), jax.numpy.float32),
+                    jax.ShapeDtypeStruct((8 * len(jax.devices()), d), jax.numpy.float32)).compile().as_text()
+    found = compiled_collectives(text)
+    if len(jax.devices()) > 1:
+        assert sum(c.bytes for c in found) == layers * d * d * 4
 
 
 def test_tuple_all_to_all_is_one_collective_per_group() -> None:
