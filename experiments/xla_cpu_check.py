@@ -114,14 +114,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     for path in args.calibrations:
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("format") == "eqsat-xla-calibration-4":  # measured before the conv surfaces
-            data = {**data, "format": CALIBRATION_FORMAT, "conv1x1": None, "conv1x1_nhwc": None}
+            data = {**data, "format": "eqsat-xla-calibration-5", "conv1x1": None, "conv1x1_nhwc": None}
+        if data.get("format") == "eqsat-xla-calibration-5":  # measured before the (k, n) mat-vec grid
+            data = {**data, "format": CALIBRATION_FORMAT, "gemv_kn": None}
         measured = Calibration.from_json(data)
         report(f"{path}: as measured", measured, args.plans, rows)
+        if args.variants and measured.gemv_kn is not None:
+            report(f"{path}: mat-vecs by width alone (the format-5 model)", replace(measured, gemv_kn=None), args.plans,
+                   rows)
         if args.variants:
             report(f"{path}: without the conv surfaces (the format-4 model: convs by flops)",
-                   replace(measured, conv1x1=None, conv1x1_nhwc=None), args.plans, rows)
+                   replace(measured, conv1x1=None, conv1x1_nhwc=None, gemv_kn=None), args.plans, rows)
             report(f"{path}: without the gemv, NHWC and 1x1 curves (the format-3 model)",
-                   replace(measured, gemv=None, conv_nhwc=None, gconv_nhwc=None, conv1x1=None, conv1x1_nhwc=None),
+                   replace(measured, gemv=None, conv_nhwc=None, gconv_nhwc=None, conv1x1=None, conv1x1_nhwc=None,
+                           gemv_kn=None),
                    args.plans, rows)
 
 
