@@ -154,7 +154,7 @@ def _gemv_seconds(shapes: Sequence[tuple[int, int]], call_s: float, total_bytes:
         many = jax.jit(lambda x, *ws: tuple(x @ w for w in ws))
         thunks.append(_to_completion(functools.partial(many, x, *ws)))
         counts.append(count)
-    times, _ = interleaved_rounds(thunks, 15, budget_s=4.0, min_rounds=7)
+    times, _ = interleaved_rounds(thunks, 15, budget_s=1.0 * len(thunks), min_rounds=7)  # a second a shape
     return [max((statistics.median(t) - call_s) / count, 1e-8) for t, count in zip(times, counts)]
 
 
