@@ -19,6 +19,11 @@ same measurements. Per model:
 
     python -m experiments.xla_cpu_check --calibrations old.json new.json \
         --runs /tmp/judge-nasrnn.json ... --plans /tmp/plans
+
+`--add-layout-plans MODEL...` first writes, for each saved plan of those models (and the original),
+its late-layout form (`eqsat.layout_phase.nhwc_plan`, as `eqsat optimize` runs it on the ILP's
+answer) as `MODEL.candidate.layout-BASE.json` (`layout` for the xla ILP plan's), skipping a form
+whose program is already there; then judge the folder (`eqsat judge DIR --json`) and price it.
 """
 
 from __future__ import annotations
@@ -101,14 +106,44 @@ def model_rows(cal: Calibration, plans: Path, rows: Sequence[dict[str, Any]]) ->
     return out
 
 
+def add_layout_plans(plans: Path, model: str) -> list[str]:
+    """Write the late-layout form of each of `model`'s saved plans (see the module docstring); the
+    names written."""
+    from eqsat.layout_phase import nhwc_plan
+
+    bases = {"before": plans / f"{model}.before.json"}
+    bases |= {p.name.split(".candidate.")[1][: -len(".json")]: p
+              for p in sorted(plans.glob(f"{model}.candidate.*.json")) if ".candidate.layout" not in p.name}
+    seen = {program_key(Graph.load(p)) for p in plans.glob(f"{model}.candidate.*.json")}
+    seen.add(program_key(Graph.load(bases["before"])))
+    written = []
+    for base in sorted(bases, key=lambda b: b != ILP):  # the ILP plan's first: it is `eqsat optimize`'s `layout`
+        found, _ = nhwc_plan(Graph.load(bases[base]), "cpu")
+        if found is None or program_key(found) in seen:
+            continue
+        seen.add(program_key(found))
+        name = LAYOUT if base == ILP else f"layout-{base}"
+        found.save(plans / f"{model}.candidate.{name}.json")
+        written.append(name)
+    return written
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calibrations", type=Path, nargs="+", required=True)
+    parser.add_argument("--calibrations", type=Path, nargs="+", default=[])
     parser.add_argument("--plans", type=Path, required=True, help="the --save-graphs folder")
-    parser.add_argument("--runs", type=Path, nargs="+", required=True, help="optimize or judge --json rows")
+    parser.add_argument("--runs", type=Path, nargs="+", default=[], help="optimize or judge --json rows")
+    parser.add_argument("--add-layout-plans", nargs="+", default=[], metavar="MODEL",
+                        help="only write the late-layout form of each saved plan of these models")
     parser.add_argument("--variants", action="store_true",
                         help="also price each calibration without its later curves (the format-4 and -3 models)")
     args = parser.parse_args(argv)
+    if args.add_layout_plans:
+        for model in args.add_layout_plans:
+            print(model, "wrote:", ", ".join(add_layout_plans(args.plans, model)) or "nothing new")
+        return
+    if not args.calibrations or not args.runs:
+        parser.error("--calibrations and --runs are needed to price plans")
     rows = [json.loads(line) for run in args.runs for line in run.read_text(encoding="utf-8").splitlines()
             if line.strip().startswith("{")]
     for path in args.calibrations:
