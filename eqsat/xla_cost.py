@@ -531,7 +531,7 @@ def _dot_read_seconds(cal: Calibration, moved: float, width: int, reduction: int
     grid), else the gemv curve's of that width. A CPU splits a mat-vec's columns among its threads,
     so a wide one (merged mat-vecs) streams its weight faster per byte than a narrow one; a longer
     reduction changes the rate too, and not by the same factor at every width (on this 2-core CPU
-    widening 512 -> 1024 columns gained 1.5x at k = 512 and about 1.1x at k = 1024), so the width
+    widening 512 -> 1024 columns gained 1.1-1.6x at k = 512 and 1.0-1.26x at k = 1024), so the width
     alone cannot say what merging mat-vecs along k, n or both gains."""
     if cal.gemv_kn is not None:
         k, n = max(float(reduction), 1.0), max(float(width), 1.0)
