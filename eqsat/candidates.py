@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # the egglog stage loads on first use
 type RuleSource = str | tuple[Rule, ...] | None
 """What `optimize(rules=...)` keeps: None (the default groups), "tensat", or the given rules."""
 
-__all__ = ["RegionCandidates", "candidate_models", "region_candidates", "structure_key"]
+__all__ = ["RegionCandidates", "candidate_models", "program_key", "region_candidates", "structure_key"]
 
 
 
@@ -48,6 +48,27 @@ def structure_key(graph: Graph) -> tuple[Any, ...]:
     nodes = Counter((n.op, n.attrs, n.shapes, tuple(sorted((live.nodes[v.node].op, live.shape(v)) for v in n.inputs)))
                     for n in live.nodes)
     return tuple(sorted(nodes.items(), key=repr))
+
+
+def program_key(graph: Graph) -> tuple[Any, ...]:
+    """`structure_key` of `graph` with each fused activation (`act` of a matmul or conv) written as
+    the unary op after it: equal for plans that lower to the same program. `jax_backend.lower`
+    applies an `act` as that op, so a plan that only folds activations into their producers is the
+    original program, and timing it against the original measures noise, not a plan."""
+    from eqsat import ops
+    from eqsat.ir import Node, Value
+
+    nodes: list[Node] = []
+    where: dict[int, int] = {}  # old node -> new node holding its (single) output
+    for i, n in enumerate(graph.nodes):
+        inputs = tuple(Value(where[v.node], v.index) for v in n.inputs)
+        act = ops.Activation(int(n.attr.get("act", 0))) if len(n.shapes) == 1 else ops.Activation.NONE
+        attrs = tuple((k, 0 if k == "act" else v) for k, v in n.attrs) if act is not ops.Activation.NONE else n.attrs
+        nodes.append(Node(n.op, attrs, inputs, n.shapes))
+        if act is not ops.Activation.NONE:
+            nodes.append(Node(act.op_name, (), (Value(len(nodes) - 1),), n.shapes))
+        where[i] = len(nodes) - 1
+    return structure_key(Graph(tuple(nodes), tuple(Value(where[v.node], v.index) for v in graph.outputs)))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ e-node of its class ends in an elementwise loop), and
   starts a loop: a kernel of its own, its reads and its write;
 - a dot or conv (`"library"`) costs what the calibration measured for a call of its size (seconds
   against flops, interpolated in log-log between measured shapes) or the time to read its operands
-  as a matrix-vector product as wide took per byte (`Calibration.gemv`), whichever is longer (an
+  as a matrix-vector product of that reduction length and width took per byte (`Calibration.gemv_kn`,
+  else `Calibration.gemv` by width alone), whichever is longer (an
   NHWC conv on a curve of its own: on a CPU an NCHW conv pays XLA's transposes to NHWC; a dense conv
   by its GEMM shape, rows x weight, on the surface `Calibration.conv1x1`), plus the loop of its activation,
   plus a loop kernel copying each operand that is a strided slice (a slice out of the middle of a
@@ -61,10 +62,11 @@ if TYPE_CHECKING:
 __all__ = ["CALIBRATION_FORMAT", "FLOOR_KINDS", "Calibration", "CalibrationError", "ChainFit", "Curve", "Surface", "XlaModel",
            "fit_chain", "fusion_context", "graph_enodes", "read_calibration", "write_calibration"]
 
-CALIBRATION_FORMAT = "eqsat-xla-calibration-5"
+CALIBRATION_FORMAT = "eqsat-xla-calibration-6"
 """3: per-kind kernel floors, the per-call time and grouped convs; 4: matrix-vector products by size
 (`Calibration.gemv`) and NHWC convs (`Calibration.conv_nhwc`); 5: 1x1 convs by rows and weight
-(`Calibration.conv1x1`). An older cache is refused and measured again."""
+(`Calibration.conv1x1`); 6: matrix-vector products by reduction length and width (`Calibration.gemv_kn`). An
+older cache is refused and measured again."""
 
 FLOOR_KINDS: tuple[str, ...] = ("loop", "copy", "kernel", "dot", "conv")
 """The kinds of kernel whose floor the calibration measures (`Calibration.floors`)."""
@@ -248,6 +250,7 @@ class Calibration:
     gconv_nhwc: Curve | None = None  # grouped NHWC convs; None: `gconv`
     conv1x1: Surface | None = None  # dense NCHW convs by GEMM rows and weight (1x1 probes); None: the conv curve
     conv1x1_nhwc: Surface | None = None  # dense 1x1 NHWC convs; None: `conv1x1`
+    gemv_kn: Surface | None = None  # (1, k) x (k, n) products: `rows` k, `weights` n (`_dot_read_seconds`); None: `gemv`
 
     def __post_init__(self) -> None:
         defaults = {"weight_bandwidth": self.bandwidth, "copy_s": self.launch_s, "kernel_s": self.launch_s,
@@ -283,13 +286,13 @@ class Calibration:
             optional = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) if data[k] is not None else None
                         for k in ("gconv", "gemv", "conv_nhwc", "gconv_nhwc")}
             surfaces = {k: Surface(tuple(data[k]["rows"]), tuple(data[k]["weights"]), tuple(data[k]["seconds"]))
-                        if data[k] is not None else None for k in ("conv1x1", "conv1x1_nhwc")}
+                        if data[k] is not None else None for k in ("conv1x1", "conv1x1_nhwc", "gemv_kn")}
             return Calibration(str(data["machine"]), str(data["device"]), data["launch_s"], data["bandwidth"],
                                data["loop_flops"], curves["matmul"], curves["conv"], float(data.get("seconds", 0.0)),
                                data["weight_bandwidth"], data["copy_s"], data["kernel_s"], data["dot_s"],
                                data["conv_s"], data["call_s"], optional["gconv"], optional["gemv"],
                                optional["conv_nhwc"], optional["gconv_nhwc"], surfaces["conv1x1"],
-                               surfaces["conv1x1_nhwc"])
+                               surfaces["conv1x1_nhwc"], surfaces["gemv_kn"])
         except CalibrationError:
             raise
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -448,7 +451,8 @@ class XlaModel:
             if layout is not None:
                 call = max(cal.conv_s, _conv_seconds(cal, layout, shapes, outs[0], dot), moved / cal.weight_bandwidth)
             else:
-                call = max(cal.dot_s, cal.matmul.seconds_for(dot), _dot_read_seconds(cal, moved, shapes[1][-1]))
+                call = max(cal.dot_s, cal.matmul.seconds_for(dot),
+                           _dot_read_seconds(cal, moved, shapes[1][-1], shapes[1][-2]))
             # an operand sliced out of the middle of a value is first copied by a loop kernel
             call += sum(max(cal.launch_s, 2 * b / cal.bandwidth) for b, s in zip(in_bytes, strided) if s)
             if act is ops.Activation.NONE:
@@ -520,12 +524,18 @@ def _conv_curve(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Shape
 GEMV_K = 512
 
 
-def _dot_read_seconds(cal: Calibration, moved: float, width: int) -> float:
+def _dot_read_seconds(cal: Calibration, moved: float, width: int, reduction: int = GEMV_K) -> float:
     """Seconds a dot takes to read and write `moved` bytes (a matrix-vector product is bound by
-    reading its weight), `width` output columns wide: at the rate the gemv curve's product of that
-    width streamed its bytes, where one was measured. A CPU splits a mat-vec's columns among its
-    threads, so a wide one (merged mat-vecs) streams its weight faster per byte than a narrow one
-    of the same bytes (a longer reduction); below the narrowest probe, at its rate."""
+    reading its weight), `width` output columns wide over a `reduction` as long: at the rate the
+    probe of that reduction and width streamed its bytes (`Calibration.gemv_kn`, clamped to its
+    grid), else the gemv curve's of that width. A CPU splits a mat-vec's columns among its threads,
+    so a wide one (merged mat-vecs) streams its weight faster per byte than a narrow one; a longer
+    reduction changes the rate too, and not by the same factor at every width (on this 2-core CPU
+    widening 512 -> 1024 columns gained 1.1-1.6x at k = 512 and 1.0-1.26x at k = 1024), so the width
+    alone cannot say what merging mat-vecs along k, n or both gains."""
+    if cal.gemv_kn is not None:
+        k, n = max(float(reduction), 1.0), max(float(width), 1.0)
+        return cal.gemv_kn.seconds_for(k, n) * moved / (4.0 * (k + k * n + n))
     if cal.gemv is None:
         return moved / cal.weight_bandwidth
     n = max(float(width), 1.0)

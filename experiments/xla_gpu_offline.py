@@ -40,13 +40,16 @@ def calibration(path: Path, floor_us: float | None, call_us: float) -> tuple[Cal
     if data.get("format") == "eqsat-xla-calibration-3":  # measured before the gemv and NHWC curves
         data = {**data, "format": "eqsat-xla-calibration-4", "gemv": None, "conv_nhwc": None, "gconv_nhwc": None}
     if data.get("format") == "eqsat-xla-calibration-4":  # measured before the conv surfaces
-        data = {**data, "format": CALIBRATION_FORMAT, "conv1x1": None, "conv1x1_nhwc": None}
+        data = {**data, "format": "eqsat-xla-calibration-5", "conv1x1": None, "conv1x1_nhwc": None}
+    if data.get("format") == "eqsat-xla-calibration-5":  # measured before the (k, n) mat-vec grid
+        data = {**data, "format": CALIBRATION_FORMAT, "gemv_kn": None}
     if data.get("format") == CALIBRATION_FORMAT and floor_us is None:
-        return Calibration.from_json(data), "measured (format 3, 4 or 5)"
+        return Calibration.from_json(data), "measured (format 3, 4, 5 or 6)"
     fields = {k: data[k] for k in ("launch_s", "bandwidth", "loop_flops", "weight_bandwidth")}
     cal = Calibration.from_json({**data, "format": CALIBRATION_FORMAT, **fields, "copy_s": 0, "kernel_s": 0,
                                  "dot_s": 0, "conv_s": 0, "call_s": call_us * 1e-6, "gconv": None, "gemv": None,
-                                 "conv_nhwc": None, "gconv_nhwc": None, "conv1x1": None, "conv1x1_nhwc": None})
+                                 "conv_nhwc": None, "gconv_nhwc": None, "conv1x1": None, "conv1x1_nhwc": None,
+                                 "gemv_kn": None})
     if floor_us is not None:
         f = floor_us * 1e-6
         cal = replace(cal, launch_s=f, copy_s=f, kernel_s=f)

@@ -39,7 +39,7 @@ from eqsat.xla_cost import (FLOOR_KINDS, GEMV_K, Calibration, CalibrationError, 
 from jax_backend.measured_cost import check_measuring_device, device_key
 from jax_backend.timing import interleaved_rounds
 
-__all__ = ["MATMUL_SHAPES", "GEMV_SHAPES", "CONV_SHAPES", "CONV1X1_SIZES", "CONV1X1_CHANNELS",
+__all__ = ["MATMUL_SHAPES", "GEMV_SHAPES", "GEMV_GRID_K", "CONV_SHAPES", "CONV1X1_SIZES", "CONV1X1_CHANNELS",
            "CHAIN_LENGTHS", "FLOOR_PROBES", "GCONV_SHAPES", "calibration_path", "calibrate",
            "chain_fit", "chain_is_device_bound", "load_calibration", "xla_model"]
 
@@ -55,6 +55,10 @@ CPU (its threads split the columns; `eqsat.xla_cost.Calibration.gemv`). Each is 
 calls on distinct weights, `GEMV_BYTES` in all (past any last-level cache, as a model's weights are)."""
 
 GEMV_BYTES = 64 * 2**20
+
+GEMV_GRID_K: tuple[int, ...] = (256, GEMV_K, 1024, 2048)
+"""Reduction lengths of the (k, n) mat-vec grid (`Calibration.gemv_kn`): each with every width of
+`GEMV_SHAPES`, all in the same interleaved rounds (NasRNN's merges lengthen k, widen n, or both)."""
 
 CONV_SHAPES: tuple[tuple[int, int, int], ...] = (
     (8, 16, 3), (32, 32, 3), (192, 35, 1), (128, 28, 3), (256, 14, 3), (64, 56, 3), (128, 112, 3))
@@ -150,7 +154,7 @@ def _gemv_seconds(shapes: Sequence[tuple[int, int]], call_s: float, total_bytes:
         many = jax.jit(lambda x, *ws: tuple(x @ w for w in ws))
         thunks.append(_to_completion(functools.partial(many, x, *ws)))
         counts.append(count)
-    times, _ = interleaved_rounds(thunks, 15, budget_s=4.0, min_rounds=7)
+    times, _ = interleaved_rounds(thunks, 15, budget_s=1.0 * len(thunks), min_rounds=7)  # a second a shape
     return [max((statistics.median(t) - call_s) / count, 1e-8) for t, count in zip(times, counts)]
 
 
@@ -273,11 +277,16 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
         flops = 2.0 * m * k * n
         matmul.append((flops, t))
         say(f"dot {m}x{k}x{n}: {t * 1e6:.0f} us, {flops / t / 1e9:.1f} GFLOP/s")
-    gemv: list[tuple[float, float]] = []  # (output width, seconds)
-    for (k, n), t in zip(GEMV_SHAPES, _gemv_seconds(GEMV_SHAPES, call_s)):
+    gemv: list[tuple[float, float]] = []  # (output width, seconds) at k = GEMV_K
+    widths = tuple(n for _, n in GEMV_SHAPES)
+    grid = [(k, n) for k in GEMV_GRID_K for n in widths]
+    grid_s = _gemv_seconds(grid, call_s)
+    for (k, n), t in zip(grid, grid_s):
         moved = 4.0 * (k + k * n + n)
-        gemv.append((n, t))
+        if k == GEMV_K:
+            gemv.append((n, t))
         say(f"matrix-vector 1x{k}x{n}: {t * 1e6:.0f} us, {moved / t / 1e9:.1f} GB/s")
+    gemv_kn = Surface(tuple(float(k) for k in GEMV_GRID_K), tuple(float(n) for n in widths), tuple(grid_s))
     weight_bandwidth = 4.0 * (GEMV_K + GEMV_K * gemv[-1][0] + gemv[-1][0]) / gemv[-1][1]
     convs: dict[tuple[bool, bool], list[tuple[float, float]]] = {}  # (grouped, nhwc): (flops, seconds)
     for grouped, shapes in ((False, CONV_SHAPES), (True, GCONV_SHAPES)):
@@ -299,7 +308,7 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
                        Curve.fit(convs[False, False]), time.perf_counter() - start, weight_bandwidth,
                        fits["copy"].floor_s, fits["kernel"].floor_s, fits["dot"].floor_s, fits["conv"].floor_s,
                        call_s, Curve.fit(convs[True, False]), Curve.fit(gemv), Curve.fit(convs[False, True]),
-                       Curve.fit(convs[True, True]), *surfaces)
+                       Curve.fit(convs[True, True]), *surfaces, gemv_kn)
 
 
 def _conv1x1_surfaces(say: Callable[[str], None], call_s: float = 0.0) -> tuple[Surface, Surface]:

@@ -164,20 +164,21 @@ def judge_plans(original: Graph, plans: Sequence[tuple[str, Graph]], inputs: Map
     """Run `original` and each named plan end to end through JAX (weights folded, jitted), check
     each plan against the float64 reference (`_agrees`, i.e. `eqsat.compare.outputs_agree`), and
     decide with `choose_faster`: a plan replaces the original only if faster with confidence. Plans
-    of the original's structure (`eqsat.candidates.structure_key`) are not timed (nothing to gain);
-    plans of one structure are lowered and timed once. At least `min_rounds` rounds each."""
-    from eqsat.candidates import structure_key
+    that lower to the original's program (`eqsat.candidates.program_key`: the same structure, fused
+    activations aside) are not timed (nothing to gain: timing them would measure noise, and could keep
+    it); plans of one program are lowered and timed once. At least `min_rounds` rounds each."""
+    from eqsat.candidates import program_key
     from jax_backend.timing import choose_faster
 
     base = _lowered(original, inputs)
     ref = _reference(original, inputs, base, rtol, atol)
-    key_original = structure_key(original)
+    key_original = program_key(original)
     by_key: dict[tuple[Any, ...], int] = {}  # structure -> index into `timed`
     diffs: dict[tuple[Any, ...], float] = {}
     timed: list[tuple[str, Callable[[], Any]]] = []
     pending: list[tuple[str, tuple[Any, ...] | None, bool, float, str]] = []
     for name, graph in plans:
-        key = structure_key(graph)
+        key = program_key(graph)
         if key == key_original:
             pending.append((name, None, True, 0.0, ""))
             continue

@@ -223,3 +223,31 @@ def test_the_commands_and_the_decorator_share_one_decision(monkeypatch: pytest.M
     fast, slow = _pair()
     judged = judge_plans(slow, [("fast", fast)], slow.random_inputs(0), 1e-4, 1e-5, rounds=5, budget_s=1.0)
     assert judged.kept == "original"
+
+
+def _relu_after(fused: bool, cout: int = 16) -> Graph:
+    """relu(conv(x, w)) with the relu as its own op or folded into the conv's `act`."""
+    b = GraphBuilder()
+    x, w = b.input("x", (1, 8, 12, 12)), b.weight("w", (cout, 8, 3, 3))
+    y = b.conv2d(x, w, act=2) if fused else b.relu(b.conv2d(x, w))
+    return b.build([b.tanh(y)])
+
+
+def test_a_plan_that_only_folds_activations_is_the_original_program() -> None:
+    from eqsat.candidates import program_key, structure_key
+
+    separate, fused = _relu_after(False), _relu_after(True)
+    assert structure_key(separate) != structure_key(fused)  # different graphs ...
+    assert program_key(separate) == program_key(fused)  # ... that lower to one program
+    assert program_key(_relu_after(False, cout=24)) != program_key(separate)
+    b = GraphBuilder()  # a fused tanh is not a relu
+    x, w = b.input("x", (1, 8, 12, 12)), b.weight("w", (16, 8, 3, 3))
+    assert program_key(b.build([b.tanh(b.conv2d(x, w, act=3))])) != program_key(separate)
+
+
+def test_the_original_program_under_another_graph_is_not_timed() -> None:
+    separate, fused = _relu_after(False), _relu_after(True)
+    judged = judge_plans(separate, [("fused", fused)], separate.random_inputs(0), 1e-4, 1e-5, rounds=5, budget_s=0.5)
+    (check,) = judged.checks
+    assert check.same_as_original and check.timing is None
+    assert judged.kept == "original" and judged.plan is None and judged.speedup == 1.0

@@ -304,10 +304,64 @@ def test_a_wide_matrix_vector_product_streams_faster_per_byte_than_a_narrow_one(
     assert Calibration.from_json(json.loads(json.dumps(fast.to_json()))) == fast
 
 
+def _merged_matvecs(k_parts: int, n_parts: int) -> Graph:
+    """Four (1, 512) x (512, 512) products summed in pairs, merged `k_parts` along the reduction
+    (x·w + h·u as one (1, 1024) x (1024, 512)) and `n_parts` along the width (x·w, x·v as one
+    (1, 512) x (512, 1024)): the same weight bytes whichever way."""
+    b = GraphBuilder()
+    xs = [b.input(f"x{i}", (1, 512)) for i in range(2)]
+    ws = [[b.weight(f"w{i}{j}", (512, 512)) for j in range(2)] for i in range(2)]  # ws[input][output]
+    outs = []
+    if k_parts == 1 and n_parts == 1:
+        outs = [b.ewadd(b.matmul(xs[0], ws[0][j]), b.matmul(xs[1], ws[1][j])) for j in range(2)]
+    elif k_parts == 2 and n_parts == 1:  # (1, 1024) x (1024, 512), twice
+        (xx,) = b.apply("concat", xs, {"axis": 1})
+        outs = [b.matmul(xx, b.apply("concat", [ws[0][j], ws[1][j]], {"axis": 0})[0]) for j in range(2)]
+    elif k_parts == 1 and n_parts == 2:  # (1, 512) x (512, 1024), twice, then the halves summed
+        wide = [b.matmul(xs[i], b.apply("concat", ws[i], {"axis": 1})[0]) for i in range(2)]
+        outs = [b.ewadd(b.slice(wide[0], 1, 512 * j, 512 * (j + 1)), b.slice(wide[1], 1, 512 * j, 512 * (j + 1)))
+                for j in range(2)]
+    else:  # (1, 1024) x (1024, 1024), once
+        (xx,) = b.apply("concat", xs, {"axis": 1})
+        cols = [b.apply("concat", [ws[0][j], ws[1][j]], {"axis": 0})[0] for j in range(2)]
+        y = b.matmul(xx, b.apply("concat", cols, {"axis": 1})[0])
+        outs = [b.slice(y, 1, 0, 512), b.slice(y, 1, 512, 1024)]
+    return b.build(outs)
+
+
+def test_matrix_vector_products_are_priced_by_reduction_length_and_width() -> None:
+    # this CPU's mat-vec rates (GB/s) by k (rows) and n (columns): widening 512 -> 1024 gains 1.5x at
+    # k = 512, little at k = 1024; lengthening k gains 1.2x at n = 512 (probes at load 8, 2026-11-26)
+    rates = {(512, 512): 3.4, (512, 1024): 5.1, (1024, 512): 4.1, (1024, 1024): 4.4}
+
+    def probe(k: float, n: float) -> float:
+        return 4.0 * (k + k * n + n)
+
+    grid = Surface((512.0, 1024.0), (512.0, 1024.0), tuple(probe(k, n) / (rates[k, n] * 1e9)
+                                                          for k in (512, 1024) for n in (512, 1024)))
+    gemv = Curve((512.0, 1024.0), (probe(512, 512) / 3.4e9, probe(512, 1024) / 5.1e9))
+    cal = replace(CAL, gemv=gemv, gemv_kn=grid, dot_s=1e-6, launch_s=1e-7, copy_s=1e-7)
+    original, along_k, along_n, both = (_merged_matvecs(k, n) for k, n in ((1, 1), (2, 1), (1, 2), (2, 2)))
+    speedups = {name: predicted_speedup(original, g, XlaModel(cal))
+                for name, g in (("k", along_k), ("n", along_n), ("both", both))}
+    # the ordering the probes give: widening alone > both ways (wide, but a long reduction) > lengthening alone
+    assert speedups["n"] > speedups["both"] > speedups["k"] > 1.0
+    assert speedups["n"] == pytest.approx(5.1 / 3.4, rel=0.05)
+    assert speedups["both"] == pytest.approx(4.4 / 3.4, rel=0.05)
+    # by width alone (the format-5 model) the long reduction is missed: both ways ties widening, and
+    # lengthening gains nothing
+    by_width = XlaModel(replace(cal, gemv_kn=None))
+    assert predicted_speedup(original, both, by_width) == pytest.approx(predicted_speedup(original, along_n, by_width),
+                                                                        rel=0.02)
+    assert predicted_speedup(original, along_k, by_width) == pytest.approx(1.0, abs=0.02)
+    assert Calibration.from_json(json.loads(json.dumps(cal.to_json()))) == cal
+
+
 def test_the_gemv_probes_share_the_models_reduction_length() -> None:
-    from jax_backend.calibrate import GEMV_SHAPES
+    from jax_backend.calibrate import GEMV_GRID_K, GEMV_SHAPES
 
     assert {k for k, _ in GEMV_SHAPES} == {GEMV_K} and len(GEMV_SHAPES) >= 2
+    assert GEMV_K in GEMV_GRID_K and list(GEMV_GRID_K) == sorted(set(GEMV_GRID_K)) and len(GEMV_GRID_K) >= 2
 
 
 def _conv_block(nhwc: bool) -> Graph:

@@ -60,6 +60,8 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
         if cal.gconv is not None else None,
         "conv1x1_gflops": {f"{r:.0f} rows x {w:.3g}": 2 * r * w / cal.conv1x1.seconds_for(r, w) / 1e9
                            for r in cal.conv1x1.rows for w in cal.conv1x1.weights} if cal.conv1x1 is not None else None,
+        "gemv_gbs": {f"1x{k:.0f}x{n:.0f}": 4 * (k + k * n + n) / cal.gemv_kn.seconds_for(k, n) / 1e9
+                     for k in cal.gemv_kn.rows for n in cal.gemv_kn.weights} if cal.gemv_kn is not None else None,
     }
     if not names:
         yield fitted

@@ -93,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds of timing rounds (past the 5 that always run)")
     parser.add_argument("--candidates", nargs="*", default=list(d.candidates), metavar="NAME",
                         help="plans timed beside the extractor's answer: greedy, roofline-launch0, layout (its convs "
-                             "NHWC), or a cost model (the ILP under it) (default: %(default)s)")
+                             "NHWC, and the original's), or a cost model (the ILP under it) (default: %(default)s)")
     parser.add_argument("--save-graphs", type=Path, default=None, metavar="DIR",
                         help="write MODEL.before.json, MODEL.after.json and each MODEL.candidate.NAME.json "
                              "(Graph JSON) here: `eqsat judge` runs them on another device")
@@ -118,6 +118,7 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
 GREEDY = "greedy"
 LAUNCH0 = "roofline-launch0"
 LAYOUT = "layout"  # eqsat.layout_phase: the extractor's answer with its convs NHWC where transposes cancel
+LAYOUT_ORIGINAL = "layout-original"  # with LAYOUT: the original with its convs NHWC (when another program)
 
 
 def candidate_file_name(name: str) -> str:
@@ -253,11 +254,20 @@ def optimize_and_judge(graph: Graph, rules: Sequence[Rule], limits: Limits, cost
               if found.numerics_ok and f"{extractor}/{name}" != main]  # one name per plan
     layout_s = 0.0
     if LAYOUT in candidates:  # late: the layout rules in the main saturation make the ILP run to its limit
+        from eqsat.candidates import program_key
         from eqsat.layout_phase import nhwc_plan
 
-        nhwc, layout_s = nhwc_plan(result.optimized, costs.device, fold_weights=fold_weights)
-        if nhwc is not None:
-            plans.append((LAYOUT, nhwc))
+        # the original's NHWC form too: on this CPU the layout's gain outweighed the extractor's in
+        # some models (ResNeXt-50 1.67x against 1.32x, docs/tensat.md), for one more small phase
+        seen = {program_key(result.optimized)}
+        for name, base in ((LAYOUT, result.optimized), (LAYOUT_ORIGINAL, graph)):
+            if name == LAYOUT_ORIGINAL and program_key(graph) in seen:
+                continue
+            nhwc, seconds = nhwc_plan(base, costs.device, fold_weights=fold_weights)
+            layout_s += seconds
+            if nhwc is not None and program_key(nhwc) not in seen:
+                seen.add(program_key(nhwc))
+                plans.append((name, nhwc))
     before = graph_cost(graph, costs)
     predicted = {name: (before / after if after > 0 else float("nan"))
                  for name, after in ((n, graph_cost(g, costs)) for n, g in plans)}

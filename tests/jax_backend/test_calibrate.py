@@ -98,6 +98,15 @@ def test_calibrate_reports_the_1x1_surface(cache: Path, capsys: pytest.CaptureFi
     assert len(rates) == 4
 
 
+def test_calibrate_reports_the_matrix_vector_grid(cache: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    grid = Surface((512.0, 1024.0), (512.0, 1024.0), (3e-4, 4e-4, 5e-4, 9e-4))
+    monkeypatch.setattr(cal_mod, "calibrate", lambda say=None: replace(_fake(), gemv_kn=grid))
+    assert cli.main(["calibrate", "--json"]) == 0
+    rates = json.loads(capsys.readouterr().out)["gemv_gbs"]
+    assert rates["1x512x1024"] == pytest.approx(4 * (512 + 512 * 1024 + 1024) / 4e-4 / 1e9) and len(rates) == 4
+
+
 def test_spearman() -> None:
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)

@@ -149,6 +149,28 @@ def test_eqsat_optimize_times_the_layout_plan_beside_the_extractors_answer() -> 
     assert judged.fields(costs)["layout_s"] == judged.layout_s  # reported by `eqsat optimize --json`
 
 
+def test_the_layout_phase_also_runs_on_the_original_when_the_extractor_changed_it() -> None:
+    from eqsat.commands.optimize import LAYOUT, LAYOUT_ORIGINAL, optimize_and_judge
+    from eqsat.candidates import program_key
+    from eqsat.cost import cost_model
+    from eqsat.rulesets import XLA_GROUPS
+
+    b = GraphBuilder()  # the conv chain, and two products of one input the extractor merges
+    x, v = b.input("x", (1, 8, 16, 16)), b.input("v", (64, 64))
+    y = b.relu(b.conv2d(x, b.weight("w1", (16, 8, 3, 3))))
+    y = b.conv2d(b.relu(b.conv2d(y, b.weight("w2", (16, 16, 3, 3)))), b.weight("w3", (8, 16, 1, 1)))
+    graph = b.build([y, b.matmul(v, b.weight("u1", (64, 64))), b.matmul(v, b.weight("u2", (64, 64)))])
+    rules = [r for r in library_rules(XLA_GROUPS) if r.name == "matmul-merge-right"]
+    judged = optimize_and_judge(graph, rules, Limits(nodes=1_000, seconds=10), cost_model("roofline", device="cpu"),
+                                candidates=(LAYOUT,), rounds=5, budget_s=0.0)
+    plans = dict(judged.plans)
+    assert [name for name, _ in judged.plans][1:] == [LAYOUT, LAYOUT_ORIGINAL]
+    assert program_key(judged.result.optimized) != program_key(graph)  # the products were merged
+    assert plans[LAYOUT].live().op_counts()["matmul"] == 1 and plans[LAYOUT_ORIGINAL].live().op_counts()["matmul"] == 2
+    assert all(p.live().op_counts().get("conv2d_nhwc") == 3 for p in (plans[LAYOUT], plans[LAYOUT_ORIGINAL]))
+    assert all(c.numerics_ok for c in judged.judgement.checks)
+
+
 def test_the_search_skips_its_numpy_check_only_when_told(monkeypatch: pytest.MonkeyPatch) -> None:
     """`check=False` (the late layout phase, whose plans `judge_plans` checks through JAX): no numpy check."""
     import eqsat.pipeline
