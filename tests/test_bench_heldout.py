@@ -14,7 +14,7 @@ import pytest
 from eqsat.commands import bench
 from experiments.bench_jax import _cache_dir, _heldout_summary, bench_heldout, heldout_control
 from experiments.benchmarks import BENCHMARKS
-from experiments.jax_heldout import HeldOut, heldout_programs
+from experiments.jax_heldout import HELDOUT_NAMES, HeldOut, heldout_program, heldout_programs
 
 ROW_FIELDS = {"program", "used", "kept", "speedup", "speedup_ci_low", "speedup_ci_high", "first_call_cold_s",
               "jit_first_call_s", "new_shape_warm_s", "jit_new_shape_s", "new_shape_search_reused", "outputs_ok", "grads_ok"}
@@ -33,6 +33,7 @@ def test_heldout_group_parses(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_heldout_programs_are_distinct_and_run_at_both_shapes() -> None:
     progs = heldout_programs()
     assert len({p.name for p in progs}) == len(progs) >= 9
+    assert [p.name for p in progs] == list(HELDOUT_NAMES)  # the names known without building
     shapes = {p.name: jax.eval_shape(p.fn, *p.make_args(0, p.new_batch)) for p in progs}
     assert all(jax.tree_util.tree_leaves(s) for s in shapes.values())
 
@@ -93,6 +94,12 @@ def test_the_heldout_control_times_identical_code_until_its_interval_is_narrow()
     assert row["group"] == "heldout_control" and row["program"] == "control_identical_tiny_mlp"
     assert row["speedup_ci_low"] <= row["speedup_ci_high"] and row["rounds"] >= 20
     assert row["ci_width"] <= 0.05 or row["rounds"] == 400  # stopped once narrow, else ran to the rounds cap
+
+
+def test_a_heldout_program_builds_alone_under_its_name() -> None:
+    """`heldout_fresh` knows the names without building the nine programs (the slow test above checks
+    every name against its built program); one program builds alone under its own name."""
+    assert len(HELDOUT_NAMES) >= 9 and heldout_program("bf16_mlp").name == "bf16_mlp"
 
 
 def test_heldout_fresh_refuses_an_unknown_program(capsys: pytest.CaptureFixture[str]) -> None:

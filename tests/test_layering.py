@@ -5,6 +5,7 @@ re-export; the commands sit on top."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 from types import ModuleType
@@ -31,31 +32,37 @@ def _import_graph() -> ModuleType:
     return module
 
 
+@functools.cache
+def _root_edges() -> dict[str, set[str]]:
+    """The project's import graph, read once per process (parsing every module takes seconds; the
+    tests only read it)."""
+    return _import_graph().edges(ROOT)
+
+
 def _on_top(module: str) -> bool:
     return any(module == top or module.startswith(f"{top}.") for top in TOP)
 
 
 def test_no_project_modules_import_each_other_in_a_circle() -> None:
-    tool = _import_graph()
-    assert tool.cycles(tool.edges(ROOT)) == []
+    assert _import_graph().cycles(_root_edges()) == []
 
 
 def test_the_package_never_reaches_the_experiments() -> None:
-    graph = _import_graph().edges(ROOT)
+    graph = _root_edges()
     offenders = sorted((m, d) for m, deps in graph.items() if m.startswith("eqsat") for d in deps
                        if d.startswith("experiments"))
     assert offenders == []
 
 
 def test_the_core_never_imports_the_jax_backend() -> None:
-    graph = _import_graph().edges(ROOT)
+    graph = _root_edges()
     offenders = sorted(m for m, deps in graph.items() if m.startswith("eqsat") and m not in CORE_MAY_IMPORT_BACKEND | PARALLEL_API
                        and not _on_top(m) and any(d.startswith("jax_backend") for d in deps))
     assert offenders == []
 
 
 def test_nothing_in_the_package_imports_the_commands() -> None:
-    graph = _import_graph().edges(ROOT)
+    graph = _root_edges()
     offenders = sorted(m for m, deps in graph.items() if m.startswith(("eqsat", "jax_backend")) and not _on_top(m)
                        and any(_on_top(d) for d in deps))
     assert offenders == []
@@ -76,7 +83,7 @@ def test_string_tables_count_as_imports(tmp_path: Path) -> None:
 def test_the_parallel_package_imports_only_downward() -> None:
     """`eqsat.parallel` sits above the core: nothing it imports, directly or not, imports it back
     (its distribution ops are core vocabulary, `eqsat.distribution`)."""
-    graph = _import_graph().edges(ROOT)
+    graph = _root_edges()
 
     def inside(m: str) -> bool:
         return m.startswith("eqsat.parallel.") and m not in PARALLEL_API

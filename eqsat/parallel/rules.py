@@ -14,6 +14,7 @@ sampled); the rules are uniform in N. The file lives with the rule library but i
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -42,7 +43,11 @@ DERIVED: Mapping[str, tuple[str, int]] = MappingProxyType({"K1": ("K", 1), "R1":
 
 
 def rule_lines(path: Path = RULE_FILE) -> list[str]:
-    return [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    return _lines(path.read_text())
+
+
+def _lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
 
 
 def _fill(line: str, env: Mapping[str, int]) -> str:
@@ -95,13 +100,19 @@ def _fits_rank(env: Mapping[str, int]) -> bool:
 
 def instantiate(axis: int, parts: int, names: Sequence[str] | None = None, path: Path = RULE_FILE) -> list[Rule]:
     """The rules for one mesh axis of size `parts` (optionally only the base names in `names`)."""
-    rules: list[Rule] = []
-    for line in rule_lines(path):
-        for suffix, text in _expand(line, axis, parts):
-            for rule in parse_rule_text(text, str(path)):
-                if names is None or rule.name in names:
-                    rules.append(replace(rule, name=f"{rule.name}{suffix}@{axis}"))
-    return rules
+    return [rule for base, rule in _instances(path.read_text(), str(path), axis, parts) if names is None or base in names]
+
+
+@functools.lru_cache(maxsize=32)
+def _instances(text: str, source: str, axis: int, parts: int) -> tuple[tuple[str, Rule], ...]:
+    """(base name, instance) of every rule of the file `text` on one axis. Memoized on the file's
+    text: parsing the expanded lines is most of the time a plan spends on its rule set, and a test
+    run plans hundreds of graphs."""
+    out: list[tuple[str, Rule]] = []
+    for line in _lines(text):
+        for suffix, filled in _expand(line, axis, parts):
+            out.extend((rule.name, replace(rule, name=f"{rule.name}{suffix}@{axis}")) for rule in parse_rule_text(filled, source))
+    return tuple(out)
 
 
 def mesh_rules(mesh: Mesh, names: Sequence[str] | None = None) -> list[Rule]:
