@@ -85,5 +85,7 @@ def test_greedy_dag_keeps_its_time_limit_on_quadratic_work() -> None:
     eg.unique_children  # noqa: B018
     start = time.perf_counter()
     sel = extract(eg, "greedy-dag", 0.5)
-    assert time.perf_counter() - start < 3.0
+    # unlimited, this ladder takes ~12 s on a quiet 2-core box; 0.5 s of limit finishes in ~0.7 s there,
+    # and up to ~3.3 s at load 8, so 6 s tells the limit apart from the load
+    assert time.perf_counter() - start < 6.0
     assert not check_selection(eg, sel)
