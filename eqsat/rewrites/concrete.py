@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,7 @@ from eqsat.rewrites.rule import Rule, ops_used
 from eqsat.rewrites.semantics import (OP_IMPLS, FieldAlgebra, Poly, PolyAlgebra, evaluate_numpy, evaluate_pattern,
                                       instantiate, pattern_shape, rule_split_sizes)
 from eqsat.rewrites.shapes import Env, ShapeChecker, adversarial_assignments, describe, sample_assignments, total_elements
+from eqsat.rewrites.z3budget import Budget, WallClockCapped, check
 
 PROVED, REFUTED, UNKNOWN = "proved", "refuted", "unknown"
 TESTED = "tested"  # a verdict: proved on the tested shapes only (status "proved", scope "tested on N shapes")
@@ -47,7 +48,9 @@ class VerifyOptions:
     adversarial: int = 16  # and assignments drawn to break wrong rules (`shapes.adversarial_assignments`)
     proof_shapes: int = 3  # of them, how many are proved exactly
     max_proof_elements: int = 400  # total input elements of a shape assignment proved exactly
-    z3_timeout_ms: int = 5000
+    z3_rlimit: int = 10_000_000  # z3's resource budget per query (`z3budget`: load cannot change the answer);
+    # the library's largest successful query used ~83k, and this ends an unprovable one in ~3 s quietly
+    z3_wall_ms: int = 50_000  # a hang guard only (10x the 5 s timeout it replaces); an answer it cuts off is not cached
     seed: int = 0
 
 
@@ -68,6 +71,9 @@ class VerificationResult:
     guarded_method: str = ""
     guarded_scope: str = ""
     guarded_counterexample: dict[str, Any] | None = None
+    # a z3 check hit its wall-clock cap (not its rlimit): the verdict depends on machine load, so the
+    # verification cache does not store it (never serialized)
+    capped: bool = field(default=False, compare=False)
 
     @property
     def proved(self) -> bool:
@@ -130,7 +136,9 @@ class _Refuted(Exception):
 
 
 class _Unknown(Exception):
-    pass
+    def __init__(self, reason: str, capped: bool = False) -> None:
+        super().__init__(reason)
+        self.capped = capped
 
 
 def _freeze(env: Env) -> tuple[tuple[str, Shape], ...]:
@@ -255,9 +263,11 @@ def prove_on(rule: Rule, env: Env, options: VerifyOptions) -> str:
                        "but no numeric counterexample was found")
     cache: dict[int, z3.ArithRef] = {}
     solver = z3.Solver()
-    solver.set("timeout", options.z3_timeout_ms)
     solver.add(z3.Or([_to_z3(x, alg, cache) != _to_z3(y, alg, cache) for x, y in differing]))
-    answer = solver.check()
+    try:
+        answer = check(solver, Budget(options.z3_rlimit, options.z3_wall_ms))
+    except WallClockCapped as exc:
+        raise _Unknown(f"{exc} on {describe(env)}", capped=True) from None
     if answer == z3.unsat:
         return "z3"
     if answer == z3.sat:
@@ -268,7 +278,7 @@ def prove_on(rule: Rule, env: Env, options: VerifyOptions) -> str:
                 val = model.eval(cache[atom], model_completion=True)
                 inputs[arg[0]][arg[1]] = float(val.as_fraction()) if z3.is_rational_value(val) else 0.0
         raise _Refuted("z3", {"shapes": _shapes_json(env), "inputs": {k: v.tolist() for k, v in inputs.items()}})
-    raise _Unknown(f"z3 gave no answer within {options.z3_timeout_ms} ms on {describe(env)}: "
+    raise _Unknown(f"z3 gave no answer within an rlimit of {options.z3_rlimit} on {describe(env)}: "
                    f"{solver.reason_unknown()}")
 
 
@@ -299,6 +309,7 @@ class _Decision:
     counterexample: dict[str, Any] | None = None
     scope: str = ""
     shapes: tuple[dict[str, Shape], ...] = ()
+    capped: bool = False  # an unknown cut off by z3's wall-clock cap (see `VerificationResult.capped`)
 
 
 def _decide(rule: Rule, options: VerifyOptions, guarded: bool) -> _Decision:
@@ -329,7 +340,9 @@ def _decide(rule: Rule, options: VerifyOptions, guarded: bool) -> _Decision:
         hows = {prove_on(rule, dict(e), options) for e in proof_envs}
     except _Refuted as exc:
         return _Decision(REFUTED, exc.method, exc.counterexample)
-    except (_Unknown, EqsatError) as exc:
+    except _Unknown as exc:
+        return _Decision(UNKNOWN, "none", {"reason": str(exc)}, capped=exc.capped)
+    except EqsatError as exc:
         return _Decision(UNKNOWN, "none", {"reason": str(exc)})
     method = (f"concrete shapes: {' + '.join(sorted(hows))} on {len(proof_envs)} shape(s), "
               f"prime-field test on {len(envs)} sampled and {len(adversarial)} adversarial")
@@ -352,7 +365,7 @@ def verify_concrete(rule: Rule, options: VerifyOptions = VerifyOptions()) -> Ver
         guarded = replace(strict, shapes=())
     return VerificationResult(rule.name, strict.status, strict.method, strict.counterexample, strict.scope,
                               strict.shapes, rule.source, time.perf_counter() - start, guarded.status,
-                              guarded.method, guarded.scope, guarded.counterexample)
+                              guarded.method, guarded.scope, guarded.counterexample, strict.capped or guarded.capped)
 
 
 __all__ = ["VerificationResult", "VerifyOptions", "verify_concrete", "tested_scope", "PROVED", "REFUTED", "UNKNOWN",

@@ -43,8 +43,9 @@ Others are left to the axiom derivation, as is any op outside the table: these r
 Summing a conv over input positions rather than kernel offsets is what makes `enlarge` provable: at
 stride 1 SAME the enlarged kernel's padding grows by exactly the zeros added, so both sums have the
 same terms; at stride 2 or 3 the clipped SAME padding differs and z3 finds the shifted window. The
-prover only declines, never guesses: a timeout (sums over channel groups make the index arithmetic
-non-linear; those get a shorter one) leaves the rule `tested`. Ranks come from `shapes.rank_choices`
+prover only declines, never guesses: a spent z3 budget (an rlimit, not wall-clock time, so the
+outcome does not depend on load; sums over channel groups make the index arithmetic non-linear:
+those get a smaller one) leaves the rule `tested`. Ranks come from `shapes.rank_choices`
 (equal dims); a condition that may hold only for unequal dims (an inequality, a parity) is dropped
 for that enumeration, never for the proof.
 """
@@ -61,6 +62,7 @@ import z3
 from eqsat import ops
 from eqsat.rewrites.rule import CLASS_CONDITIONS, AttrVar, DimOf, Pattern, Rule, ShapeOf, Term, Var, ops_used, subterms
 from eqsat.rewrites.shapes import pinned_ranks, rank_choices
+from eqsat.rewrites.z3budget import Budget, WallClockCapped, check
 
 SUPPORTED: frozenset[str] = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh", "transpose", "concat",
                                        "matmul", "split_part", "conv2d", "conv2d_nhwc", "enlarge", "poolmax", "poolavg",
@@ -69,10 +71,18 @@ SUPPORTED: frozenset[str] = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu",
 ELEMENTWISE = frozenset({"ewadd", "ewmul", "ewsub", "neg", "relu", "sigmoid", "tanh", "convert_element_type"})
 CONV_RANKS = (4, 5, 6)  # NCHW x OIHW, or both with the same leading batch axes (`ops.CONV_MAX_RANK`)
 WINDOW_OPS = frozenset({"conv2d", "conv2d_nhwc", "enlarge", "poolmax", "poolavg"})
-WINDOW_TIMEOUT_MS = 1000  # sums over windows and channel groups: z3 needs longer than for matmul
+# z3 budgets (`z3budget`: an rlimit, so a proof does not depend on machine load, and a wall-clock cap
+# against hangs only, 10x the timeouts these replace). Chosen from the rlimit the successful queries of
+# each class used over the library rules and the symbolic tests (see CHANGES.md). One query's count also
+# varies with what the process asked z3 before (its terms' ids steer z3's heuristics): the stride-1
+# enlarge proof used 0.1M-3.9M over 12 runs in one process, hence the window and grouped room.
+DEFAULT_BUDGET = Budget(rlimit=200_000, wall_ms=4_000)  # most used: ~16k (was 400 ms)
+IMPLIED_BUDGET = Budget(rlimit=50_000, wall_ms=2_000)  # a side condition's implication; most used: ~3k (was 200 ms)
+WINDOW_BUDGET = Budget(rlimit=8_000_000, wall_ms=10_000)  # sums over windows: z3 needs more than for matmul (was 1 s)
 POOL_OPS = frozenset({"poolmax", "poolavg"})
-POOL_TIMEOUT_MS = 4000  # a 3x3 max over window decompositions: z3 case-splits on the nine reads
-GROUPED_TIMEOUT_MS = 1000
+POOL_BUDGET = Budget(rlimit=25_000_000, wall_ms=40_000)  # a 3x3 max over window decompositions: z3 case-splits
+# on the nine reads; most used: ~6.5M (was 4 s)
+GROUPED_BUDGET = Budget(rlimit=8_000_000, wall_ms=10_000)  # channel groups: non-linear index arithmetic (was 1 s)
 ACTIVATIONS = {0: None, 1: "sigmoid", 2: "relu", 3: "tanh"}  # `ops.Activation` codes
 DISTRIBUTION = frozenset({"partition", "combine", "replicate", "reduce", "all_reduce", "all_gather", "reduce_scatter",
                           "all_to_all"})
@@ -811,9 +821,8 @@ class _Builder:
     def _implied(self, claim: z3.BoolRef, typed: list[z3.BoolRef]) -> bool:
         """Whether the hypotheses imply `claim` (z3, briefly; False when it cannot tell)."""
         solver = z3.Solver()
-        solver.set("timeout", 200)
         solver.add(*self.assumed, *(typed if self.typed_is_assumed else ()), z3.Not(claim))
-        return solver.check() == z3.unsat
+        return check(solver, IMPLIED_BUDGET) == z3.unsat
 
     def _sum_n(self, body: Callable[[Sequence[z3.ArithRef]], z3.ArithRef], n: z3.ArithRef, arity: int,
                tag: str = "") -> z3.ArithRef:
@@ -1214,11 +1223,24 @@ def resists(rule: Rule, guarded: bool = False) -> str:
             "reshape under the guard (row-major index maps over symbolic dims are not modelled)")
 
 
-def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> str | None:
+def prove_symbolic(rule: Rule, guarded: bool = False, budget: Budget = DEFAULT_BUDGET) -> str | None:
     """How the rule was proved for every shape (strictly, or under the guard), or None when the
-    prover cannot show it (unsupported, unbounded rank, or z3 finds no proof within `timeout_ms` a
+    prover cannot show it (unsupported, unbounded rank, or z3 finds no proof within `budget` a
     rank assignment: sums over products reassociated, as in matmul associativity, need the
     axioms' derivation, not z3)."""
+    return prove_symbolic_outcome(rule, guarded, budget)[0]
+
+
+def prove_symbolic_outcome(rule: Rule, guarded: bool = False, budget: Budget = DEFAULT_BUDGET) -> tuple[str | None, bool]:
+    """`prove_symbolic`, and whether a z3 check hit its wall-clock cap (then a None depends on
+    machine load: a caller must not cache it)."""
+    try:
+        return _prove(rule, guarded, budget), False
+    except WallClockCapped:
+        return None, True
+
+
+def _prove(rule: Rule, guarded: bool, budget: Budget) -> str | None:
     if why_not(rule) is not None:
         return None
     # under the guard, the right side's typing may need unequal dims (a merge_gconv's even group
@@ -1236,11 +1258,11 @@ def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> 
         return None  # no rank types it, too many, or the rank is unbounded (rank-polymorphic rules)
     used = ops_used_by(rule)
     if used & WINDOW_OPS:
-        timeout_ms = max(timeout_ms, POOL_TIMEOUT_MS if used & POOL_OPS else WINDOW_TIMEOUT_MS)
+        budget = max(budget, POOL_BUDGET if used & POOL_OPS else WINDOW_BUDGET, key=lambda b: b.rlimit)
     try:
         for ranks in reversed(wide):  # higher ranks first: where a rule fails (a guard on rank 4), it fails fast
-            holds, grouped = _holds(rule, ranks, guarded, timeout_ms)
-            if not holds and not (grouped and _holds_factored(rule, ranks, guarded, timeout_ms)):
+            holds, grouped = _holds(rule, ranks, guarded, budget)
+            if not holds and not (grouped and _holds_factored(rule, ranks, guarded, budget)):
                 return None
     except Unsupported:
         return None
@@ -1255,14 +1277,14 @@ def prove_symbolic(rule: Rule, guarded: bool = False, timeout_ms: int = 400) -> 
             f"{len(assignments)} rank assignment(s) ({every})")
 
 
-def _holds_factored(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int) -> bool:
+def _holds_factored(rule: Rule, ranks: Mapping[str, int], guarded: bool, budget: Budget) -> bool:
     """Again with the group arithmetic as products; with a merge_gconv of count k, once per
     residue of the output channel's group mod k (the block its kernel lands in)."""
     counts = {t.attr.get("count") for p in rule.lhs + rule.rhs for t in subterms(p) if t.op == "merge_gconv"}
     count = counts.pop() if len(counts) == 1 else 0
     if not (type(count) is int and 1 < count <= 4):
-        return _holds(rule, ranks, guarded, timeout_ms, factor=True)[0]
-    return all(_holds(rule, ranks, guarded, timeout_ms, factor=True, slots=(count, case))[0] for case in range(count))
+        return _holds(rule, ranks, guarded, budget, factor=True)[0]
+    return all(_holds(rule, ranks, guarded, budget, factor=True, slots=(count, case))[0] for case in range(count))
 
 
 def tail_bound(rule: Rule) -> int | None:
@@ -1468,19 +1490,19 @@ def _condition_terms(c: Any) -> list[Term]:
     return [c] + [t for a in c.args for t in _condition_terms(a)]
 
 
-def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int,
+def _holds(rule: Rule, ranks: Mapping[str, int], guarded: bool, budget: Budget,
            factor: bool = False, slots: tuple[int, int] = (0, 0)) -> tuple[bool, bool]:
     """Whether the rule holds at these ranks, and whether a conv had channel groups it could not
     rule out (then `factor` tries again with the group arithmetic as products, `_parametrize`)."""
     try:
-        return _holds_at(rule, ranks, guarded, timeout_ms, factor, slots)
+        return _holds_at(rule, ranks, guarded, budget, factor, slots)
     except _NeedsFactors:
         if factor:
             raise Unsupported("group arithmetic that does not factor") from None
         return False, True
 
 
-def _holds_at(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: int, factor: bool,
+def _holds_at(rule: Rule, ranks: Mapping[str, int], guarded: bool, budget: Budget, factor: bool,
               slots: tuple[int, int]) -> tuple[bool, bool]:
     dims = {v: tuple(z3.Int(f"{v}_{k}") for k in range(r)) for v, r in ranks.items()}
     funcs = {v: z3.Function(f"T_{v}", *([z3.IntSort()] * r), z3.RealSort()) for v, r in ranks.items()}
@@ -1514,13 +1536,13 @@ def _holds_at(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: i
         if guarded:
             return True, False  # the guard never holds at these ranks
         solver = z3.Solver()
-        solver.set("timeout", timeout_ms)
         solver.add(*facts)
-        return solver.check() == z3.unsat, False  # fine only if no left side of these ranks is well-typed
+        return check(solver, budget) == z3.unsat, False  # fine only if no left side of these ranks is well-typed
     same_shape = [d == e for a, b in zip(lhs, rhs) for d, e in zip(a.dims, b.dims)]
     solver = z3.Solver()
     # channel groups make the index arithmetic non-linear: z3 proves those quickly or not at all
-    solver.set("timeout", min(timeout_ms, GROUPED_TIMEOUT_MS) if builder.grouped else timeout_ms)
+    if builder.grouped:
+        budget = min(budget, GROUPED_BUDGET, key=lambda b: b.rlimit)
     solver.add(*facts)
     if guarded:
         solver.add(*rhs_typed, *same_shape)
@@ -1535,7 +1557,7 @@ def _holds_at(rule: Rule, ranks: Mapping[str, int], guarded: bool, timeout_ms: i
     zero_sums = [f(z3.Lambda([z3.Int(f"z{m}") for m in range(arity)], z3.RealVal(0))) == 0
                  for arity, f in builder.sum_fns.items()]  # a sum of zeros is zero
     solver.add(*builder.defs, *zero_sums, z3.Not(goal))
-    return solver.check() == z3.unsat, builder.grouped
+    return check(solver, budget) == z3.unsat, builder.grouped
 
 
-__all__ = ["prove_symbolic", "why_not", "resists", "SUPPORTED", "Unsupported"]
+__all__ = ["prove_symbolic", "prove_symbolic_outcome", "why_not", "resists", "SUPPORTED", "Unsupported"]

@@ -19,7 +19,7 @@ from eqsat.rewrites.concrete import (ALL_SHAPES, PROVED, REFUTED, TESTED, UNKNOW
                                      VerifyOptions, verify_concrete)
 from eqsat.rewrites.derive import axiom_base, derivable, derivable_guarded
 from eqsat.rewrites.rule import Rule
-from eqsat.rewrites.symbolic import prove_symbolic
+from eqsat.rewrites.symbolic import prove_symbolic_outcome
 from eqsat.rewrites.verify_cache import VerificationCache, prove_missing
 
 def verify_rule(rule: Rule, options: VerifyOptions = VerifyOptions(), axioms: Sequence[Rule] | None = None) -> VerificationResult:
@@ -48,12 +48,14 @@ def verify_rule(rule: Rule, options: VerifyOptions = VerifyOptions(), axioms: Se
                              guarded_method=f"all shapes under the guard: {how} from {len(used)} verified axiom(s) "
                                             f"({', '.join(sorted(used))}); {result.guarded_method}")
     if result.status == PROVED and result.scope != ALL_SHAPES:
-        symbolic = prove_symbolic(rule)
+        symbolic, capped = prove_symbolic_outcome(rule)
+        result = replace(result, capped=result.capped or capped)
         if symbolic is not None:
             result = replace(result, method=f"all shapes: {symbolic}; {result.method}", scope=ALL_SHAPES,
                              guarded_method="implied: holds without the guard", guarded_scope=ALL_SHAPES)
     if result.guarded_status == PROVED and result.guarded_scope != ALL_SHAPES:
-        symbolic = prove_symbolic(rule, guarded=True)
+        symbolic, capped = prove_symbolic_outcome(rule, guarded=True)
+        result = replace(result, capped=result.capped or capped)
         if symbolic is not None:
             result = replace(result, guarded_scope=ALL_SHAPES,
                              guarded_method=f"all shapes under the guard: {symbolic}; {result.guarded_method}")

@@ -43,7 +43,7 @@ from eqsat.rewrites.rule import Rule
 from eqsat.rewrites.shapes import sample_assignments
 
 _DEPENDENCIES = ("semantics.py", "shapes.py", "concrete.py", "verify.py", "derive.py", "symbolic.py", "rule.py", "parser.py",
-                 "library/axioms.rules", "../ops.py", "../distribution.py")
+                 "z3budget.py", "library/axioms.rules", "../ops.py", "../distribution.py")
 
 
 def _code_digest() -> str:
@@ -125,6 +125,10 @@ class VerificationCache:
         return dataclasses.replace(result, name=rule.name, source=rule.source)
 
     def put(self, rule: Rule, options: object, all_shapes: bool, result: VerificationResult) -> None:
+        """Store `result`, unless a z3 check hit its wall-clock cap on the way (`result.capped`): that
+        verdict depends on machine load, so the next run decides again (under the rlimit alone)."""
+        if getattr(result, "capped", False):
+            return
         key = self._key(rule, options, all_shapes)
         path = self._path(key)
         data = result.to_json()
