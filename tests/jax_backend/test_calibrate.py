@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from engine_free import BLOCK_SEARCH_ENGINES
@@ -88,12 +89,18 @@ def test_calibrate_reports_what_it_fitted(cache: Path, capsys: pytest.CaptureFix
     assert set(row["matmul_gflops"]) == {"1e+03", "1e+09"} and row["conv1x1_gflops"] is None
 
 
+def _reported(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, **fields: Surface) -> dict[str, Any]:
+    """The `calibrate --json` row of a fake calibration with `fields` replaced."""
+    monkeypatch.setattr(cal_mod, "calibrate", lambda say=None: replace(_fake(), **fields))
+    assert cli.main(["calibrate", "--json"]) == 0
+    row: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return row
+
+
 def test_calibrate_reports_the_1x1_surface(cache: Path, capsys: pytest.CaptureFixture[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     surface = Surface((64.0, 1225.0), (6.5e4, 1.6e6), (1e-3, 2e-2, 1e-2, 4e-1))
-    monkeypatch.setattr(cal_mod, "calibrate", lambda say=None: replace(_fake(), conv1x1=surface))
-    assert cli.main(["calibrate", "--json"]) == 0
-    rates = json.loads(capsys.readouterr().out)["conv1x1_gflops"]
+    rates = _reported(capsys, monkeypatch, conv1x1=surface)["conv1x1_gflops"]
     assert rates["64 rows x 6.5e+04"] == pytest.approx(2 * 64 * 6.5e4 / 1e-3 / 1e9)
     assert len(rates) == 4
 
@@ -101,9 +108,7 @@ def test_calibrate_reports_the_1x1_surface(cache: Path, capsys: pytest.CaptureFi
 def test_calibrate_reports_the_matrix_vector_grid(cache: Path, capsys: pytest.CaptureFixture[str],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     grid = Surface((512.0, 1024.0), (512.0, 1024.0), (3e-4, 4e-4, 5e-4, 9e-4))
-    monkeypatch.setattr(cal_mod, "calibrate", lambda say=None: replace(_fake(), gemv_kn=grid))
-    assert cli.main(["calibrate", "--json"]) == 0
-    rates = json.loads(capsys.readouterr().out)["gemv_gbs"]
+    rates = _reported(capsys, monkeypatch, gemv_kn=grid)["gemv_gbs"]
     assert rates["1x512x1024"] == pytest.approx(4 * (512 + 512 * 1024 + 1024) / 4e-4 / 1e9) and len(rates) == 4
 
 
