@@ -33,6 +33,9 @@ class ValueContext:
     weight_replicated: bool = False
     fused_loop: bool = False  # the output of an XLA loop fusion: an elementwise consumer joins that loop
     strided_view: bool = False  # a slice not contiguous in memory: a dot or conv reading it copies it first
+    # NHWC inside XLA:CPU although the graph says NCHW: an NCHW conv's output, or computed from one by ops
+    # that carry the layout (`OpSpec.carries_layout`); a conv reading it needs no transpose, any other op does
+    conv_internal: bool = False
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,14 @@ class OpSpec:
     # device on its piece, for these attributes (None: never on distributed values)
     fusion_kind: FusionKind | None = None  # what XLA makes of it, where `fusion` cannot derive it
     conv_layout: ConvLayout | None = None  # a convolution's operand layout (None: not a convolution)
+    # XLA's layout assignment carries its operand's physical layout through it (a concat, split or slice;
+    # elementwise ops always do): an NCHW conv's output, NHWC inside XLA:CPU, stays NHWC past it
+    keeps_layout: bool = False
+
+    @property
+    def carries_layout(self) -> bool:
+        """Whether a value's physical layout passes through the op (`keeps_layout`, or elementwise)."""
+        return self.keeps_layout or self.fusion == "loop"
 
     @property
     def fusion(self) -> FusionKind:
@@ -750,12 +758,13 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
            doc="average pooling; padded positions count as zeros", on_devices=_any_depth),
     OpSpec("concat", (AttrSpec("axis", "int"),), None, _concat_infer,
            lambda xs, a: (np.concatenate(xs, axis=a["axis"]),), _zero_flops, doc="join along an axis",
-           fusion_kind="copy", operand_kinds=ANY_KIND, on_devices=_axis_past_devices),
+           fusion_kind="copy", operand_kinds=ANY_KIND, on_devices=_axis_past_devices, keeps_layout=True),
     OpSpec("split", (AttrSpec("axis", "int"), AttrSpec("sizes", "ints")), 1, _split_infer, _split_numpy,
-           _zero_flops, is_view=True, doc="cut along an axis into pieces of the given sizes", operand_kinds=ANY_KIND),
+           _zero_flops, is_view=True, doc="cut along an axis into pieces of the given sizes", operand_kinds=ANY_KIND,
+           keeps_layout=True),
     OpSpec("slice", (AttrSpec("axis", "int"), AttrSpec("start", "int"), AttrSpec("stop", "int")), 1,
            _slice_infer, _slice_numpy, _zero_flops, is_view=True, doc="one piece of a split", operand_kinds=ANY_KIND,
-           on_devices=_axis_past_devices),
+           on_devices=_axis_past_devices, keeps_layout=True),
     OpSpec("transpose", (AttrSpec("perm", "ints"),), 1, _transpose_infer,
            lambda xs, a: (np.transpose(xs[0], a["perm"]),), _zero_flops, doc="permute axes",
            on_devices=_keeps_leading("perm"), fusion_kind="copy", operand_kinds=ANY_KIND),

@@ -62,11 +62,12 @@ if TYPE_CHECKING:
 __all__ = ["CALIBRATION_FORMAT", "FLOOR_KINDS", "Calibration", "CalibrationError", "ChainFit", "Curve", "Surface", "XlaModel",
            "fit_chain", "fusion_context", "graph_enodes", "read_calibration", "write_calibration"]
 
-CALIBRATION_FORMAT = "eqsat-xla-calibration-6"
+CALIBRATION_FORMAT = "eqsat-xla-calibration-7"
 """3: per-kind kernel floors, the per-call time and grouped convs; 4: matrix-vector products by size
 (`Calibration.gemv`) and NHWC convs (`Calibration.conv_nhwc`); 5: 1x1 convs by rows and weight
-(`Calibration.conv1x1`); 6: matrix-vector products by reduction length and width (`Calibration.gemv_kn`). An
-older cache is refused and measured again."""
+(`Calibration.conv1x1`); 6: matrix-vector products by reduction length and width (`Calibration.gemv_kn`); 7: the bandwidth of
+a layout transpose (`Calibration.transpose_bandwidth`: an NCHW conv is priced as its NHWC form and
+the transposes XLA:CPU puts around it). An older cache is refused and measured again."""
 
 FLOOR_KINDS: tuple[str, ...] = ("loop", "copy", "kernel", "dot", "conv")
 """The kinds of kernel whose floor the calibration measures (`Calibration.floors`)."""
@@ -251,15 +252,17 @@ class Calibration:
     conv1x1: Surface | None = None  # dense NCHW convs by GEMM rows and weight (1x1 probes); None: the conv curve
     conv1x1_nhwc: Surface | None = None  # dense 1x1 NHWC convs; None: `conv1x1`
     gemv_kn: Surface | None = None  # (1, k) x (k, n) products: `rows` k, `weights` n (`_dot_read_seconds`); None: `gemv`
+    transpose_bandwidth: float = 0.0  # bytes/s (read + write) of a 4-D layout transpose (OIHW -> HWIO); 0: `bandwidth`
 
     def __post_init__(self) -> None:
         defaults = {"weight_bandwidth": self.bandwidth, "copy_s": self.launch_s, "kernel_s": self.launch_s,
-                    "dot_s": self.matmul.seconds[0], "conv_s": self.conv.seconds[0]}
+                    "dot_s": self.matmul.seconds[0], "conv_s": self.conv.seconds[0],
+                    "transpose_bandwidth": self.bandwidth}
         for name, value in defaults.items():
             if not getattr(self, name):
                 object.__setattr__(self, name, value)
         if not all(_positive(x) for x in (self.launch_s, self.bandwidth, self.loop_flops, self.weight_bandwidth,
-                                          *self.floors.values())):
+                                          self.transpose_bandwidth, *self.floors.values())):
             raise CalibrationError("a calibration rate or kernel floor is not a finite positive number")
         if not (_positive(self.call_s) or self.call_s == 0):
             raise CalibrationError("a calibration's call time is not a finite number >= 0")
@@ -292,7 +295,7 @@ class Calibration:
                                data["weight_bandwidth"], data["copy_s"], data["kernel_s"], data["dot_s"],
                                data["conv_s"], data["call_s"], optional["gconv"], optional["gemv"],
                                optional["conv_nhwc"], optional["gconv_nhwc"], surfaces["conv1x1"],
-                               surfaces["conv1x1_nhwc"], surfaces["gemv_kn"])
+                               surfaces["conv1x1_nhwc"], surfaces["gemv_kn"], data["transpose_bandwidth"])
         except CalibrationError:
             raise
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -350,8 +353,26 @@ def fusion_context(enodes: ENodes) -> EGraphContext:
             if cls not in strided and all(_strided_member(m, enodes.shapes, strided) for m in members[cls]):
                 strided.add(cls)
                 changed = True
-    classes = {c: ValueContext(leaf=leaf.get(c), fused_loop=c in fused, strided_view=c in strided) for c in enodes.shapes}
+    internal: set[str] = set()
+    changed = True
+    while changed:  # NHWC inside XLA:CPU: an NCHW conv's output, or carried from one (least fixpoint, as above)
+        changed = False
+        for cls in ends:
+            if cls not in internal and all(_keeps_conv_layout(m, enodes.shapes, internal) for m in members[cls]):
+                internal.add(cls)
+                changed = True
+    classes = {c: ValueContext(leaf=leaf.get(c), fused_loop=c in fused, strided_view=c in strided,
+                               conv_internal=c in internal) for c in enodes.shapes}
     return EGraphContext(frozenset(enodes.nodes), classes)
+
+
+def _keeps_conv_layout(node: ENode, shapes: Mapping[str, Shape], internal: set[str]) -> bool:
+    """Whether the node's value is NHWC inside XLA:CPU: XLA:CPU runs a rank-4 NCHW conv as an NHWC one and
+    its layout assignment keeps that layout through the ops that carry it (`OpSpec.carries_layout`)."""
+    spec = ops.op_spec(node.op)
+    if spec.conv_layout == "NCHW":
+        return bool(node.children) and len(shapes.get(node.children[0], ())) == 4
+    return spec.carries_layout and any(c in internal for c in node.children)
 
 
 def _strided_member(node: ENode, shapes: Mapping[str, Shape], strided: set[str]) -> bool:
@@ -417,12 +438,29 @@ class XlaModel:
     def price(self, node: NodeInContext) -> NodePrice:
         fused = tuple(v.fused_loop for v in node.inputs)
         strided = tuple(v.strided_view for v in node.inputs)
+        internal = tuple(v.conv_internal for v in node.inputs)
         key = (node.op, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in node.attrs.items())),
-               node.input_shapes, fused, strided)
+               node.input_shapes, fused, strided, internal)
         seconds = self._cache.get(key)
         if seconds is None:
-            seconds = self._cache[key] = self._seconds(node.op, node.attrs, node.input_shapes, fused, strided)
+            seconds = self._cache[key] = (self._seconds(node.op, node.attrs, node.input_shapes, fused, strided)
+                                          + self._layout_seconds(node.op, node.input_shapes, internal))
         return NodePrice(seconds)
+
+    def _layout_seconds(self, op: str, shapes: Sequence[Shape], internal: Sequence[bool]) -> float:
+        """The transposes XLA:CPU adds for NCHW convs at this node: an NCHW conv's weight (an argument of
+        the call, transposed to HWIO on every call) and its input when that is not already NHWC inside
+        XLA; for an op that does not carry the layout (a pool, a reshape, a dot), each operand that is."""
+        spec = ops.op_spec(op)
+        if op in self.free_ops or spec.is_leaf:
+            return 0.0
+        if spec.conv_layout == "NCHW" and len(shapes) == 2 and len(shapes[0]) == 4:
+            moved = ops.numel(shapes[1]) + (0 if internal and internal[0] else ops.numel(shapes[0]))
+            return _transpose_seconds(self.calibration, self.itemsize * moved)
+        if spec.carries_layout or spec.conv_layout is not None or spec.fusion == "copy":
+            return 0.0  # a conv reads it as it is; an explicit transpose or concat is a copy priced as one
+        return sum(_transpose_seconds(self.calibration, self.itemsize * ops.numel(s))
+                   for s, inside in zip(shapes, internal) if inside)
 
     def _seconds(self, op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape], fused: Sequence[bool],
                  strided: Sequence[bool] = ()) -> float:
@@ -448,7 +486,11 @@ class XlaModel:
             # the call: its efficiency at this size, or the time to read its operands (a matrix-vector product)
             dot = max(work - (ops.numel(outs[0]) if act is not ops.Activation.NONE else 0), 1.0)
             moved = sum(in_bytes) + out_bytes
-            if layout is not None:
+            if layout == "NCHW" and len(shapes[0]) == 4:  # XLA:CPU runs it as its NHWC form (`_layout_seconds`)
+                nhwc = [tuple(shapes[0][p] for p in ops.NHWC_IN), tuple(shapes[1][p] for p in ops.HWIO_FROM_OIHW)]
+                out = tuple(outs[0][p] for p in ops.NHWC_IN)
+                call = max(cal.conv_s, _conv_seconds(cal, "NHWC", nhwc, out, dot), moved / cal.weight_bandwidth)
+            elif layout is not None:
                 call = max(cal.conv_s, _conv_seconds(cal, layout, shapes, outs[0], dot), moved / cal.weight_bandwidth)
             else:
                 call = max(cal.dot_s, cal.matmul.seconds_for(dot),
@@ -460,8 +502,9 @@ class XlaModel:
             # the activation is the head of a loop (what a separate activation op would cost)
             return call + self._seconds(act.op_name, {}, [outs[0]], (False,))
         if kind == "copy":  # a transpose of a dense value may become a layout (`copy_s`); else a loop kernel
-            free_layout = op == "transpose" and not any(strided)
-            return max(cal.copy_s if free_layout else cal.launch_s, 2 * out_bytes / cal.bandwidth)
+            if op == "transpose" and not any(strided):  # a layout transpose (or a layout change)
+                return _transpose_seconds(cal, out_bytes)
+            return max(cal.launch_s, 2 * out_bytes / cal.bandwidth)
         return max(cal.kernel_s, work / cal.loop_flops, (sum(in_bytes) + out_bytes) / cal.bandwidth)
 
     def price_graph(self, graph: Graph, fold_weights: bool = True) -> float:
@@ -517,6 +560,12 @@ def _conv_curve(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Shape
     if _grouped(layout, shapes) and cal.gconv is not None:
         return cal.gconv_nhwc if nhwc and cal.gconv_nhwc is not None else cal.gconv
     return cal.conv_nhwc if nhwc and cal.conv_nhwc is not None else cal.conv
+
+
+def _transpose_seconds(cal: Calibration, nbytes: float) -> float:
+    """A layout transpose of `nbytes`: read and written at the measured transpose bandwidth, at least the
+    copy floor."""
+    return max(cal.copy_s, 2.0 * nbytes / cal.transpose_bandwidth)
 
 
 # The reduction length of the calibration's matrix-vector probes (`jax_backend.calibrate.GEMV_SHAPES`):

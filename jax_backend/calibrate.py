@@ -40,7 +40,7 @@ from jax_backend.measured_cost import check_measuring_device, device_key
 from jax_backend.timing import interleaved_rounds
 
 __all__ = ["MATMUL_SHAPES", "GEMV_SHAPES", "GEMV_GRID_K", "CONV_SHAPES", "CONV1X1_SIZES", "CONV1X1_CHANNELS",
-           "CHAIN_LENGTHS", "FLOOR_PROBES", "GCONV_SHAPES", "calibration_path", "calibrate",
+           "CHAIN_LENGTHS", "FLOOR_PROBES", "GCONV_SHAPES", "TRANSPOSE_SHAPES", "calibration_path", "calibrate",
            "chain_fit", "chain_is_device_bound", "load_calibration", "xla_model"]
 
 MATMUL_SHAPES: tuple[tuple[int, int, int], ...] = (
@@ -78,6 +78,12 @@ CONV1X1_CHANNELS: tuple[int, ...] = (256, 768, 1280)
 largest: the probe at 35 x 35 rows is already 4e9 flops)."""
 
 CONV1X1_CALLS = 2  # independent convs a 1x1 probe program runs (`_conv1x1_surfaces`)
+
+TRANSPOSE_SHAPES: tuple[tuple[int, ...], ...] = ((256, 256, 3, 3), (512, 512, 3, 3), (768, 192, 1, 1), (128, 64, 3, 3))
+"""OIHW weights the calibration transposes to HWIO (`_transpose_bandwidth`): what XLA:CPU does to an NCHW
+conv's weight on every call (3x3 and 1x1 convs of the models' sizes, 0.3 to 9 MiB)."""
+
+TRANSPOSE_BYTES = 64 * 2**20  # the weights transposed per probe call: from memory, as a model's are
 
 CHAIN_LENGTHS: tuple[int, ...] = (1, 16, 32, 64)
 """Kernels in the chains that measure each kind's floor (`eqsat.xla_cost.fit_chain`): the longest
@@ -304,11 +310,13 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
                 say(f"{'grouped ' if grouped else ''}conv {'NHWC' if nhwc else 'NCHW'} {c} channels {hw}x{hw} "
                     f"({width} a group) {kernel}x{kernel}: {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
     surfaces = _conv1x1_surfaces(say, call_s)
+    transpose_bandwidth = _transpose_bandwidth(call_s)
+    say(f"layout transpose (OIHW -> HWIO) bandwidth: {transpose_bandwidth / 1e9:.1f} GB/s")
     return Calibration(_machine_key(), device_key(), launch, bandwidth, loop_flops, Curve.fit(matmul),
                        Curve.fit(convs[False, False]), time.perf_counter() - start, weight_bandwidth,
                        fits["copy"].floor_s, fits["kernel"].floor_s, fits["dot"].floor_s, fits["conv"].floor_s,
                        call_s, Curve.fit(convs[True, False]), Curve.fit(gemv), Curve.fit(convs[False, True]),
-                       Curve.fit(convs[True, True]), *surfaces, gemv_kn)
+                       Curve.fit(convs[True, True]), *surfaces, gemv_kn, transpose_bandwidth)
 
 
 def _conv1x1_surfaces(say: Callable[[str], None], call_s: float = 0.0) -> tuple[Surface, Surface]:
@@ -335,6 +343,18 @@ def _conv1x1_surfaces(say: Callable[[str], None], call_s: float = 0.0) -> tuple[
                     f"{2 * hw * hw * c * c / t / 1e9:.1f} GFLOP/s")
     rows, weights = tuple(float(hw * hw) for hw in CONV1X1_SIZES), tuple(float(c * c) for c in CONV1X1_CHANNELS)
     return Surface.fit(rows, weights, seconds[False]), Surface.fit(rows, weights, seconds[True])
+
+
+def _transpose_bandwidth(call_s: float, total_bytes: int = TRANSPOSE_BYTES) -> float:
+    """Bytes/s (read + write) of transposing conv weights OIHW -> HWIO, what XLA:CPU runs before each
+    NCHW conv: one program of independent transposes of distinct weights of `TRANSPOSE_SHAPES`,
+    `total_bytes` in all, less `call_s`."""
+    shapes = [s for s in TRANSPOSE_SHAPES for _ in range(max(1, total_bytes // (4 * len(TRANSPOSE_SHAPES) * int(np.prod(s)))))]
+    ws = _arrays(*shapes)
+    many = jax.jit(lambda *ws: tuple(jnp.transpose(w, ops.HWIO_FROM_OIHW) for w in ws))
+    times, _ = interleaved_rounds([_to_completion(functools.partial(many, *ws))], 15, budget_s=2.0, min_rounds=7)
+    moved = 2.0 * 4 * sum(int(np.prod(s)) for s in shapes)
+    return moved / max(statistics.median(times[0]) - call_s, 1e-8)
 
 
 def _independent_convs(op: str, attrs: dict[str, Any], x: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:

@@ -16,11 +16,15 @@ from eqsat.egraph import TensorEGraph
 from eqsat.ir import Graph, GraphBuilder
 from eqsat.rulesets import RULE_SETS, UnknownRuleSetError, named_rules
 from eqsat.cost import predicted_speedup
-from eqsat.xla_cost import (GEMV_K, Calibration, CalibrationError, Curve, Surface, XlaModel, fit_chain, read_calibration,
-                            write_calibration)
+from eqsat.xla_cost import (GEMV_K, Calibration, CalibrationError, Curve, Surface, XlaModel, fit_chain, fusion_context,
+                            graph_enodes, read_calibration, write_calibration)
 
 CAL = Calibration("machine-a", "cpu-test", launch_s=5e-6, bandwidth=10e9, loop_flops=5e9,
                   matmul=Curve((1e3, 1e6, 1e9), (1e-5, 5e-5, 2e-2)), conv=Curve((1e3, 1e9), (2e-5, 3e-2)))
+
+
+NO_TRANSPOSES: dict[str, float] = {"copy_s": 1e-18, "transpose_bandwidth": 1e30}
+"""A calibration whose layout transposes cost nothing: an NCHW conv priced as its NHWC form alone."""
 
 
 def _chain(fused_act: bool = False, tail: int = 3) -> Graph:
@@ -198,7 +202,7 @@ def test_a_kernel_costs_the_larger_of_its_floor_and_its_work() -> None:
 
 def test_a_grouped_conv_is_priced_on_its_own_curve() -> None:
     slow = Curve((1e6, 1e9), (2e-4, 2e-1))
-    model = XlaModel(replace(CAL, gconv=slow))
+    model = XlaModel(replace(CAL, gconv=slow, **NO_TRANSPOSES))
     attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
     grouped = [(1, 512, 14, 14), (512, 16, 3, 3)]
     work = ops.flops("conv2d", grouped, attrs)
@@ -206,8 +210,10 @@ def test_a_grouped_conv_is_priced_on_its_own_curve() -> None:
     # depthwise, dense, and two merged convs (2 groups of 128 channels: wider than the probes measure)
     for shapes in ([(1, 512, 14, 14), (512, 1, 3, 3)], [(1, 64, 14, 14), (64, 64, 3, 3)],
                    [(1, 256, 14, 14), (256, 128, 1, 1)]):
-        assert model.op_cost("conv2d", attrs, shapes) == XlaModel(CAL).op_cost("conv2d", attrs, shapes)
-    assert XlaModel(CAL).op_cost("conv2d", attrs, grouped) < model.op_cost("conv2d", attrs, grouped)
+        assert model.op_cost("conv2d", attrs, shapes) == XlaModel(replace(CAL, **NO_TRANSPOSES)).op_cost(
+            "conv2d", attrs, shapes)
+    assert XlaModel(replace(CAL, **NO_TRANSPOSES)).op_cost("conv2d", attrs, grouped) < model.op_cost(
+        "conv2d", attrs, grouped)
     path_cal = replace(CAL, gconv=slow)
     assert Calibration.from_json(json.loads(json.dumps(path_cal.to_json()))) == path_cal
 
@@ -379,25 +385,74 @@ def _conv_block(nhwc: bool) -> Graph:
     return b.build([b.relu(y)])
 
 
-def test_an_nhwc_conv_is_priced_on_its_own_curve() -> None:
-    # NCHW convs pay XLA:CPU's transposes to NHWC inside each call: its curve is 2x the NHWC one
-    nchw = Curve((1e6, 1e9), (2e-4, 2e-1))
+def test_an_nchw_conv_is_priced_as_its_nhwc_form_and_the_transposes_xla_runs_around_it() -> None:
+    # XLA:CPU runs an NCHW conv as the NHWC one between transposes: the NCHW curve no longer prices it
     nhwc = Curve((1e6, 1e9), (1e-4, 1e-1))
-    cal = replace(CAL, conv=nchw, conv_nhwc=nhwc, copy_s=1e-7)
-    plain, layout = _conv_block(False), _conv_block(True)
-    assert predicted_speedup(plain, layout, XlaModel(cal)) > 1.5
-    # without an NHWC curve both layouts run on the one conv curve: the transposes make NHWC dearer
-    assert predicted_speedup(plain, layout, XlaModel(replace(cal, conv_nhwc=None))) < 1.0
-    # a grouped NHWC conv: its own curve, else the grouped NCHW one
+    cal = replace(CAL, conv=Curve((1e6, 1e9), (9e-4, 9e-1)), conv_nhwc=nhwc, copy_s=1e-9, transpose_bandwidth=1e9)
     attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+    x, w = (1, 64, 28, 28), (64, 64, 3, 3)
+    work = ops.flops("conv2d", [x, w], attrs)
+    transposes = 2 * 4 * (ops.numel(x) + ops.numel(w)) / 1e9  # its input and its weight, read and written
+    assert XlaModel(cal).op_cost("conv2d", attrs, [x, w]) == pytest.approx(nhwc.seconds_for(work) + transposes)
+    assert XlaModel(replace(cal, conv=Curve((1e6, 1e9), (1e-5, 1e-2)))).op_cost("conv2d", attrs, [x, w]) == \
+        pytest.approx(nhwc.seconds_for(work) + transposes)  # whatever the NCHW probe measured
+    # the original pays its weight's transpose on every call; the layout plan's is folded (a weight's)
+    plain, layout = _conv_block(False), _conv_block(True)
+    model = XlaModel(cal)
+    out = 2 * 4 * 64 * 28 * 28 / 1e9  # pad 0: SAME
+    assert model.price_graph(plain) - model.price_graph(layout) == pytest.approx(2 * 4 * ops.numel(w) / 1e9 - out)
+    # a slower transpose makes every NCHW conv dearer, and the NHWC plan (one transpose each end) relatively cheaper
+    slow = XlaModel(replace(cal, transpose_bandwidth=1e8))
+    assert predicted_speedup(_conv_chain(False), _conv_chain(True), slow) > predicted_speedup(
+        _conv_chain(False), _conv_chain(True), model) > 1.0
+    # a grouped NHWC conv: its own curve, else the grouped NCHW one
     grouped = [(1, 14, 14, 512), (3, 3, 16, 512)]
     work = ops.flops("conv2d_nhwc", grouped, attrs)
-    slow, quick = Curve((1e6, 1e9), (3e-4, 3e-1)), Curve((1e6, 1e9), (1e-5, 1e-2))
-    assert XlaModel(replace(cal, gconv=slow)).op_cost("conv2d_nhwc", attrs, grouped) == pytest.approx(
-        slow.seconds_for(work))
-    with_own = replace(cal, gconv=slow, gconv_nhwc=quick)
+    slow_curve, quick = Curve((1e6, 1e9), (3e-4, 3e-1)), Curve((1e6, 1e9), (1e-5, 1e-2))
+    assert XlaModel(replace(cal, gconv=slow_curve)).op_cost("conv2d_nhwc", attrs, grouped) == pytest.approx(
+        slow_curve.seconds_for(work))
+    with_own = replace(cal, gconv=slow_curve, gconv_nhwc=quick)
     assert XlaModel(with_own).op_cost("conv2d_nhwc", attrs, grouped) == pytest.approx(quick.seconds_for(work))
     assert Calibration.from_json(json.loads(json.dumps(with_own.to_json()))) == with_own
+
+
+def _conv_chain(nhwc: bool, convs: int = 4) -> Graph:
+    """`convs` 3x3 convs with relus between them, then a max pool: NCHW, or NHWC between one transpose at
+    each end (and the weights' transposes, which fold)."""
+    b = GraphBuilder()
+    attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+    y = b.input("x", (1, 64, 28, 28))
+    if nhwc:
+        (y,) = b.apply("transpose", [y], {"perm": (0, 2, 3, 1)})
+    for i in range(convs):
+        w = b.weight(f"w{i}", (64, 64, 3, 3))
+        if nhwc:
+            (w,) = b.apply("transpose", [w], {"perm": (2, 3, 1, 0)})
+        (y,) = b.apply("conv2d_nhwc" if nhwc else "conv2d", [y, w], attrs)
+        y = b.relu(y)
+    if nhwc:
+        (y,) = b.apply("transpose", [y], {"perm": (0, 3, 1, 2)})
+    (y,) = b.apply("poolmax", [y], {"kernel_h": 2, "kernel_w": 2, "stride_h": 2, "stride_w": 2, "pad": 0})
+    return b.build([y])
+
+
+def test_xla_keeps_an_nchw_convs_nhwc_output_through_elementwise_ops_and_a_pool_transposes_it_back() -> None:
+    # in a chain only the first conv's input is transposed (XLA's layout assignment keeps NHWC
+    # between convs); the pool, which does not carry the layout, pays a transpose of its input
+    cal = replace(CAL, conv_nhwc=Curve((1e6, 1e9), (1e-4, 1e-1)), copy_s=1e-9, transpose_bandwidth=1e9)
+    model, chain = XlaModel(cal), _conv_chain(False)
+    enodes = graph_enodes(chain)
+    facts = fusion_context(enodes)
+    internal = {enodes.nodes[n].op for n in enodes.nodes if facts.classes[enodes.nodes[n].eclass].conv_internal}
+    assert internal == {"conv2d", "relu"}
+    act, weight = 4 * 64 * 28 * 28, 4 * 64 * 64 * 9
+    conv = cal.conv_nhwc.seconds_for(ops.flops("conv2d", [(1, 64, 28, 28), (64, 64, 3, 3)],  # type: ignore[union-attr]
+                                                {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}))
+    relu = model.op_cost("relu", {}, [(1, 64, 28, 28)])
+    pool = model.op_cost("poolmax", {"kernel_h": 2, "kernel_w": 2, "stride_h": 2, "stride_w": 2, "pad": 0},
+                         [(1, 64, 28, 28)])
+    expected = 4 * (conv + relu) + (act + 4 * weight) * 2 / 1e9 + pool + 2 * act / 1e9
+    assert model.price_graph(chain) == pytest.approx(expected)
 
 
 def test_a_format_3_calibration_is_refused_as_older(tmp_path: Path) -> None:
@@ -430,7 +485,7 @@ def test_a_merged_1x1_conv_is_priced_by_its_gemm_shape() -> None:
     # the conv curve by flops alone runs a 4x larger conv at a higher rate: merging looks like a gain
     conv = Curve((1e6, 1e8, 1e9), (1e-4, 2e-3, 1e-2))
     separate, merged = _one_by_one_convs((192,) * 4), _one_by_one_convs((768,))
-    flops_only = replace(CAL, conv=conv, conv_s=1e-7)
+    flops_only = replace(CAL, conv=conv, conv_s=1e-7, **NO_TRANSPOSES)
     assert predicted_speedup(separate, merged, XlaModel(flops_only)) > 1.2
     # on the 1x1 surface a 768 x 768 weight runs at a lower rate than a 768 x 192 one: no gain
     by_shape = replace(flops_only, conv1x1=SLOWER_WHEN_WIDE)

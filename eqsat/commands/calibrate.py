@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
         "device": cal.device, "status": status, "cache": str(calibration_path()), "seconds": cal.seconds,
         "launch_us": cal.launch_s * 1e6, "bandwidth_gbs": cal.bandwidth / 1e9, "loop_gflops": cal.loop_flops / 1e9,
         "weight_bandwidth_gbs": cal.weight_bandwidth / 1e9,
+        "transpose_bandwidth_gbs": cal.transpose_bandwidth / 1e9,
         "floor_us": {kind: sec * 1e6 for kind, sec in cal.floors.items()}, "call_us": cal.call_s * 1e6,
         "matmul_gflops": {f"{f:.3g}": f / s / 1e9 for f, s in zip(cal.matmul.flops, cal.matmul.seconds)},
         "conv_gflops": {f"{f:.3g}": f / s / 1e9 for f, s in zip(cal.conv.flops, cal.conv.seconds)},
