@@ -151,7 +151,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if data.get("format") == "eqsat-xla-calibration-4":  # measured before the conv surfaces
             data = {**data, "format": "eqsat-xla-calibration-5", "conv1x1": None, "conv1x1_nhwc": None}
         if data.get("format") == "eqsat-xla-calibration-5":  # measured before the (k, n) mat-vec grid
-            data = {**data, "format": CALIBRATION_FORMAT, "gemv_kn": None}
+            data = {**data, "format": "eqsat-xla-calibration-6", "gemv_kn": None}
+        if data.get("format") == "eqsat-xla-calibration-6":  # measured before the transpose probe: loop bandwidth
+            data = {**data, "format": CALIBRATION_FORMAT, "transpose_bandwidth": 0.0}
         measured = Calibration.from_json(data)
         report(f"{path}: as measured", measured, args.plans, rows)
         if args.variants and measured.gemv_kn is not None:

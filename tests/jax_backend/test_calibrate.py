@@ -89,7 +89,7 @@ def test_calibrate_reports_what_it_fitted(cache: Path, capsys: pytest.CaptureFix
     assert set(row["matmul_gflops"]) == {"1e+03", "1e+09"} and row["conv1x1_gflops"] is None
 
 
-def _reported(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, **fields: Surface) -> dict[str, Any]:
+def _reported(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, **fields: Any) -> dict[str, Any]:
     """The `calibrate --json` row of a fake calibration with `fields` replaced."""
     monkeypatch.setattr(cal_mod, "calibrate", lambda say=None: replace(_fake(), **fields))
     assert cli.main(["calibrate", "--json"]) == 0
@@ -225,3 +225,15 @@ def test_the_1x1_conv_grid_is_timed_in_both_layouts(monkeypatch: pytest.MonkeyPa
     nchw, nhwc = cal_mod._conv1x1_surfaces(lambda _: None)
     assert nchw.rows == nhwc.rows == (4.0, 9.0) and nchw.weights == (16.0, 64.0)
     assert len(nchw.seconds) == len(nhwc.seconds) == 4 and all(0 < s < 1 for s in (*nchw.seconds, *nhwc.seconds))
+
+
+def test_the_transpose_probe_moves_conv_weights_to_hwio_and_is_reported(
+        cache: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe transposes OIHW weights (what XLA:CPU does before each NCHW conv) and gives a rate;
+    `calibrate --json` reports it."""
+    monkeypatch.setattr(cal_mod, "TRANSPOSE_SHAPES", ((8, 4, 3, 3), (16, 8, 1, 1)))
+    rate = cal_mod._transpose_bandwidth(0.0, total_bytes=4096)
+    assert 1e6 < rate < 1e13
+    assert all(len(s) == 4 for s in cal_mod.TRANSPOSE_SHAPES)
+    assert _reported(capsys, monkeypatch, transpose_bandwidth=3e9)["transpose_bandwidth_gbs"] == pytest.approx(3.0)
+    assert _fake().transpose_bandwidth == _fake().bandwidth  # unmeasured: the loop fusion's bandwidth
