@@ -12,13 +12,20 @@ e-node of its class ends in an elementwise loop), and
 - a dot or conv (`"library"`) costs what the calibration measured for a call of its size (seconds
   against flops, interpolated in log-log between measured shapes) or the time to read its operands
   as a matrix-vector product of that reduction length and width took per byte (`Calibration.gemv_kn`,
-  else `Calibration.gemv` by width alone), whichever is longer (an
-  NHWC conv on a curve of its own: on a CPU an NCHW conv pays XLA's transposes to NHWC; a dense conv
-  by its GEMM shape, rows x weight, on the surface `Calibration.conv1x1`), plus the loop of its activation,
+  else `Calibration.gemv` by width alone), whichever is longer (a
+  dense conv by its GEMM shape, rows x weight, on the NHWC surface `Calibration.conv1x1_nhwc`), plus the loop
+  of its activation,
   plus a loop kernel copying each operand that is a strided slice (a slice out of the middle of a
   value, or a view of one: a library call reads dense operands);
+- an NCHW conv is what XLA:CPU runs for it (its optimized HLO): the NHWC conv, a transpose of its
+  weight to HWIO on every call (the weight is an argument of the call), a transpose of its input
+  unless that is already NHWC inside XLA (`ValueContext.conv_internal`: XLA's layout assignment keeps
+  a conv's NHWC output through elementwise ops, concats and slices), and a transpose back before an
+  op that does not carry the layout (a pool, a reshape, a dot), all at the measured transpose
+  bandwidth (`Calibration.transpose_bandwidth`); so NCHW and NHWC plans are priced on one conv
+  surface and differ only by transposes, not by two independently probed curves;
 - a copy (`"copy"`) costs a read and write of its output: a transpose of a dense value at the
-  transpose floor (XLA may make it a layout change), a concat or a transpose of a strided slice
+  transpose bandwidth, a concat or a transpose of a strided slice
   as a loop kernel; views (`"view"`) and leaves nothing; any other op (`"kernel"`: pools, reductions) its roofline under the measured
   bandwidth and loop arithmetic rate.
 
@@ -554,8 +561,8 @@ def _gemm_shape(layout: ops.ConvLayout, shapes: Sequence[Shape], out: Shape) -> 
 
 
 def _conv_curve(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Shape]) -> Curve:
-    """The curve a conv is priced on: by layout (an NCHW conv's curve holds the transposes XLA:CPU
-    puts around it to run it as NHWC) and whether it is grouped (`_grouped`)."""
+    """The curve a conv is priced on: by layout (an NCHW conv reaches it only when not of rank 4: XLA:CPU
+    runs a rank-4 one as NHWC, `XlaModel._layout_seconds`) and whether it is grouped (`_grouped`)."""
     nhwc = layout == "NHWC"
     if _grouped(layout, shapes) and cal.gconv is not None:
         return cal.gconv_nhwc if nhwc and cal.gconv_nhwc is not None else cal.gconv

@@ -9,7 +9,8 @@ chain, dots and convs (NCHW and NHWC, dense and grouped) of representative sizes
 flops: the efficiency curves; dense 1x1 convs on a grid of rows x channels), each as the marginal
 cost of one more call in a chain, and
 matrix-vector products of 1 to 8 MiB weights (seconds against output width: on a CPU a wide
-one streams its weight faster per byte than a narrow one), as independent calls on distinct weights.
+one streams its weight faster per byte than a narrow one), as independent calls on distinct weights,
+and the bandwidth of transposing conv weights OIHW -> HWIO (what XLA:CPU runs before every NCHW conv).
 The result is cached per machine, device and JAX version (`eqsat.xla_cost.Calibration`); the
 factory never measures inside an optimizer's clock: with no cache it fails with a line saying to
 run `eqsat calibrate`, and a damaged or foreign cache is re-measured (with a one-line warning)
