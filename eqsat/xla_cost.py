@@ -22,7 +22,8 @@ e-node of its class ends in an elementwise loop), and
   unless that is already NHWC inside XLA (`ValueContext.conv_internal`: XLA's layout assignment keeps
   a conv's NHWC output through elementwise ops, concats and slices), and a transpose back before an
   op that does not carry the layout (a pool, a reshape, a dot), all at the measured transpose
-  bandwidth (`Calibration.transpose_bandwidth`); so NCHW and NHWC plans are priced on one conv
+  curves (`Calibration.transpose_2d`, `transpose_kxk`: seconds against bytes, since XLA:CPU's
+  transposes slow down per byte as they grow past its caches); so NCHW and NHWC plans are priced on one conv
   surface and differ only by transposes, not by two independently probed curves;
 - a copy (`"copy"`) costs a read and write of its output: a transpose of a dense value at the
   transpose bandwidth, a concat or a transpose of a strided slice
@@ -73,8 +74,8 @@ CALIBRATION_FORMAT = "eqsat-xla-calibration-7"
 """3: per-kind kernel floors, the per-call time and grouped convs; 4: matrix-vector products by size
 (`Calibration.gemv`) and NHWC convs (`Calibration.conv_nhwc`); 5: 1x1 convs by rows and weight
 (`Calibration.conv1x1`); 6: matrix-vector products by reduction length and width (`Calibration.gemv_kn`); 7: the bandwidth of
-a layout transpose (`Calibration.transpose_bandwidth`: an NCHW conv is priced as its NHWC form and
-the transposes XLA:CPU puts around it). An older cache is refused and measured again."""
+a layout transpose (`Calibration.transpose_2d` and `transpose_kxk`: an NCHW conv is priced as its NHWC
+form and the transposes XLA:CPU puts around it). An older cache is refused and measured again."""
 
 FLOOR_KINDS: tuple[str, ...] = ("loop", "copy", "kernel", "dot", "conv")
 """The kinds of kernel whose floor the calibration measures (`Calibration.floors`)."""
@@ -259,7 +260,9 @@ class Calibration:
     conv1x1: Surface | None = None  # dense NCHW convs by GEMM rows and weight (1x1 probes); None: the conv curve
     conv1x1_nhwc: Surface | None = None  # dense 1x1 NHWC convs; None: `conv1x1`
     gemv_kn: Surface | None = None  # (1, k) x (k, n) products: `rows` k, `weights` n (`_dot_read_seconds`); None: `gemv`
-    transpose_bandwidth: float = 0.0  # bytes/s (read + write) of a 4-D layout transpose (OIHW -> HWIO); 0: `bandwidth`
+    transpose_bandwidth: float = 0.0  # bytes/s (read + write) of a layout transpose with no curve below; 0: `bandwidth`
+    transpose_2d: Curve | None = None  # seconds of a 2-D transpose (1x1 weights, NCHW <-> NHWC) against its bytes
+    transpose_kxk: Curve | None = None  # seconds of a k x k conv weight's OIHW -> HWIO transpose against its bytes
 
     def __post_init__(self) -> None:
         defaults = {"weight_bandwidth": self.bandwidth, "copy_s": self.launch_s, "kernel_s": self.launch_s,
@@ -294,7 +297,7 @@ class Calibration:
                                        else f"not a {CALIBRATION_FORMAT} file")
             curves = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) for k in ("matmul", "conv")}
             optional = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) if data[k] is not None else None
-                        for k in ("gconv", "gemv", "conv_nhwc", "gconv_nhwc")}
+                        for k in ("gconv", "gemv", "conv_nhwc", "gconv_nhwc", "transpose_2d", "transpose_kxk")}
             surfaces = {k: Surface(tuple(data[k]["rows"]), tuple(data[k]["weights"]), tuple(data[k]["seconds"]))
                         if data[k] is not None else None for k in ("conv1x1", "conv1x1_nhwc", "gemv_kn")}
             return Calibration(str(data["machine"]), str(data["device"]), data["launch_s"], data["bandwidth"],
@@ -302,7 +305,8 @@ class Calibration:
                                data["weight_bandwidth"], data["copy_s"], data["kernel_s"], data["dot_s"],
                                data["conv_s"], data["call_s"], optional["gconv"], optional["gemv"],
                                optional["conv_nhwc"], optional["gconv_nhwc"], surfaces["conv1x1"],
-                               surfaces["conv1x1_nhwc"], surfaces["gemv_kn"], data["transpose_bandwidth"])
+                               surfaces["conv1x1_nhwc"], surfaces["gemv_kn"], data["transpose_bandwidth"],
+                               optional["transpose_2d"], optional["transpose_kxk"])
         except CalibrationError:
             raise
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -462,8 +466,10 @@ class XlaModel:
         if op in self.free_ops or spec.is_leaf:
             return 0.0
         if spec.conv_layout == "NCHW" and len(shapes) == 2 and len(shapes[0]) == 4:
-            moved = ops.numel(shapes[1]) + (0 if internal and internal[0] else ops.numel(shapes[0]))
-            return _transpose_seconds(self.calibration, self.itemsize * moved)
+            window = shapes[1][2] * shapes[1][3] > 1  # a k x k weight: (O, I, k*k) -> (k*k, I, O), not a 2-D transpose
+            weight = _transpose_seconds(self.calibration, self.itemsize * ops.numel(shapes[1]), window)
+            return weight + (0.0 if internal and internal[0] else
+                             _transpose_seconds(self.calibration, self.itemsize * ops.numel(shapes[0])))
         if spec.carries_layout or spec.conv_layout is not None or spec.fusion == "copy":
             return 0.0  # a conv reads it as it is; an explicit transpose or concat is a copy priced as one
         return sum(_transpose_seconds(self.calibration, self.itemsize * ops.numel(s))
@@ -569,9 +575,13 @@ def _conv_curve(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Shape
     return cal.conv_nhwc if nhwc and cal.conv_nhwc is not None else cal.conv
 
 
-def _transpose_seconds(cal: Calibration, nbytes: float) -> float:
-    """A layout transpose of `nbytes`: read and written at the measured transpose bandwidth, at least the
-    copy floor."""
+def _transpose_seconds(cal: Calibration, nbytes: float, window: bool = False) -> float:
+    """A layout transpose of `nbytes` (`window`: a k x k conv weight's OIHW -> HWIO, else a 2-D one): on
+    its measured curve of seconds against bytes (on a CPU a large transpose runs at a fraction of a
+    small one's rate per byte), else read and written at `transpose_bandwidth`; at least the copy floor."""
+    curve = cal.transpose_kxk if window else cal.transpose_2d
+    if curve is not None:
+        return max(cal.copy_s, curve.seconds_for(nbytes))
     return max(cal.copy_s, 2.0 * nbytes / cal.transpose_bandwidth)
 
 

@@ -80,11 +80,14 @@ largest: the probe at 35 x 35 rows is already 4e9 flops)."""
 
 CONV1X1_CALLS = 2  # independent convs a 1x1 probe program runs (`_conv1x1_surfaces`)
 
-TRANSPOSE_SHAPES: tuple[tuple[int, ...], ...] = ((256, 256, 3, 3), (512, 512, 3, 3), (768, 192, 1, 1), (128, 64, 3, 3))
-"""OIHW weights the calibration transposes to HWIO (`_transpose_bandwidth`): what XLA:CPU does to an NCHW
-conv's weight on every call (3x3 and 1x1 convs of the models' sizes, 0.3 to 9 MiB)."""
+TRANSPOSE_SHAPES: tuple[tuple[int, ...], ...] = (
+    (64, 64, 1, 1), (256, 192, 1, 1), (768, 384, 1, 1), (2048, 1024, 1, 1),
+    (32, 32, 3, 3), (128, 64, 3, 3), (256, 256, 3, 3), (512, 512, 3, 3))
+"""OIHW weights the calibration transposes to HWIO (`_transpose_curves`): what XLA:CPU does to an NCHW
+conv's weight on every call. 1x1 weights (2-D transposes, as NCHW <-> NHWC activations are) and 3x3
+ones, 16 KiB to 9 MiB: the rate per byte falls several times over that range."""
 
-TRANSPOSE_BYTES = 64 * 2**20  # the weights transposed per probe call: from memory, as a model's are
+TRANSPOSE_BYTES = 16 * 2**20  # bytes transposed per probe call (distinct arrays): from memory, as a model's are
 
 CHAIN_LENGTHS: tuple[int, ...] = (1, 16, 32, 64)
 """Kernels in the chains that measure each kind's floor (`eqsat.xla_cost.fit_chain`): the longest
@@ -311,13 +314,14 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
                 say(f"{'grouped ' if grouped else ''}conv {'NHWC' if nhwc else 'NCHW'} {c} channels {hw}x{hw} "
                     f"({width} a group) {kernel}x{kernel}: {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
     surfaces = _conv1x1_surfaces(say, call_s)
-    transpose_bandwidth = _transpose_bandwidth(call_s)
-    say(f"layout transpose (OIHW -> HWIO) bandwidth: {transpose_bandwidth / 1e9:.1f} GB/s")
+    transpose_2d, transpose_kxk = _transpose_curves(say, call_s)
+    transpose_bandwidth = 2.0 * transpose_2d.flops[-1] / transpose_2d.seconds[-1]
     return Calibration(_machine_key(), device_key(), launch, bandwidth, loop_flops, Curve.fit(matmul),
                        Curve.fit(convs[False, False]), time.perf_counter() - start, weight_bandwidth,
                        fits["copy"].floor_s, fits["kernel"].floor_s, fits["dot"].floor_s, fits["conv"].floor_s,
                        call_s, Curve.fit(convs[True, False]), Curve.fit(gemv), Curve.fit(convs[False, True]),
-                       Curve.fit(convs[True, True]), *surfaces, gemv_kn, transpose_bandwidth)
+                       Curve.fit(convs[True, True]), *surfaces, gemv_kn, transpose_bandwidth, transpose_2d,
+                       transpose_kxk)
 
 
 def _conv1x1_surfaces(say: Callable[[str], None], call_s: float = 0.0) -> tuple[Surface, Surface]:
@@ -346,16 +350,26 @@ def _conv1x1_surfaces(say: Callable[[str], None], call_s: float = 0.0) -> tuple[
     return Surface.fit(rows, weights, seconds[False]), Surface.fit(rows, weights, seconds[True])
 
 
-def _transpose_bandwidth(call_s: float, total_bytes: int = TRANSPOSE_BYTES) -> float:
-    """Bytes/s (read + write) of transposing conv weights OIHW -> HWIO, what XLA:CPU runs before each
-    NCHW conv: one program of independent transposes of distinct weights of `TRANSPOSE_SHAPES`,
-    `total_bytes` in all, less `call_s`."""
-    shapes = [s for s in TRANSPOSE_SHAPES for _ in range(max(1, total_bytes // (4 * len(TRANSPOSE_SHAPES) * int(np.prod(s)))))]
-    ws = _arrays(*shapes)
-    many = jax.jit(lambda *ws: tuple(jnp.transpose(w, ops.HWIO_FROM_OIHW) for w in ws))
-    times, _ = interleaved_rounds([_to_completion(functools.partial(many, *ws))], 15, budget_s=2.0, min_rounds=7)
-    moved = 2.0 * 4 * sum(int(np.prod(s)) for s in shapes)
-    return moved / max(statistics.median(times[0]) - call_s, 1e-8)
+def _transpose_curves(say: Callable[[str], None], call_s: float,
+                      total_bytes: int = TRANSPOSE_BYTES) -> tuple[Curve, Curve]:
+    """Seconds against bytes of transposing conv weights OIHW -> HWIO, what XLA:CPU runs before each
+    NCHW conv: the 2-D (1x1) and the k x k shapes of `TRANSPOSE_SHAPES`, each a program of independent
+    transposes of distinct weights, `total_bytes` of them, less `call_s`, over their count; all shapes
+    in the same interleaved rounds."""
+    thunks, counts = [], []
+    for shape in TRANSPOSE_SHAPES:
+        count = max(2, total_bytes // (4 * int(np.prod(shape))))
+        ws = _arrays(*[shape] * count)
+        many = jax.jit(lambda *ws: tuple(jnp.transpose(w, ops.HWIO_FROM_OIHW) for w in ws))
+        thunks.append(_to_completion(functools.partial(many, *ws)))
+        counts.append(count)
+    times, _ = interleaved_rounds(thunks, 15, budget_s=1.0 * len(thunks), min_rounds=5)
+    points: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    for shape, t, count in zip(TRANSPOSE_SHAPES, times, counts):
+        nbytes, sec = 4.0 * float(np.prod(shape)), max((statistics.median(t) - call_s) / count, 1e-9)
+        points[shape[2] * shape[3] > 1].append((nbytes, sec))
+        say(f"transpose {shape} -> HWIO: {sec * 1e6:.0f} us, {2 * nbytes / sec / 1e9:.2f} GB/s")
+    return Curve.fit(points[False]), Curve.fit(points[True])
 
 
 def _independent_convs(op: str, attrs: dict[str, Any], x: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:

@@ -7,6 +7,7 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ CAL = Calibration("machine-a", "cpu-test", launch_s=5e-6, bandwidth=10e9, loop_f
                   matmul=Curve((1e3, 1e6, 1e9), (1e-5, 5e-5, 2e-2)), conv=Curve((1e3, 1e9), (2e-5, 3e-2)))
 
 
-NO_TRANSPOSES: dict[str, float] = {"copy_s": 1e-18, "transpose_bandwidth": 1e30}
+NO_TRANSPOSES: dict[str, Any] = {"copy_s": 1e-18, "transpose_bandwidth": 1e30, "transpose_2d": None, "transpose_kxk": None}
 """A calibration whose layout transposes cost nothing: an NCHW conv priced as its NHWC form alone."""
 
 
@@ -549,3 +550,25 @@ def test_a_fitted_surface_never_runs_a_larger_weight_at_a_higher_rate() -> None:
     assert s.seconds_for(64, 1e4) == pytest.approx(2 * 64 * 1e4 * pooled)
     assert s.seconds_for(64, 1e5) == pytest.approx(2 * 64 * 1e5 * pooled)
     assert s.seconds_for(1225, 1e5) == pytest.approx(2 * 1225 * 1e5 * 2e-11)  # already ordered: as measured
+
+
+def test_a_large_transpose_costs_more_per_byte_on_its_curve_and_a_kxk_weight_uses_its_own() -> None:
+    # XLA:CPU transposes a large 1x1 weight at a fraction of a small one's rate per byte
+    flat = Curve((1e4, 1e7), (1e-6, 1e-2))  # 10 GB/s at 10 KB, 1 GB/s at 10 MB (read once, write once: 2x)
+    window = Curve((1e4, 1e7), (2e-6, 4e-3))
+    cal = replace(CAL, conv_nhwc=Curve((1e6, 1e9), (1e-4, 1e-1)), copy_s=1e-9, transpose_2d=flat, transpose_kxk=window)
+    model, attrs = XlaModel(cal), {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+
+    def transposes(x: tuple[int, ...], w: tuple[int, ...]) -> float:
+        nhwc = XlaModel(replace(cal, **NO_TRANSPOSES)).op_cost("conv2d", attrs, [x, w])
+        return model.op_cost("conv2d", attrs, [x, w]) - nhwc
+
+    small, large = (64, 64, 1, 1), (2048, 1024, 1, 1)
+    x_small, x_large = (1, 64, 8, 8), (1, 1024, 8, 8)
+    per_byte_small = (transposes(x_small, small) - flat.seconds_for(4 * 64 * 64)) / (4 * 64 * 64)
+    per_byte_large = (transposes(x_large, large) - flat.seconds_for(4 * 1024 * 64)) / (4 * 2048 * 1024)
+    assert per_byte_large > 3 * per_byte_small
+    kxk = (256, 256, 3, 3)
+    assert transposes((1, 256, 8, 8), kxk) == pytest.approx(window.seconds_for(4 * 256 * 256 * 9)
+                                                             + flat.seconds_for(4 * 256 * 64))
+    assert Calibration.from_json(json.loads(json.dumps(cal.to_json()))) == cal

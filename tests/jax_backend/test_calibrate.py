@@ -231,9 +231,9 @@ def test_the_transpose_probe_moves_conv_weights_to_hwio_and_is_reported(
         cache: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe transposes OIHW weights (what XLA:CPU does before each NCHW conv) and gives a rate;
     `calibrate --json` reports it."""
-    monkeypatch.setattr(cal_mod, "TRANSPOSE_SHAPES", ((8, 4, 3, 3), (16, 8, 1, 1)))
-    rate = cal_mod._transpose_bandwidth(0.0, total_bytes=4096)
-    assert 1e6 < rate < 1e13
-    assert all(len(s) == 4 for s in cal_mod.TRANSPOSE_SHAPES)
+    monkeypatch.setattr(cal_mod, "TRANSPOSE_SHAPES", ((8, 4, 1, 1), (16, 8, 1, 1), (8, 4, 3, 3), (16, 8, 3, 3)))
+    flat, window = cal_mod._transpose_curves(lambda _: None, 0.0, total_bytes=4096)
+    assert flat.flops == (4.0 * 32, 4.0 * 128) and window.flops == (4.0 * 288, 4.0 * 1152)  # bytes, by kind
+    assert all(0 < s < 1 for s in (*flat.seconds, *window.seconds))
     assert _reported(capsys, monkeypatch, transpose_bandwidth=3e9)["transpose_bandwidth_gbs"] == pytest.approx(3.0)
     assert _fake().transpose_bandwidth == _fake().bandwidth  # unmeasured: the loop fusion's bandwidth
