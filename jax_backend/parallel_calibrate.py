@@ -25,6 +25,7 @@ registers the `parallel-calibrated` cost model, which refuses to run without a c
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -60,8 +61,13 @@ __all__ = ["CONVS", "EXTRA", "IN_PROGRAM", "PIECES", "SIZES", "NOT_TIMED", "PREC
 
 SIZES: tuple[int, ...] = (16 * 1024, 256 * 1024, 2 * 1024 * 1024)
 """Bytes per device of the timed collectives: latency-bound to bandwidth-bound on a CPU mesh."""
-KINDS = ("all-reduce", "all-gather")
-EXTRA = 4  # more operations in the long chain than in the short one
+KINDS = ("all-reduce", "all-gather")  # the axis's link is fitted to these
+OWN_LINK_KINDS = ("all-to-all",)  # each timed apart and fitted to a link of its own
+EXTRA = 4  # more operations in the long chain than in the short one (at least)
+MAX_EXTRA = 64
+MIN_EXTRA_S = 1e-3  # what the long chain's extra operations should last, at least (up to MAX_EXTRA of them)
+MARGINAL_WIDTH = 0.25  # a marginal's 95% interval, at most this fraction of it (within PRECISION_CAP x the budget)
+PRECISION_CAP = 4.0  # rounds for precision go on to at most this many times the timing budget
 MAX_REPEAT = 20  # step calls per sample of the fastest plan, at most
 MATMULS: tuple[tuple[int, int], ...] = ((16, 64), (64, 256), (128, 512), (256, 768))  # (m, k): (m, k) @ (k, k) per device
 # (batch, channels, height = width): a 3x3 SAME convolution of `channels` in and out per device,
@@ -76,10 +82,29 @@ IN_PROGRAM = ((16, 64), 16)
 
 
 def _marginal(build: Callable[[int], Callable[[], Any]], budget_s: float) -> float:
-    """Seconds one more operation adds: `build(k)` is a thunk running a chain of k of them."""
-    short, long = build(1), build(1 + EXTRA)
-    times, _ = interleaved_rounds([short, long], 40, budget_s=budget_s, min_rounds=6)
-    return max(float(statistics.median(b - a for a, b in zip(*times))) / EXTRA, 1e-8)
+    """Seconds one more operation adds: `build(k)` is a thunk running a chain of k of them. The
+    long chain has `EXTRA` more, or as many more (to `MAX_EXTRA`) as make the difference last
+    `MIN_EXTRA_S` (a 20 us matmul four times over is below the noise of a call on a loaded box);
+    past `budget_s` the rounds go on (to `PRECISION_CAP` times it) until the difference's 95%
+    interval is at most `MARGINAL_WIDTH` of its median."""
+    short, extra = build(1), EXTRA
+    long = build(1 + extra)
+    pilot, _ = interleaved_rounds([short, long], 3, min_rounds=3, warmup=1)
+    rough = float(statistics.median(b - a for a, b in zip(*pilot)))
+    if rough < MIN_EXTRA_S:
+        extra = min(MAX_EXTRA, max(EXTRA, math.ceil(extra * MIN_EXTRA_S / max(rough, MIN_EXTRA_S / MAX_EXTRA))))
+        long = build(1 + extra)
+    after = time.perf_counter() + budget_s
+
+    def enough(times: list[list[float]]) -> bool:
+        if time.perf_counter() < after:
+            return False
+        diffs = [b - a for a, b in zip(*times)]
+        low, high = bootstrap_median_ci(diffs, resamples=1000, seed=len(diffs))
+        return low > 0 and high - low <= MARGINAL_WIDTH * float(statistics.median(diffs))
+
+    times, _ = interleaved_rounds([short, long], 400, budget_s=PRECISION_CAP * budget_s, min_rounds=6, enough=enough)
+    return max(float(statistics.median(b - a for a, b in zip(*times))) / extra, 1e-8)
 
 
 def _mesh_program(jm: Any, body: Callable[[jax.Array], jax.Array], local: tuple[int, ...],
@@ -99,6 +124,9 @@ def _collective_chain(jm: Any, kind: str, axis: str, n: int, elems: int) -> Call
             for _ in range(k):  # each waits for the last: XLA can neither merge nor reorder them
                 if kind == "all-reduce":
                     x = lax.psum(x, axis) * (1.0 / n)
+                elif kind == "all-to-all":  # a layout switch, as a plan's all_to_all is, and back
+                    y = lax.all_to_all(x.reshape(n * 8, -1), axis, 1, 0, tiled=True)
+                    x = lax.all_to_all(y, axis, 0, 1, tiled=True).reshape(-1)
                 else:
                     y = lax.all_gather(x, axis, axis=0, tiled=True)
                     x = lax.dynamic_slice_in_dim(y, lax.axis_index(axis) * x.shape[0], x.shape[0], axis=0)
@@ -187,8 +215,19 @@ def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None]
         link = fit_link(samples, "ring")
         say(f"axis {name}: alpha {link.alpha * 1e6:.2f} us per ring step, beta {link.beta / 1e9:.2f} GB/s "
             f"(rms error {link.rms_rel_error:.0%})")
+        own = []
+        for kind in OWN_LINK_KINDS:
+            timed = []
+            for nbytes in SIZES:  # a chain step is two all-to-alls
+                t = _marginal(_collective_chain(jm, kind, name, size, nbytes // 4), budget_s) / 2
+                timed.append(LinkSample(kind, size, float(nbytes), t))
+                say(f"axis {name} ({size}): {kind} of {nbytes / 1024:.0f} KiB: {t * 1e6:.1f} us")
+            own.append((kind, fit_link(timed, "ring")))
+            samples.extend(timed)
+            say(f"axis {name}: {kind} alpha {own[-1][1].alpha * 1e6:.2f} us per ring step, beta "
+                f"{own[-1][1].beta / 1e9:.2f} GB/s")
         inside = _in_program(jm, name, budget_s)
-        axes.append(AxisCalibration(size, link, tuple(samples), inside, float(IN_PROGRAM[1] * 4)))
+        axes.append(AxisCalibration(size, link, tuple(samples), inside, float(IN_PROGRAM[1] * 4), tuple(own)))
         say(f"axis {name}: a {IN_PROGRAM[1] * 4} B all-reduce between compute pieces: {inside * 1e6:.1f} us "
             f"(beyond alpha-beta: {axes[-1].sync_s * 1e6:.1f} us)")
     rates, matmul = [], []
@@ -275,7 +314,6 @@ class StepTiming:
 
 
 NOT_TIMED = StepTiming(float("nan"), float("nan"), float("nan"), 0)
-PRECISION_CAP = 4.0  # rounds for precision go on to at most this many times the timing budget
 
 
 def _relative_times(times: Sequence[Sequence[float]], repeat: Sequence[int]) -> tuple[np.ndarray, float]:

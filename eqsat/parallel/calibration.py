@@ -13,7 +13,9 @@ axis's `sync` term. A product smaller than the smallest timed matmul is priced a
 rate (not at its time: a flat floor priced every small product of a case alike). A convolution
 has its own curve (`conv`), timed as a forward and backward pass (XLA's CPU convolutions run at a
 rate of their own, far below a matmul's of the same flops when small, and their backward is not
-twice their forward); without one a conv is priced on the matmul curve.
+twice their forward); without one a conv is priced on the matmul curve. An all-to-all has its own
+link per axis (`kind_links`), fitted to all-to-alls timed as the plans run them (a layout switch:
+split one dimension, concatenate another), as XLA's CPU backend runs it as one chunk per peer.
 The cache file is keyed by machine (`eqsat.cost._machine_key`), JAX device and mesh shape; a
 damaged one, or one from another machine or device, is refused (`read_mesh_calibration`) and
 measured again. This module needs no JAX; the measuring does.
@@ -42,7 +44,7 @@ from eqsat.xla_cost import Curve
 __all__ = ["AxisCalibration", "CalibratedCompute", "MeshCalibration", "MeshCalibrationError", "calibrated_model", "calibration_file",
            "read_mesh_calibration", "write_mesh_calibration"]
 
-FORMAT = 4  # 3: in-program collective cost per axis; a smaller matmul probe. 4: a conv curve
+FORMAT = 4  # 3: in-program collective cost per axis; a smaller matmul probe. 4: a conv curve, an all-to-all link
 Shape = tuple[int, ...]
 
 
@@ -61,6 +63,8 @@ class AxisCalibration:
     # marginal seconds there (0: not measured)
     in_program_s: float = 0.0
     in_program_bytes: float = 0.0
+    # collective kinds timed apart and fitted to a link of their own (all-to-all), from `samples`
+    kind_links: tuple[tuple[str, LinkFit], ...] = ()
 
     @property
     def sync_s(self) -> float:
@@ -88,14 +92,16 @@ class MeshCalibration:
     def mesh(self, sync: bool = True) -> Mesh:
         """The planner's mesh: this shape, each axis with its own fitted link and ring latency, and
         (`sync`) its measured in-program cost per collective beyond the link's."""
-        axes = tuple(MeshAxis(f"a{i}", a.size, a.link.beta, a.link.alpha, "ring", a.sync_s if sync else 0.0)
+        axes = tuple(MeshAxis(f"a{i}", a.size, a.link.beta, a.link.alpha, "ring", a.sync_s if sync else 0.0,
+                              tuple((k, fit.alpha, fit.beta) for k, fit in a.kind_links))
                      for i, a in enumerate(self.axes))
         return Mesh(f"calibrated[{'x'.join(map(str, self.shape))}]", axes, self.compute.name)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "machine": self.machine, "device": self.device, "shape": list(self.shape),
                 "axes": [{"size": a.size, "link": asdict(a.link), "samples": [asdict(s) for s in a.samples],
-                          "in_program": {"seconds": a.in_program_s, "bytes": a.in_program_bytes}}
+                          "in_program": {"seconds": a.in_program_s, "bytes": a.in_program_bytes},
+                          "kind_links": {k: asdict(fit) for k, fit in a.kind_links}}
                          for a in self.axes],
                 "compute": asdict(self.compute), "seconds": self.seconds, "matmul": [list(p) for p in self.matmul],
                 "conv": [list(p) for p in self.conv]}
@@ -107,12 +113,11 @@ class MeshCalibration:
             if not isinstance(data, dict) or data.get("format") != FORMAT:
                 raise ValueError("not a mesh calibration of this format")
             shape = tuple(_whole(s) for s in data["shape"])
-            axes = tuple(AxisCalibration(_whole(a["size"]), LinkFit(_number(a["link"]["alpha"]), _number(a["link"]["beta"]),
-                                                                    _number(a["link"]["rms_rel_error"]),
-                                                                    _whole(a["link"]["samples"])),
+            axes = tuple(AxisCalibration(_whole(a["size"]), _link(a["link"]),
                                          tuple(LinkSample(str(s["kind"]), _whole(s["n"]), _number(s["bytes"]),
                                                           _number(s["seconds"])) for s in a["samples"]),
-                                         _number(a["in_program"]["seconds"]), _number(a["in_program"]["bytes"]))
+                                         _number(a["in_program"]["seconds"]), _number(a["in_program"]["bytes"]),
+                                         tuple((str(k), _link(fit)) for k, fit in a["kind_links"].items()))
                          for a in data["axes"])
             spec = data["compute"]
             compute = cost_models.DeviceSpec(str(spec["name"]), _number(spec["peak_flops_fp32"]),
@@ -129,11 +134,16 @@ class MeshCalibration:
             raise MeshCalibrationError(f"damaged mesh calibration ({type(exc).__name__}: {exc})") from None
         if tuple(a.size for a in axes) != shape or not shape:
             raise MeshCalibrationError("damaged mesh calibration (its axes do not match its shape)")
-        rates = (compute.peak_flops_fp32, compute.bandwidth, compute.launch_s,
-                 *(x for a in axes for x in (a.link.beta,)))
-        if not all(r > 0 for r in rates) or any(x < 0 for a in axes for x in (a.link.alpha, a.in_program_s, a.in_program_bytes)):
+        links = [fit for a in axes for fit in (a.link, *(f for _, f in a.kind_links))]
+        rates = (compute.peak_flops_fp32, compute.bandwidth, compute.launch_s, *(fit.beta for fit in links))
+        if not all(r > 0 for r in rates) or any(x < 0 for a in axes for x in (a.in_program_s, a.in_program_bytes)) \
+                or any(fit.alpha < 0 for fit in links):
             raise MeshCalibrationError("damaged mesh calibration (a rate is not positive)")
         return cal
+
+
+def _link(data: Any) -> LinkFit:
+    return LinkFit(_number(data["alpha"]), _number(data["beta"]), _number(data["rms_rel_error"]), _whole(data["samples"]))
 
 
 def _number(v: Any) -> float:
