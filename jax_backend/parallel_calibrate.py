@@ -57,7 +57,8 @@ from eqsat.parallel.timemodel import LinkSample, fit_link
 from jax_backend.measured_cost import device_key
 from jax_backend.timing import bootstrap_median_ci, interleaved_rounds
 
-__all__ = ["CONVS", "EXTRA", "IN_PROGRAM", "PIECES", "SIZES", "NOT_TIMED", "PRECISION_CAP", "StepTiming", "calibrate_mesh", "load_mesh_calibration", "parallel_calibrated", "step_seconds"]
+__all__ = ["CONVS", "EXTRA", "IN_PROGRAM", "NOT_TIMED", "PIECES", "PRECISION_CAP", "SIZES", "StepTiming", "calibrate_mesh",
+           "load_mesh_calibration", "parallel_calibrated", "step_seconds"]
 
 SIZES: tuple[int, ...] = (16 * 1024, 256 * 1024, 2 * 1024 * 1024)
 """Bytes per device of the timed collectives: latency-bound to bandwidth-bound on a CPU mesh."""

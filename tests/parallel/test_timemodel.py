@@ -106,10 +106,13 @@ def test_overlap_hides_comm_behind_independent_compute_only() -> None:
 
 def _calibration(machine: str = "m1", device: str = "cpu-test",
                  in_program: tuple[float, float] = (0.0, 0.0),
-                 conv: tuple[tuple[float, float], ...] = ((1e6, 4e-4), (1e7, 2e-3))) -> MeshCalibration:
+                 conv: tuple[tuple[float, float], ...] = ((1e6, 4e-4), (1e7, 2e-3)),
+                 all_to_all: tuple[float, float] | None = None) -> MeshCalibration:
     """A hand-made calibration; `in_program`: each axis's measured seconds of a 64 B all-reduce
-    between compute pieces (0: not measured, no sync term)."""
-    axes = tuple(AxisCalibration(n, tm.fit_link(_samples(a, b, n)), tuple(_samples(a, b, n)), t, 64.0 if t else 0.0)
+    between compute pieces (0: not measured, no sync term); `all_to_all`: (alpha, beta) of an
+    all-to-all link of its own on every axis."""
+    own = () if all_to_all is None else (("all-to-all", tm.LinkFit(all_to_all[0], all_to_all[1], 0.1, 3)),)
+    axes = tuple(AxisCalibration(n, tm.fit_link(_samples(a, b, n)), tuple(_samples(a, b, n)), t, 64.0 if t else 0.0, own)
                  for (n, a, b), t in zip(((2, 30e-6, 1e9), (4, 10e-6, 2e9)), in_program))
     return MeshCalibration(machine, device, (2, 4), axes, DeviceSpec("cpu-calibrated", 5e9, 5e9, 8e9, 1e-6, "test"), 1.0,
                            ((1e7, 1e-3), (1e8, 2e-2)), conv)
@@ -134,10 +137,10 @@ def test_calibration_round_trips_and_prices_per_axis(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("damage", ["not json {", "[]", "null", "zero-rate", "negative-alpha", "wrong-shape", "bool",
                                     "one-matmul", "negative-in-program", "no-in-program", "format-2", "format-3",
-                                    "one-conv"])
+                                    "one-conv", "negative-kind-link", "no-kind-links"])
 def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
     path = tmp_path / "cal.json"
-    data = _calibration().to_json()
+    data = _calibration(all_to_all=(20e-6, 3e8)).to_json()
     if damage == "zero-rate":
         data["compute"]["bandwidth"] = 0
     elif damage == "negative-alpha":
@@ -161,6 +164,10 @@ def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
         del data["conv"]
     elif damage == "one-conv":
         data["conv"] = data["conv"][:1]
+    elif damage == "negative-kind-link":
+        data["axes"][0]["kind_links"]["all-to-all"]["alpha"] = -1e-6
+    elif damage == "no-kind-links":
+        del data["axes"][1]["kind_links"]
     path.write_text(damage if damage in ("not json {", "[]", "null") else json.dumps(data))
     with pytest.raises(MeshCalibrationError, match="damaged"):
         read_mesh_calibration(path, "m1", "cpu-test", (2, 4))
@@ -198,6 +205,37 @@ def test_convs_are_priced_on_their_own_curve() -> None:
     mm = [(10, 500), (500, 1000)]
     assert calibrated_model(_calibration()).compute.op_cost("matmul", {"act": 0}, mm) == pytest.approx(
         calibrated_model(_calibration(conv=())).compute.op_cost("matmul", {"act": 0}, mm))
+
+
+def test_all_to_all_runs_on_its_own_link() -> None:
+    """A calibrated all-to-all is priced on the link fitted to all-to-alls on its axis (alone or over
+    several axes: the slowest of theirs); the other kinds keep the axis's link."""
+    cal = _calibration(all_to_all=(20e-6, 3e8))
+    assert MeshCalibration.from_json(json.loads(json.dumps(cal.to_json()))) == cal
+    mesh, plain = calibrated_model(cal).mesh, calibrated_model(_calibration()).mesh
+    assert mesh.axes[1].link("all-to-all") == (20e-6, 3e8) and mesh.axes[1].link("all-gather") == plain.axes[1].link("all-gather")
+    assert mesh.collective_seconds("all-to-all", 1, 1e6) == pytest.approx(3 * 20e-6 + 0.75e6 / 3e8)
+    assert mesh.collective_seconds("all-gather", 1, 1e6) == pytest.approx(plain.collective_seconds("all-gather", 1, 1e6))
+    assert mesh.collective_seconds("all-to-all", 1, 1e6) > 2 * plain.collective_seconds("all-to-all", 1, 1e6)
+    assert mesh.collective_seconds_over("all-to-all", (0, 1), 1e6) == pytest.approx(7 * 20e-6 + 7 / 8 * 1e6 / 3e8)
+
+
+def test_a_marginal_is_timed_on_a_chain_long_enough_to_see() -> None:
+    """An operation far below a millisecond is timed on a longer chain (its extra operations last
+    about `MIN_EXTRA_S`), and one more of it costs what it does."""
+    import time
+
+    from jax_backend import parallel_calibrate as pc
+
+    built: list[int] = []
+
+    def build(k: int) -> object:
+        built.append(k)
+        return lambda: time.sleep(k * 2e-4)
+
+    seconds = pc._marginal(build, 0.2)
+    assert max(built) - 1 >= pc.MIN_EXTRA_S / 2e-4 - 1 and max(built) - 1 <= pc.MAX_EXTRA
+    assert seconds == pytest.approx(2e-4, rel=0.3)
 
 
 def test_in_program_sync_prices_each_collective_on_its_axis() -> None:
