@@ -68,7 +68,8 @@ EXTRA = 4  # more operations in the long chain than in the short one (at least)
 MAX_EXTRA = 64
 MIN_EXTRA_S = 1e-3  # what the long chain's extra operations should last, at least (up to MAX_EXTRA of them)
 MARGINAL_WIDTH = 0.25  # a marginal's 95% interval, at most this fraction of it (within PRECISION_CAP x the budget)
-PRECISION_CAP = 4.0  # rounds for precision go on to at most this many times the timing budget
+PRECISION_CAP = 4.0  # rounds for precision go on to at most this many times the timing budget...
+PRECISION_MIN_ROUNDS = 15  # ...but never fewer rounds than this (a plan's step of a second, 10 plans a round)
 MAX_REPEAT = 20  # step calls per sample of the fastest plan, at most
 MATMULS: tuple[tuple[int, int], ...] = ((16, 64), (64, 256), (128, 512), (256, 768))  # (m, k): (m, k) @ (k, k) per device
 # (batch, channels, height = width): a 3x3 SAME convolution of `channels` in and out per device,
@@ -351,8 +352,9 @@ def step_seconds(graph: Graph, plans: Sequence[Graph], mesh: Mesh, budget_s: flo
     sample's call count is set by the fastest, so each plan's thunk runs its step `repeat` times
     (about as long as the slowest plan's one step, each call waited for: no queue of pending steps
     holds their buffers) and its time is divided by that. `rel_width`: past `budget_s`, rounds go
-    on (up to `rounds`, and `PRECISION_CAP` times the budget) until every plan's 95% interval is
-    at most that fraction of its median (a measurement's precision, never which plan is ahead)."""
+    on (up to `rounds`, and `PRECISION_CAP` times the budget, but at least `PRECISION_MIN_ROUNDS`)
+    until every plan's 95% interval is at most that fraction of its median (a measurement's
+    precision, never which plan is ahead)."""
     from jax_backend.checks import _scaled_inputs
     from jax_backend.shard import shard_plan, step_program
 
@@ -379,7 +381,8 @@ def step_seconds(graph: Graph, plans: Sequence[Graph], mesh: Mesh, budget_s: flo
     start = time.perf_counter()
     enough = None if rel_width is None else _narrow(repeat, rel_width, start + budget_s)
     times, _ = interleaved_rounds(thunks, rounds, budget_s=budget_s if rel_width is None else PRECISION_CAP * budget_s,
-                                  min_rounds=min(5, rounds), warmup=0, enough=enough)
+                                  min_rounds=min(5 if rel_width is None else PRECISION_MIN_ROUNDS, rounds), warmup=0,
+                                  enough=enough)
     relative, level = _relative_times(times, repeat)
     timed = {}
     for i, row in zip(steps, relative):
