@@ -212,6 +212,8 @@ def run_user_programs(out_dir: Path, programs: Sequence[str], meshes: Sequence[s
 
 SPEARMAN_PLANS = 10  # random plans per case: distinct plans, each compiled and timed
 SPEARMAN_MESH = "2x4"  # two axes: each with its own fitted link
+SPEARMAN_PRECISION = 0.05  # past the budget, time until each plan's 95% interval is at most this of its median
+SPEARMAN_MAX_ROUNDS = 400  # rounds at most (the time cap, `PRECISION_CAP` x the budget, usually ends it first)
 SPEARMAN_NOTE = ("measured on 8 XLA host-CPU 'devices' in one process sharing this machine's cores (and, on a shared "
                  "box, other users' work): a collective is a memcpy between threads and 'parallel' compute is time-"
                  "sliced, so a rank correlation says whether the model orders plans as these devices run them, "
@@ -239,12 +241,14 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
 
 
 def spearman_case(model: str, mesh_spec: str = SPEARMAN_MESH, plans: int = SPEARMAN_PLANS,
-                  budget_s: float = 6.0) -> dict[str, Any]:
+                  budget_s: float = 6.0, rel_width: float | None = SPEARMAN_PRECISION) -> dict[str, Any]:
     """One case's distinct random plans (from a briefly saturated joint e-graph), each priced by the
     nominal model (the mesh preset's links, roofline at the preset's peak), the calibrated one
     (`eqsat parallel calibrate`'s links, in-program cost per collective and compute, without and with
     overlap; `calibrated_no_sync` without the in-program term), and timed as a
-    training step on the devices (`jax_backend.parallel_calibrate.step_seconds`)."""
+    training step on the devices (`jax_backend.parallel_calibrate.step_seconds`: past `budget_s`,
+    until each plan's 95% interval is at most `rel_width` of its median, within a cap); each plan's
+    interval and its calibrated compute and communication seconds are kept beside its times."""
     import math
     import time
 
@@ -277,18 +281,24 @@ def spearman_case(model: str, mesh_spec: str = SPEARMAN_MESH, plans: int = SPEAR
               "calibrated_no_sync": calibrated_model(cal, overlap=False, sync=False)}  # without the in-program term
     predicted = {k: [plan_report(p, m).step_s for p in chosen] for k, m in models.items()}
     wire = [float(sum(c.wire_bytes for _, c in plan_report(p, pe.model).collectives)) for p in chosen]
-    measured = step_seconds(graph, chosen, mesh, budget_s=budget_s)
+    reports = [plan_report(p, models["calibrated"]) for p in chosen]
+    timings = step_seconds(graph, chosen, mesh, budget_s=budget_s, rounds=SPEARMAN_MAX_ROUNDS, rel_width=rel_width)
+    measured = [t.seconds for t in timings]
     ran = [i for i, m in enumerate(measured) if math.isfinite(m)]  # a plan that does not lower is left out
     row: dict[str, Any] = {"model": model, "mesh": mesh_spec, "plans": len(ran), "plans_not_lowered": len(chosen) - len(ran)}
     row.update({f"spearman_{k}": spearman([v[i] for i in ran], [measured[i] for i in ran]) for k, v in predicted.items()})
-    row.update(measured_ms=[m * 1e3 for m in measured], **{f"predicted_{k}_ms": [s * 1e3 for s in v]
-                                                          for k, v in predicted.items()},
-               step_wire_bytes=wire, seconds=time.perf_counter() - t0)
+    row.update(measured_ms=[m * 1e3 for m in measured], measured_low_ms=[t.low * 1e3 for t in timings],
+               measured_high_ms=[t.high * 1e3 for t in timings], rounds=max(t.rounds for t in timings),
+               measured_max_rel_width=max((timings[i].rel_width for i in ran), default=float("nan")),
+               **{f"predicted_{k}_ms": [s * 1e3 for s in v] for k, v in predicted.items()},
+               calibrated_compute_ms=[r.compute_s * 1e3 for r in reports], calibrated_comm_ms=[r.comm_s * 1e3 for r in reports],
+               collectives=[len(r.collectives) for r in reports], step_wire_bytes=wire, seconds=time.perf_counter() - t0)
     return row
 
 
 def run_spearman(out_dir: Path, models: Sequence[str] | None = None, mesh: str = SPEARMAN_MESH,
-                 plans: int = SPEARMAN_PLANS, budget_s: float = 6.0) -> list[dict[str, Any]]:
+                 plans: int = SPEARMAN_PLANS, budget_s: float = 6.0,
+                 rel_width: float | None = SPEARMAN_PRECISION) -> list[dict[str, Any]]:
     """`spearman_case` over the cases: `parallel_spearman.jsonl` (every plan's times) and
     `parallel_spearman.md` (Spearman per case and model, and what such figures mean)."""
     unknown = sorted(set(models or ()) - set(CASES))
@@ -305,12 +315,12 @@ def run_spearman(out_dir: Path, models: Sequence[str] | None = None, mesh: str =
     rows = []
     with open(out_dir / "parallel_spearman.jsonl", "w") as log:
         for model in models or CASES:
-            row = spearman_case(model, mesh, plans, budget_s)
+            row = spearman_case(model, mesh, plans, budget_s, rel_width)
             rows.append(row)
             log.write(json.dumps(row) + "\n")
             log.flush()
     keys = ("model", "mesh", "plans", "plans_not_lowered", "spearman_nominal", "spearman_calibrated", "spearman_calibrated_overlap",
-            "spearman_calibrated_no_sync")
+            "spearman_calibrated_no_sync", "rounds", "measured_max_rel_width")
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(_fmt(r[k]) for k in keys) + " |" for r in rows]
     (out_dir / "parallel_spearman.md").write_text("\n".join(lines) + f"\n\nTimes {SPEARMAN_NOTE}.\n")

@@ -230,12 +230,15 @@ def _parallel_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mesh", default="2x4", help="--spearman: the mesh shape")
     parser.add_argument("--timing-budget", type=POSITIVE, default=6.0,
                         help="--spearman: seconds of interleaved timing rounds per case")
+    parser.add_argument("--timing-precision", type=POSITIVE, default=0.05,
+                        help="--spearman: past the budget, time on (to 4x it) until every plan's 95%% interval is at most "
+                             "this fraction of its median")
 
 
 def _parallel(module: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.spearman:
         return module.run_spearman(args.out, args.models, args.mesh, args.random_plans or module.SPEARMAN_PLANS,
-                                   args.timing_budget)
+                                   args.timing_budget, args.timing_precision)
     if args.user_programs:
         return module.run_user_programs(args.out, args.user_programs, args.meshes, args.time_limit)
     return list(module.run_bench(out_dir=args.out, time_limit=args.time_limit, models=args.models,

@@ -12,7 +12,8 @@ call cancels out and every device is busy, as in a planned step:
   followed by one against the same matmuls without, so its marginal cost includes waiting for the
   slowest device at the rendezvous (a collective-only chain keeps the devices in step and does not
   see it); its excess over alpha-beta is the axis's `sync` term;
-- compute, on every device at once: matmuls (the flop rate), an elementwise op on 1 MiB (the
+- compute, on every device at once: matmuls (the flop rate), convolutions forward and backward
+  (`CONVS`: XLA's CPU convolutions have a rate of their own), an elementwise op on 1 MiB (the
   bandwidth) and on a few bytes (the cost of one more kernel), each kept apart from its neighbours
   by `optimization_barrier` so that XLA cannot fuse the chain into one loop.
 
@@ -24,10 +25,12 @@ registers the `parallel-calibrated` cost model, which refuses to run without a c
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -52,16 +55,26 @@ from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import Mesh, parse_mesh
 from eqsat.parallel.timemodel import LinkSample, fit_link
 from jax_backend.measured_cost import device_key
-from jax_backend.timing import interleaved_rounds
+from jax_backend.timing import bootstrap_median_ci, interleaved_rounds
 
-__all__ = ["EXTRA", "IN_PROGRAM", "PIECES", "SIZES", "calibrate_mesh", "load_mesh_calibration", "parallel_calibrated", "step_seconds"]
+__all__ = ["CONVS", "EXTRA", "IN_PROGRAM", "NOT_TIMED", "PIECES", "PRECISION_CAP", "SIZES", "StepTiming", "calibrate_mesh",
+           "load_mesh_calibration", "parallel_calibrated", "step_seconds"]
 
 SIZES: tuple[int, ...] = (16 * 1024, 256 * 1024, 2 * 1024 * 1024)
 """Bytes per device of the timed collectives: latency-bound to bandwidth-bound on a CPU mesh."""
-KINDS = ("all-reduce", "all-gather")
-EXTRA = 4  # more operations in the long chain than in the short one
+KINDS = ("all-reduce", "all-gather")  # the axis's link is fitted to these
+OWN_LINK_KINDS = ("all-to-all",)  # each timed apart and fitted to a link of its own
+EXTRA = 4  # more operations in the long chain than in the short one (at least)
+MAX_EXTRA = 64
+MIN_EXTRA_S = 1e-3  # what the long chain's extra operations should last, at least (up to MAX_EXTRA of them)
+MARGINAL_WIDTH = 0.25  # a marginal's 95% interval, at most this fraction of it (within PRECISION_CAP x the budget)
+PRECISION_CAP = 4.0  # rounds for precision go on to at most this many times the timing budget...
+PRECISION_MIN_ROUNDS = 15  # ...but never fewer rounds than this (a plan's step of a second, 10 plans a round)
 MAX_REPEAT = 20  # step calls per sample of the fastest plan, at most
 MATMULS: tuple[tuple[int, int], ...] = ((16, 64), (64, 256), (128, 512), (256, 768))  # (m, k): (m, k) @ (k, k) per device
+# (batch, channels, height = width): a 3x3 SAME convolution of `channels` in and out per device,
+# timed forward and backward as a training step runs it (the project's own conv2d lowering)
+CONVS: tuple[tuple[int, int, int], ...] = ((2, 8, 8), (4, 16, 8), (8, 32, 8), (16, 48, 8))
 PIECES = 8  # compute pieces of the in-program probe, each followed by one collective
 # its piece, (m, k) @ (k, k) per device, the smallest matmul probe: what waiting for the slowest
 # device costs grows with the compute between collectives (2026-11-26, load 13: 0.1-0.16 ms at
@@ -71,10 +84,29 @@ IN_PROGRAM = ((16, 64), 16)
 
 
 def _marginal(build: Callable[[int], Callable[[], Any]], budget_s: float) -> float:
-    """Seconds one more operation adds: `build(k)` is a thunk running a chain of k of them."""
-    short, long = build(1), build(1 + EXTRA)
-    times, _ = interleaved_rounds([short, long], 40, budget_s=budget_s, min_rounds=6)
-    return max(float(statistics.median(b - a for a, b in zip(*times))) / EXTRA, 1e-8)
+    """Seconds one more operation adds: `build(k)` is a thunk running a chain of k of them. The
+    long chain has `EXTRA` more, or as many more (to `MAX_EXTRA`) as make the difference last
+    `MIN_EXTRA_S` (a 20 us matmul four times over is below the noise of a call on a loaded box);
+    past `budget_s` the rounds go on (to `PRECISION_CAP` times it) until the difference's 95%
+    interval is at most `MARGINAL_WIDTH` of its median."""
+    short, extra = build(1), EXTRA
+    long = build(1 + extra)
+    pilot, _ = interleaved_rounds([short, long], 3, min_rounds=3, warmup=1)
+    rough = float(statistics.median(b - a for a, b in zip(*pilot)))
+    if rough < MIN_EXTRA_S:
+        extra = min(MAX_EXTRA, max(EXTRA, math.ceil(extra * MIN_EXTRA_S / max(rough, MIN_EXTRA_S / MAX_EXTRA))))
+        long = build(1 + extra)
+    after = time.perf_counter() + budget_s
+
+    def enough(times: list[list[float]]) -> bool:
+        if time.perf_counter() < after:
+            return False
+        diffs = [b - a for a, b in zip(*times)]
+        low, high = bootstrap_median_ci(diffs, resamples=1000, seed=len(diffs))
+        return low > 0 and high - low <= MARGINAL_WIDTH * float(statistics.median(diffs))
+
+    times, _ = interleaved_rounds([short, long], 400, budget_s=PRECISION_CAP * budget_s, min_rounds=6, enough=enough)
+    return max(float(statistics.median(b - a for a, b in zip(*times))) / extra, 1e-8)
 
 
 def _mesh_program(jm: Any, body: Callable[[jax.Array], jax.Array], local: tuple[int, ...],
@@ -94,6 +126,9 @@ def _collective_chain(jm: Any, kind: str, axis: str, n: int, elems: int) -> Call
             for _ in range(k):  # each waits for the last: XLA can neither merge nor reorder them
                 if kind == "all-reduce":
                     x = lax.psum(x, axis) * (1.0 / n)
+                elif kind == "all-to-all":  # a layout switch, as a plan's all_to_all is, and back
+                    y = lax.all_to_all(x.reshape(n * 8, -1), axis, 1, 0, tiled=True)
+                    x = lax.all_to_all(y, axis, 0, 1, tiled=True).reshape(-1)
                 else:
                     y = lax.all_gather(x, axis, axis=0, tiled=True)
                     x = lax.dynamic_slice_in_dim(y, lax.axis_index(axis) * x.shape[0], x.shape[0], axis=0)
@@ -140,6 +175,27 @@ def _matmul_step(k: int) -> Callable[[jax.Array, int], jax.Array]:
     return step
 
 
+def _conv_step(c: int) -> Callable[[jax.Array, int], jax.Array]:
+    """One more forward and backward of a 3x3 SAME conv (the lowering's `conv2d`): the input's
+    gradient, with the weight's gradient folded in so that XLA keeps it, is the next input."""
+    from jax_backend.lower import LOWERINGS
+
+    conv = LOWERINGS["conv2d"]
+    attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+    w = jnp.asarray(np.random.default_rng(2).standard_normal((c, c, 3, 3)) / np.sqrt(9 * c), jnp.float32)
+
+    def step(x: jax.Array, i: int) -> jax.Array:
+        y, back = jax.vjp(lambda a, b: conv((a, b), attrs, None)[0], x, w)
+        gx, gw = back(y)
+        return jnp.tanh(gx + 1e-3 * jnp.sum(gw))
+    return step
+
+
+def conv_flops(b: int, c: int, hw: int) -> float:
+    """Forward flops of a `CONVS` probe."""
+    return 2.0 * b * c * hw * hw * c * 9
+
+
 def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None] = lambda _: None) -> MeshCalibration:
     """Measure alpha, beta per axis of `mesh` and the compute rates on JAX's devices (about
     `budget_s` per timed pair: 7 pairs per axis and 6 for compute)."""
@@ -161,8 +217,19 @@ def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None]
         link = fit_link(samples, "ring")
         say(f"axis {name}: alpha {link.alpha * 1e6:.2f} us per ring step, beta {link.beta / 1e9:.2f} GB/s "
             f"(rms error {link.rms_rel_error:.0%})")
+        own = []
+        for kind in OWN_LINK_KINDS:
+            timed = []
+            for nbytes in SIZES:  # a chain step is two all-to-alls
+                t = _marginal(_collective_chain(jm, kind, name, size, nbytes // 4), budget_s) / 2
+                timed.append(LinkSample(kind, size, float(nbytes), t))
+                say(f"axis {name} ({size}): {kind} of {nbytes / 1024:.0f} KiB: {t * 1e6:.1f} us")
+            own.append((kind, fit_link(timed, "ring")))
+            samples.extend(timed)
+            say(f"axis {name}: {kind} alpha {own[-1][1].alpha * 1e6:.2f} us per ring step, beta "
+                f"{own[-1][1].beta / 1e9:.2f} GB/s")
         inside = _in_program(jm, name, budget_s)
-        axes.append(AxisCalibration(size, link, tuple(samples), inside, float(IN_PROGRAM[1] * 4)))
+        axes.append(AxisCalibration(size, link, tuple(samples), inside, float(IN_PROGRAM[1] * 4), tuple(own)))
         say(f"axis {name}: a {IN_PROGRAM[1] * 4} B all-reduce between compute pieces: {inside * 1e6:.1f} us "
             f"(beyond alpha-beta: {axes[-1].sync_s * 1e6:.1f} us)")
     rates, matmul = [], []
@@ -171,6 +238,12 @@ def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None]
         rates.append(2.0 * m * k * k / t)
         matmul.append((2.0 * m * k * k, t))
         say(f"matmul ({m}, {k}) @ ({k}, {k}) per device, all devices busy: {rates[-1] / 1e9:.2f} GFLOP/s")
+    conv = []
+    for b, c, hw in CONVS:
+        t = _marginal(_compute_chain(jm, _conv_step(c), (b, c, hw, hw)), budget_s)
+        conv.append((conv_flops(b, c, hw), t / 3.0))
+        say(f"conv ({b}, {c}, {hw}, {hw}) * ({c}, {c}, 3, 3) per device forward and backward, all devices busy: "
+            f"{3.0 * conv[-1][0] / t / 1e9:.2f} GFLOP/s")
     big = 256 * 1024
     t_big = _marginal(_compute_chain(jm, lambda x, i: x * 0.5 + 1.0, (big,)), budget_s)
     bandwidth = 2 * 4 * big / t_big
@@ -180,7 +253,7 @@ def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None]
     compute = DeviceSpec("cpu-calibrated", peak, peak, bandwidth, launch,
                          f"measured with {mesh.n_devices} devices busy ({device_key()})")
     return MeshCalibration(_machine_key(), device_key(), mesh.shape, tuple(axes), compute, time.perf_counter() - start,
-                           tuple(matmul))
+                           tuple(matmul), tuple(conv))
 
 
 def load_mesh_calibration(mesh: str | Mesh, force: bool = False, measure_if_missing: bool = True,
@@ -226,15 +299,62 @@ def _runner(step: Callable[..., Any], args: Sequence[Any]) -> Callable[[], Any]:
     return lambda: jax.block_until_ready(step(*args))
 
 
+@dataclass(frozen=True)
+class StepTiming:
+    """One plan's measured training step: the median seconds (each round against its round's
+    level, scaled back) and its 95% interval (bootstrap of that median), over `rounds` rounds."""
+
+    seconds: float
+    low: float
+    high: float
+    rounds: int
+
+    @property
+    def rel_width(self) -> float:
+        """The interval's width over the median: what a rank between two plans this far apart can trust."""
+        return (self.high - self.low) / self.seconds
+
+
+NOT_TIMED = StepTiming(float("nan"), float("nan"), float("nan"), 0)
+
+
+def _relative_times(times: Sequence[Sequence[float]], repeat: Sequence[int]) -> tuple[np.ndarray, float]:
+    """Each plan's seconds per step over its round's level (the geometric mean of that round's
+    plans), plan x round, and the median level: the load of other work drifts between rounds, and
+    this cancels it as a paired ratio does (the one policy's reason for interleaving)."""
+    rounds = min(len(t) for t in times)
+    per_call = np.asarray([t[:rounds] for t in times], dtype=np.float64) / np.asarray(repeat, dtype=np.float64)[:, None]
+    level = np.exp(np.log(per_call).mean(axis=0))
+    return per_call / level[None, :], float(np.median(level))
+
+
+def _narrow(repeat: Sequence[int], rel_width: float, after: float) -> Callable[[list[list[float]]], bool]:
+    """A stop for `interleaved_rounds`: past the time `after` (perf_counter), every plan's 95%
+    interval at most `rel_width` of its median."""
+    def enough(times: list[list[float]]) -> bool:
+        if time.perf_counter() < after:
+            return False
+        relative, _ = _relative_times(times, repeat)
+        for row in relative:
+            low, high = bootstrap_median_ci(row, resamples=1000, seed=len(row))
+            if (high - low) / float(np.median(row)) > rel_width:
+                return False
+        return True
+    return enough
+
+
 def step_seconds(graph: Graph, plans: Sequence[Graph], mesh: Mesh, budget_s: float = 10.0,
-                 rounds: int = 40) -> list[float]:
-    """Median seconds of each plan's training step (the jitted gradient program `eqsat parallel`
-    checks, `jax_backend.shard.step_program`) on JAX's devices, all plans timed in the same
-    interleaved rounds (`interleaved_rounds`: every plan sees the same machine state); NaN for a
-    plan the `shard_map` lowering cannot run (said on stderr). Plans differ
-    by 100x in time and a sample's call count is set by the fastest, so each plan's thunk runs its
-    step `repeat` times (about as long as the slowest plan's one step, each call waited for: no
-    queue of pending steps holds their buffers) and its time is divided by that."""
+                 rounds: int = 40, rel_width: float | None = None) -> list[StepTiming]:
+    """Each plan's training step (the jitted gradient program `eqsat parallel` checks,
+    `jax_backend.shard.step_program`) timed on JAX's devices, all plans in the same interleaved
+    rounds (`interleaved_rounds`: every plan sees the same machine state); `NOT_TIMED` for a plan
+    the `shard_map` lowering cannot run (said on stderr). Plans differ by 100x in time and a
+    sample's call count is set by the fastest, so each plan's thunk runs its step `repeat` times
+    (about as long as the slowest plan's one step, each call waited for: no queue of pending steps
+    holds their buffers) and its time is divided by that. `rel_width`: past `budget_s`, rounds go
+    on (up to `rounds`, and `PRECISION_CAP` times the budget, but at least `PRECISION_MIN_ROUNDS`)
+    until every plan's 95% interval is at most that fraction of its median (a measurement's
+    precision, never which plan is ahead)."""
     from jax_backend.checks import _scaled_inputs
     from jax_backend.shard import shard_plan, step_program
 
@@ -253,17 +373,19 @@ def step_seconds(graph: Graph, plans: Sequence[Graph], mesh: Mesh, budget_s: flo
             continue
         steps[i] = _runner(step, args)
     if not steps:
-        return [float("nan")] * len(plans)
+        return [NOT_TIMED] * len(plans)
     single, _ = interleaved_rounds(list(steps.values()), 1, min_rounds=1, warmup=0)  # one sample per plan
     slowest = max(t[0] for t in single)
     repeat = [max(1, min(MAX_REPEAT, round(slowest / max(t[0], 1e-7)))) for t in single]
     thunks = [lambda s=s, r=r: [s() for _ in range(r)][-1] for s, r in zip(steps.values(), repeat)]
-    times, _ = interleaved_rounds(thunks, rounds, budget_s=budget_s, min_rounds=min(5, rounds), warmup=0)
-    per_call = np.asarray(times, dtype=np.float64) / np.asarray(repeat, dtype=np.float64)[:, None]  # plan x round
-    # each plan against its own round's level (the geometric mean of that round's plans), then the
-    # median over rounds: the load of other work drifts between rounds, and this cancels it as a
-    # paired ratio does (the one policy's reason for interleaving); scaled back by the median level
-    level = np.exp(np.log(per_call).mean(axis=0))
-    relative = np.median(per_call / level[None, :], axis=1) * float(np.median(level))
-    timed = {i: float(t) for i, t in zip(steps, relative)}
-    return [timed.get(i, float("nan")) for i in range(len(plans))]
+    start = time.perf_counter()
+    enough = None if rel_width is None else _narrow(repeat, rel_width, start + budget_s)
+    times, _ = interleaved_rounds(thunks, rounds, budget_s=budget_s if rel_width is None else PRECISION_CAP * budget_s,
+                                  min_rounds=min(5 if rel_width is None else PRECISION_MIN_ROUNDS, rounds), warmup=0,
+                                  enough=enough)
+    relative, level = _relative_times(times, repeat)
+    timed = {}
+    for i, row in zip(steps, relative):
+        low, high = bootstrap_median_ci(row)
+        timed[i] = StepTiming(float(np.median(row)) * level, low * level, high * level, len(row))
+    return [timed.get(i, NOT_TIMED) for i in range(len(plans))]

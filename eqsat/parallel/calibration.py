@@ -10,7 +10,12 @@ device of the mesh busy (on 8 emulated CPU devices sharing a few cores, one devi
 axis also what one small all-reduce costs *inside* a program, between compute pieces (`in_program_s`:
 every device waits there for the slowest), whose excess over the link's alpha-beta time is the
 axis's `sync` term. A product smaller than the smallest timed matmul is priced at that matmul's
-rate (not at its time: a flat floor priced every small product of a case alike).
+rate (not at its time: a flat floor priced every small product of a case alike). A convolution
+has its own curve (`conv`), timed as a forward and backward pass (XLA's CPU convolutions run at a
+rate of their own, far below a matmul's of the same flops when small, and their backward is not
+twice their forward); without one a conv is priced on the matmul curve. An all-to-all has its own
+link per axis (`kind_links`), fitted to all-to-alls timed as the plans run them (a layout switch:
+split one dimension, concatenate another), as XLA's CPU backend runs it as one chunk per peer.
 The cache file is keyed by machine (`eqsat.cost._machine_key`), JAX device and mesh shape; a
 damaged one, or one from another machine or device, is refused (`read_mesh_calibration`) and
 measured again. This module needs no JAX; the measuring does.
@@ -39,7 +44,7 @@ from eqsat.xla_cost import Curve
 __all__ = ["AxisCalibration", "CalibratedCompute", "MeshCalibration", "MeshCalibrationError", "calibrated_model", "calibration_file",
            "read_mesh_calibration", "write_mesh_calibration"]
 
-FORMAT = 3  # 3: in-program collective cost per axis; a smaller matmul probe
+FORMAT = 4  # 3: in-program collective cost per axis; a smaller matmul probe. 4: a conv curve, an all-to-all link
 Shape = tuple[int, ...]
 
 
@@ -58,6 +63,8 @@ class AxisCalibration:
     # marginal seconds there (0: not measured)
     in_program_s: float = 0.0
     in_program_bytes: float = 0.0
+    # collective kinds timed apart and fitted to a link of their own (all-to-all), from `samples`
+    kind_links: tuple[tuple[str, LinkFit], ...] = ()
 
     @property
     def sync_s(self) -> float:
@@ -78,20 +85,26 @@ class MeshCalibration:
     compute: cost_models.DeviceSpec  # per device, with every device of the mesh busy
     seconds: float  # how long measuring took
     matmul: tuple[tuple[float, float], ...] = ()  # (flops, seconds) of the timed matmuls: the efficiency curve
+    # (forward flops, a third of the seconds of forward + backward) of the timed convolutions: the
+    # cost model takes a product's step as 1 + BACKWARD_FACTOR forwards, so a third keeps the sum measured
+    conv: tuple[tuple[float, float], ...] = ()
 
     def mesh(self, sync: bool = True) -> Mesh:
         """The planner's mesh: this shape, each axis with its own fitted link and ring latency, and
         (`sync`) its measured in-program cost per collective beyond the link's."""
-        axes = tuple(MeshAxis(f"a{i}", a.size, a.link.beta, a.link.alpha, "ring", a.sync_s if sync else 0.0)
+        axes = tuple(MeshAxis(f"a{i}", a.size, a.link.beta, a.link.alpha, "ring", a.sync_s if sync else 0.0,
+                              tuple((k, fit.alpha, fit.beta) for k, fit in a.kind_links))
                      for i, a in enumerate(self.axes))
         return Mesh(f"calibrated[{'x'.join(map(str, self.shape))}]", axes, self.compute.name)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "machine": self.machine, "device": self.device, "shape": list(self.shape),
                 "axes": [{"size": a.size, "link": asdict(a.link), "samples": [asdict(s) for s in a.samples],
-                          "in_program": {"seconds": a.in_program_s, "bytes": a.in_program_bytes}}
+                          "in_program": {"seconds": a.in_program_s, "bytes": a.in_program_bytes},
+                          "kind_links": {k: asdict(fit) for k, fit in a.kind_links}}
                          for a in self.axes],
-                "compute": asdict(self.compute), "seconds": self.seconds, "matmul": [list(p) for p in self.matmul]}
+                "compute": asdict(self.compute), "seconds": self.seconds, "matmul": [list(p) for p in self.matmul],
+                "conv": [list(p) for p in self.conv]}
 
     @staticmethod
     def from_json(data: Any) -> MeshCalibration:
@@ -100,30 +113,37 @@ class MeshCalibration:
             if not isinstance(data, dict) or data.get("format") != FORMAT:
                 raise ValueError("not a mesh calibration of this format")
             shape = tuple(_whole(s) for s in data["shape"])
-            axes = tuple(AxisCalibration(_whole(a["size"]), LinkFit(_number(a["link"]["alpha"]), _number(a["link"]["beta"]),
-                                                                    _number(a["link"]["rms_rel_error"]),
-                                                                    _whole(a["link"]["samples"])),
+            axes = tuple(AxisCalibration(_whole(a["size"]), _link(a["link"]),
                                          tuple(LinkSample(str(s["kind"]), _whole(s["n"]), _number(s["bytes"]),
                                                           _number(s["seconds"])) for s in a["samples"]),
-                                         _number(a["in_program"]["seconds"]), _number(a["in_program"]["bytes"]))
+                                         _number(a["in_program"]["seconds"]), _number(a["in_program"]["bytes"]),
+                                         tuple((str(k), _link(fit)) for k, fit in a["kind_links"].items()))
                          for a in data["axes"])
             spec = data["compute"]
             compute = cost_models.DeviceSpec(str(spec["name"]), _number(spec["peak_flops_fp32"]),
                                              _number(spec["peak_flops_bf16"]), _number(spec["bandwidth"]),
                                              _number(spec["launch_s"]), str(spec.get("source", "")))
             matmul = tuple((_number(f), _number(t)) for f, t in data["matmul"])
+            conv = tuple((_number(f), _number(t)) for f, t in data["conv"])
             cal = MeshCalibration(str(data["machine"]), str(data["device"]), shape, axes, compute,
-                                  _number(data["seconds"]), matmul)
+                                  _number(data["seconds"]), matmul, conv)
             Curve.fit(matmul)  # at least two points, all positive
+            if conv:
+                Curve.fit(conv)
         except (KeyError, TypeError, ValueError, AttributeError, EqsatError) as exc:
             raise MeshCalibrationError(f"damaged mesh calibration ({type(exc).__name__}: {exc})") from None
         if tuple(a.size for a in axes) != shape or not shape:
             raise MeshCalibrationError("damaged mesh calibration (its axes do not match its shape)")
-        rates = (compute.peak_flops_fp32, compute.bandwidth, compute.launch_s,
-                 *(x for a in axes for x in (a.link.beta,)))
-        if not all(r > 0 for r in rates) or any(x < 0 for a in axes for x in (a.link.alpha, a.in_program_s, a.in_program_bytes)):
+        links = [fit for a in axes for fit in (a.link, *(f for _, f in a.kind_links))]
+        rates = (compute.peak_flops_fp32, compute.bandwidth, compute.launch_s, *(fit.beta for fit in links))
+        if not all(r > 0 for r in rates) or any(x < 0 for a in axes for x in (a.in_program_s, a.in_program_bytes)) \
+                or any(fit.alpha < 0 for fit in links):
             raise MeshCalibrationError("damaged mesh calibration (a rate is not positive)")
         return cal
+
+
+def _link(data: Any) -> LinkFit:
+    return LinkFit(_number(data["alpha"]), _number(data["beta"]), _number(data["rms_rel_error"]), _whole(data["samples"]))
 
 
 def _number(v: Any) -> float:
@@ -160,14 +180,16 @@ def write_mesh_calibration(path: Path, cal: MeshCalibration) -> None:
 
 @dataclass(frozen=True)
 class CalibratedCompute:
-    """Per-device compute as measured with every device busy: a matmul or conv takes the time the
-    measured curve gives for its flops (`eqsat.xla_cost.Curve`: a bigger product gets a lower
-    rate once the devices share caches; below the smallest timed product, that product's rate), or
-    its memory time if longer; every other op is the roofline at the measured rates."""
+    """Per-device compute as measured with every device busy: a matmul or conv takes the time its
+    op's measured curve gives for its flops (`curves`, else the matmul curve; `eqsat.xla_cost.Curve`:
+    a bigger product gets a lower rate once the devices share caches; below the smallest timed
+    product, that product's rate), or its memory time if longer; every other op is the roofline at
+    the measured rates."""
 
     spec: cost_models.DeviceSpec
     matmul: Curve
     name: str = "calibrated-compute"
+    curves: tuple[tuple[str, Curve], ...] = ()  # (op, its own measured curve): conv2d
 
     @property
     def device(self) -> str:
@@ -179,14 +201,16 @@ class CalibratedCompute:
             return roofline.op_cost(op, attrs, input_shapes)
         shapes = [tuple(s) for s in input_shapes]
         memory = ops.bytes_moved(op, shapes, attrs, roofline.itemsize) / self.spec.bandwidth
-        return max(self._product_seconds(ops.flops(op, shapes, attrs)), memory) + self.spec.launch_s
+        curve = dict(self.curves).get(op, self.matmul)
+        return max(_product_seconds(curve, ops.flops(op, shapes, attrs)), memory) + self.spec.launch_s
 
-    def _product_seconds(self, flops: float) -> float:
-        """The curve's seconds, but linear below its smallest point (`Curve` is flat there: a call
-        costs at least the smallest one's time, which for a product of a few kFLOP against an 8
-        MFLOP probe was a 1 ms floor on every small matmul; the per-kernel cost is `launch_s`)."""
-        smallest, its_seconds = self.matmul.flops[0], self.matmul.seconds[0]
-        return self.matmul.seconds_for(flops) if flops >= smallest else its_seconds * flops / smallest
+
+def _product_seconds(curve: Curve, flops: float) -> float:
+    """The curve's seconds, but linear below its smallest point (`Curve` is flat there: a call
+    costs at least the smallest one's time, which for a product of a few kFLOP against an 8
+    MFLOP probe was a 1 ms floor on every small matmul; the per-kernel cost is `launch_s`)."""
+    smallest, its_seconds = curve.flops[0], curve.seconds[0]
+    return curve.seconds_for(flops) if flops >= smallest else its_seconds * flops / smallest
 
 
 def calibrated_model(cal: MeshCalibration, overlap: bool = True, sync: bool = True) -> ParallelCostModel:
@@ -194,5 +218,6 @@ def calibrated_model(cal: MeshCalibration, overlap: bool = True, sync: bool = Tr
     latency; with `sync`, plus each axis's measured in-program cost per collective beyond it), the measured
     compute (`CalibratedCompute`), collectives hidden behind independent compute in a plan's
     report (`overlap`)."""
-    return ParallelCostModel(cal.mesh(sync), CalibratedCompute(cal.compute, Curve.fit(cal.matmul)),
+    curves = (("conv2d", Curve.fit(cal.conv)),) if cal.conv else ()
+    return ParallelCostModel(cal.mesh(sync), CalibratedCompute(cal.compute, Curve.fit(cal.matmul), curves=curves),
                              "parallel-calibrated", overlap)

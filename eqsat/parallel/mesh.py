@@ -39,6 +39,16 @@ class MeshAxis:
     latency: float  # seconds per collective step (alpha)
     algorithm: str = "once"  # latency steps per collective: ring, tree or once (`timemodel.latency_steps`)
     sync: float = 0.0  # seconds a collective costs inside a program beyond alpha-beta (measured: `eqsat parallel calibrate`)
+    # (kind, latency, bandwidth): a collective kind with a link of its own on this axis (a calibrated
+    # all-to-all: XLA's CPU backend runs it as one chunk per peer, slower than the ring kinds' link)
+    kind_links: tuple[tuple[str, float, float], ...] = ()
+
+    def link(self, kind: str) -> tuple[float, float]:
+        """(latency, bandwidth) a collective of `kind` runs at on this axis."""
+        for k, latency, bandwidth in self.kind_links:
+            if k == kind:
+                return latency, bandwidth
+        return self.latency, self.bandwidth
 
 
 # Collective kind -> factor of S (bytes per device) each device sends, on an axis of size n.
@@ -76,8 +86,8 @@ class Mesh:
     def collective_seconds(self, kind: str, axis: int, bytes_per_device: float) -> float:
         """alpha-beta time of one collective over `axis`, S = bytes per device (see module doc)."""
         ax = self.axis(axis)
-        return timemodel.collective_seconds(kind, ax.size, bytes_per_device, ax.latency, ax.bandwidth, ax.algorithm,
-                                            ax.sync)
+        latency, bandwidth = ax.link(kind)
+        return timemodel.collective_seconds(kind, ax.size, bytes_per_device, latency, bandwidth, ax.algorithm, ax.sync)
 
     def collective_seconds_over(self, kind: str, axes: Sequence[int], bytes_per_device: float) -> float:
         """One collective over several axes at once (a weight's gradient sync over a 2-D mesh is one
@@ -89,8 +99,9 @@ class Mesh:
             return 0.0
         algorithms = {ax.algorithm for ax in over}
         algorithm = over[0].algorithm if len(algorithms) == 1 else "ring"
+        links = [ax.link(kind) for ax in over]
         return timemodel.collective_seconds(kind, math.prod(ax.size for ax in over), bytes_per_device,
-                                            max(ax.latency for ax in over), min(ax.bandwidth for ax in over), algorithm,
+                                            max(lat for lat, _ in links), min(bw for _, bw in links), algorithm,
                                             max(ax.sync for ax in over))
 
     def wire_bytes_over(self, kind: str, axes: Sequence[int], bytes_per_device: float) -> float:

@@ -105,13 +105,20 @@ def test_overlap_hides_comm_behind_independent_compute_only() -> None:
 # --- the calibration's cache ---------------------------------------------------------------------
 
 def _calibration(machine: str = "m1", device: str = "cpu-test",
-                 in_program: tuple[float, float] = (0.0, 0.0)) -> MeshCalibration:
+                 in_program: tuple[float, float] = (0.0, 0.0),
+                 conv: tuple[tuple[float, float], ...] = ((1e6, 4e-4), (1e7, 2e-3)),
+                 all_to_all: tuple[float, float] | None = None) -> MeshCalibration:
     """A hand-made calibration; `in_program`: each axis's measured seconds of a 64 B all-reduce
-    between compute pieces (0: not measured, no sync term)."""
-    axes = tuple(AxisCalibration(n, tm.fit_link(_samples(a, b, n)), tuple(_samples(a, b, n)), t, 64.0 if t else 0.0)
+    between compute pieces (0: not measured, no sync term); `all_to_all`: (alpha, beta) of an
+    all-to-all link of its own on every axis."""
+    own = () if all_to_all is None else (("all-to-all", tm.LinkFit(all_to_all[0], all_to_all[1], 0.1, 3)),)
+    axes = tuple(AxisCalibration(n, tm.fit_link(_samples(a, b, n)), tuple(_samples(a, b, n)), t, 64.0 if t else 0.0, own)
                  for (n, a, b), t in zip(((2, 30e-6, 1e9), (4, 10e-6, 2e9)), in_program))
     return MeshCalibration(machine, device, (2, 4), axes, DeviceSpec("cpu-calibrated", 5e9, 5e9, 8e9, 1e-6, "test"), 1.0,
-                           ((1e7, 1e-3), (1e8, 2e-2)))
+                           ((1e7, 1e-3), (1e8, 2e-2)), conv)
+
+
+
 
 
 def test_calibration_round_trips_and_prices_per_axis(tmp_path: Path) -> None:
@@ -129,10 +136,11 @@ def test_calibration_round_trips_and_prices_per_axis(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["not json {", "[]", "null", "zero-rate", "negative-alpha", "wrong-shape", "bool",
-                                    "one-matmul", "negative-in-program", "no-in-program", "format-2"])
+                                    "one-matmul", "negative-in-program", "no-in-program", "format-2", "format-3",
+                                    "one-conv", "negative-kind-link", "no-kind-links"])
 def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
     path = tmp_path / "cal.json"
-    data = _calibration().to_json()
+    data = _calibration(all_to_all=(20e-6, 3e8)).to_json()
     if damage == "zero-rate":
         data["compute"]["bandwidth"] = 0
     elif damage == "negative-alpha":
@@ -151,6 +159,15 @@ def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
         data["format"] = 2
         for a in data["axes"]:
             del a["in_program"]
+    elif damage == "format-3":  # a cache from before the conv curve
+        data["format"] = 3
+        del data["conv"]
+    elif damage == "one-conv":
+        data["conv"] = data["conv"][:1]
+    elif damage == "negative-kind-link":
+        data["axes"][0]["kind_links"]["all-to-all"]["alpha"] = -1e-6
+    elif damage == "no-kind-links":
+        del data["axes"][1]["kind_links"]
     path.write_text(damage if damage in ("not json {", "[]", "null") else json.dumps(data))
     with pytest.raises(MeshCalibrationError, match="damaged"):
         read_mesh_calibration(path, "m1", "cpu-test", (2, 4))
@@ -167,6 +184,58 @@ def test_small_products_are_priced_at_the_smallest_probes_rate() -> None:
     assert small == pytest.approx(1e-6 + launch)
     # at and above the smallest probe the measured curve as before
     assert model.compute.op_cost("matmul", {"act": 0}, [(10, 500), (500, 1000)]) == pytest.approx(1e-3 + launch)
+
+
+def test_convs_are_priced_on_their_own_curve() -> None:
+    """A conv2d takes the time of the measured conv curve for its flops (XLA's CPU convs run far
+    below the matmul rate), a matmul of the same flops the matmul curve's; a calibration without a
+    conv curve prices convs as matmuls."""
+    launch = 1e-6
+    x, w = (1, 10, 10, 10), (50, 10, 3, 3)  # SAME: 2 * 50 * 100 * 90 = 9e5 flops
+    conv = calibrated_model(_calibration()).compute.op_cost("conv2d", {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0},
+                                                            [x, w])
+    assert conv == pytest.approx(4e-4 * 0.9 + launch)  # below the smallest conv probe: its rate
+    mid = calibrated_model(_calibration()).compute.op_cost("conv2d", {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0},
+                                                           [(2, 10, 10, 10), (50, 10, 3, 3)])
+    assert mid - launch == pytest.approx(4e-4 * 1.8 ** (math.log(5) / math.log(10)))  # log-log between the probes
+    as_matmul = calibrated_model(_calibration(conv=())).compute.op_cost(
+        "conv2d", {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}, [x, w])
+    assert as_matmul == pytest.approx(1e-3 * 0.09 + launch) and conv > 3 * as_matmul
+    # matmuls are unchanged by a conv curve
+    mm = [(10, 500), (500, 1000)]
+    assert calibrated_model(_calibration()).compute.op_cost("matmul", {"act": 0}, mm) == pytest.approx(
+        calibrated_model(_calibration(conv=())).compute.op_cost("matmul", {"act": 0}, mm))
+
+
+def test_all_to_all_runs_on_its_own_link() -> None:
+    """A calibrated all-to-all is priced on the link fitted to all-to-alls on its axis (alone or over
+    several axes: the slowest of theirs); the other kinds keep the axis's link."""
+    cal = _calibration(all_to_all=(20e-6, 3e8))
+    assert MeshCalibration.from_json(json.loads(json.dumps(cal.to_json()))) == cal
+    mesh, plain = calibrated_model(cal).mesh, calibrated_model(_calibration()).mesh
+    assert mesh.axes[1].link("all-to-all") == (20e-6, 3e8) and mesh.axes[1].link("all-gather") == plain.axes[1].link("all-gather")
+    assert mesh.collective_seconds("all-to-all", 1, 1e6) == pytest.approx(3 * 20e-6 + 0.75e6 / 3e8)
+    assert mesh.collective_seconds("all-gather", 1, 1e6) == pytest.approx(plain.collective_seconds("all-gather", 1, 1e6))
+    assert mesh.collective_seconds("all-to-all", 1, 1e6) > 2 * plain.collective_seconds("all-to-all", 1, 1e6)
+    assert mesh.collective_seconds_over("all-to-all", (0, 1), 1e6) == pytest.approx(7 * 20e-6 + 7 / 8 * 1e6 / 3e8)
+
+
+def test_a_marginal_is_timed_on_a_chain_long_enough_to_see() -> None:
+    """An operation far below a millisecond is timed on a longer chain (its extra operations last
+    about `MIN_EXTRA_S`), and one more of it costs what it does."""
+    import time
+
+    from jax_backend import parallel_calibrate as pc
+
+    built: list[int] = []
+
+    def build(k: int) -> object:
+        built.append(k)
+        return lambda: time.sleep(k * 2e-4)
+
+    seconds = pc._marginal(build, 0.2)
+    assert max(built) - 1 >= pc.MIN_EXTRA_S / 2e-4 - 1 and max(built) - 1 <= pc.MAX_EXTRA
+    assert seconds == pytest.approx(2e-4, rel=0.3)
 
 
 def test_in_program_sync_prices_each_collective_on_its_axis() -> None:
@@ -341,3 +410,24 @@ def test_spearman_case_runs_plans_on_the_devices(tmp_path: Path, monkeypatch: py
     assert row["plans"] + row["plans_not_lowered"] >= 2
     assert all(m > 0 for m in row["measured_ms"] if math.isfinite(m))
     assert -1.0 <= row["spearman_calibrated"] <= 1.0 or math.isnan(row["spearman_calibrated"])
+
+
+def test_step_times_are_against_each_rounds_level_with_an_interval() -> None:
+    """A plan's time is taken against its round's level (a load that doubles a whole round cancels);
+    the precision stop waits until every plan's 95% interval is narrow, and never before its time."""
+    import time
+
+    from jax_backend.parallel_calibrate import StepTiming, _narrow, _relative_times
+
+    rng = np.random.default_rng(0)
+    load = np.where(np.arange(30) % 3 == 0, 2.0, 1.0)  # every third round on a busier machine
+    base = np.array([1.0, 2.0, 4.0])
+    times = [list(b * 3 * load * rng.uniform(0.995, 1.005, 30)) for b in base]  # 3 calls a sample
+    relative, level = _relative_times(times, [3, 3, 3])
+    assert relative.shape == (3, 30) and level == pytest.approx(2.0, rel=0.02)
+    assert np.median(relative, axis=1) * level == pytest.approx(base, rel=0.02)
+    assert _narrow([3, 3, 3], 0.05, after=0.0)(times)
+    noisy = [list(b * rng.lognormal(0.0, 0.5, 30)) for b in base]
+    assert not _narrow([1, 1, 1], 0.05, after=0.0)(noisy)
+    assert not _narrow([3, 3, 3], 0.05, after=time.perf_counter() + 60)(times)  # the budget runs first
+    assert StepTiming(2.0, 1.9, 2.1, 30).rel_width == pytest.approx(0.1)
