@@ -47,7 +47,7 @@ def test_batched_gpt_block_runs_its_softmax_split_on_devices() -> None:
     _on_devices(graph, result)
 
 
-@pytest.mark.parametrize("strategy", ["joint", "data-parallel", "megatron"])
+@pytest.mark.parametrize("strategy", ["joint", pytest.param("data-parallel", marks=pytest.mark.slow), "megatron"])
 def test_cnn_plans_on_devices(strategy: str) -> None:
     graph = cnn(batch=8, channels=4, size=8, classes=8)
     result = plan_graph(graph, parse_mesh("8"), strategy)

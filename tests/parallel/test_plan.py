@@ -71,7 +71,7 @@ def test_batched_gpt_block_on_2x4_splits_data_and_model() -> None:
     assert any(both(n) for n in joint.plan.nodes if n.op == "matmul")
 
 
-@pytest.mark.parametrize("model", ["unity-mlp", "dlrm"])
+@pytest.mark.parametrize("model", ["unity-mlp", pytest.param("dlrm", marks=pytest.mark.slow)])
 def test_joint_never_worse_than_baselines(model: str) -> None:
     graph = unity_mlp(32, 128, 512, 128) if model == "unity-mlp" else dlrm(tables=4, batch=32, rows=64, dim=16)
     mesh = parse_mesh("8")
