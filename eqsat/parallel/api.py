@@ -575,7 +575,8 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
         # a chain of identical blocks (transformer layers) is planned once and its plan repeated
         # within a baseline (data parallel by default): no more predicted bytes and memory than its plan
         res = plan_repeated(graph, pmesh, "joint", limits=limits, time_limit=max(left / 6, 1.0),
-                            mem_budget=memory_budget, comm_budget=comm_budget, model=model, book=book, within=within)
+                            mem_budget=memory_budget, comm_budget=comm_budget, model=model, book=book, within=within,
+                            open_outputs=True)
         if not res.numerics_ok:
             raise PlanError(f"the plan of a captured graph differs from it in numpy (max |diff| {res.max_abs_diff:.3g})")
         results.append(res)
@@ -598,7 +599,7 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
                     base = res.baseline  # the `within` search's, already made
                 elif predict_dp:
                     base = plan_repeated(graph, pmesh, strategy, limits=limits, time_limit=max(left / 8, 1.0),
-                                         model=model, check=False, book=book)
+                                         model=model, check=False, book=book, open_outputs=True)
                 else:
                     continue
                 acc.append((runs[-1] * base.report.step_s, runs[-1] * base.report.comm_bytes(None),
