@@ -29,7 +29,7 @@ from eqsat.egraph import TensorEGraph, carry_selection
 from eqsat.errors import EqsatError
 from eqsat.extract.egraph_data import EGraphData
 from eqsat.extract.selection import Selection
-from eqsat.ir import Graph
+from eqsat.ir import Graph, Node, Value
 from eqsat.parallel.cost import Collective, ParallelCostModel
 from eqsat.parallel.memory import StepMemory, per_device_bytes, step_memory
 from eqsat.parallel.mesh import Mesh
@@ -139,7 +139,10 @@ SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-
                 # a batch split through a Llama layer: RMSNorm's scale, rotary's tables, SwiGLU's
                 # sigmoid, scalars' broadcasts, the attention's rank-4 products
                 "batch-scale-bcast3", "batch-rope-bcast4", "partition-sigmoid", "batch-matmul4",
-                "batch-scalar-bcast2", "batch-scalar-bcast3", "batch-scalar-bcast4", "partition-ewsub2")
+                "batch-scalar-bcast2", "batch-scalar-bcast3", "batch-scalar-bcast4", "partition-ewsub2", "partition-ewmax2",
+                # the batch through the transposes a layout change or an einsum captures to
+                "nchw-batch-transpose", "nhwc-batch-transpose", "nchw-batch-transpose-kept",
+                "nhwc-batch-transpose-kept")
 
 
 def _base(rule_name: str) -> str:
@@ -498,14 +501,17 @@ class PricedEGraph:
 
 def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
                        model: ParallelCostModel | None = None, rules: Sequence[Rule] | None = None,
-                       trust_tested: bool = False, book: RuleBook | None = None) -> PricedEGraph:
+                       trust_tested: bool = False, book: RuleBook | None = None,
+                       open_outputs: bool = False) -> PricedEGraph:
+    """`graph` saturated with the strategy's rules and priced; `open_outputs`: each output may be
+    extracted split (`with_open_outputs`), its batch splits seeded before saturation (`seeded`)."""
     from eqsat.cost import cost_model
 
     model = model or ParallelCostModel(mesh, cost_model("roofline", mesh.device))
     stages = [list(rules)] if rules is not None else [strategy_rules(mesh, s, trust_tested, book)
                                                       for s in STAGES.get(strategy, (strategy,))]
     t0 = time.perf_counter()
-    egraph = TensorEGraph.from_graph(graph)
+    egraph = TensorEGraph.from_graph(seeded(graph, mesh) if open_outputs else graph)
     rule_list: list[Rule] = []
     stage_plans: list[tuple[Mapping[str, Any], dict[str, str]]] = []
     for i, stage in enumerate(stages):
@@ -517,7 +523,8 @@ def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits
     priced = Priced.of(egraph, objective(model), fold_weights=False)
     carried = (carry_selection(p, sel, priced.json) for p, sel in stage_plans)
     hints = tuple(priced.choice(ids) for ids in carried if ids)
-    return PricedEGraph(graph, model, priced, sat.stop_reason, len(rule_list), time.perf_counter() - t0, hints)
+    pe = PricedEGraph(graph, model, priced, sat.stop_reason, len(rule_list), time.perf_counter() - t0, hints)
+    return with_open_outputs(pe) if open_outputs else pe
 
 
 def _greedy_plan(egraph: TensorEGraph, model: ParallelCostModel) -> tuple[Mapping[str, Any], dict[str, str]]:
@@ -617,6 +624,24 @@ WHOLE_SUFFIX = "~whole"  # the output as its value, whole (its class's own nodes
 OUT_CLASS = "~out"
 
 
+def seeded(graph: Graph, mesh: Mesh) -> Graph:
+    """`graph` with, as extra outputs, each output's leading (batch) dim split over each mesh axis
+    that divides it: splits move in from where a consumer asks for them (a product's `dp-matmul`),
+    so a value no product reads (a residual the backward reads, a scan's carry) would have no split
+    form to be left in; these give it one. `with_open_outputs` drops them from the roots."""
+    extra: list[Node] = []
+    n = len(graph.nodes)
+    for v in dict.fromkeys(graph.outputs):
+        shape = graph.shape(v)
+        for a, ax in enumerate(mesh.axes):
+            if len(shape) >= 2 and shape[0] % ax.size == 0:
+                out = (ax.size, shape[0] // ax.size, *shape[1:])
+                extra.append(Node("partition", (("axis", a), ("dim", -len(shape)), ("parts", ax.size)), (v,), (out,)))
+    if not extra:
+        return graph
+    return Graph((*graph.nodes, *extra), (*graph.outputs, *(Value(n + i) for i in range(len(extra)))))
+
+
 def with_open_outputs(pe: PricedEGraph) -> PricedEGraph:
     """`pe` with each output an e-class of its own that may be extracted whole or split: a
     `WHOLE_SUFFIX` node (a reshape to the same shape, priced 0, stripped after decoding) reads the
@@ -629,34 +654,47 @@ def with_open_outputs(pe: PricedEGraph) -> PricedEGraph:
     from eqsat.extract.egraph_data import load_egraph
 
     json = pe.priced.json
+    if any(str(r).endswith(OUT_CLASS) for r in json["outputs"]):
+        return pe  # already open
+    real = [str(r) for r in json["outputs"]][:len(pe.graph.outputs)]  # the rest are `seeded`'s splits
     nodes = json["nodes"]
     class_data = json.get("class_data", {})
-    combines: dict[str, list[str]] = {}
+    head: dict[str, str] = {}  # a node of each class (a child reference names a node)
+    for nid, n in nodes.items():
+        head.setdefault(str(n["eclass"]), nid)
+    # per value class, its splits: (dim, axis, node id of the split class) from the combines in it
+    # and from the partitions of it (a split that consumers moved in towards the value)
+    combines: dict[str, dict[tuple[int, int], str]] = {}
     for nid, n in nodes.items():
         if n["op"] == "combine":
-            combines.setdefault(str(n["eclass"]), []).append(nid)
+            combines.setdefault(str(n["eclass"]), {})[(int(n["attrs"]["dim"]), int(n["attrs"]["axis"]))] = \
+                n["children"][0]
+    for nid, n in nodes.items():
+        if n["op"] == "partition":
+            value = str(nodes[n["children"][0]]["eclass"])
+            combines.setdefault(value, {}).setdefault((int(n["attrs"]["dim"]), int(n["attrs"]["axis"])), nid)
     added: dict[str, dict[str, Any]] = {}
     data_of: dict[str, Any] = {}
     out_of: dict[str, str] = {}
     defaults: dict[str, str] = {}
-    for root in map(str, json["outputs"]):
+    for root in real:
         if root in out_of or not combines.get(root) or "shape" not in class_data.get(root, {}):
             continue
         out = root + OUT_CLASS
         out_of[root] = out
         data_of[out] = class_data[root]
-        head = next(nid for nid, n in nodes.items() if str(n["eclass"]) == root)
         whole = out + WHOLE_SUFFIX
-        added[whole] = {"op": "reshape", "children": [head], "eclass": out, "cost": 0.0,
+        added[whole] = {"op": "reshape", "children": [head[root]], "eclass": out, "cost": 0.0,
                         "attrs": {"shape": list(class_data[root]["shape"])}, "rows": {}}
         defaults[out] = whole
-        for nid in combines[root]:
-            added[nid + OPEN_SUFFIX] = {**nodes[nid], "eclass": out, "cost": 0.0, "rows": {}}
-    if not added:
+        for (dim, axis), split in combines[root].items():
+            added[f"{out}:{dim}:{axis}{OPEN_SUFFIX}"] = {"op": "combine", "children": [split], "eclass": out,
+                                                        "cost": 0.0, "attrs": {"dim": dim, "axis": axis}, "rows": {}}
+    if not added and len(real) == len(json["outputs"]):
         return pe
-    outputs = [out_of.get(str(r), r) for r in json["outputs"]]
+    outputs = [out_of.get(r, r) for r in real]
     grown = {**json, "nodes": {**nodes, **added}, "class_data": {**class_data, **data_of}, "outputs": outputs,
-             "root_eclasses": [out_of.get(str(r), r) for r in json["root_eclasses"]]}
+             "root_eclasses": list(dict.fromkeys(outputs))}
     data = load_egraph(grown)
     rows = {r: np.array([float(grown["nodes"][nid].get("rows", {}).get(r, 0.0)) for nid in data.node_ids])
             for r in pe.priced.rows}
@@ -756,7 +794,8 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
                           open_outputs=open_outputs)
         return _plan_within(graph, mesh, strategy, limits, time_limit, mem_budget, model, rules, priced, comm_budget,
                             starts, check, book, base, t0, recompute, open_outputs)
-    pe = priced if priced is not None else saturate_and_price(graph, mesh, strategy, limits, model, rules, book=book)
+    pe = priced if priced is not None else saturate_and_price(graph, mesh, strategy, limits, model, rules, book=book,
+                                                              open_outputs=open_outputs)
     if open_outputs:
         pe = with_open_outputs(pe)
     if recompute:
