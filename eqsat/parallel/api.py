@@ -119,9 +119,11 @@ class Baseline:
     compiled: Compiled | None
     predicted_s: float | None = None
     note: str = ""
+    predicted_comm_bytes: float | None = None  # its plan's bytes a step, priced as the planner's plan is
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "specs": self.specs, "predicted_s": self.predicted_s, "note": self.note,
+                "predicted_comm_bytes": self.predicted_comm_bytes,
                 **(self.compiled.to_json() if self.compiled is not None else {})}
 
 
@@ -865,7 +867,8 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
             fig = compile_figures(jax.jit(train_step, in_shardings=b_in, out_shardings=b_out), abstract)
             pred = None if planned is None else {"data-parallel": planned.dp_predicted_s,
                                                  "fsdp": planned.fsdp_predicted_s}.get(name)
-            rows.append(Baseline(name, _describe(bspecs, leaves), fig, pred))
+            moved = None if planned is None or name not in planned.predicted else planned.predicted[name][1]
+            rows.append(Baseline(name, _describe(bspecs, leaves), fig, pred, predicted_comm_bytes=moved))
     judged = judge_compiled(compiled, rows, within) if results else None
     if judged is not None:
         # judged by running it: the plan compiles to more bytes or memory than the `within`
