@@ -140,6 +140,8 @@ SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-
                 # sigmoid, scalars' broadcasts, the attention's rank-4 products
                 "batch-scale-bcast3", "batch-rope-bcast4", "partition-sigmoid", "batch-matmul4",
                 "batch-scalar-bcast2", "batch-scalar-bcast3", "batch-scalar-bcast4", "partition-ewsub2", "partition-ewmax2",
+                "partition-ewadd2", "partition-relu2", "batch-bias-bcast2", "batch-max2", "partition-ewmax1",
+                "batch-scalar-bcast1",
                 # the batch through the transposes a layout change or an einsum captures to
                 "nchw-batch-transpose", "nhwc-batch-transpose", "nchw-batch-transpose-kept",
                 "nhwc-batch-transpose-kept")
@@ -634,7 +636,7 @@ def seeded(graph: Graph, mesh: Mesh) -> Graph:
     for v in dict.fromkeys(graph.outputs):
         shape = graph.shape(v)
         for a, ax in enumerate(mesh.axes):
-            if len(shape) >= 2 and shape[0] % ax.size == 0:
+            if shape and shape[0] % ax.size == 0:
                 out = (ax.size, shape[0] // ax.size, *shape[1:])
                 extra.append(Node("partition", (("axis", a), ("dim", -len(shape)), ("parts", ax.size)), (v,), (out,)))
     if not extra:
