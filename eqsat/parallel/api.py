@@ -54,7 +54,7 @@ from eqsat.cost import cost_model
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import CPU_LINK, INFINIBAND, NVLINK, Mesh, MeshAxis
 from eqsat.parallel.constraints import boundary_constraints, constrained_step, inner_constraints, where_str
-from eqsat.parallel.planner import (COMPILED_PHASES, CONTRACTIONS, DEFAULT_LIMITS, PlanError, PlanResult, RuleBook,
+from eqsat.parallel.planner import (CONTRACTIONS, DEFAULT_LIMITS, PlanError, PlanResult, RuleBook,
                                      with_weights)
 from eqsat.parallel.specs import (Spec, batch_held, choose_split, finest_split, leaf_splits,
                                   partition_spec)
@@ -630,8 +630,7 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
     how = ""
     if within is not None and answers:
         kept = sum(a == "baseline" for a in answers)
-        moved = "gradient sync's bytes" if within in COMPILED_PHASES else "predicted bytes"
-        how = (f"searched within {within}'s {moved} and predicted memory (the planner's {within} plan, which the ILP "
+        how = (f"searched within {within}'s predicted bytes and memory (the planner's {within} plan, which the ILP "
                f"starts from); " + (f"{kept} of {len(answers)} graph(s) kept {within}'s plan: nothing within them "
                                     "was predicted faster" if kept else "the search's plan is within them"))
     return _Planned(specs, tuple(results), program, len(program.opaque), "",
@@ -735,8 +734,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     arguments that are model state (parameters, optimizer state). `memory_budget` (bytes per
     device) and `comm_budget` (bytes a step moves per device) bound the planned part of the step;
     so does `within`, a baseline strategy ("data-parallel", "fsdp", "megatron"; None: time
-    alone): each planned graph moves no more predicted bytes (within data parallel: than its
-    gradient sync, what it compiles to; `planner.bound_bytes`) and holds no more predicted memory
+    alone): each planned graph moves no more predicted bytes (`planner.bound_bytes`) and holds no more predicted memory
     than the planner's plan of that baseline, and is no slower. `baselines` also compiles data
     parallel, FSDP, Megatron and DP x TP for the report. A plan that a predicted baseline beats in
     all three of step time, bytes and memory is never returned: that baseline's shardings are, and

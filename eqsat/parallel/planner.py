@@ -838,23 +838,13 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
                                                  **({} if check else {"numerics": "not checked"})})
 
 
-# The phases of a baseline plan's collectives its compiled step runs, for the baselines that run
-# fewer than the planner's plan of them prices (`bound_bytes`). Data parallel compiles to its
-# gradient sync alone: GSPMD keeps the batch split through every op between the products, where the
-# planner's data-parallel plan gathers a product's output wherever its rules cannot carry the
-# split on (a Llama layer's RMSNorm scale, its rank-4 attention products) and before every output
-# of a graph (a scan body's carry and residuals), and all-reduces the gradient where it splits
-# again. Llama on 8 devices: its planner's data-parallel plan moves 5.37 MB a step, XLA's 1.58 MB,
-# the gradients' bytes (docs/parallel.md).
-COMPILED_PHASES: Mapping[str, tuple[str, ...]] = {"data-parallel": ("grad-sync",)}
-
-
 def bound_bytes(base: PlanResult) -> float:
-    """The bytes a step of the baseline `base` moves as compiled, which bound a plan searched
-    within it: its plan's predicted bytes, or those of its `COMPILED_PHASES`."""
-    phases = COMPILED_PHASES.get(base.strategy)
-    r = base.report
-    return r.comm_bytes(None) if phases is None else float(sum(r.comm_bytes(p) for p in phases))
+    """The bytes a plan searched within the baseline `base` may move: its plan's predicted bytes,
+    every phase, for every baseline. (Data parallel's once counted its gradient sync alone, since its
+    plan gathered where XLA keeps the batch split; with outputs left split (`with_open_outputs`) and
+    the batch rules through norms, rotary tables and rank-4 products, its prediction is what XLA
+    compiles: docs/parallel.md.)"""
+    return base.report.comm_bytes(None)
 
 
 def _plan_within(graph: Graph, mesh: Mesh, strategy: str, limits: Limits, time_limit: float, mem_budget: float | None,
