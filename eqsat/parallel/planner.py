@@ -667,7 +667,7 @@ def with_open_outputs(pe: PricedEGraph) -> PricedEGraph:
     # per value class, its splits: (dim, axis, node id of the split class) from the combines in it
     # and from the partitions of it (a split that consumers moved in towards the value)
     combines: dict[str, dict[tuple[int, int], str]] = {}
-    for nid, n in nodes.items():
+    for n in nodes.values():
         if n["op"] == "combine":
             combines.setdefault(str(n["eclass"]), {})[(int(n["attrs"]["dim"]), int(n["attrs"]["axis"]))] = \
                 n["children"][0]
@@ -679,8 +679,10 @@ def with_open_outputs(pe: PricedEGraph) -> PricedEGraph:
     data_of: dict[str, Any] = {}
     out_of: dict[str, str] = {}
     defaults: dict[str, str] = {}
-    for root in real:
-        if root in out_of or not combines.get(root) or "shape" not in class_data.get(root, {}):
+    gathers = ops.OPS["combine"].operand_kinds  # a combine moves floats: an int output (labels) stays whole
+    for root, v in zip(real, pe.graph.outputs):
+        if root in out_of or not combines.get(root) or "shape" not in class_data.get(root, {}) \
+                or ops.dtype_kind(pe.graph.dtype(v)) not in gathers:
             continue
         out = root + OUT_CLASS
         out_of[root] = out
