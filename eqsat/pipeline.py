@@ -185,6 +185,9 @@ class Priced:
     rows: Mapping[str, np.ndarray] = field(repr=False)
     enodes: int
     eclasses: int
+    # class id -> node id a carried plan takes where it chooses none: classes added after
+    # saturation that no plan from another e-graph names (`planner.with_open_outputs`)
+    defaults: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @staticmethod
     def of(egraph: TensorEGraph, objective: Objective, fold_weights: bool = True) -> Priced:
@@ -222,7 +225,7 @@ class Priced:
         ids = carry_selection(own, {str(n["eclass"]): nid for nid, n in own["nodes"].items()}, self.json)
         if ids is None:
             return None
-        choice = self.choice(ids)
+        choice = self.choice({**self.defaults, **ids})
         return choice if is_valid_choice(self.data, choice) else None
 
     def choice(self, ids: Mapping[str, str]) -> np.ndarray:

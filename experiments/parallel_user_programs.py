@@ -441,6 +441,7 @@ def run(program: str, mesh_spec: str, time_limit: float = 60.0) -> dict[str, Any
     dp = next(b for b in plan.report.baselines if b.name == "data-parallel")
     if dp.compiled is not None and plan.report.compiled is not None:
         row["bytes_le_dp"] = plan.report.compiled.comm_bytes <= dp.compiled.comm_bytes
+        row["dp_predicted_bytes"] = dp.predicted_comm_bytes
         row["memory_le_dp"] = plan.report.compiled.mem_bytes <= dp.compiled.mem_bytes
     row.update(summary(plan.report))
     print(plan.explain(), file=sys.stderr)

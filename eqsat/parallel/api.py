@@ -54,7 +54,7 @@ from eqsat.cost import cost_model
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import CPU_LINK, INFINIBAND, NVLINK, Mesh, MeshAxis
 from eqsat.parallel.constraints import boundary_constraints, constrained_step, inner_constraints, where_str
-from eqsat.parallel.planner import (COMPILED_PHASES, CONTRACTIONS, DEFAULT_LIMITS, PlanError, PlanResult, RuleBook,
+from eqsat.parallel.planner import (CONTRACTIONS, DEFAULT_LIMITS, PlanError, PlanResult, RuleBook,
                                      with_weights)
 from eqsat.parallel.specs import (Spec, batch_held, choose_split, finest_split, leaf_splits,
                                   partition_spec)
@@ -119,9 +119,11 @@ class Baseline:
     compiled: Compiled | None
     predicted_s: float | None = None
     note: str = ""
+    predicted_comm_bytes: float | None = None  # its plan's bytes a step, priced as the planner's plan is
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "specs": self.specs, "predicted_s": self.predicted_s, "note": self.note,
+                "predicted_comm_bytes": self.predicted_comm_bytes,
                 **(self.compiled.to_json() if self.compiled is not None else {})}
 
 
@@ -575,7 +577,8 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
         # a chain of identical blocks (transformer layers) is planned once and its plan repeated
         # within a baseline (data parallel by default): no more predicted bytes and memory than its plan
         res = plan_repeated(graph, pmesh, "joint", limits=limits, time_limit=max(left / 6, 1.0),
-                            mem_budget=memory_budget, comm_budget=comm_budget, model=model, book=book, within=within)
+                            mem_budget=memory_budget, comm_budget=comm_budget, model=model, book=book, within=within,
+                            open_outputs=True)
         if not res.numerics_ok:
             raise PlanError(f"the plan of a captured graph differs from it in numpy (max |diff| {res.max_abs_diff:.3g})")
         results.append(res)
@@ -598,7 +601,7 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
                     base = res.baseline  # the `within` search's, already made
                 elif predict_dp:
                     base = plan_repeated(graph, pmesh, strategy, limits=limits, time_limit=max(left / 8, 1.0),
-                                         model=model, check=False, book=book)
+                                         model=model, check=False, book=book, open_outputs=True)
                 else:
                     continue
                 acc.append((runs[-1] * base.report.step_s, runs[-1] * base.report.comm_bytes(None),
@@ -627,8 +630,7 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
     how = ""
     if within is not None and answers:
         kept = sum(a == "baseline" for a in answers)
-        moved = "gradient sync's bytes" if within in COMPILED_PHASES else "predicted bytes"
-        how = (f"searched within {within}'s {moved} and predicted memory (the planner's {within} plan, which the ILP "
+        how = (f"searched within {within}'s predicted bytes and memory (the planner's {within} plan, which the ILP "
                f"starts from); " + (f"{kept} of {len(answers)} graph(s) kept {within}'s plan: nothing within them "
                                     "was predicted faster" if kept else "the search's plan is within them"))
     return _Planned(specs, tuple(results), program, len(program.opaque), "",
@@ -732,8 +734,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     arguments that are model state (parameters, optimizer state). `memory_budget` (bytes per
     device) and `comm_budget` (bytes a step moves per device) bound the planned part of the step;
     so does `within`, a baseline strategy ("data-parallel", "fsdp", "megatron"; None: time
-    alone): each planned graph moves no more predicted bytes (within data parallel: than its
-    gradient sync, what it compiles to; `planner.bound_bytes`) and holds no more predicted memory
+    alone): each planned graph moves no more predicted bytes (`planner.bound_bytes`) and holds no more predicted memory
     than the planner's plan of that baseline, and is no slower. `baselines` also compiles data
     parallel, FSDP, Megatron and DP x TP for the report. A plan that a predicted baseline beats in
     all three of step time, bytes and memory is never returned: that baseline's shardings are, and
@@ -864,7 +865,8 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
             fig = compile_figures(jax.jit(train_step, in_shardings=b_in, out_shardings=b_out), abstract)
             pred = None if planned is None else {"data-parallel": planned.dp_predicted_s,
                                                  "fsdp": planned.fsdp_predicted_s}.get(name)
-            rows.append(Baseline(name, _describe(bspecs, leaves), fig, pred))
+            moved = None if planned is None or name not in planned.predicted else planned.predicted[name][1]
+            rows.append(Baseline(name, _describe(bspecs, leaves), fig, pred, predicted_comm_bytes=moved))
     judged = judge_compiled(compiled, rows, within) if results else None
     if judged is not None:
         # judged by running it: the plan compiles to more bytes or memory than the `within`

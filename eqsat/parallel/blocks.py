@@ -419,21 +419,24 @@ def _at(at: Mapping[int, Value], v: Value) -> Value:
 def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
                   time_limit: float = 20.0, mem_budget: float | None = None, model: ParallelCostModel | None = None,
                   comm_budget: float | None = None, check: bool = True,
-                  min_copies: int = MIN_COPIES, book: RuleBook | None = None, within: str | None = None) -> PlanResult:
+                  min_copies: int = MIN_COPIES, book: RuleBook | None = None, within: str | None = None,
+                  open_outputs: bool = False) -> PlanResult:
     """`plan_graph(graph, ...)`, planning a chain of identical blocks once (`find_blocks`) and
     repeating the block's plan. Optimizer state is the cost model's (`ParallelCostModel.state_copies`),
     in the planner's memory row as everywhere else. `check=False`: no numpy check at all (a paper
     pricing of a model too big to run). `book`: the mesh's verified rules, made once (`RuleBook`).
     Without `min_copies` identical blocks this is `plan_graph` itself. `within`: each part is
     planned within that baseline's plan of it (`plan_graph`), and the whole within the baseline's
-    parts composed (`PlanResult.baseline`), whose plan is the answer where the whole is over it."""
+    parts composed (`PlanResult.baseline`), whose plan is the answer where the whole is over it.
+    `open_outputs` (`plan_graph`'s) applies where the graph has no blocks: a composed plan's
+    outputs are whole."""
     from eqsat.cost import cost_model
 
     model = model or ParallelCostModel(mesh, cost_model("roofline", mesh.device))
     blocks = find_blocks(graph, min_copies)
     if blocks is None:
         return plan_graph(graph, mesh, strategy, limits, time_limit, mem_budget, model, comm_budget=comm_budget,
-                          check=check, book=book, within=within)
+                          check=check, book=book, within=within, open_outputs=open_outputs)
     t0 = time.perf_counter()
     block, entry_name = block_graph(graph, blocks)
     rest, exit_name, where = rest_graph(graph, blocks)

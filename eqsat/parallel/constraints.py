@@ -53,6 +53,11 @@ def inner_constraints(program: Program, step: GraphStep, res: PlanResult, names:
     graph = step.graph
     roots = _made_by(graph, wanted) if wanted is not None else {
         i: i for i, n in enumerate(graph.nodes) if not ops.OPS[n.op].is_leaf}
+    # outputs the plan leaves split (`planner.with_open_outputs`) are held split too, so the next
+    # piece reads them as planned and GSPMD does not gather them at the graph's edge
+    opened = set(res.report.open)
+    roots.update({g.node: g.node for g, v in zip(graph.outputs, res.plan.outputs)
+                  if v.node in opened and not ops.OPS[graph.nodes[g.node].op].is_leaf})
     held = {node for vid, node, index in step.sources
             if node in roots and vid in program.where
             and tuple(getattr(program.where[vid][-1].aval, "shape", ())) == graph.nodes[node].shapes[index]}

@@ -29,7 +29,7 @@ from eqsat.egraph import TensorEGraph, carry_selection
 from eqsat.errors import EqsatError
 from eqsat.extract.egraph_data import EGraphData
 from eqsat.extract.selection import Selection
-from eqsat.ir import Graph
+from eqsat.ir import Graph, Node, Value
 from eqsat.parallel.cost import Collective, ParallelCostModel
 from eqsat.parallel.memory import StepMemory, per_device_bytes, step_memory
 from eqsat.parallel.mesh import Mesh
@@ -135,7 +135,16 @@ SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-
                 # a head split through the captured attention (Megatron's)
                 "reshape-partition-last-2", "reshape-partition-last-3", "reshape-partition-merge",
                 "reshape-partition-split", "heads-transpose-in", "heads-transpose-out", "heads-keys-transpose",
-                "heads-mask4", "heads-max4", "heads-sum4", "heads-bcast4")
+                "heads-mask4", "heads-max4", "heads-sum4", "heads-bcast4",
+                # a batch split through a Llama layer: RMSNorm's scale, rotary's tables, SwiGLU's
+                # sigmoid, scalars' broadcasts, the attention's rank-4 products
+                "batch-scale-bcast3", "batch-rope-bcast4", "partition-sigmoid", "batch-matmul4",
+                "batch-scalar-bcast2", "batch-scalar-bcast3", "batch-scalar-bcast4", "partition-ewsub2", "partition-ewmax2",
+                "partition-ewadd2", "partition-relu2", "batch-bias-bcast2", "batch-max2", "partition-ewmax1",
+                "batch-scalar-bcast1",
+                # the batch through the transposes a layout change or an einsum captures to
+                "nchw-batch-transpose", "nhwc-batch-transpose", "nchw-batch-transpose-kept",
+                "nhwc-batch-transpose-kept")
 
 
 def _base(rule_name: str) -> str:
@@ -250,6 +259,9 @@ class PlanReport:
     # activation checkpointing: the plan's products (node indices of the live plan) that the
     # backward recomputes instead of keeping (`with_recompute`)
     recompute: tuple[int, ...] = ()
+    # outputs left split (`with_open_outputs`): the plan's `combine`s (node indices of the live
+    # plan) at outputs whose consumer takes the split, so their gather is not run
+    open: tuple[int, ...] = ()
 
     def comm_bytes(self, phase: str | None = "forward") -> float:
         return float(sum(c.bytes for _, c in self.collectives if phase is None or c.phase == phase))
@@ -261,7 +273,7 @@ class PlanReport:
             "predicted_step_wire_bytes": float(sum(c.wire_bytes for _, c in self.collectives)),
             "predicted_mem_bytes": self.mem_bytes, "predicted_mem_row_bytes": self.mem_row_bytes,
             "predicted_mem_bound_bytes": self.mem_bound_bytes, "predicted_step_contractions": self.contractions,
-            "recompute_nodes": list(self.recompute),
+            "recompute_nodes": list(self.recompute), "open_output_nodes": list(self.open),
             **({"predicted_mem": {"arguments": self.memory.arguments, "outputs": self.memory.outputs,
                                   "temp": self.memory.temp}} if self.memory is not None else {}),
             "collectives": [{"node": i, "enode_op": graph.nodes[i].op, "kind": c.kind, "axis": c.axis,
@@ -306,12 +318,16 @@ def step_products(op: str, shapes: Sequence[tuple[int, ...]], grads: Sequence[bo
     return int(summed[0] > 1) + sum(int(g and size > 1) for g, size in zip(grads, summed[1:]))
 
 
-def plan_report(graph: Graph, model: ParallelCostModel, recompute: Sequence[int] = ()) -> PlanReport:
+def plan_report(graph: Graph, model: ParallelCostModel, recompute: Sequence[int] = (),
+                open_outputs: Sequence[int] = ()) -> PlanReport:
     """What `graph` costs as a training step; `recompute`: its products (indices into
     `graph.live()`) the backward makes again (activation checkpointing), each priced by the cost
-    model's `recompute_s` / `recompute_bytes` (the terms its twin e-node carries in the ILP)."""
+    model's `recompute_s` / `recompute_bytes` (the terms its twin e-node carries in the ILP);
+    `open_outputs`: its `combine`s at outputs left split (`with_open_outputs`): no gather, no
+    buffer of their own (one that another node also reads is priced as usual)."""
     g = graph.live()
     marked = set(recompute)
+    opened = open_nodes(g, open_outputs)
     remade: list[int] = []
     axes = graph_axes(g)
     compute = comm = row = bound = 0.0
@@ -329,6 +345,8 @@ def plan_report(graph: Graph, model: ParallelCostModel, recompute: Sequence[int]
                                   weight_replicated=i in replicated))
         c = model.node_cost(NodeInContext(n.op, n.attr, tuple(g.shape(v) for v in n.inputs),
                                           tuple(facts[v.node] for v in n.inputs), facts[i]))
+        if i in opened:
+            c = replace(c, collectives=(), mem_bytes=0.0, mem_bound_bytes=0.0)
         again = i in marked and c.recompute_bytes > 0
         if again:
             remade.append(i)
@@ -345,7 +363,15 @@ def plan_report(graph: Graph, model: ParallelCostModel, recompute: Sequence[int]
     step = compute + comm if not model.overlap else overlapped_step(
         [c for c, _ in per_node], [m for _, m in per_node], [[v.node for v in n.inputs] for n in g.nodes])
     return PlanReport(step, compute, comm, memory.peak, tuple(found), memory, row, bound, contractions + len(remade),
-                      tuple(remade))
+                      tuple(remade), tuple(sorted(opened)))
+
+
+def open_nodes(g: Graph, candidates: Sequence[int]) -> frozenset[int]:
+    """The `candidates` (indices into the live `g`) that are an output's `combine` no other node
+    reads: the outputs `with_open_outputs` left split."""
+    read = {v.node for n in g.nodes for v in n.inputs}
+    outs = {v.node for v in g.outputs}
+    return frozenset(i for i in candidates if i in outs and i not in read and g.nodes[i].op == "combine")
 
 
 def replicated_weights(nodes: Iterable[tuple[Any, str, Sequence[Any]]]) -> frozenset[Any]:
@@ -477,14 +503,17 @@ class PricedEGraph:
 
 def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
                        model: ParallelCostModel | None = None, rules: Sequence[Rule] | None = None,
-                       trust_tested: bool = False, book: RuleBook | None = None) -> PricedEGraph:
+                       trust_tested: bool = False, book: RuleBook | None = None,
+                       open_outputs: bool = False) -> PricedEGraph:
+    """`graph` saturated with the strategy's rules and priced; `open_outputs`: each output may be
+    extracted split (`with_open_outputs`), its batch splits seeded before saturation (`seeded`)."""
     from eqsat.cost import cost_model
 
     model = model or ParallelCostModel(mesh, cost_model("roofline", mesh.device))
     stages = [list(rules)] if rules is not None else [strategy_rules(mesh, s, trust_tested, book)
                                                       for s in STAGES.get(strategy, (strategy,))]
     t0 = time.perf_counter()
-    egraph = TensorEGraph.from_graph(graph)
+    egraph = TensorEGraph.from_graph(seeded(graph, mesh) if open_outputs else graph)
     rule_list: list[Rule] = []
     stage_plans: list[tuple[Mapping[str, Any], dict[str, str]]] = []
     for i, stage in enumerate(stages):
@@ -496,7 +525,8 @@ def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits
     priced = Priced.of(egraph, objective(model), fold_weights=False)
     carried = (carry_selection(p, sel, priced.json) for p, sel in stage_plans)
     hints = tuple(priced.choice(ids) for ids in carried if ids)
-    return PricedEGraph(graph, model, priced, sat.stop_reason, len(rule_list), time.perf_counter() - t0, hints)
+    pe = PricedEGraph(graph, model, priced, sat.stop_reason, len(rule_list), time.perf_counter() - t0, hints)
+    return with_open_outputs(pe) if open_outputs else pe
 
 
 def _greedy_plan(egraph: TensorEGraph, model: ParallelCostModel) -> tuple[Mapping[str, Any], dict[str, str]]:
@@ -547,12 +577,14 @@ def with_recompute(pe: PricedEGraph) -> PricedEGraph:
     return replace(pe, priced=priced, hints=tuple(carried(h) for h in pe.hints))
 
 
-def recomputed_nodes(egraph_json: Mapping[str, Any], ids: Mapping[str, str], plan: Graph) -> tuple[int, ...]:
+def recomputed_nodes(egraph_json: Mapping[str, Any], ids: Mapping[str, str], plan: Graph,
+                     suffix: str = RECOMPUTE_SUFFIX) -> tuple[int, ...]:
     """The plan's nodes (indices into `plan`, a decoded live graph) whose class the selection `ids`
-    (class id -> node id) takes as a recompute twin: found by structure (op, attributes, inputs),
-    hash-consed on both sides, since the decoder keeps no class ids."""
+    (class id -> node id) takes as a twin named with `suffix` (a recompute twin, or an output left
+    split: `OPEN_SUFFIX`): found by structure (op, attributes, inputs), hash-consed on both sides,
+    since the decoder keeps no class ids."""
     nodes = egraph_json["nodes"]
-    twin_classes = {c for c, nid in ids.items() if nid.endswith(RECOMPUTE_SUFFIX)}
+    twin_classes = {c for c, nid in ids.items() if nid.endswith(suffix)}
     if not twin_classes:
         return ()
     table: dict[tuple[Any, ...], int] = {}
@@ -587,6 +619,105 @@ def recomputed_nodes(egraph_json: Mapping[str, Any], ids: Mapping[str, str], pla
     return tuple(i for i, k in enumerate(node_key) if k in wanted)
 
 
+# --- outputs left split ----------------------------------------------------------------------------
+
+OPEN_SUFFIX = "~open"  # a twin of an output's `combine`: the output left split for its consumer
+WHOLE_SUFFIX = "~whole"  # the output as its value, whole (its class's own nodes, gathers priced)
+OUT_CLASS = "~out"
+
+
+def seeded(graph: Graph, mesh: Mesh) -> Graph:
+    """`graph` with, as extra outputs, each output's leading (batch) dim split over each mesh axis
+    that divides it: splits move in from where a consumer asks for them (a product's `dp-matmul`),
+    so a value no product reads (a residual the backward reads, a scan's carry) would have no split
+    form to be left in; these give it one. `with_open_outputs` drops them from the roots."""
+    extra: list[Node] = []
+    n = len(graph.nodes)
+    for v in dict.fromkeys(graph.outputs):
+        shape = graph.shape(v)
+        for a, ax in enumerate(mesh.axes):
+            if shape and shape[0] % ax.size == 0:
+                out = (ax.size, shape[0] // ax.size, *shape[1:])
+                extra.append(Node("partition", (("axis", a), ("dim", -len(shape)), ("parts", ax.size)), (v,), (out,)))
+    if not extra:
+        return graph
+    return Graph((*graph.nodes, *extra), (*graph.outputs, *(Value(n + i) for i in range(len(extra)))))
+
+
+def with_open_outputs(pe: PricedEGraph) -> PricedEGraph:
+    """`pe` with each output an e-class of its own that may be extracted whole or split: a
+    `WHOLE_SUFFIX` node (a reshape to the same shape, priced 0, stripped after decoding) reads the
+    value's class, whose nodes price every gather as before; beside it, for each `combine` of the
+    value's class, a twin (`OPEN_SUFFIX`) priced without the gather and without a buffer: the
+    consumer (the next captured graph, a scan's next trip, GSPMD past an opaque equation) takes the
+    split. Why a class of its own: a twin in the value's class would give the value's inner uses
+    the gather for free. Why twins and not a rule: leaving a value split is no rewrite of its
+    value (the twin computes what the `combine` does), only a choice of what the step must hand on."""
+    from eqsat.extract.egraph_data import load_egraph
+
+    json = pe.priced.json
+    if any(str(r).endswith(OUT_CLASS) for r in json["outputs"]):
+        return pe  # already open
+    real = [str(r) for r in json["outputs"]][:len(pe.graph.outputs)]  # the rest are `seeded`'s splits
+    nodes = json["nodes"]
+    class_data = json.get("class_data", {})
+    head: dict[str, str] = {}  # a node of each class (a child reference names a node)
+    for nid, n in nodes.items():
+        head.setdefault(str(n["eclass"]), nid)
+    # per value class, its splits: (dim, axis, node id of the split class) from the combines in it
+    # and from the partitions of it (a split that consumers moved in towards the value)
+    combines: dict[str, dict[tuple[int, int], str]] = {}
+    for n in nodes.values():
+        if n["op"] == "combine":
+            combines.setdefault(str(n["eclass"]), {})[(int(n["attrs"]["dim"]), int(n["attrs"]["axis"]))] = \
+                n["children"][0]
+    for nid, n in nodes.items():
+        if n["op"] == "partition":
+            value = str(nodes[n["children"][0]]["eclass"])
+            combines.setdefault(value, {}).setdefault((int(n["attrs"]["dim"]), int(n["attrs"]["axis"])), nid)
+    added: dict[str, dict[str, Any]] = {}
+    data_of: dict[str, Any] = {}
+    out_of: dict[str, str] = {}
+    defaults: dict[str, str] = {}
+    gathers = ops.OPS["combine"].operand_kinds  # a combine moves floats: an int output (labels) stays whole
+    for root, v in zip(real, pe.graph.outputs):
+        if root in out_of or not combines.get(root) or "shape" not in class_data.get(root, {}) \
+                or ops.dtype_kind(pe.graph.dtype(v)) not in gathers:
+            continue
+        out = root + OUT_CLASS
+        out_of[root] = out
+        data_of[out] = class_data[root]
+        whole = out + WHOLE_SUFFIX
+        added[whole] = {"op": "reshape", "children": [head[root]], "eclass": out, "cost": 0.0,
+                        "attrs": {"shape": list(class_data[root]["shape"])}, "rows": {}}
+        defaults[out] = whole
+        for (dim, axis), split in combines[root].items():
+            added[f"{out}:{dim}:{axis}{OPEN_SUFFIX}"] = {"op": "combine", "children": [split], "eclass": out,
+                                                        "cost": 0.0, "attrs": {"dim": dim, "axis": axis}, "rows": {}}
+    if not added and len(real) == len(json["outputs"]):
+        return pe
+    outputs = [out_of.get(r, r) for r in real]
+    grown = {**json, "nodes": {**nodes, **added}, "class_data": {**class_data, **data_of}, "outputs": outputs,
+             "root_eclasses": list(dict.fromkeys(outputs))}
+    data = load_egraph(grown)
+    rows = {r: np.array([float(grown["nodes"][nid].get("rows", {}).get(r, 0.0)) for nid in data.node_ids])
+            for r in pe.priced.rows}
+    priced = replace(pe.priced, json=grown, data=data, rows=rows, defaults={**pe.priced.defaults, **defaults})
+    old = pe.data
+
+    def carried(choice: np.ndarray) -> np.ndarray:
+        return priced.choice({**defaults, **{old.class_ids[c]: old.node_ids[k] for c, k in enumerate(choice) if k >= 0}})
+
+    return replace(pe, priced=priced, hints=tuple(carried(h) for h in pe.hints))
+
+
+def _strip_whole(plan: Graph) -> Graph:
+    """`plan` with its outputs' same-shape reshapes (`WHOLE_SUFFIX` nodes) read through."""
+    outs = tuple(n.inputs[0] if n.op == "reshape" and tuple(n.attr["shape"]) == plan.shape(n.inputs[0]) else v
+                 for v in plan.outputs for n in (plan.nodes[v.node],))
+    return Graph(plan.nodes, outs).live() if outs != tuple(plan.outputs) else plan
+
+
 CHECKPOINT_STEPS = 8  # products added at most by `checkpoint_to_fit`
 CHECKPOINT_CANDIDATES = 16  # the largest products it tries (a deep model's plan has hundreds)
 
@@ -602,11 +733,11 @@ def checkpoint_to_fit(plan: Graph, model: ParallelCostModel, report: PlanReport,
         return report
     g = plan.live()
     products = [i for i, n in enumerate(g.nodes) if n.op in CONTRACTIONS]
-    eligible = sorted((i for i in plan_report(g, model, products).recompute if i not in report.recompute),
+    eligible = sorted((i for i in plan_report(g, model, products, report.open).recompute if i not in report.recompute),
                       key=lambda i: -math.prod(g.nodes[i].shapes[0]))[:CHECKPOINT_CANDIDATES]
     best = report
     for _ in range(CHECKPOINT_STEPS):
-        trials = [plan_report(g, model, (*best.recompute, i)) for i in eligible if i not in best.recompute]
+        trials = [plan_report(g, model, (*best.recompute, i), report.open) for i in eligible if i not in best.recompute]
         pick = min(trials, key=lambda r: (r.mem_bytes, r.step_s), default=None)
         if pick is None or pick.mem_bytes >= best.mem_bytes:
             break
@@ -620,7 +751,10 @@ def _extract(priced: Priced, model: ParallelCostModel, time_limit: float, rows: 
              starts: Sequence[np.ndarray] = ()) -> tuple[Selection, Graph, PlanReport]:
     """One ILP extraction and its plan's report, with the recompute twins it chose (if any)."""
     selection, plan = priced.extract("ilp", time_limit, rows, starts)
-    return selection, plan, plan_report(plan, model, recomputed_nodes(priced.json, selection.as_ids(priced.data), plan))
+    plan = _strip_whole(plan)
+    ids = selection.as_ids(priced.data)
+    return selection, plan, plan_report(plan, model, recomputed_nodes(priced.json, ids, plan),
+                                        recomputed_nodes(priced.json, ids, plan, OPEN_SUFFIX))
 
 
 def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits = DEFAULT_LIMITS,
@@ -628,7 +762,7 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
                rules: Sequence[Rule] | None = None, priced: PricedEGraph | None = None,
                comm_budget: float | None = None, starts: Sequence[Graph] = (), check: bool = True,
                book: RuleBook | None = None, within: str | None = None,
-               recompute: bool | None = None) -> PlanResult:
+               recompute: bool | None = None, open_outputs: bool = False) -> PlanResult:
     """Saturate `graph` with the strategy's parallel rules on `mesh` (or take `priced`, the same
     saturated e-graph built before, e.g. to draw random plans from it too), extract the cheapest
     training step (within `mem_budget` bytes per device and `comm_budget` bytes moved per device
@@ -647,7 +781,11 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
 
     `recompute` (default: when `mem_budget` is given): activation checkpointing among the choices
     (`with_recompute`), so a budget the kept products do not fit may be met by recomputing some;
-    without a budget the e-graph and the plan are as before."""
+    without a budget the e-graph and the plan are as before.
+
+    `open_outputs`: an output may be left split where its consumer takes it so (a captured graph of
+    a user's step: the next graph, a scan's next trip, GSPMD), its gather then not run
+    (`with_open_outputs`); the baseline's search of `within` too. Off: every output is whole."""
     for name, value in (("memory budget", mem_budget), ("communication budget", comm_budget)):
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise PlanError(f"the {name} must be a finite number of bytes >= 0, not {value}")
@@ -656,10 +794,14 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
     t0 = time.perf_counter()
     recompute = mem_budget is not None if recompute is None else recompute
     if within is not None and within != strategy:
-        base = plan_graph(graph, mesh, within, limits, time_limit / 2, model=model, check=False, book=book)
+        base = plan_graph(graph, mesh, within, limits, time_limit / 2, model=model, check=False, book=book,
+                          open_outputs=open_outputs)
         return _plan_within(graph, mesh, strategy, limits, time_limit, mem_budget, model, rules, priced, comm_budget,
-                            starts, check, book, base, t0, recompute)
-    pe = priced if priced is not None else saturate_and_price(graph, mesh, strategy, limits, model, rules, book=book)
+                            starts, check, book, base, t0, recompute, open_outputs)
+    pe = priced if priced is not None else saturate_and_price(graph, mesh, strategy, limits, model, rules, book=book,
+                                                              open_outputs=open_outputs)
+    if open_outputs:
+        pe = with_open_outputs(pe)
     if recompute:
         pe = with_recompute(pe)
     t1 = time.perf_counter()
@@ -698,29 +840,19 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
                                                  **({} if check else {"numerics": "not checked"})})
 
 
-# The phases of a baseline plan's collectives its compiled step runs, for the baselines that run
-# fewer than the planner's plan of them prices (`bound_bytes`). Data parallel compiles to its
-# gradient sync alone: GSPMD keeps the batch split through every op between the products, where the
-# planner's data-parallel plan gathers a product's output wherever its rules cannot carry the
-# split on (a Llama layer's RMSNorm scale, its rank-4 attention products) and before every output
-# of a graph (a scan body's carry and residuals), and all-reduces the gradient where it splits
-# again. Llama on 8 devices: its planner's data-parallel plan moves 5.37 MB a step, XLA's 1.58 MB,
-# the gradients' bytes (docs/parallel.md).
-COMPILED_PHASES: Mapping[str, tuple[str, ...]] = {"data-parallel": ("grad-sync",)}
-
-
 def bound_bytes(base: PlanResult) -> float:
-    """The bytes a step of the baseline `base` moves as compiled, which bound a plan searched
-    within it: its plan's predicted bytes, or those of its `COMPILED_PHASES`."""
-    phases = COMPILED_PHASES.get(base.strategy)
-    r = base.report
-    return r.comm_bytes(None) if phases is None else float(sum(r.comm_bytes(p) for p in phases))
+    """The bytes a plan searched within the baseline `base` may move: its plan's predicted bytes,
+    every phase, for every baseline. (Data parallel's once counted its gradient sync alone, since its
+    plan gathered where XLA keeps the batch split; with outputs left split (`with_open_outputs`) and
+    the batch rules through norms, rotary tables and rank-4 products, its prediction is what XLA
+    compiles: docs/parallel.md.)"""
+    return base.report.comm_bytes(None)
 
 
 def _plan_within(graph: Graph, mesh: Mesh, strategy: str, limits: Limits, time_limit: float, mem_budget: float | None,
                  model: ParallelCostModel | None, rules: Sequence[Rule] | None, priced: PricedEGraph | None,
                  comm_budget: float | None, starts: Sequence[Graph], check: bool, book: RuleBook | None,
-                 base: PlanResult, t0: float, recompute: bool = False) -> PlanResult:
+                 base: PlanResult, t0: float, recompute: bool = False, open_outputs: bool = False) -> PlanResult:
     """`plan_graph(..., within=...)` once the baseline's plan `base` is known: the search under the
     tighter of the caller's budgets and the baseline's bytes and predicted memory, started from
     the baseline's plan; the baseline's plan where nothing within them (and no slower) is found."""
@@ -732,7 +864,8 @@ def _plan_within(graph: Graph, mesh: Mesh, strategy: str, limits: Limits, time_l
     res: PlanResult | None
     try:
         res = plan_graph(graph, mesh, strategy, limits, time_limit, mem, model, rules, priced, comm,
-                         (*starts, base.plan), check=False, book=book, recompute=recompute)
+                         (*starts, base.plan), check=False, book=book, recompute=recompute,
+                         open_outputs=open_outputs)
     except PlanError:
         res = None
     r = res.report if res is not None else None

@@ -185,8 +185,8 @@ def test_a_scanned_layer_stacks_gradient_sync_is_predicted_as_compiled() -> None
     """Data parallel over 3 scanned layers (a batch big enough that the planner splits it): the
     planner's plan is returned (it compiles to data parallel's bytes and memory), and its gradient
     sync, run once per layer (`runs`), is what the compiled step moves, collectives in the loop
-    counted once per trip. What the prediction has beyond that is the scan body's outputs (its
-    carry and residuals), which the planner gathers whole and GSPMD leaves split (docs/parallel.md)."""
+    counted once per trip. The body's outputs (its carry and residual) are left split, as GSPMD
+    leaves them (`planner.with_open_outputs`), so the sync is the whole prediction (docs/parallel.md)."""
     import eqsat.parallel as ep
 
     ws = jax.random.normal(jax.random.key(0), (LAYERS, 64, 64)) / 8
@@ -206,6 +206,7 @@ def test_a_scanned_layer_stacks_gradient_sync_is_predicted_as_compiled() -> None
     assert sync and all(c["runs"] == LAYERS for c in sync)
     predicted_sync = sum(c["bytes"] * c["runs"] for c in sync)
     assert predicted_sync == LAYERS * 64 * 64 * 4
+    assert sum(c["bytes"] * c["runs"] for c in r.collectives) == predicted_sync  # no gather of the carry
     assert 0 <= r.compiled.comm_bytes - predicted_sync <= 64  # and the loss's all-reduce
     _, loss = plan.jit()(ws, x)
     np.testing.assert_allclose(float(loss), float(jax.jit(step)(ws, x)[1]), rtol=1e-5)
