@@ -66,3 +66,11 @@ def test_every_partition_transpose_instance_is_trusted() -> None:
 ])
 def test_wrong_transpose_splits_are_refuted(text: str) -> None:
     assert_refuted(parse_rule_text(_items(text))[0])
+
+
+def test_partition_transpose_is_in_every_strategy() -> None:
+    from eqsat.parallel.planner import STRATEGY_RULES, _strategy_names
+
+    for strategy in STRATEGY_RULES:
+        names = _strategy_names(strategy)
+        assert names is None or "partition-transpose" in names, strategy
