@@ -144,7 +144,9 @@ SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-
                 "batch-scalar-bcast1",
                 # the batch through the transposes a layout change or an einsum captures to
                 "nchw-batch-transpose", "nhwc-batch-transpose", "nchw-batch-transpose-kept",
-                "nhwc-batch-transpose-kept")
+                "nhwc-batch-transpose-kept",
+                # any split through any transpose of rank 2..4 (Equinox's vmapped `Linear`: `W @ X`)
+                "partition-transpose")
 
 
 def _base(rule_name: str) -> str:

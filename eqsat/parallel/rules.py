@@ -3,7 +3,9 @@
 The file is written for one generic axis with placeholders: `A` (the mesh axis index), `N` (its
 size), `ACT` (an activation code), `D` and `E` (dims -1..-4, counted from the end), `ST` and `PAD` (a conv's
 square stride, 1 or 2, and its padding code), `R` and `K` (a slice's or concat's rank, 2..5, and axis
-from the front; `R1`, `K1` are one more). Rule lines can bind float, list and integer attributes
+from the front; `R1`, `K1` are one more), `PERM` (a transpose's permutation, every one but the
+identity of ranks 2..4, with `D` each dim of its result, `DX` the input dim it reads and `PERM1`
+the permutation behind one more leading device axis). Rule lines can bind float, list and integer attributes
 (`?eps`, `?S`, a slice's `?a`) but do no arithmetic on them, so each line is expanded over the
 placeholders' values; every
 instance is named `rule[D=-1]@axis`. Rules are verified by the project's verifier
@@ -30,7 +32,7 @@ from eqsat.rewrites.parser import parse_rule_text
 from eqsat.rewrites.rule import Pattern, Rule, ops_used
 
 RULE_FILE = LIBRARY_DIR / "parallel.rules"
-_PLACEHOLDER = re.compile(r"(?<![\w?-])(A|N|ACT|D|E|ST|PAD|R1|R|K1|K)(?![\w-])")
+_PLACEHOLDER = re.compile(r"(?<![\w?-])(A|N|ACT|D|E|ST|PAD|R1|R|K1|K|PERM1|PERM|DX)(?![\w-])")
 DIMS: tuple[int, ...] = (-1, -2, -3, -4)  # -4: the batch of NCHW (verified on rank-5 stacks, shapes.WIDER_RANKS)
 EXPANSIONS: Mapping[str, tuple[int, ...]] = MappingProxyType({
     "ACT": tuple(int(a) for a in Activation), "D": DIMS, "E": DIMS,
@@ -40,6 +42,24 @@ EXPANSIONS: Mapping[str, tuple[int, ...]] = MappingProxyType({
 DERIVED: Mapping[str, tuple[str, int]] = MappingProxyType({"K1": ("K", 1), "R1": ("R", 1)})
 """Placeholders one more than another: the axis and rank of a slice or concat behind one more
 (leading) device axis."""
+PERM_RANKS: tuple[int, ...] = (2, 3, 4)
+
+
+def _perm_text(perm: Sequence[int]) -> str:
+    return "[" + " ".join(map(str, perm)) + "]"
+
+
+def permuted_dims() -> list[tuple[tuple[int, ...], int]]:
+    """(permutation, dim D of its result, from the end) for every non-identity permutation of the
+    ranks `PERM_RANKS` and every dim: a `PERM` line's expansion. Result dim `r + D` is input dim
+    `perm[r + D]`, so a split of it is a split of input dim `perm[r + D] - r` (`DX`)."""
+    return [(perm, d) for r in PERM_RANKS for perm in itertools.permutations(range(r))
+            if perm != tuple(range(r)) for d in range(-r, 0)]
+
+
+def _perm_env(perm: tuple[int, ...], dim: int) -> dict[str, int | str]:
+    r = len(perm)
+    return {"PERM": _perm_text(perm), "PERM1": _perm_text((0, *(p + 1 for p in perm))), "D": dim, "DX": perm[r + dim] - r}
 
 
 def rule_lines(path: Path = RULE_FILE) -> list[str]:
@@ -50,7 +70,7 @@ def _lines(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
 
 
-def _fill(line: str, env: Mapping[str, int]) -> str:
+def _fill(line: str, env: Mapping[str, int | str]) -> str:
     def value(m: re.Match[str]) -> str:
         return str(env[m.group(1)])
 
@@ -77,6 +97,9 @@ def _items(line: str) -> str:
 def _expand(line: str, axis: int, parts: int) -> list[tuple[str, str]]:
     """(suffix, text) per assignment of the line's expanded placeholders."""
     used = {m.group(1) for m in _PLACEHOLDER.finditer(line)}
+    if "PERM" in used:  # the permutation and the dim are expanded together (`permuted_dims`)
+        return [(f"[PERM={'.'.join(map(str, perm))},D={d}]", _fill(line, {"A": axis, "N": parts, **_perm_env(perm, d)}))
+                for perm, d in permuted_dims()]
     names = sorted((used | {DERIVED[u][0] for u in used & set(DERIVED)}) & set(EXPANSIONS))
     out = []
     for values in itertools.product(*(EXPANSIONS[n] for n in names)):
@@ -87,7 +110,7 @@ def _expand(line: str, axis: int, parts: int) -> list[tuple[str, str]]:
             continue
         env |= {d: env[base] + inc for d, (base, inc) in DERIVED.items() if base in env}
         suffix = "[" + ",".join(f"{n}={v}" for n, v in zip(names, values)) + "]" if names else ""
-        out.append((suffix, _fill(line, env)))
+        out.append((suffix, _fill(line, dict(env))))
     return out
 
 
