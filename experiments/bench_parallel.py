@@ -282,6 +282,7 @@ def spearman_case(model: str, mesh_spec: str = SPEARMAN_MESH, plans: int = SPEAR
     predicted = {k: [plan_report(p, m).step_s for p in chosen] for k, m in models.items()}
     wire = [float(sum(c.wire_bytes for _, c in plan_report(p, pe.model).collectives)) for p in chosen]
     reports = [plan_report(p, models["calibrated"]) for p in chosen]
+    compiled = [_compiled_step_facts(graph, p, mesh) for p in chosen]
     timings = step_seconds(graph, chosen, mesh, budget_s=budget_s, rounds=SPEARMAN_MAX_ROUNDS, rel_width=rel_width)
     measured = [t.seconds for t in timings]
     ran = [i for i, m in enumerate(measured) if math.isfinite(m)]  # a plan that does not lower is left out
@@ -292,8 +293,27 @@ def spearman_case(model: str, mesh_spec: str = SPEARMAN_MESH, plans: int = SPEAR
                measured_max_rel_width=max((timings[i].rel_width for i in ran), default=float("nan")),
                **{f"predicted_{k}_ms": [s * 1e3 for s in v] for k, v in predicted.items()},
                calibrated_compute_ms=[r.compute_s * 1e3 for r in reports], calibrated_comm_ms=[r.comm_s * 1e3 for r in reports],
-               collectives=[len(r.collectives) for r in reports], step_wire_bytes=wire, seconds=time.perf_counter() - t0)
+               collectives=[len(r.collectives) for r in reports], step_wire_bytes=wire,
+               compiled_rendezvous=[c[0] for c in compiled], compiled_copy_bytes=[c[1] for c in compiled],
+               seconds=time.perf_counter() - t0)
     return row
+
+
+def _compiled_step_facts(graph: Any, plan: Any, mesh: Any) -> tuple[float, float]:
+    """What the compiled training step of `plan` runs beyond the plan's own terms: its collective
+    operations (`compiled_rendezvous`) and the bytes its `copy` instructions write
+    (`compiled_copy_bytes`); NaN for a plan that does not lower. Kept beside each plan's times so a
+    run's residuals can be read against the compiled program without drawing its plans again."""
+    from jax_backend.checks import _scaled_inputs
+    from jax_backend.shard import compiled_copy_bytes, compiled_rendezvous, shard_plan, step_program
+
+    weights = [n.attr["name"] for _, n in graph.leaves("weight")]
+    program = shard_plan(plan, mesh)
+    try:
+        text = step_program(program, weights).lower(*program.place(_scaled_inputs(graph, 0))).compile().as_text()
+    except (TypeError, ValueError):
+        return float("nan"), float("nan")
+    return float(compiled_rendezvous(text)), compiled_copy_bytes(text)
 
 
 def run_spearman(out_dir: Path, models: Sequence[str] | None = None, mesh: str = SPEARMAN_MESH,

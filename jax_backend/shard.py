@@ -246,6 +246,31 @@ def compiled_collectives(hlo_text: str) -> list[CompiledCollective]:
     return found
 
 
+def compiled_rendezvous(hlo_text: str) -> int:
+    """How many collective operations a step of a compiled HLO module runs: every device waits at
+    each, so a tuple XLA's combiner made of several of the plan's all-reduces counts once (where
+    `compiled_collectives` counts its elements); one inside a loop once per trip (`loop_runs`)."""
+    runs = loop_runs(hlo_text)
+    computation, found = "", 0
+    for line in hlo_text.splitlines():
+        head = _COMPUTATION.match(line)
+        if head:
+            computation = head.group(1)
+        elif _COLLECTIVE_LINE.search(line) and "-done" not in line:
+            found += runs.get(computation, 1)
+    return found
+
+
+_COPY_LINE = re.compile(r"=\s*(?P<result>\S+)\s+copy\(")
+
+
+def compiled_copy_bytes(hlo_text: str) -> float:
+    """Bytes the `copy` instructions of a compiled HLO module write, fused computations included
+    (a layout change of a weight or activation, a zero buffer a sliced gradient is padded into):
+    work the plan's collectives and products do not name."""
+    return sum(_shape_bytes(m.group("result")) for m in map(_COPY_LINE.search, hlo_text.splitlines()) if m)
+
+
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _CALLS = re.compile(r"\b(body|condition|calls|to_apply|branch_computations)=(\{[^}]*\}|%?[\w.\-]+)")
 _TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')

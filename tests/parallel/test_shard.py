@@ -31,7 +31,7 @@ from eqsat.parallel.planner import (
     step_products,
 )
 from jax_backend.checks import check_on_devices
-from jax_backend.shard import compiled_collectives, shard_plan
+from jax_backend.shard import compiled_collectives, compiled_copy_bytes, compiled_rendezvous, shard_plan
 
 
 def _op_programs() -> list[tuple[str, object]]:
@@ -302,3 +302,26 @@ def test_step_products_match_the_compiled_gradient(a: tuple[int, ...], b: tuple[
 
     text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(jnp.ones(a), jnp.ones(b)).compile().as_text()
     assert compiled_contractions(text) == step_products("matmul", [a, b], [True, True])
+
+
+def test_rendezvous_count_a_combined_tuple_once_and_a_loop_per_trip() -> None:
+    """Every device waits at each collective operation: a tuple all-reduce XLA combined from two
+    of the plan's counts once (`compiled_collectives` counts both elements), one in a loop body
+    once per trip, an async pair once."""
+    text = ("%body (p: f32[4]) -> f32[4] {\n"
+            "  %ar = f32[4]{0} all-reduce(%p), replica_groups={{0,1}}, to_apply=%add\n}\n"
+            "ENTRY %main (x: f32[4], y: f32[8]) -> f32[4] {\n"
+            "  %t = (f32[4]{0}, f32[8]{0}) all-reduce(%x, %y), replica_groups={{0,1}}, to_apply=%add\n"
+            "  %s = f32[8]{0} all-gather-start(%x), replica_groups={{0,1}}, dimensions={0}\n"
+            "  %d = f32[8]{0} all-gather-done(%s)\n"
+            '  %w = f32[4]{0} while(%x), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}\n}\n')
+    assert len(compiled_collectives(text)) == 2 + 1 + 3
+    assert compiled_rendezvous(text) == 1 + 1 + 3
+
+
+def test_copy_bytes_sum_every_copy_result() -> None:
+    text = ("  %c0 = f32[512,256]{0,1} copy(%p0), metadata={op_name=\"x\"}\n"
+            "  ROOT %c1 = bf16[8,4]{1,0} copy(%p1)\n"
+            "  %n = f32[9]{0} negate(%c0)\n")
+    assert compiled_copy_bytes(text) == 512 * 256 * 4 + 8 * 4 * 2
+    assert compiled_copy_bytes("%n = f32[9]{0} negate(%x)") == 0.0

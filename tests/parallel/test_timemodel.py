@@ -410,6 +410,10 @@ def test_spearman_case_runs_plans_on_the_devices(tmp_path: Path, monkeypatch: py
     assert row["plans"] + row["plans_not_lowered"] >= 2
     assert all(m > 0 for m in row["measured_ms"] if math.isfinite(m))
     assert -1.0 <= row["spearman_calibrated"] <= 1.0 or math.isnan(row["spearman_calibrated"])
+    ran = [i for i, m in enumerate(row["measured_ms"]) if math.isfinite(m)]
+    # what each compiled step runs: collectives exactly where the plan has some
+    assert all((row["compiled_rendezvous"][i] > 0) == (row["collectives"][i] > 0) for i in ran)
+    assert all(row["compiled_copy_bytes"][i] >= 0 for i in ran)
 
 
 def test_step_times_are_against_each_rounds_level_with_an_interval() -> None:
