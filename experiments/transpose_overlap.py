@@ -14,7 +14,9 @@ import argparse
 import functools
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +32,7 @@ def _conv(x: jax.Array, w: jax.Array, nchw: bool) -> jax.Array:
     return jnp.tanh(jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dims))
 
 
-def programs(n: int) -> dict[str, object]:
+def programs(n: int) -> dict[str, Callable[..., Any]]:
     def nchw(x: jax.Array, *ws: jax.Array) -> jax.Array:
         for w in ws[:n]:
             x = _conv(x, w, True)
@@ -79,7 +81,7 @@ def main() -> None:
         return
     c, h, k, n = a.channels, a.size, a.kernel, a.convs
     rng = np.random.default_rng(0)
-    arr = lambda s: jnp.asarray(rng.standard_normal(s).astype(np.float32) * 0.05)  # noqa: E731
+    arr = lambda s: jnp.asarray(np.asarray(rng.standard_normal(s), np.float32) * 0.05)  # noqa: E731
     x_nchw, x_nhwc = arr((1, c, h, h)), arr((1, h, h, c))
     oihw = [arr((c, c, k, k)) for _ in range(n)]
     hwio = [arr((k, k, c, c)) for _ in range(n)]
@@ -88,7 +90,7 @@ def main() -> None:
             "serial": (x_nchw, *oihw), "beside": (x_nchw, *oihw, *hwio)}
     if a.hlo:
         for name in ("nchw", "alone", "onepass"):
-            txt = progs[name].lower(*args[name]).compile().as_text()
+            txt = progs[name].lower(*args[name]).compile().as_text() or ""
             print(name, "fusions:", sorted({ln.split("=")[0].strip() for ln in txt.splitlines() if "fusion" in ln and "=" in ln})[:40])
     names = list(progs)
     thunks = [functools.partial(lambda f, xs: jax.block_until_ready(f(*xs)), progs[m], args[m]) for m in names]

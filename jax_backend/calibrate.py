@@ -41,7 +41,7 @@ from jax_backend.measured_cost import check_measuring_device, device_key
 from jax_backend.timing import interleaved_rounds, medians_precise
 
 __all__ = ["MATMUL_SHAPES", "GEMV_SHAPES", "GEMV_GRID_K", "CONV_SHAPES", "CONV1X1_SIZES", "CONV1X1_CHANNELS",
-           "CHAIN_LENGTHS", "FLOOR_PROBES", "GCONV_SHAPES", "TRANSPOSE_SHAPES", "calibration_path", "calibrate",
+           "CHAIN_LENGTHS", "FLOOR_PROBES", "GCONV_SHAPES", "TRANSPOSE_ACT_SHAPES", "TRANSPOSE_SHAPES", "calibration_path", "calibrate",
            "chain_fit", "chain_is_device_bound", "load_calibration", "xla_model"]
 
 MATMUL_SHAPES: tuple[tuple[int, int, int], ...] = (
@@ -90,6 +90,12 @@ ones, 16 KiB to 9 MiB: the rate per byte falls several times over that range."""
 TRANSPOSE_BYTES = 16 * 2**20  # bytes transposed per probe call (distinct arrays): from memory, as a model's are
 TRANSPOSE_MAX_COUNT = 64  # ...in at most this many weights (a program of 1024 tiny convs compiles for seconds)
 
+TRANSPOSE_ACT_SHAPES: tuple[tuple[int, ...], ...] = ((1, 32, 16, 16), (1, 128, 28, 28), (1, 256, 56, 56), (1, 64, 224, 224))
+"""NCHW activations the calibration transposes to NHWC (`_transpose_curves`), 32 KiB to 12 MiB (VGG's
+first block): a (C, H*W) transpose of few channels and many pixels, which XLA:CPU runs at several
+times the rate of a square power-of-two weight of the same bytes."""
+ACT_PROBE_OUT = 8  # output channels of the 1x1 conv that reads each transposed activation
+
 CHAIN_LENGTHS: tuple[int, ...] = (1, 16, 32, 64)
 """Kernels in the chains that measure each kind's floor (`eqsat.xla_cost.fit_chain`): the longest
 take a few times a call's dispatch (64 kernels of 2-8 us on an H200 against its ~75 us call), so
@@ -99,9 +105,9 @@ LINKS = 3  # a chain of at least this many calls against one call: the marginal 
 MAX_LINKS = 48  # ...doubled up to this while the chain is not clearly slower than one call (dispatch-bound)
 DISTINCT_WEIGHTS = 8  # a chain cycles through this many weights (each read from memory, as a model's are)
 PROBE_WIDTH = 0.1  # a probe's rounds go on until its 95% interval is at most this fraction of its median...
-PROBE_CAP_S = 2.5  # ...or this many seconds a probe (a pair of thunks, or one) are spent
+PROBE_CAP_S = 1.5  # ...or this many seconds a probe (a pair of thunks, or one) are spent
 PROBE_ROUNDS = 200
-GEMV_CAP_S = 1.5  # seconds a mat-vec shape of the grid (16 of them, all in the same rounds)
+GEMV_CAP_S = 1.0  # seconds a mat-vec shape of the grid (16 of them, all in the same rounds)
 
 
 def calibration_path() -> Path:
@@ -320,13 +326,13 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
                 f"({width} a group) {kernel}x{kernel}: {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
     conv, gconv = Curve.fit(convs[False]), Curve.fit(convs[True])
     surface = _conv1x1_surface(say, call_s)
-    transpose_2d, transpose_kxk = _transpose_curves(say)
+    transpose_2d, transpose_kxk, transpose_act = _transpose_curves(say)
     transpose_bandwidth = 2.0 * transpose_2d.flops[-1] / transpose_2d.seconds[-1]
     return Calibration(_machine_key(), device_key(), launch, bandwidth, loop_flops, Curve.fit(matmul),
                        conv, time.perf_counter() - start, weight_bandwidth,
                        fits["copy"].floor_s, fits["kernel"].floor_s, fits["dot"].floor_s, fits["conv"].floor_s,
                        call_s, gconv, Curve.fit(gemv), conv, gconv, surface, surface, gemv_kn, transpose_bandwidth,
-                       transpose_2d, transpose_kxk)
+                       transpose_2d, transpose_kxk, transpose_act)
 
 
 def _conv1x1_surface(say: Callable[[str], None], call_s: float = 0.0) -> Surface:
@@ -353,43 +359,57 @@ def _conv1x1_surface(say: Callable[[str], None], call_s: float = 0.0) -> Surface
 
 
 def _transpose_curves(say: Callable[[str], None], total_bytes: int = TRANSPOSE_BYTES,
-                      max_count: int = TRANSPOSE_MAX_COUNT) -> tuple[Curve, Curve]:
-    """Seconds against bytes of a conv weight's OIHW -> HWIO transpose as XLA:CPU runs it inside a
-    program, for the 2-D (1x1) and the k x k shapes of `TRANSPOSE_SHAPES`: per shape, a program of
-    independent tiny NHWC convs (one output pixel each) on distinct OIHW weights transposed in the
-    program (one transpose-copy fusion feeding each conv, as before a model's NCHW conv), against the
-    same convs on HWIO weights; the median per-round difference over their count, all shapes in the
-    same interleaved rounds, each until its interval is narrow (`medians_precise`). A program that only
-    returns transposed weights is no probe of this: XLA:CPU runs each of its transposes as two kernels
-    (a copy, then the transpose), 2-3x the time the same transposes add to a conv program."""
+                      max_count: int = TRANSPOSE_MAX_COUNT) -> tuple[Curve, Curve, Curve]:
+    """Seconds against bytes of the transposes XLA:CPU runs around an NCHW conv, as it runs them inside
+    a program: a conv weight's OIHW -> HWIO, 2-D (1x1) and k x k (`TRANSPOSE_SHAPES`), and an
+    activation's NCHW -> NHWC (`TRANSPOSE_ACT_SHAPES`). Per shape, a program of independent small NHWC
+    convs (one output pixel of each weight; 8 output channels of each activation) on distinct operands
+    transposed in the program (one transpose-copy fusion feeding each conv, as in a model), against
+    the same convs on operands already in that layout; the median per-round difference over their
+    count, all shapes in the same interleaved rounds, each until its interval is narrow
+    (`medians_precise`). A program that only returns transposed weights is no probe of this: XLA:CPU
+    runs each of its transposes as two kernels (a copy, then the transpose), 2-3x the time the same
+    transposes add to a conv program."""
     from jax_backend.lower import lower_node
 
     attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
 
-    def convs(transpose: bool, xs: Sequence[jax.Array], ws: Sequence[jax.Array]) -> tuple[jax.Array, ...]:
+    def weights(transpose: bool, xs: Sequence[jax.Array], ws: Sequence[jax.Array]) -> tuple[jax.Array, ...]:
         return tuple(lower_node("conv2d_nhwc", (x, jnp.transpose(w, ops.HWIO_FROM_OIHW) if transpose else w), attrs)[0]
                      for x, w in zip(xs, ws))
 
+    def activations(transpose: bool, xs: Sequence[jax.Array], ws: Sequence[jax.Array]) -> tuple[jax.Array, ...]:
+        return tuple(lower_node("conv2d_nhwc", (jnp.transpose(x, ops.NHWC_IN) if transpose else x, w), attrs)[0]
+                     for x, w in zip(xs, ws))
+
+    probes: list[tuple[str, tuple[int, ...]]] = [("kxk" if s[2] * s[3] > 1 else "2d", s) for s in TRANSPOSE_SHAPES]
+    probes += [("act", s) for s in TRANSPOSE_ACT_SHAPES]
     thunks, counts = [], []
-    for o, i, kh, kw in TRANSPOSE_SHAPES:
-        count = max(2, min(max_count, total_bytes // (4 * o * i * kh * kw)))
-        xs = _arrays(*[(1, kh, kw, i)] * count)
-        oihw = _arrays(*[(o, i, kh, kw)] * count)
-        hwio = [jnp.transpose(w, ops.HWIO_FROM_OIHW) for w in oihw]
-        for transpose, ws in ((True, oihw), (False, hwio)):
-            run = jax.jit(functools.partial(convs, transpose))
-            thunks.append(_to_completion(functools.partial(run, xs, ws)))
+    for kind, shape in probes:
+        count = max(2, min(max_count, total_bytes // (4 * int(np.prod(shape)))))
+        if kind == "act":
+            nchw, ws = _arrays(*[shape] * count), _arrays(*[(1, 1, shape[1], ACT_PROBE_OUT)] * count)
+            variants = ((True, nchw, ws), (False, [jnp.transpose(x, ops.NHWC_IN) for x in nchw], ws))
+            body = activations
+        else:
+            o, i, kh, kw = shape
+            xs, oihw = _arrays(*[(1, kh, kw, i)] * count), _arrays(*[shape] * count)
+            variants = ((True, xs, oihw), (False, xs, [jnp.transpose(w, ops.HWIO_FROM_OIHW) for w in oihw]))
+            body = weights
+        for transpose, a, b in variants:
+            run = jax.jit(functools.partial(body, transpose))
+            thunks.append(_to_completion(functools.partial(run, a, b)))
         counts.append(count)
     pairs = [(2 * j + 1, 2 * j) for j in range(len(counts))]
     times, _ = interleaved_rounds(thunks, PROBE_ROUNDS, budget_s=PROBE_CAP_S * len(counts), min_rounds=5,
                                   enough=medians_precise(pairs, PROBE_WIDTH))
-    points: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
-    for shape, (base, other), count in zip(TRANSPOSE_SHAPES, pairs, counts):
+    points: dict[str, list[tuple[float, float]]] = {"2d": [], "kxk": [], "act": []}
+    for (kind, shape), (base, other), count in zip(probes, pairs, counts):
         extra = statistics.median(a - b for a, b in zip(times[other], times[base]))
         nbytes, sec = 4.0 * float(np.prod(shape)), max(extra / count, 1e-9)
-        points[shape[2] * shape[3] > 1].append((nbytes, sec))
-        say(f"transpose {shape} -> HWIO in a program: {sec * 1e6:.0f} us, {2 * nbytes / sec / 1e9:.2f} GB/s")
-    return Curve.fit(points[False]), Curve.fit(points[True])
+        points[kind].append((nbytes, sec))
+        say(f"transpose {shape} ({kind}) in a program: {sec * 1e6:.0f} us, {2 * nbytes / sec / 1e9:.2f} GB/s")
+    return Curve.fit(points["2d"]), Curve.fit(points["kxk"]), Curve.fit(points["act"])
 
 
 def _independent_convs(op: str, attrs: dict[str, Any], x: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:

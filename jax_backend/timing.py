@@ -25,7 +25,8 @@ import numpy as np
 from eqsat.timer import sample_seconds
 
 __all__ = ["MAX_CALLS_PER_SAMPLE", "MIN_SAMPLE_S", "Choice", "Decision", "PairedTiming", "bootstrap_median_ci",
-           "calls_per_sample", "choose_faster", "interleaved_rounds", "medians_precise", "narrow_enough", "paired_timing", "rotation", "screen_timings",
+           "calls_per_sample", "choose_faster", "interleaved_rounds", "medians_precise", "narrow_enough", "paired_timing",
+           "rotation", "screen_timings",
            "sequential_decision", "FUTILE_AFTER"]
 
 MIN_SAMPLE_S = 5e-3  # a sample shorter than this is mostly timer and dispatch noise: repeat calls

@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
         "weight_bandwidth_gbs": cal.weight_bandwidth / 1e9,
         "transpose_bandwidth_gbs": cal.transpose_bandwidth / 1e9,
         "transpose_gbs": {f"{kind} {b / 2**20:.2g} MiB": 2 * b / s / 1e9 for kind, curve in
-                          (("2-D", cal.transpose_2d), ("kxk", cal.transpose_kxk)) if curve is not None
+                          (("2-D", cal.transpose_2d), ("kxk", cal.transpose_kxk), ("act", cal.transpose_act))
+                          if curve is not None
                           for b, s in zip(curve.flops, curve.seconds)},
         "floor_us": {kind: sec * 1e6 for kind, sec in cal.floors.items()}, "call_us": cal.call_s * 1e6,
         "matmul_gflops": {f"{f:.3g}": f / s / 1e9 for f, s in zip(cal.matmul.flops, cal.matmul.seconds)},
