@@ -5,7 +5,9 @@ NCHW (XLA:CPU transposes each OIHW weight to HWIO on every call), the same chain
 weights (no weight transposes), the weight transposes alone, the NCHW chain with each weight's
 transpose forced after the previous conv (an optimization barrier: no overlap with the chain), and
 the NHWC chain that also returns the transposed weights (independent work beside the chain).
-`python -m experiments.transpose_overlap [--channels C] [--size H] [--kernel K] [--convs N]`.
+`python -m experiments.transpose_overlap [--channels C] [--size H] [--kernel K] [--convs N] [--hlo]`;
+`--model DIR MODEL PLAN`: a stored model's programs beside its weights' transposes in both probe forms;
+`--convert OLD NEW`: a format-7 calibration's transpose curves scaled by the in-program / old ratios.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -73,9 +76,14 @@ def main() -> None:
     p.add_argument("--convs", type=int, default=8)
     p.add_argument("--rounds", type=int, default=21)
     p.add_argument("--hlo", action="store_true")
+    p.add_argument("--model", nargs=3, metavar=("DIR", "MODEL", "PLAN"), help="time a stored model's original, "
+                   "its layout plan and its weights' transposes in both probe forms (`model_gain`)")
     p.add_argument("--convert", nargs=2, metavar=("OLD", "NEW"), help="write OLD (format 7) with its transpose "
                    "curves scaled by the in-program / old probe ratios measured now (`probe_ratios`), as format 8")
     a = p.parse_args()
+    if a.model:
+        model_gain(Path(a.model[0]), a.model[1], a.model[2], a.rounds)
+        return
     if a.convert:
         convert(Path(a.convert[0]), Path(a.convert[1]), probe_ratios(a.rounds))
         return
@@ -145,6 +153,49 @@ def probe_ratios(rounds: int = 15) -> dict[tuple[int, ...], float]:
         out[shape] = new_s / old_s
         print(f"{shape}: old probe {old_s * 1e3:.2f} ms, in-program {new_s * 1e3:.2f} ms, ratio {new_s / old_s:.2f}")
     return out
+
+
+def model_gain(plans: Path, model: str, plan: str, rounds: int = 9) -> None:
+    """A stored model's original and its layout plan (`DIR/MODEL.before.json`,
+    `DIR/MODEL.candidate.PLAN.json`), and its conv weights' transposes as the old probe timed them (a
+    program returning them) and as the new one does (each feeding a one-pixel NHWC conv, less the same
+    convs on HWIO weights), all in the same interleaved rounds; prints ms per call and the load."""
+    from eqsat import ops
+    from eqsat.ir import Graph
+    from jax_backend.lower import fold_weights, to_jax_positional
+
+    def program(graph: Graph) -> Callable[[], Any]:
+        graph = graph.live()
+        rng = np.random.default_rng(0)
+        inputs = {n.attr["name"]: rng.standard_normal(n.shapes[0]).astype(np.float32) for _, n in graph.leaves()}
+        graph, values = fold_weights(graph, inputs)
+        names, fn = to_jax_positional(graph)
+        args = [jnp.asarray(values[n]) for n in names]
+        return functools.partial(lambda f, a: jax.block_until_ready(f(*a)), jax.jit(fn), args)
+
+    original = Graph.load(plans / f"{model}.before.json")
+    layout = Graph.load(plans / f"{model}.candidate.{plan}.json")
+    live = original.live()
+    shapes = [tuple(live.nodes[n.inputs[1].node].shapes[n.inputs[1].index]) for n in live.nodes if n.op == "conv2d"]
+    rng = np.random.default_rng(1)
+    ws = [jnp.asarray(np.asarray(rng.standard_normal(s), np.float32)) for s in shapes]
+    xs = [jnp.ones((1, s[2], s[3], s[1]), jnp.float32) for s in shapes]
+    hwio = [jnp.transpose(w, ops.HWIO_FROM_OIHW) for w in ws]
+
+    def tiny(x: jax.Array, w: jax.Array) -> jax.Array:
+        return jax.lax.conv_general_dilated(x, w, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    old = jax.jit(lambda *ws: tuple(jnp.transpose(w, ops.HWIO_FROM_OIHW) for w in ws))
+    new_t = jax.jit(lambda xs, ws: tuple(tiny(x, jnp.transpose(w, ops.HWIO_FROM_OIHW)) for x, w in zip(xs, ws)))
+    new_n = jax.jit(lambda xs, ws: tuple(tiny(x, w) for x, w in zip(xs, ws)))
+    thunks = [program(original), program(layout), functools.partial(lambda: jax.block_until_ready(old(*ws))),
+              functools.partial(lambda: jax.block_until_ready(new_t(xs, ws))),
+              functools.partial(lambda: jax.block_until_ready(new_n(xs, hwio)))]
+    times, _ = interleaved_rounds(thunks, rounds, budget_s=60, min_rounds=5)
+    med = [statistics.median(t) * 1e3 for t in times]
+    print(f"{model}: original {med[0]:.1f} layout {med[1]:.1f} gain {med[0] - med[1]:.1f} | weights, old probe's form "
+          f"{med[2]:.1f}, in a program {med[3] - med[4]:.1f} ms ({len(ws)} weights, "
+          f"{sum(4 * np.prod(s) for s in shapes) / 1e6:.1f} MB) | load {os.getloadavg()}")
 
 
 if __name__ == "__main__":
