@@ -188,9 +188,9 @@ def model_gain(plans: Path, model: str, plan: str, rounds: int = 9) -> None:
     old = jax.jit(lambda *ws: tuple(jnp.transpose(w, ops.HWIO_FROM_OIHW) for w in ws))
     new_t = jax.jit(lambda xs, ws: tuple(tiny(x, jnp.transpose(w, ops.HWIO_FROM_OIHW)) for x, w in zip(xs, ws)))
     new_n = jax.jit(lambda xs, ws: tuple(tiny(x, w) for x, w in zip(xs, ws)))
-    thunks = [program(original), program(layout), functools.partial(lambda: jax.block_until_ready(old(*ws))),
-              functools.partial(lambda: jax.block_until_ready(new_t(xs, ws))),
-              functools.partial(lambda: jax.block_until_ready(new_n(xs, hwio)))]
+    thunks: list[Callable[[], Any]] = [program(original), program(layout), lambda: jax.block_until_ready(old(*ws)),
+              lambda: jax.block_until_ready(new_t(xs, ws)),
+              lambda: jax.block_until_ready(new_n(xs, hwio))]
     times, _ = interleaved_rounds(thunks, rounds, budget_s=60, min_rounds=5)
     med = [statistics.median(t) * 1e3 for t in times]
     print(f"{model}: original {med[0]:.1f} layout {med[1]:.1f} gain {med[0] - med[1]:.1f} | weights, old probe's form "
