@@ -1,16 +1,20 @@
 """Calibrating the "xla" cost model on the JAX device at hand (`eqsat calibrate`), and its factory.
 
 What is measured, each with the one timing policy (`jax_backend.timing.interleaved_rounds`), in
-about 20 s on a CPU: per kind of kernel (loop, copy, pool, dot, conv) its floor, the time one more
+about a minute on a quiet CPU: per kind of kernel (loop, copy, pool, dot, conv) its floor, the time one more
 tiny kernel of that kind adds to a chain of up to 64 (`FLOOR_PROBES`, `chain_fit`), and the time
-of a call beyond its kernels (each call timed to completion, as plans are judged), grouped convs, the
+of a call beyond its kernels (each call timed to completion, as plans are judged), the
 bandwidth of a loop fusion streaming a 1 MiB array, the arithmetic rate of a long elementwise
-chain, dots and convs (NCHW and NHWC, dense and grouped) of representative sizes (seconds against
+chain, dots and NHWC convs (dense and grouped) of representative sizes (seconds against
 flops: the efficiency curves; dense 1x1 convs on a grid of rows x channels), each as the marginal
-cost of one more call in a chain, and
+cost of one more call in a chain; no NCHW conv (the model prices a rank-4 one as XLA:CPU runs it, its
+NHWC form and transposes),
 matrix-vector products of 1 to 8 MiB weights (seconds against output width: on a CPU a wide
 one streams its weight faster per byte than a narrow one), as independent calls on distinct weights,
-and the bandwidth of transposing conv weights OIHW -> HWIO (what XLA:CPU runs before every NCHW conv).
+and the transposes XLA:CPU runs around an NCHW conv (weights OIHW -> HWIO, activations NCHW -> NHWC)
+as a program runs them (`_transpose_curves`). Each probe's rounds go on until its 95% interval is
+within `PROBE_WIDTH` of its median (`medians_precise`), up to a cap: narrow intervals, though a busy
+machine still moves the values themselves.
 The result is cached per machine, device and JAX version (`eqsat.xla_cost.Calibration`); the
 factory never measures inside an optimizer's clock: with no cache it fails with a line saying to
 run `eqsat calibrate`, and a damaged or foreign cache is re-measured (with a one-line warning)

@@ -1,7 +1,7 @@
 """`eqsat calibrate`: measure this device for the "xla" cost model and cache the result.
 
-Prints what was fitted (kernel floors per kind, call time, bandwidth, elementwise rate, dot, conv and grouped conv efficiency against
-flops) and where it is cached; `--force` measures again. A damaged cache or one from another
+Prints what was fitted (kernel floors per kind, call time, bandwidth, elementwise rate, dot, NHWC conv and grouped conv
+efficiency against flops, transposes by kind and size) and where it is cached; `--force` measures again. A damaged cache or one from another
 machine is never trusted: it is measured again with a one-line warning. `--check MODEL...` then
 sets the xla model's predicted speedup beside the measured one for each model
 (`jax_backend.calibration_check`).
