@@ -22,8 +22,9 @@ e-node of its class ends in an elementwise loop), and
   unless that is already NHWC inside XLA (`ValueContext.conv_internal`: XLA's layout assignment keeps
   a conv's NHWC output through elementwise ops, concats and slices), and a transpose back before an
   op that does not carry the layout (a pool, a reshape, a dot), all at the measured transpose
-  curves (`Calibration.transpose_2d`, `transpose_kxk`: seconds against bytes, since XLA:CPU's
-  transposes slow down per byte as they grow past its caches); so NCHW and NHWC plans are priced on one conv
+  curves (`Calibration.transpose_2d`, `transpose_kxk` for weights, `transpose_act` for activations:
+  seconds against bytes as a program runs them, one transpose-copy fusion feeding a conv, since
+  XLA:CPU's transposes slow down per byte as they grow past its caches); so NCHW and NHWC plans are priced on one conv
   surface and differ only by transposes, not by two independently probed curves;
 - a copy (`"copy"`) costs a read and write of its output: a transpose of a dense value at the
   transpose bandwidth, a concat or a transpose of a strided slice
