@@ -7,9 +7,12 @@ roofline, docs/tensat.md), for the same plan, since a cost model that prices an 
 its NCHW form never chooses them. So the group is applied late instead: to the plan the extractor
 chose, alone (a small e-graph: the plan and its NHWC forms, which the ILP solves to optimality in
 0.3-1.6 s on SqueezeNet, ResNeXt-50 and Inception-v3; greedy-dag misses the chains that run through
-merged convs), extracted under `NchwPaysTransposes` (an NCHW conv costs what XLA:CPU runs for it:
-its NHWC form and a transpose on each side), and the result is one more candidate plan that
-`eqsat optimize` runs beside the others and keeps only if it is measured faster.
+merged convs), extracted under the run's own cost model when that prices an NCHW conv as what XLA
+runs for it (`prices_conv_layout`: the xla model, whose NCHW conv is its NHWC form, its weight's
+transpose and its input's where the HLO has one: one pricing of a transpose for the search and this
+phase), else under `NchwPaysTransposes` over the roofline (an NCHW conv costs its NHWC form and a
+transpose on each side), and the result is one more candidate plan that `eqsat optimize` runs beside
+the others and keeps only if it is measured faster.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from eqsat import ops
 from eqsat.cost import CostModel, Shape, cost_model
 from eqsat.ir import Graph
 
-__all__ = ["NchwPaysTransposes", "nhwc_plan"]
+__all__ = ["NchwPaysTransposes", "layout_costs", "nhwc_plan"]
 
 
 @dataclass(frozen=True)
@@ -54,10 +57,19 @@ class NchwPaysTransposes:
                 + self.base.op_cost("transpose", {"perm": list(ops.NHWC_OUT)}, [out]))
 
 
-def nhwc_plan(plan: Graph, device: str, *, fold_weights: bool = True, seconds: float = 20.0) -> tuple[Graph | None, float]:
+def layout_costs(device: str, costs: CostModel | None = None) -> CostModel:
+    """What the layout phase extracts under: `costs` itself when it prices an NCHW conv as what XLA
+    runs for it (its `prices_conv_layout`), else `NchwPaysTransposes` over the roofline of `device`."""
+    if costs is not None and getattr(costs, "prices_conv_layout", False):
+        return costs
+    return NchwPaysTransposes(cost_model("roofline", device=device))
+
+
+def nhwc_plan(plan: Graph, device: str, *, costs: CostModel | None = None, fold_weights: bool = True,
+              seconds: float = 20.0) -> tuple[Graph | None, float]:
     """`plan` with its convs NHWC where that saves transposes (the layout group on `plan` alone,
-    the ILP under `NchwPaysTransposes` over the roofline of `device`, within `seconds` for saturation
-    and again for extraction), and the seconds it took; None when `plan` has no conv the group can
+    the ILP under `layout_costs(device, costs)`, within `seconds` for saturation and again for
+    extraction), and the seconds it took; None when `plan` has no conv the group can
     rewrite, or the result is not new. Not checked here: the caller runs it against the float64
     reference (`judge_plans` drops a plan that disagrees; the rules are proved for all shapes)."""
     from eqsat.egraph import encoded_signatures
@@ -72,8 +84,7 @@ def nhwc_plan(plan: Graph, device: str, *, fold_weights: bool = True, seconds: f
     rules = select_rules(library_rules(["layout"]), encoded_signatures(plan)).trusted
     if not any(r.name.startswith("conv-nhwc") for r in rules):
         return None, time.perf_counter() - t0
-    costs = NchwPaysTransposes(cost_model("roofline", device=device))
-    result = optimize_graph(plan, rules, Limits(nodes=20_000, seconds=seconds), costs, extractor="ilp",
+    result = optimize_graph(plan, rules, Limits(nodes=20_000, seconds=seconds), layout_costs(device, costs), extractor="ilp",
                             time_limit=seconds, fold_weights=fold_weights, check=False)  # judge_plans checks it
     found = result.optimized.live()
     new = "conv2d_nhwc" in found.op_counts() and found != plan.live()

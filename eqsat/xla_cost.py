@@ -22,8 +22,9 @@ e-node of its class ends in an elementwise loop), and
   unless that is already NHWC inside XLA (`ValueContext.conv_internal`: XLA's layout assignment keeps
   a conv's NHWC output through elementwise ops, concats and slices), and a transpose back before an
   op that does not carry the layout (a pool, a reshape, a dot), all at the measured transpose
-  curves (`Calibration.transpose_2d`, `transpose_kxk`: seconds against bytes, since XLA:CPU's
-  transposes slow down per byte as they grow past its caches); so NCHW and NHWC plans are priced on one conv
+  curves (`Calibration.transpose_2d`, `transpose_kxk` for weights, `transpose_act` for activations:
+  seconds against bytes as a program runs them, one transpose-copy fusion feeding a conv, since
+  XLA:CPU's transposes slow down per byte as they grow past its caches); so NCHW and NHWC plans are priced on one conv
   surface and differ only by transposes, not by two independently probed curves;
 - a copy (`"copy"`) costs a read and write of its output: a transpose of a dense value at the
   transpose bandwidth, a concat or a transpose of a strided slice
@@ -55,7 +56,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from eqsat import ops
 from eqsat.atomic_write import atomic_write_text
@@ -70,12 +71,15 @@ if TYPE_CHECKING:
 __all__ = ["CALIBRATION_FORMAT", "FLOOR_KINDS", "Calibration", "CalibrationError", "ChainFit", "Curve", "Surface", "XlaModel",
            "fit_chain", "fusion_context", "graph_enodes", "read_calibration", "write_calibration"]
 
-CALIBRATION_FORMAT = "eqsat-xla-calibration-7"
+CALIBRATION_FORMAT = "eqsat-xla-calibration-8"
 """3: per-kind kernel floors, the per-call time and grouped convs; 4: matrix-vector products by size
 (`Calibration.gemv`) and NHWC convs (`Calibration.conv_nhwc`); 5: 1x1 convs by rows and weight
 (`Calibration.conv1x1`); 6: matrix-vector products by reduction length and width (`Calibration.gemv_kn`); 7: the bandwidth of
 a layout transpose (`Calibration.transpose_2d` and `transpose_kxk`: an NCHW conv is priced as its NHWC
-form and the transposes XLA:CPU puts around it). An older cache is refused and measured again."""
+form and the transposes XLA:CPU puts around it); 8: transposes as a program runs them (a transpose-copy
+fusion feeding a conv, not a program that only returns them, which XLA:CPU runs as a copy and a
+transpose) and an activation's NCHW <-> NHWC on a curve of its own (`Calibration.transpose_act`).
+An older cache is refused and measured again."""
 
 FLOOR_KINDS: tuple[str, ...] = ("loop", "copy", "kernel", "dot", "conv")
 """The kinds of kernel whose floor the calibration measures (`Calibration.floors`)."""
@@ -263,6 +267,7 @@ class Calibration:
     transpose_bandwidth: float = 0.0  # bytes/s (read + write) of a layout transpose with no curve below; 0: `bandwidth`
     transpose_2d: Curve | None = None  # seconds of a 2-D transpose (1x1 weights, NCHW <-> NHWC) against its bytes
     transpose_kxk: Curve | None = None  # seconds of a k x k conv weight's OIHW -> HWIO transpose against its bytes
+    transpose_act: Curve | None = None  # seconds of an activation's NCHW <-> NHWC transpose; None: `transpose_2d`
 
     def __post_init__(self) -> None:
         defaults = {"weight_bandwidth": self.bandwidth, "copy_s": self.launch_s, "kernel_s": self.launch_s,
@@ -297,7 +302,8 @@ class Calibration:
                                        else f"not a {CALIBRATION_FORMAT} file")
             curves = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) for k in ("matmul", "conv")}
             optional = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) if data[k] is not None else None
-                        for k in ("gconv", "gemv", "conv_nhwc", "gconv_nhwc", "transpose_2d", "transpose_kxk")}
+                        for k in ("gconv", "gemv", "conv_nhwc", "gconv_nhwc", "transpose_2d", "transpose_kxk",
+                                                                              "transpose_act")}
             surfaces = {k: Surface(tuple(data[k]["rows"]), tuple(data[k]["weights"]), tuple(data[k]["seconds"]))
                         if data[k] is not None else None for k in ("conv1x1", "conv1x1_nhwc", "gemv_kn")}
             return Calibration(str(data["machine"]), str(data["device"]), data["launch_s"], data["bandwidth"],
@@ -306,7 +312,7 @@ class Calibration:
                                data["conv_s"], data["call_s"], optional["gconv"], optional["gemv"],
                                optional["conv_nhwc"], optional["gconv_nhwc"], surfaces["conv1x1"],
                                surfaces["conv1x1_nhwc"], surfaces["gemv_kn"], data["transpose_bandwidth"],
-                               optional["transpose_2d"], optional["transpose_kxk"])
+                               optional["transpose_2d"], optional["transpose_kxk"], optional["transpose_act"])
         except CalibrationError:
             raise
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -433,6 +439,7 @@ class XlaModel:
     itemsize: int = 4
     name: str = "xla"
     _cache: dict[Any, float] = field(default_factory=dict, repr=False, compare=False, hash=False)
+    prices_conv_layout: ClassVar[bool] = True  # an NCHW conv is priced as XLA runs it (`eqsat.layout_phase`)
 
     def with_free_ops(self, free: frozenset[str]) -> XlaModel:
         """The same model with `free` ops priced at 0 (`eqsat.cost.Conventions`)."""
@@ -466,13 +473,13 @@ class XlaModel:
         if op in self.free_ops or spec.is_leaf:
             return 0.0
         if spec.conv_layout == "NCHW" and len(shapes) == 2 and len(shapes[0]) == 4:
-            window = shapes[1][2] * shapes[1][3] > 1  # a k x k weight: (O, I, k*k) -> (k*k, I, O), not a 2-D transpose
-            weight = _transpose_seconds(self.calibration, self.itemsize * ops.numel(shapes[1]), window)
+            kind: TransposeKind = "kxk" if shapes[1][2] * shapes[1][3] > 1 else "2d"  # (O, I, k*k) -> (k*k, I, O)
+            weight = _transpose_seconds(self.calibration, self.itemsize * ops.numel(shapes[1]), kind)
             return weight + (0.0 if internal and internal[0] else
-                             _transpose_seconds(self.calibration, self.itemsize * ops.numel(shapes[0])))
+                             _transpose_seconds(self.calibration, self.itemsize * ops.numel(shapes[0]), "act"))
         if spec.carries_layout or spec.conv_layout is not None or spec.fusion == "copy":
             return 0.0  # a conv reads it as it is; an explicit transpose or concat is a copy priced as one
-        return sum(_transpose_seconds(self.calibration, self.itemsize * ops.numel(s))
+        return sum(_transpose_seconds(self.calibration, self.itemsize * ops.numel(s), "act")
                    for s, inside in zip(shapes, internal) if inside)
 
     def _seconds(self, op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape], fused: Sequence[bool],
@@ -516,7 +523,7 @@ class XlaModel:
             return call + self._seconds(act.op_name, {}, [outs[0]], (False,))
         if kind == "copy":  # a transpose of a dense value may become a layout (`copy_s`); else a loop kernel
             if op == "transpose" and not any(strided):  # a layout transpose (or a layout change)
-                return _transpose_seconds(cal, out_bytes)
+                return _transpose_seconds(cal, out_bytes, "act" if len(shapes[0]) == 4 else "2d")
             return max(cal.launch_s, 2 * out_bytes / cal.bandwidth)
         return max(cal.kernel_s, work / cal.loop_flops, (sum(in_bytes) + out_bytes) / cal.bandwidth)
 
@@ -575,11 +582,19 @@ def _conv_curve(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Shape
     return cal.conv_nhwc if nhwc and cal.conv_nhwc is not None else cal.conv
 
 
-def _transpose_seconds(cal: Calibration, nbytes: float, window: bool = False) -> float:
-    """A layout transpose of `nbytes` (`window`: a k x k conv weight's OIHW -> HWIO, else a 2-D one): on
-    its measured curve of seconds against bytes (on a CPU a large transpose runs at a fraction of a
-    small one's rate per byte), else read and written at `transpose_bandwidth`; at least the copy floor."""
-    curve = cal.transpose_kxk if window else cal.transpose_2d
+type TransposeKind = Literal["2d", "kxk", "act"]
+"""A 1x1 weight's or any other 2-D transpose, a k x k conv weight's OIHW -> HWIO, a rank-4 activation's
+NCHW <-> NHWC: each on a curve of its own (`_transpose_seconds`)."""
+
+
+def _transpose_seconds(cal: Calibration, nbytes: float, kind: TransposeKind = "2d") -> float:
+    """A layout transpose of `nbytes`, as a program runs it (`jax_backend.calibrate._transpose_curves`:
+    a transpose-copy fusion feeding a conv): on its kind's measured curve of seconds against bytes (on
+    a CPU a large transpose runs at a fraction of a small one's rate per byte, and a square power-of-two
+    weight far below an activation of the same bytes), else read and written at `transpose_bandwidth`;
+    at least the copy floor."""
+    curve = {"2d": cal.transpose_2d, "kxk": cal.transpose_kxk,
+             "act": cal.transpose_act if cal.transpose_act is not None else cal.transpose_2d}[kind]
     if curve is not None:
         return max(cal.copy_s, curve.seconds_for(nbytes))
     return max(cal.copy_s, 2.0 * nbytes / cal.transpose_bandwidth)

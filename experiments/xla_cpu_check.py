@@ -153,14 +153,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         if data.get("format") == "eqsat-xla-calibration-5":  # measured before the (k, n) mat-vec grid
             data = {**data, "format": "eqsat-xla-calibration-6", "gemv_kn": None}
         if data.get("format") == "eqsat-xla-calibration-6":  # measured before the transpose probe: loop bandwidth
-            data = {**data, "format": CALIBRATION_FORMAT, "transpose_bandwidth": 0.0}
+            data = {**data, "format": "eqsat-xla-calibration-7", "transpose_bandwidth": 0.0}
+        if data.get("format") == "eqsat-xla-calibration-7":  # transposes probed alone (as returned): the old prices
+            data = {**data, "format": CALIBRATION_FORMAT, "transpose_act": None}
         measured = Calibration.from_json(data)
         report(f"{path}: as measured", measured, args.plans, rows)
         if args.variants and measured.transpose_2d is not None and measured.transpose_kxk is not None:
             curves = (measured.transpose_2d, measured.transpose_kxk)
             pooled = 2.0 * sum(sum(c.flops) for c in curves) / sum(sum(c.seconds) for c in curves)
             report(f"{path}: transposes at one bandwidth ({pooled / 1e9:.2f} GB/s, all the probes pooled)",
-                   replace(measured, transpose_2d=None, transpose_kxk=None, transpose_bandwidth=pooled), args.plans, rows)
+                   replace(measured, transpose_2d=None, transpose_kxk=None, transpose_act=None,
+                           transpose_bandwidth=pooled), args.plans, rows)
         if args.variants and measured.gemv_kn is not None:
             report(f"{path}: mat-vecs by width alone (the format-5 model)", replace(measured, gemv_kn=None), args.plans,
                    rows)

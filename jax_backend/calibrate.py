@@ -1,16 +1,20 @@
 """Calibrating the "xla" cost model on the JAX device at hand (`eqsat calibrate`), and its factory.
 
 What is measured, each with the one timing policy (`jax_backend.timing.interleaved_rounds`), in
-about 20 s on a CPU: per kind of kernel (loop, copy, pool, dot, conv) its floor, the time one more
+about a minute on a quiet CPU: per kind of kernel (loop, copy, pool, dot, conv) its floor, the time one more
 tiny kernel of that kind adds to a chain of up to 64 (`FLOOR_PROBES`, `chain_fit`), and the time
-of a call beyond its kernels (each call timed to completion, as plans are judged), grouped convs, the
+of a call beyond its kernels (each call timed to completion, as plans are judged), the
 bandwidth of a loop fusion streaming a 1 MiB array, the arithmetic rate of a long elementwise
-chain, dots and convs (NCHW and NHWC, dense and grouped) of representative sizes (seconds against
+chain, dots and NHWC convs (dense and grouped) of representative sizes (seconds against
 flops: the efficiency curves; dense 1x1 convs on a grid of rows x channels), each as the marginal
-cost of one more call in a chain, and
+cost of one more call in a chain; no NCHW conv (the model prices a rank-4 one as XLA:CPU runs it, its
+NHWC form and transposes),
 matrix-vector products of 1 to 8 MiB weights (seconds against output width: on a CPU a wide
 one streams its weight faster per byte than a narrow one), as independent calls on distinct weights,
-and the bandwidth of transposing conv weights OIHW -> HWIO (what XLA:CPU runs before every NCHW conv).
+and the transposes XLA:CPU runs around an NCHW conv (weights OIHW -> HWIO, activations NCHW -> NHWC)
+as a program runs them (`_transpose_curves`). Each probe's rounds go on until its 95% interval is
+within `PROBE_WIDTH` of its median (`medians_precise`), up to a cap: narrow intervals, though a busy
+machine still moves the values themselves.
 The result is cached per machine, device and JAX version (`eqsat.xla_cost.Calibration`); the
 factory never measures inside an optimizer's clock: with no cache it fails with a line saying to
 run `eqsat calibrate`, and a damaged or foreign cache is re-measured (with a one-line warning)
@@ -38,10 +42,10 @@ from eqsat.paths import cache_dir
 from eqsat.xla_cost import (FLOOR_KINDS, GEMV_K, Calibration, CalibrationError, ChainFit, Curve, Surface, XlaModel,
                              fit_chain, read_calibration, write_calibration)
 from jax_backend.measured_cost import check_measuring_device, device_key
-from jax_backend.timing import interleaved_rounds
+from jax_backend.timing import interleaved_rounds, medians_precise
 
 __all__ = ["MATMUL_SHAPES", "GEMV_SHAPES", "GEMV_GRID_K", "CONV_SHAPES", "CONV1X1_SIZES", "CONV1X1_CHANNELS",
-           "CHAIN_LENGTHS", "FLOOR_PROBES", "GCONV_SHAPES", "TRANSPOSE_SHAPES", "calibration_path", "calibrate",
+           "CHAIN_LENGTHS", "FLOOR_PROBES", "GCONV_SHAPES", "TRANSPOSE_ACT_SHAPES", "TRANSPOSE_SHAPES", "calibration_path", "calibrate",
            "chain_fit", "chain_is_device_bound", "load_calibration", "xla_model"]
 
 MATMUL_SHAPES: tuple[tuple[int, int, int], ...] = (
@@ -78,7 +82,7 @@ CONV1X1_CHANNELS: tuple[int, ...] = (256, 768, 1280)
 `CONV1X1_CHANNELS` (6.6e4 to 1.6e6 weight elements; merged 1x1 convs reach 2048 x 1152, priced at the
 largest: the probe at 35 x 35 rows is already 4e9 flops)."""
 
-CONV1X1_CALLS = 2  # independent convs a 1x1 probe program runs (`_conv1x1_surfaces`)
+CONV1X1_CALLS = 2  # independent convs a 1x1 probe program runs (`_conv1x1_surface`)
 
 TRANSPOSE_SHAPES: tuple[tuple[int, ...], ...] = (
     (64, 64, 1, 1), (256, 192, 1, 1), (768, 384, 1, 1), (2048, 1024, 1, 1),
@@ -88,6 +92,13 @@ conv's weight on every call. 1x1 weights (2-D transposes, as NCHW <-> NHWC activ
 ones, 16 KiB to 9 MiB: the rate per byte falls several times over that range."""
 
 TRANSPOSE_BYTES = 16 * 2**20  # bytes transposed per probe call (distinct arrays): from memory, as a model's are
+TRANSPOSE_MAX_COUNT = 64  # ...in at most this many weights (a program of 1024 tiny convs compiles for seconds)
+
+TRANSPOSE_ACT_SHAPES: tuple[tuple[int, ...], ...] = ((1, 32, 16, 16), (1, 128, 28, 28), (1, 256, 56, 56), (1, 64, 224, 224))
+"""NCHW activations the calibration transposes to NHWC (`_transpose_curves`), 32 KiB to 12 MiB (VGG's
+first block): a (C, H*W) transpose of few channels and many pixels, which XLA:CPU runs at several
+times the rate of a square power-of-two weight of the same bytes."""
+ACT_PROBE_OUT = 8  # output channels of the 1x1 conv that reads each transposed activation
 
 CHAIN_LENGTHS: tuple[int, ...] = (1, 16, 32, 64)
 """Kernels in the chains that measure each kind's floor (`eqsat.xla_cost.fit_chain`): the longest
@@ -97,6 +108,10 @@ their slope is the kernels' own time and not the call's jitter."""
 LINKS = 3  # a chain of at least this many calls against one call: the marginal cost of a call
 MAX_LINKS = 48  # ...doubled up to this while the chain is not clearly slower than one call (dispatch-bound)
 DISTINCT_WEIGHTS = 8  # a chain cycles through this many weights (each read from memory, as a model's are)
+PROBE_WIDTH = 0.1  # a probe's rounds go on until its 95% interval is at most this fraction of its median...
+PROBE_CAP_S = 1.5  # ...or this many seconds a probe (a pair of thunks, or one) are spent
+PROBE_ROUNDS = 200
+GEMV_CAP_S = 1.0  # seconds a mat-vec shape of the grid (16 of them, all in the same rounds)
 
 
 def calibration_path() -> Path:
@@ -141,7 +156,8 @@ def _marginals(variants: Sequence[Variant]) -> list[float]:
             (op, attrs, _, _), (x, *ws) = variants[i], args[i]
             thunks += [_to_completion(functools.partial(chain(op, attrs, 1), x, ws[0])),
                        _to_completion(functools.partial(chain(op, attrs, links), x, *ws[:links]))]
-        times, _ = interleaved_rounds(thunks, 9, budget_s=1.0 * len(todo), min_rounds=5)
+        times, _ = interleaved_rounds(thunks, PROBE_ROUNDS, budget_s=PROBE_CAP_S * len(todo), min_rounds=5,
+                                      enough=medians_precise([(2 * j, 2 * j + 1) for j in range(len(todo))], PROBE_WIDTH))
         left = []
         for j, i in enumerate(todo):
             extra = float(statistics.median(b - a for a, b in zip(times[2 * j], times[2 * j + 1])))
@@ -164,7 +180,8 @@ def _gemv_seconds(shapes: Sequence[tuple[int, int]], call_s: float, total_bytes:
         many = jax.jit(lambda x, *ws: tuple(x @ w for w in ws))
         thunks.append(_to_completion(functools.partial(many, x, *ws)))
         counts.append(count)
-    times, _ = interleaved_rounds(thunks, 15, budget_s=1.0 * len(thunks), min_rounds=7)  # a second a shape
+    times, _ = interleaved_rounds(thunks, PROBE_ROUNDS, budget_s=GEMV_CAP_S * len(thunks), min_rounds=7,
+                                  enough=medians_precise([(None, i) for i in range(len(thunks))], PROBE_WIDTH))
     return [max((statistics.median(t) - call_s) / count, 1e-8) for t, count in zip(times, counts)]
 
 
@@ -282,7 +299,9 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
     say(f"elementwise arithmetic in a loop: {loop_flops / 1e9:.1f} GFLOP/s ({4 * n_mid / 2**20:.0f} MiB)")
 
     matmul: list[tuple[float, float]] = []  # (flops, seconds)
-    dots = [_marginals([("matmul", {"act": 0}, (m, k), (k, n))])[0] for m, k, n in MATMUL_SHAPES]
+    # neighbouring shapes in the same rounds: their ratio (what merging dots gains) under one machine load
+    dots = [t for group in (MATMUL_SHAPES[i:i + 2] for i in range(0, len(MATMUL_SHAPES), 2))
+            for t in _marginals([("matmul", {"act": 0}, (m, k), (k, n)) for m, k, n in group])]
     for (m, k, n), t in zip(MATMUL_SHAPES, dots):
         flops = 2.0 * m * k * n
         matmul.append((flops, t))
@@ -298,78 +317,103 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
         say(f"matrix-vector 1x{k}x{n}: {t * 1e6:.0f} us, {moved / t / 1e9:.1f} GB/s")
     gemv_kn = Surface(tuple(float(k) for k in GEMV_GRID_K), tuple(float(n) for n in widths), tuple(grid_s))
     weight_bandwidth = 4.0 * (GEMV_K + GEMV_K * gemv[-1][0] + gemv[-1][0]) / gemv[-1][1]
-    convs: dict[tuple[bool, bool], list[tuple[float, float]]] = {}  # (grouped, nhwc): (flops, seconds)
+    # NHWC convs only: the model prices a rank-4 NCHW conv as XLA:CPU runs it, its NHWC form and transposes
+    convs: dict[bool, list[tuple[float, float]]] = {}  # grouped: (flops, seconds)
     for grouped, shapes in ((False, CONV_SHAPES), (True, GCONV_SHAPES)):
         attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
         dims = [(c, hw, *((3, kk) if grouped else (kk, c))) for c, hw, kk in shapes]  # channels, size, kernel, width
-        seconds: list[float] = []
-        for c, hw, kernel, width in dims:  # both layouts of a shape in the same rounds
-            seconds += _marginals([("conv2d", attrs, (1, c, hw, hw), (c, width, kernel, kernel)),
-                                   ("conv2d_nhwc", attrs, (1, hw, hw, c), (kernel, kernel, width, c))])
-        for i, (c, hw, kernel, width) in enumerate(dims):
+        for c, hw, kernel, width in dims:
+            (t,) = _marginals([("conv2d_nhwc", attrs, (1, hw, hw, c), (kernel, kernel, width, c))])
             f = ops.flops("conv2d", [(1, c, hw, hw), (c, width, kernel, kernel)], attrs)
-            for nhwc in (False, True):
-                t = seconds[2 * i + nhwc]
-                convs.setdefault((grouped, nhwc), []).append((f, t))
-                say(f"{'grouped ' if grouped else ''}conv {'NHWC' if nhwc else 'NCHW'} {c} channels {hw}x{hw} "
-                    f"({width} a group) {kernel}x{kernel}: {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
-    surfaces = _conv1x1_surfaces(say, call_s)
-    transpose_2d, transpose_kxk = _transpose_curves(say, call_s)
+            convs.setdefault(grouped, []).append((f, t))
+            say(f"{'grouped ' if grouped else ''}conv NHWC {c} channels {hw}x{hw} "
+                f"({width} a group) {kernel}x{kernel}: {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
+    conv, gconv = Curve.fit(convs[False]), Curve.fit(convs[True])
+    surface = _conv1x1_surface(say, call_s)
+    transpose_2d, transpose_kxk, transpose_act = _transpose_curves(say)
     transpose_bandwidth = 2.0 * transpose_2d.flops[-1] / transpose_2d.seconds[-1]
     return Calibration(_machine_key(), device_key(), launch, bandwidth, loop_flops, Curve.fit(matmul),
-                       Curve.fit(convs[False, False]), time.perf_counter() - start, weight_bandwidth,
+                       conv, time.perf_counter() - start, weight_bandwidth,
                        fits["copy"].floor_s, fits["kernel"].floor_s, fits["dot"].floor_s, fits["conv"].floor_s,
-                       call_s, Curve.fit(convs[True, False]), Curve.fit(gemv), Curve.fit(convs[False, True]),
-                       Curve.fit(convs[True, True]), *surfaces, gemv_kn, transpose_bandwidth, transpose_2d,
-                       transpose_kxk)
+                       call_s, gconv, Curve.fit(gemv), conv, gconv, surface, surface, gemv_kn, transpose_bandwidth,
+                       transpose_2d, transpose_kxk, transpose_act)
 
 
-def _conv1x1_surfaces(say: Callable[[str], None], call_s: float = 0.0) -> tuple[Surface, Surface]:
-    """The NCHW and NHWC 1x1-conv surfaces. Per row count, every channel count in both layouts in the
-    same interleaved rounds (a busy machine slows each alike, so the ratios along the weight, what
-    merging convs changes, hold), each as a program of `CONV1X1_CALLS` independent convs of one
-    input on distinct weights (as a plan's parallel branches run), less `call_s`, over their count."""
+def _conv1x1_surface(say: Callable[[str], None], call_s: float = 0.0) -> Surface:
+    """The NHWC 1x1-conv surface. Per row count, every channel count in the same interleaved rounds (a
+    busy machine slows each alike, so the ratios along the weight, what merging convs changes, hold),
+    each as a program of `CONV1X1_CALLS` independent convs of one input on distinct weights (as a
+    plan's parallel branches run), less `call_s`, over their count."""
     attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
-    seconds: dict[bool, list[float]] = {False: [], True: []}
+    seconds: list[float] = []
     for hw in CONV1X1_SIZES:
         thunks = []
         for c in CONV1X1_CHANNELS:
-            for op, x_shape, w_shape in (("conv2d", (1, c, hw, hw), (c, c, 1, 1)),
-                                         ("conv2d_nhwc", (1, hw, hw, c), (1, 1, c, c))):
-                x, *ws = _arrays(x_shape, *[w_shape] * CONV1X1_CALLS)
-                many = jax.jit(functools.partial(_independent_convs, op, attrs))
-                thunks.append(_to_completion(functools.partial(many, x, *ws)))
-        times, _ = interleaved_rounds(thunks, 15, budget_s=4.0, min_rounds=5)
-        for i, c in enumerate(CONV1X1_CHANNELS):
-            for nhwc in (False, True):
-                t = max((statistics.median(times[2 * i + nhwc]) - call_s) / CONV1X1_CALLS, 1e-8)
-                seconds[nhwc].append(t)
-                say(f"1x1 conv {'NHWC' if nhwc else 'NCHW'} {c} channels {hw}x{hw}: {t * 1e6:.0f} us, "
-                    f"{2 * hw * hw * c * c / t / 1e9:.1f} GFLOP/s")
+            x, *ws = _arrays((1, hw, hw, c), *[(1, 1, c, c)] * CONV1X1_CALLS)
+            many = jax.jit(functools.partial(_independent_convs, "conv2d_nhwc", attrs))
+            thunks.append(_to_completion(functools.partial(many, x, *ws)))
+        times, _ = interleaved_rounds(thunks, PROBE_ROUNDS, budget_s=PROBE_CAP_S * len(thunks), min_rounds=5,
+                                      enough=medians_precise([(None, i) for i in range(len(thunks))], PROBE_WIDTH))
+        for c, t_c in zip(CONV1X1_CHANNELS, times):
+            t = max((statistics.median(t_c) - call_s) / CONV1X1_CALLS, 1e-8)
+            seconds.append(t)
+            say(f"1x1 conv NHWC {c} channels {hw}x{hw}: {t * 1e6:.0f} us, {2 * hw * hw * c * c / t / 1e9:.1f} GFLOP/s")
     rows, weights = tuple(float(hw * hw) for hw in CONV1X1_SIZES), tuple(float(c * c) for c in CONV1X1_CHANNELS)
-    return Surface.fit(rows, weights, seconds[False]), Surface.fit(rows, weights, seconds[True])
+    return Surface.fit(rows, weights, seconds)
 
 
-def _transpose_curves(say: Callable[[str], None], call_s: float,
-                      total_bytes: int = TRANSPOSE_BYTES) -> tuple[Curve, Curve]:
-    """Seconds against bytes of transposing conv weights OIHW -> HWIO, what XLA:CPU runs before each
-    NCHW conv: the 2-D (1x1) and the k x k shapes of `TRANSPOSE_SHAPES`, each a program of independent
-    transposes of distinct weights, `total_bytes` of them, less `call_s`, over their count; all shapes
-    in the same interleaved rounds."""
+def _transpose_curves(say: Callable[[str], None], total_bytes: int = TRANSPOSE_BYTES,
+                      max_count: int = TRANSPOSE_MAX_COUNT) -> tuple[Curve, Curve, Curve]:
+    """Seconds against bytes of the transposes XLA:CPU runs around an NCHW conv, as it runs them inside
+    a program: a conv weight's OIHW -> HWIO, 2-D (1x1) and k x k (`TRANSPOSE_SHAPES`), and an
+    activation's NCHW -> NHWC (`TRANSPOSE_ACT_SHAPES`). Per shape, a program of independent small NHWC
+    convs (one output pixel of each weight; 8 output channels of each activation) on distinct operands
+    transposed in the program (one transpose-copy fusion feeding each conv, as in a model), against
+    the same convs on operands already in that layout; the median per-round difference over their
+    count, all shapes in the same interleaved rounds, each until its interval is narrow
+    (`medians_precise`). A program that only returns transposed weights is no probe of this: XLA:CPU
+    runs each of its transposes as two kernels (a copy, then the transpose), 2-3x the time the same
+    transposes add to a conv program."""
+    from jax_backend.lower import lower_node
+
+    attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+
+    def weights(transpose: bool, xs: Sequence[jax.Array], ws: Sequence[jax.Array]) -> tuple[jax.Array, ...]:
+        return tuple(lower_node("conv2d_nhwc", (x, jnp.transpose(w, ops.HWIO_FROM_OIHW) if transpose else w), attrs)[0]
+                     for x, w in zip(xs, ws))
+
+    def activations(transpose: bool, xs: Sequence[jax.Array], ws: Sequence[jax.Array]) -> tuple[jax.Array, ...]:
+        return tuple(lower_node("conv2d_nhwc", (jnp.transpose(x, ops.NHWC_IN) if transpose else x, w), attrs)[0]
+                     for x, w in zip(xs, ws))
+
+    probes: list[tuple[str, tuple[int, ...]]] = [("kxk" if s[2] * s[3] > 1 else "2d", s) for s in TRANSPOSE_SHAPES]
+    probes += [("act", s) for s in TRANSPOSE_ACT_SHAPES]
     thunks, counts = [], []
-    for shape in TRANSPOSE_SHAPES:
-        count = max(2, total_bytes // (4 * int(np.prod(shape))))
-        ws = _arrays(*[shape] * count)
-        many = jax.jit(lambda *ws: tuple(jnp.transpose(w, ops.HWIO_FROM_OIHW) for w in ws))
-        thunks.append(_to_completion(functools.partial(many, *ws)))
+    for kind, shape in probes:
+        count = max(2, min(max_count, total_bytes // (4 * int(np.prod(shape)))))
+        if kind == "act":
+            nchw, ws = _arrays(*[shape] * count), _arrays(*[(1, 1, shape[1], ACT_PROBE_OUT)] * count)
+            variants = ((True, nchw, ws), (False, [jnp.transpose(x, ops.NHWC_IN) for x in nchw], ws))
+            body = activations
+        else:
+            o, i, kh, kw = shape
+            xs, oihw = _arrays(*[(1, kh, kw, i)] * count), _arrays(*[shape] * count)
+            variants = ((True, xs, oihw), (False, xs, [jnp.transpose(w, ops.HWIO_FROM_OIHW) for w in oihw]))
+            body = weights
+        for transpose, a, b in variants:
+            run = jax.jit(functools.partial(body, transpose))
+            thunks.append(_to_completion(functools.partial(run, a, b)))
         counts.append(count)
-    times, _ = interleaved_rounds(thunks, 15, budget_s=1.0 * len(thunks), min_rounds=5)
-    points: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
-    for shape, t, count in zip(TRANSPOSE_SHAPES, times, counts):
-        nbytes, sec = 4.0 * float(np.prod(shape)), max((statistics.median(t) - call_s) / count, 1e-9)
-        points[shape[2] * shape[3] > 1].append((nbytes, sec))
-        say(f"transpose {shape} -> HWIO: {sec * 1e6:.0f} us, {2 * nbytes / sec / 1e9:.2f} GB/s")
-    return Curve.fit(points[False]), Curve.fit(points[True])
+    pairs = [(2 * j + 1, 2 * j) for j in range(len(counts))]
+    times, _ = interleaved_rounds(thunks, PROBE_ROUNDS, budget_s=PROBE_CAP_S * len(counts), min_rounds=5,
+                                  enough=medians_precise(pairs, PROBE_WIDTH))
+    points: dict[str, list[tuple[float, float]]] = {"2d": [], "kxk": [], "act": []}
+    for (kind, shape), (base, other), count in zip(probes, pairs, counts):
+        extra = statistics.median(a - b for a, b in zip(times[other], times[base]))
+        nbytes, sec = 4.0 * float(np.prod(shape)), max(extra / count, 1e-9)
+        points[kind].append((nbytes, sec))
+        say(f"transpose {shape} ({kind}) in a program: {sec * 1e6:.0f} us, {2 * nbytes / sec / 1e9:.2f} GB/s")
+    return Curve.fit(points["2d"]), Curve.fit(points["kxk"]), Curve.fit(points["act"])
 
 
 def _independent_convs(op: str, attrs: dict[str, Any], x: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:

@@ -25,7 +25,8 @@ import numpy as np
 from eqsat.timer import sample_seconds
 
 __all__ = ["MAX_CALLS_PER_SAMPLE", "MIN_SAMPLE_S", "Choice", "Decision", "PairedTiming", "bootstrap_median_ci",
-           "calls_per_sample", "choose_faster", "interleaved_rounds", "narrow_enough", "paired_timing", "rotation", "screen_timings",
+           "calls_per_sample", "choose_faster", "interleaved_rounds", "medians_precise", "narrow_enough", "paired_timing",
+           "rotation", "screen_timings",
            "sequential_decision", "FUTILE_AFTER"]
 
 MIN_SAMPLE_S = 5e-3  # a sample shorter than this is mostly timer and dispatch noise: repeat calls
@@ -155,6 +156,26 @@ def narrow_enough(ci_width: float, confidence: float = 0.95) -> Callable[[list[l
             low, high = bootstrap_median_ci([o / b for o, b in zip(other, times[0])], confidence, resamples=1000,
                                             seed=len(other))
             if 1.0 / low - 1.0 / high > ci_width:
+                return False
+        return True
+    return enough
+
+
+def medians_precise(pairs: Sequence[tuple[int | None, int]], rel_width: float, after_s: float = 0.0,
+                    confidence: float = 0.95) -> Callable[[list[list[float]]], bool]:
+    """A stop for `interleaved_rounds` that measures rather than decides: for each (base, other) pair
+    of thunk indices, the interval of the median of `other - base` per round (base None: of `other`'s
+    times) is above 0 and at most `rel_width` of that median; never before `after_s` seconds from now
+    (a probe's first rounds on a busy machine can agree by chance)."""
+    after = time.perf_counter() + after_s
+
+    def enough(times: list[list[float]]) -> bool:
+        if time.perf_counter() < after:
+            return False
+        for base, other in pairs:
+            values = times[other] if base is None else [o - b for o, b in zip(times[other], times[base])]
+            low, high = bootstrap_median_ci(values, confidence, resamples=1000, seed=len(values))
+            if low <= 0 or high - low > rel_width * float(np.median(values)):
                 return False
         return True
     return enough

@@ -572,3 +572,23 @@ def test_a_large_transpose_costs_more_per_byte_on_its_curve_and_a_kxk_weight_use
     assert transposes((1, 256, 8, 8), kxk) == pytest.approx(window.seconds_for(4 * 256 * 256 * 9)
                                                              + flat.seconds_for(4 * 256 * 64))
     assert Calibration.from_json(json.loads(json.dumps(cal.to_json()))) == cal
+
+
+def test_an_activations_layout_transpose_is_priced_on_its_own_curve() -> None:
+    """An NCHW conv's input, an NHWC value transposed back before a pool, and an explicit rank-4
+    transpose are activations (few channels, many pixels: a curve of their own); a weight and a rank-2
+    transpose stay on theirs."""
+    flat, window = Curve((1e4, 1e7), (1e-6, 1e-2)), Curve((1e4, 1e7), (2e-6, 4e-3))
+    act = Curve((1e4, 1e7), (5e-7, 1e-3))
+    cal = replace(CAL, conv_nhwc=Curve((1e6, 1e9), (1e-4, 1e-1)), copy_s=1e-9, transpose_2d=flat, transpose_kxk=window)
+    with_act = replace(cal, transpose_act=act)
+    attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+    x, w = (1, 64, 56, 56), (64, 64, 1, 1)
+    diff = XlaModel(cal).op_cost("conv2d", attrs, [x, w]) - XlaModel(with_act).op_cost("conv2d", attrs, [x, w])
+    assert diff == pytest.approx(flat.seconds_for(4 * ops.numel(x)) - act.seconds_for(4 * ops.numel(x)))
+    perm = {"perm": list(ops.NHWC_IN)}
+    assert XlaModel(with_act).op_cost("transpose", perm, [x]) == pytest.approx(act.seconds_for(4 * ops.numel(x)))
+    assert XlaModel(with_act).op_cost("transpose", {"perm": [1, 0]}, [(512, 256)]) == pytest.approx(
+        flat.seconds_for(4 * 512 * 256))
+    assert XlaModel(cal).op_cost("transpose", perm, [x]) == pytest.approx(flat.seconds_for(4 * ops.numel(x)))
+    assert Calibration.from_json(json.loads(json.dumps(with_act.to_json()))) == with_act

@@ -1,7 +1,7 @@
 """`eqsat calibrate`: measure this device for the "xla" cost model and cache the result.
 
-Prints what was fitted (kernel floors per kind, call time, bandwidth, elementwise rate, dot, conv and grouped conv efficiency against
-flops) and where it is cached; `--force` measures again. A damaged cache or one from another
+Prints what was fitted (kernel floors per kind, call time, bandwidth, elementwise rate, dot, NHWC conv and grouped conv
+efficiency against flops, transposes by kind and size) and where it is cached; `--force` measures again. A damaged cache or one from another
 machine is never trusted: it is measured again with a one-line warning. `--check MODEL...` then
 sets the xla model's predicted speedup beside the measured one for each model
 (`jax_backend.calibration_check`).
@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
         "weight_bandwidth_gbs": cal.weight_bandwidth / 1e9,
         "transpose_bandwidth_gbs": cal.transpose_bandwidth / 1e9,
         "transpose_gbs": {f"{kind} {b / 2**20:.2g} MiB": 2 * b / s / 1e9 for kind, curve in
-                          (("2-D", cal.transpose_2d), ("kxk", cal.transpose_kxk)) if curve is not None
+                          (("2-D", cal.transpose_2d), ("kxk", cal.transpose_kxk), ("act", cal.transpose_act))
+                          if curve is not None
                           for b, s in zip(curve.flops, curve.seconds)},
         "floor_us": {kind: sec * 1e6 for kind, sec in cal.floors.items()}, "call_us": cal.call_s * 1e6,
         "matmul_gflops": {f"{f:.3g}": f / s / 1e9 for f, s in zip(cal.matmul.flops, cal.matmul.seconds)},

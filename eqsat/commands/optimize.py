@@ -263,7 +263,7 @@ def optimize_and_judge(graph: Graph, rules: Sequence[Rule], limits: Limits, cost
         for name, base in ((LAYOUT, result.optimized), (LAYOUT_ORIGINAL, graph)):
             if name == LAYOUT_ORIGINAL and program_key(graph) in seen:
                 continue
-            nhwc, seconds = nhwc_plan(base, costs.device, fold_weights=fold_weights)
+            nhwc, seconds = nhwc_plan(base, costs.device, costs=costs, fold_weights=fold_weights)
             layout_s += seconds
             if nhwc is not None and program_key(nhwc) not in seen:
                 seen.add(program_key(nhwc))

@@ -205,35 +205,53 @@ def test_calibrate_and_xla_predictions_run_without_the_search_engines(tmp_path: 
     assert json.loads(done.stdout)["call_us"] == pytest.approx(50.0)
 
 
-def test_probes_time_wide_dots_and_both_conv_layouts_in_one_set_of_rounds() -> None:
-    """A wide dot's chain is cut back to its input's shape each link, NCHW and NHWC convs of one shape
-    are timed together, and the mat-vec probe's weights are past any last-level cache."""
+def test_probes_time_wide_dots_and_nhwc_convs_in_one_set_of_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wide dot's chain is cut back to its input's shape each link, and the mat-vec probe's weights
+    are past any last-level cache."""
+    monkeypatch.setattr(cal_mod, "PROBE_CAP_S", 0.2)
+    monkeypatch.setattr(cal_mod, "GEMV_CAP_S", 0.2)
     attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
     seconds = cal_mod._marginals([("matmul", {"act": 0}, (2, 8), (8, 32)),
-                                  ("conv2d", attrs, (1, 4, 6, 6), (4, 4, 3, 3)),
                                   ("conv2d_nhwc", attrs, (1, 6, 6, 4), (3, 3, 4, 4))])
-    assert len(seconds) == 3 and all(0 < s < 1 for s in seconds)
+    assert len(seconds) == 2 and all(0 < s < 1 for s in seconds)
     assert all(n > k for _, k, n in cal_mod.MATMUL_SHAPES[-1:])  # the largest dot is a wide (merged) one
     assert min(4 * k * n for k, n in cal_mod.GEMV_SHAPES) * 4 <= cal_mod.GEMV_BYTES  # 4 or more weights a probe
     assert [s > 0 for s in cal_mod._gemv_seconds(((8, 16), (8, 32)), 0.0, total_bytes=4096)] == [True, True]
 
 
-def test_the_1x1_conv_grid_is_timed_in_both_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every (rows, channels) point of the grid gives one NCHW and one NHWC time, in grid order."""
+def test_the_1x1_conv_grid_is_timed_nhwc_in_grid_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every (rows, channels) point of the grid gives one NHWC time, in grid order (no NCHW probe: the
+    model prices a rank-4 NCHW conv as its NHWC form and transposes)."""
     monkeypatch.setattr(cal_mod, "CONV1X1_SIZES", (2, 3))
     monkeypatch.setattr(cal_mod, "CONV1X1_CHANNELS", (4, 8))
-    nchw, nhwc = cal_mod._conv1x1_surfaces(lambda _: None)
-    assert nchw.rows == nhwc.rows == (4.0, 9.0) and nchw.weights == (16.0, 64.0)
-    assert len(nchw.seconds) == len(nhwc.seconds) == 4 and all(0 < s < 1 for s in (*nchw.seconds, *nhwc.seconds))
+    monkeypatch.setattr(cal_mod, "PROBE_CAP_S", 0.2)
+    nhwc = cal_mod._conv1x1_surface(lambda _: None)
+    assert nhwc.rows == (4.0, 9.0) and nhwc.weights == (16.0, 64.0)
+    assert len(nhwc.seconds) == 4 and all(0 < s < 1 for s in nhwc.seconds)
+
+
+def test_a_stop_for_precision_waits_for_every_interval_to_narrow() -> None:
+    """`medians_precise` stops the rounds only when each pair's per-round difference (or a thunk's own
+    times) has a 95% interval above 0 and within the relative width of its median."""
+    from jax_backend.timing import medians_precise
+
+    steady = [[1.0 + 0.001 * (i % 3) for i in range(12)], [2.0 + 0.001 * (i % 5) for i in range(12)]]
+    noisy = [steady[0], [1.0 + (0.9 if i % 2 else -0.5) for i in range(12)]]
+    assert medians_precise([(0, 1)], 0.1)(steady) and medians_precise([(None, 0), (None, 1)], 0.1)(steady)
+    assert not medians_precise([(0, 1)], 0.1)(noisy)  # differences straddle 0
+    assert not medians_precise([(0, 1)], 0.1, after_s=60.0)(steady)  # not before its time
 
 
 def test_the_transpose_probe_moves_conv_weights_to_hwio_and_is_reported(
         cache: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The probe transposes OIHW weights (what XLA:CPU does before each NCHW conv) and gives a rate;
-    `calibrate --json` reports it."""
+    """The probe transposes OIHW weights (what XLA:CPU does before each NCHW conv) inside a program that
+    feeds each to a conv, and gives a rate; `calibrate --json` reports it."""
     monkeypatch.setattr(cal_mod, "TRANSPOSE_SHAPES", ((8, 4, 1, 1), (16, 8, 1, 1), (8, 4, 3, 3), (16, 8, 3, 3)))
-    flat, window = cal_mod._transpose_curves(lambda _: None, 0.0, total_bytes=4096)
+    monkeypatch.setattr(cal_mod, "TRANSPOSE_ACT_SHAPES", ((1, 4, 4, 4), (1, 8, 8, 8)))
+    monkeypatch.setattr(cal_mod, "PROBE_CAP_S", 0.2)
+    flat, window, act = cal_mod._transpose_curves(lambda _: None, total_bytes=4096, max_count=4)
     assert flat.flops == (4.0 * 32, 4.0 * 128) and window.flops == (4.0 * 288, 4.0 * 1152)  # bytes, by kind
-    assert all(0 < s < 1 for s in (*flat.seconds, *window.seconds))
+    assert act.flops == (4.0 * 64, 4.0 * 512)
+    assert all(0 < s < 1 for s in (*flat.seconds, *window.seconds, *act.seconds))
     assert _reported(capsys, monkeypatch, transpose_bandwidth=3e9)["transpose_bandwidth_gbs"] == pytest.approx(3.0)
     assert _fake().transpose_bandwidth == _fake().bandwidth  # unmeasured: the loop fusion's bandwidth

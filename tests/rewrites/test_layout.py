@@ -188,3 +188,24 @@ def test_the_search_skips_its_numpy_check_only_when_told(monkeypatch: pytest.Mon
         eqsat.pipeline.optimize_graph(graph, rules, Limits(nodes=1_000, seconds=10), cost_model("roofline", device="cpu"),
                                       extractor="greedy-dag", check=check)
         assert bool(calls) == check
+
+
+def test_the_layout_phase_extracts_under_the_xla_model_itself() -> None:
+    """One pricing of a transpose: under the xla model the late layout phase prices an NCHW conv as the
+    search did (its NHWC form, its weight's and its input's transposes), not under the roofline's
+    stand-in; under any other model it uses `NchwPaysTransposes`."""
+    from eqsat.cost import cost_model
+    from eqsat.layout_phase import NchwPaysTransposes, layout_costs, nhwc_plan
+    from eqsat.xla_cost import Calibration, Curve, XlaModel
+
+    cal = Calibration("m", "cpu-test", launch_s=5e-6, bandwidth=10e9, loop_flops=5e9,
+                      matmul=Curve((1e3, 1e9), (1e-5, 2e-2)), conv=Curve((1e3, 1e9), (2e-5, 3e-2)),
+                      copy_s=1e-6, transpose_bandwidth=1e8)  # dear transposes: the NHWC chain pays
+    xla = XlaModel(cal)
+    assert layout_costs("cpu", xla) is xla
+    assert isinstance(layout_costs("cpu", cost_model("roofline", device="cpu")), NchwPaysTransposes)
+    assert isinstance(layout_costs("cpu"), NchwPaysTransposes)
+    plan, _ = nhwc_plan(_conv_chain(), "cpu", costs=xla)
+    assert plan is not None
+    assert plan.live().op_counts().get("conv2d_nhwc") == 3 and "conv2d" not in plan.live().op_counts()
+    assert xla.price_graph(plan) < xla.price_graph(_conv_chain())
