@@ -300,6 +300,12 @@ def test_layout_copies_are_priced_per_op_at_the_copy_rate() -> None:
     assert model.node_cost(_node("partition", {"axis": 1, "dim": -1, "parts": 4}, (128, 64), (), (1,), grad=False)).copy_bytes == 0
     assert [x.bytes for x in c.collectives] == [x.bytes for x in plain.node_cost(minor).collectives]
     assert (c.mem_bytes, c.mem_bound_bytes) == (plain.node_cost(minor).mem_bytes, plain.node_cost(minor).mem_bound_bytes)
+    # a preset has no measured rate: a copy streams at its device's bandwidth (assumed)
+    from eqsat.parallel.cost import parallel_model
+
+    nominal = parallel_model("cpu-nominal", "2x4")
+    assert nominal.copy_rate is None
+    assert nominal.node_cost(minor).copy_s == pytest.approx(nominal.compute.op_cost("relu", {}, [(2 * 128 * 64,)]))
 
 
 def test_a_plans_report_prices_its_copies_and_keeps_its_bytes() -> None:
