@@ -244,8 +244,9 @@ def spearman_case(model: str, mesh_spec: str = SPEARMAN_MESH, plans: int = SPEAR
                   budget_s: float = 6.0, rel_width: float | None = SPEARMAN_PRECISION) -> dict[str, Any]:
     """One case's distinct random plans (from a briefly saturated joint e-graph), each priced by the
     nominal model (the mesh preset's links, roofline at the preset's peak), the calibrated one
-    (`eqsat parallel calibrate`'s links, in-program cost per collective and compute, without and with
-    overlap; `calibrated_no_sync` without the in-program term), and timed as a
+    (`eqsat parallel calibrate`'s links, in-program cost per collective, compute and layout copies,
+    without and with overlap; `calibrated_no_sync` without the in-program term,
+    `calibrated_no_copies` without the layout copies), and timed as a
     training step on the devices (`jax_backend.parallel_calibrate.step_seconds`: past `budget_s`,
     until each plan's 95% interval is at most `rel_width` of its median, within a cap); each plan's
     interval and its calibrated compute and communication seconds are kept beside its times."""
@@ -278,7 +279,8 @@ def spearman_case(model: str, mesh_spec: str = SPEARMAN_MESH, plans: int = SPEAR
     chosen = list(distinct.values())
     models = {"nominal": pe.model, "calibrated": calibrated_model(cal, overlap=False),
               "calibrated_overlap": calibrated_model(cal, overlap=True),
-              "calibrated_no_sync": calibrated_model(cal, overlap=False, sync=False)}  # without the in-program term
+              "calibrated_no_sync": calibrated_model(cal, overlap=False, sync=False),  # without the in-program term
+              "calibrated_no_copies": calibrated_model(cal, overlap=False, copies=False)}  # without the layout copies
     predicted = {k: [plan_report(p, m).step_s for p in chosen] for k, m in models.items()}
     wire = [float(sum(c.wire_bytes for _, c in plan_report(p, pe.model).collectives)) for p in chosen]
     reports = [plan_report(p, models["calibrated"]) for p in chosen]
@@ -294,6 +296,7 @@ def spearman_case(model: str, mesh_spec: str = SPEARMAN_MESH, plans: int = SPEAR
                **{f"predicted_{k}_ms": [s * 1e3 for s in v] for k, v in predicted.items()},
                calibrated_compute_ms=[r.compute_s * 1e3 for r in reports], calibrated_comm_ms=[r.comm_s * 1e3 for r in reports],
                collectives=[len(r.collectives) for r in reports], step_wire_bytes=wire,
+               predicted_copy_bytes=[r.copy_bytes for r in reports], calibrated_copy_ms=[r.copy_s * 1e3 for r in reports],
                compiled_rendezvous=[c[0] for c in compiled], compiled_copy_bytes=[c[1] for c in compiled],
                seconds=time.perf_counter() - t0)
     return row
@@ -340,7 +343,7 @@ def run_spearman(out_dir: Path, models: Sequence[str] | None = None, mesh: str =
             log.write(json.dumps(row) + "\n")
             log.flush()
     keys = ("model", "mesh", "plans", "plans_not_lowered", "spearman_nominal", "spearman_calibrated", "spearman_calibrated_overlap",
-            "spearman_calibrated_no_sync", "rounds", "measured_max_rel_width")
+            "spearman_calibrated_no_sync", "spearman_calibrated_no_copies", "rounds", "measured_max_rel_width")
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(_fmt(r[k]) for k in keys) + " |" for r in rows]
     (out_dir / "parallel_spearman.md").write_text("\n".join(lines) + f"\n\nTimes {SPEARMAN_NOTE}.\n")

@@ -14,7 +14,8 @@ call cancels out and every device is busy, as in a planned step:
   see it); its excess over alpha-beta is the axis's `sync` term;
 - compute, on every device at once: matmuls (the flop rate), convolutions forward and backward
   (`CONVS`: XLA's CPU convolutions have a rate of their own), an elementwise op on 1 MiB (the
-  bandwidth) and on a few bytes (the cost of one more kernel), each kept apart from its neighbours
+  bandwidth), on a few bytes (the cost of one more kernel) and a transposing copy of a `COPY_SIDE`
+  square block (the rate the compiled step's layout copies are priced at), each kept apart from its neighbours
   by `optimization_barrier` so that XLA cannot fuse the chain into one loop.
 
 The result is cached per machine, JAX device and mesh shape (`eqsat.parallel.calibration`); a
@@ -57,7 +58,7 @@ from eqsat.parallel.timemodel import LinkSample, fit_link
 from jax_backend.measured_cost import device_key
 from jax_backend.timing import bootstrap_median_ci, interleaved_rounds
 
-__all__ = ["CONVS", "EXTRA", "IN_PROGRAM", "NOT_TIMED", "PIECES", "PRECISION_CAP", "SIZES", "StepTiming", "calibrate_mesh",
+__all__ = ["CONVS", "COPY_SIDE", "EXTRA", "IN_PROGRAM", "NOT_TIMED", "PIECES", "PRECISION_CAP", "SIZES", "StepTiming", "calibrate_mesh",
            "load_mesh_calibration", "parallel_calibrated", "step_seconds"]
 
 SIZES: tuple[int, ...] = (16 * 1024, 256 * 1024, 2 * 1024 * 1024)
@@ -75,6 +76,9 @@ MATMULS: tuple[tuple[int, int], ...] = ((16, 64), (64, 256), (128, 512), (256, 7
 # (batch, channels, height = width): a 3x3 SAME convolution of `channels` in and out per device,
 # timed forward and backward as a training step runs it (the project's own conv2d lowering)
 CONVS: tuple[tuple[int, int, int], ...] = ((2, 8, 8), (4, 16, 8), (8, 32, 8), (16, 48, 8))
+# per device, the square float32 block a transposing copy is timed on (1 MiB: the size of the
+# layout copies of the cases' compiled steps, whose largest are 0.1-1 MiB)
+COPY_SIDE = 512
 PIECES = 8  # compute pieces of the in-program probe, each followed by one collective
 # its piece, (m, k) @ (k, k) per device, the smallest matmul probe: what waiting for the slowest
 # device costs grows with the compute between collectives (2026-11-26, load 13: 0.1-0.16 ms at
@@ -249,11 +253,17 @@ def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None]
     bandwidth = 2 * 4 * big / t_big
     launch = _marginal(_compute_chain(jm, lambda x, i: x * 0.5 + 1.0, (8,)), budget_s)
     say(f"elementwise per device: {bandwidth / 1e9:.2f} GB/s; one more kernel: {launch * 1e6:.2f} us")
+    # a transposing copy: the block transposed into a new buffer (the + 1.0 keeps XLA from folding
+    # two transposes into none; it fuses into the same loop)
+    t_copy = _marginal(_compute_chain(jm, lambda x, i: x.T + 1.0, (COPY_SIDE, COPY_SIDE)), budget_s)
+    copy_rate = 4 * COPY_SIDE * COPY_SIDE / t_copy
+    say(f"transposing copy per device, all devices busy: {copy_rate / 1e9:.2f} GB/s written "
+        f"({t_copy * 1e3 / (4 * COPY_SIDE * COPY_SIDE / 1e6):.2f} ms per MB)")
     peak = max(rates)
     compute = DeviceSpec("cpu-calibrated", peak, peak, bandwidth, launch,
                          f"measured with {mesh.n_devices} devices busy ({device_key()})")
     return MeshCalibration(_machine_key(), device_key(), mesh.shape, tuple(axes), compute, time.perf_counter() - start,
-                           tuple(matmul), tuple(conv))
+                           tuple(matmul), tuple(conv), copy_rate)
 
 
 def load_mesh_calibration(mesh: str | Mesh, force: bool = False, measure_if_missing: bool = True,

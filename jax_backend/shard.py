@@ -140,21 +140,22 @@ def shard_plan(plan: Graph, mesh: Mesh, devices: Sequence[Any] | None = None) ->
         for i, n in enumerate(g.nodes):
             if i in vals:
                 continue
-            xs = [vals[v.node] for v in n.inputs]
-            a = n.attr
-            if n.op in DISTRIBUTION_OPS:
-                ax = int(a["axis"])
-                if n.op == "replicate" and n.inputs[0].node in joined:
-                    # a weight replicated over several axes: one pcast over all of them, so its
-                    # gradient sync is one all-reduce over them (as `eqsat.parallel.cost` prices it)
-                    root, over = _replicate_chain(g, i, names_of_axes)
-                    vals[i] = lax.pcast(vals[root], over, to="varying")
-                elif n.op == "partition" and n.inputs[0].node in sharded:
-                    vals[i] = xs[0]  # passed in sharded
+            with jax.named_scope(f"{n.op}.{i}"):  # the compiled step's op names say which plan node ran
+                xs = [vals[v.node] for v in n.inputs]
+                a = n.attr
+                if n.op in DISTRIBUTION_OPS:
+                    ax = int(a["axis"])
+                    if n.op == "replicate" and n.inputs[0].node in joined:
+                        # a weight replicated over several axes: one pcast over all of them, so its
+                        # gradient sync is one all-reduce over them (as `eqsat.parallel.cost` prices it)
+                        root, over = _replicate_chain(g, i, names_of_axes)
+                        vals[i] = lax.pcast(vals[root], over, to="varying")
+                    elif n.op == "partition" and n.inputs[0].node in sharded:
+                        vals[i] = xs[0]  # passed in sharded
+                    else:
+                        vals[i] = _collective(n.op, xs[0], a, names_of_axes[ax], mesh.axes[ax].size)
                 else:
-                    vals[i] = _collective(n.op, xs[0], a, names_of_axes[ax], mesh.axes[ax].size)
-            else:
-                vals[i] = lower_node(n.op, xs, local_attrs(n.op, a, len(axes[i])))[0]
+                    vals[i] = lower_node(n.op, xs, local_attrs(n.op, a, len(axes[i])))[0]
         return [vals[v.node] for v in g.outputs]
 
     fn = jax.shard_map(body, mesh=jm, in_specs=tuple(specs), out_specs=[P()] * len(g.outputs), check_vma=True)

@@ -330,5 +330,5 @@ def _calibrate(args: argparse.Namespace) -> dict[str, Any]:
         row[f"a{i}_fit_rms_error"] = a.link.rms_rel_error
         row[f"a{i}_in_program_us"], row[f"a{i}_sync_us"] = a.in_program_s * 1e6, a.sync_s * 1e6
     row.update(matmul_gflops=cal.compute.peak_flops_fp32 / 1e9, elementwise_gbs=cal.compute.bandwidth / 1e9,
-               kernel_us=cal.compute.launch_s * 1e6)
+               kernel_us=cal.compute.launch_s * 1e6, transposing_copy_gbs=cal.copy_rate / 1e9)
     return row

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,9 @@ from eqsat.xla_cost import Curve
 __all__ = ["AxisCalibration", "CalibratedCompute", "MeshCalibration", "MeshCalibrationError", "calibrated_model", "calibration_file",
            "read_mesh_calibration", "write_mesh_calibration"]
 
-FORMAT = 4  # 3: in-program collective cost per axis; a smaller matmul probe. 4: a conv curve, an all-to-all link
+# 3: in-program collective cost per axis; a smaller matmul probe. 4: a conv curve, an all-to-all link.
+# 5: the transposing-copy rate
+FORMAT = 5
 Shape = tuple[int, ...]
 
 
@@ -88,6 +90,9 @@ class MeshCalibration:
     # (forward flops, a third of the seconds of forward + backward) of the timed convolutions: the
     # cost model takes a product's step as 1 + BACKWARD_FACTOR forwards, so a third keeps the sum measured
     conv: tuple[tuple[float, float], ...] = ()
+    # bytes per second one device writes in a transposing copy with every device busy: what the
+    # layout copies of a compiled step (`cost.LAYOUT_COPIES`) are priced at (0: not measured)
+    copy_rate: float = 0.0
 
     def mesh(self, sync: bool = True) -> Mesh:
         """The planner's mesh: this shape, each axis with its own fitted link and ring latency, and
@@ -104,7 +109,7 @@ class MeshCalibration:
                           "kind_links": {k: asdict(fit) for k, fit in a.kind_links}}
                          for a in self.axes],
                 "compute": asdict(self.compute), "seconds": self.seconds, "matmul": [list(p) for p in self.matmul],
-                "conv": [list(p) for p in self.conv]}
+                "conv": [list(p) for p in self.conv], "copy_rate": self.copy_rate}
 
     @staticmethod
     def from_json(data: Any) -> MeshCalibration:
@@ -126,7 +131,7 @@ class MeshCalibration:
             matmul = tuple((_number(f), _number(t)) for f, t in data["matmul"])
             conv = tuple((_number(f), _number(t)) for f, t in data["conv"])
             cal = MeshCalibration(str(data["machine"]), str(data["device"]), shape, axes, compute,
-                                  _number(data["seconds"]), matmul, conv)
+                                  _number(data["seconds"]), matmul, conv, _number(data["copy_rate"]))
             Curve.fit(matmul)  # at least two points, all positive
             if conv:
                 Curve.fit(conv)
@@ -136,7 +141,7 @@ class MeshCalibration:
             raise MeshCalibrationError("damaged mesh calibration (its axes do not match its shape)")
         links = [fit for a in axes for fit in (a.link, *(f for _, f in a.kind_links))]
         rates = (compute.peak_flops_fp32, compute.bandwidth, compute.launch_s, *(fit.beta for fit in links))
-        if not all(r > 0 for r in rates) or any(x < 0 for a in axes for x in (a.in_program_s, a.in_program_bytes)) \
+        if not all(r > 0 for r in rates) or cal.copy_rate < 0 or any(x < 0 for a in axes for x in (a.in_program_s, a.in_program_bytes)) \
                 or any(fit.alpha < 0 for fit in links):
             raise MeshCalibrationError("damaged mesh calibration (a rate is not positive)")
         return cal
@@ -213,11 +218,13 @@ def _product_seconds(curve: Curve, flops: float) -> float:
     return curve.seconds_for(flops) if flops >= smallest else its_seconds * flops / smallest
 
 
-def calibrated_model(cal: MeshCalibration, overlap: bool = True, sync: bool = True) -> ParallelCostModel:
+def calibrated_model(cal: MeshCalibration, overlap: bool = True, sync: bool = True, copies: bool = True) -> ParallelCostModel:
     """The training-step model priced with the calibration: the fitted links per axis (ring
     latency; with `sync`, plus each axis's measured in-program cost per collective beyond it), the measured
     compute (`CalibratedCompute`), collectives hidden behind independent compute in a plan's
-    report (`overlap`)."""
+    report (`overlap`), the compiled step's layout copies at the measured transposing-copy rate
+    (`copies`; without, none are priced)."""
     curves = (("conv2d", Curve.fit(cal.conv)),) if cal.conv else ()
-    return ParallelCostModel(cal.mesh(sync), CalibratedCompute(cal.compute, Curve.fit(cal.matmul), curves=curves),
-                             "parallel-calibrated", overlap)
+    model = ParallelCostModel(cal.mesh(sync), CalibratedCompute(cal.compute, Curve.fit(cal.matmul), curves=curves),
+                              "parallel-calibrated", overlap, copy_rate=cal.copy_rate or None)
+    return model if copies else replace(model, layout_copies=False)

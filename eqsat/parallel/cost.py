@@ -30,6 +30,14 @@ shows as the collective's operand or result shape); `wire_bytes` beside it is wh
 (the ring factors of `eqsat.parallel.timemodel`). The seconds are the mesh axis's alpha-beta time
 (`Mesh.collective_seconds`); the `parallel-calibrated` model (`eqsat.parallel.calibration`) prices
 with links and compute rates measured on the devices at hand.
+
+Beside its collectives and products, a compiled step copies buffers that no plan op names: XLA's
+collectives work along a buffer's major dimension, so a gather or scatter along another one, and
+every all-to-all, is a transposing copy in and out; a `transpose` materialises; the backward of a
+`partition` fills a zero buffer of its input's size to pad the gradient into. `LAYOUT_COPIES` says,
+per op, how many buffers of which size (read from the compiled steps of random plans, see
+docs/parallel.md); a transposing copy is priced at `ParallelCostModel.copy_rate`, a zero fill as an
+elementwise pass.
 """
 
 from __future__ import annotations
@@ -52,6 +60,35 @@ BACKWARD_FACTOR = 2.0
 COLLECTIVES: Mapping[str, tuple[str | None, str | None, str]] = {
     name: (spec.collectives.forward, spec.collectives.backward, spec.collectives.measured_on)
     for name, spec in ops.OPS.items() if spec.collectives is not None
+}
+
+
+@dataclass(frozen=True)
+class LayoutCopies:
+    """The copies a compiled training step makes around one plan op, in buffers of the op's
+    per-device input or output (`buffer`): `forward` of them, and `backward` more when a gradient
+    flows back through it (for a distribution op: when it has a backward collective). `minor_only`:
+    only when the op gathers or scatters along a dimension that is not the major one of the
+    per-device value (XLA's collectives stack pieces along the major dimension; another one is
+    transposed into place and back). `fill`: a zero-filled buffer (an elementwise pass), not a
+    transposing copy."""
+
+    forward: float
+    backward: float
+    buffer: str  # "in" | "out"
+    minor_only: bool = False
+    fill: bool = False
+
+
+# What the compiled steps of cnn's, dlrm's, moe's and gpt12's random plans copy per plan op (the
+# copies' op names, docs/parallel.md "Which plan ops make the compiled step copy").
+LAYOUT_COPIES: Mapping[str, LayoutCopies] = {
+    "all_to_all": LayoutCopies(1.25, 1.25, "in"),  # split into per-peer chunks and laid out again
+    "combine": LayoutCopies(1.0, 1.0, "out", minor_only=True),
+    "all_gather": LayoutCopies(1.0, 1.0, "out", minor_only=True),
+    "reduce_scatter": LayoutCopies(1.0, 1.0, "in", minor_only=True),
+    "transpose": LayoutCopies(1.0, 1.0, "out"),
+    "partition": LayoutCopies(0.0, 1.0, "in", fill=True),  # the zero-padded gradient its all-reduce sums
 }
 
 
@@ -80,6 +117,9 @@ class NodeCost:
     # forward again) and takes recompute_bytes off its memory-row term (`memory.recompute_bytes`)
     recompute_s: float = 0.0
     recompute_bytes: float = 0.0
+    # buffers the compiled step copies for this node (`LAYOUT_COPIES`), per device, and their seconds
+    copy_bytes: float = 0.0
+    copy_s: float = 0.0
 
     @property
     def comm_s(self) -> float:
@@ -87,7 +127,7 @@ class NodeCost:
 
     @property
     def seconds(self) -> float:
-        return self.compute_s + self.comm_s
+        return self.compute_s + self.comm_s + self.copy_s
 
 
 @dataclass(frozen=True)
@@ -105,6 +145,11 @@ class ParallelCostModel:
     # update, which reads the weight, gradient and state and writes weight and state, is priced on
     # the device's piece (`_update_s`).
     state_copies: float | None = None
+    # bytes per second one device writes in a transposing copy with every device busy (`eqsat
+    # parallel calibrate` measures it); None: assumed to stream at the device's bandwidth, as an
+    # elementwise pass over the buffer is priced
+    copy_rate: float | None = None
+    layout_copies: bool = True  # price `LAYOUT_COPIES` (off: the model before them, for comparison)
 
     @property
     def device(self) -> str:
@@ -148,10 +193,31 @@ class ParallelCostModel:
             first = node.inputs[0]
             found = self._distribution(op, attrs, input_shapes[0], input_depths[0], out_shape, depth, leaf_children[0],
                                        not grad[0], first.axes if first.weight_replicated else ())
-            return NodeCost(update, 0.0, found, kept, bound)  # a collective's sums are priced in its alpha-beta time
+            backward = any(c.phase == "backward" for c in found) or (op in ("combine", "all_gather") and grad[0])
+            copied, copy_s = self._copies(op, attrs, local[0], in_bytes[0], out_bytes, backward)
+            # a collective's sums are priced in its alpha-beta time
+            return NodeCost(update, 0.0, found, kept, bound, copy_bytes=copied, copy_s=copy_s)
         forward = self.compute.op_cost(op, local_attrs(op, attrs, depth), local)
         freed = recompute_bytes(op, attrs, out_bytes, grad, derived)
-        return NodeCost(forward * (1 + BACKWARD_FACTOR) + update, forward, (), kept, bound, forward if freed else 0.0, freed)
+        copied, copy_s = self._copies(op, attrs, local[0] if local else (), in_bytes[0] if in_bytes else 0.0, out_bytes,
+                                      any(grad))
+        return NodeCost(forward * (1 + BACKWARD_FACTOR) + update, forward, (), kept, bound, forward if freed else 0.0, freed,
+                        copied, copy_s)
+
+    def _copies(self, op: str, attrs: Mapping[str, Any], local_in: Shape, in_bytes: float, out_bytes: float,
+                backward: bool) -> tuple[float, float]:
+        """The bytes the compiled step copies for this node (`LAYOUT_COPIES`; `local_in` the
+        per-device input shape, `backward` whether it runs a backward) and their seconds."""
+        rule = LAYOUT_COPIES.get(op) if self.layout_copies else None
+        if rule is None or (rule.minor_only and _major_dim(local_in, attrs.get("dim"))):
+            return 0.0, 0.0
+        size = in_bytes if rule.buffer == "in" else out_bytes
+        copied = size * (rule.forward + (rule.backward if backward else 0.0))
+        if copied <= 0:
+            return 0.0, 0.0
+        if rule.fill or self.copy_rate is None:  # an elementwise pass over the buffers (a zero fill writes one)
+            return copied, self.compute.op_cost("relu", {}, [(max(int(copied // 4), 1),)])
+        return copied, copied / self.copy_rate
 
     def _update_s(self, op: str, local_in: Sequence[Shape], local_out: Shape, leaves: Sequence[str | None]) -> float:
         """The optimizer update of the weights this node reads, on the piece each device holds (a
@@ -212,6 +278,15 @@ class ParallelCostModel:
     def _collective(self, kind: str, axis: int, size: float, phase: str, op: str, why: str) -> Collective:
         return Collective(kind, axis, size, self.mesh.collective_seconds(kind, axis, size), phase, op, why,
                           self.mesh.wire_bytes(kind, axis, size))
+
+
+def _major_dim(local: Shape, dim: Any) -> bool:
+    """Whether `dim` (negative, of the per-device shape `local`) is its major dimension: every
+    dimension before it has one element, so pieces stacked along it need no transpose."""
+    if dim is None or not local:
+        return True
+    index = len(local) + int(dim) if int(dim) < 0 else int(dim)
+    return all(d == 1 for d in local[:index])
 
 
 def parallel_model(device: str, mesh: str | Mesh = "cpu8", compute: str = "roofline", **options: Any) -> ParallelCostModel:

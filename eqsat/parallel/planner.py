@@ -264,13 +264,18 @@ class PlanReport:
     # outputs left split (`with_open_outputs`): the plan's `combine`s (node indices of the live
     # plan) at outputs whose consumer takes the split, so their gather is not run
     open: tuple[int, ...] = ()
+    # buffers the compiled step copies beside the plan's ops (`cost.LAYOUT_COPIES`), per device, and
+    # their seconds (part of `compute_s`: the device's cores copy them)
+    copy_bytes: float = 0.0
+    copy_s: float = 0.0
 
     def comm_bytes(self, phase: str | None = "forward") -> float:
         return float(sum(c.bytes for _, c in self.collectives if phase is None or c.phase == phase))
 
     def to_json(self, graph: Graph) -> dict[str, Any]:
         return {
-            "predicted_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
+            "predicted_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s, "copy_s": self.copy_s,
+            "predicted_copy_bytes": self.copy_bytes,
             "predicted_comm_bytes": self.comm_bytes("forward"), "predicted_step_comm_bytes": self.comm_bytes(None),
             "predicted_step_wire_bytes": float(sum(c.wire_bytes for _, c in self.collectives)),
             "predicted_mem_bytes": self.mem_bytes, "predicted_mem_row_bytes": self.mem_row_bytes,
@@ -332,7 +337,7 @@ def plan_report(graph: Graph, model: ParallelCostModel, recompute: Sequence[int]
     opened = open_nodes(g, open_outputs)
     remade: list[int] = []
     axes = graph_axes(g)
-    compute = comm = row = bound = 0.0
+    compute = comm = row = bound = copied = copy_s = 0.0
     contractions = 0
     found: list[tuple[int, Collective]] = []
     per_node: list[tuple[float, float]] = []  # (compute, comm) seconds: the overlap model's input
@@ -348,13 +353,14 @@ def plan_report(graph: Graph, model: ParallelCostModel, recompute: Sequence[int]
         c = model.node_cost(NodeInContext(n.op, n.attr, tuple(g.shape(v) for v in n.inputs),
                                           tuple(facts[v.node] for v in n.inputs), facts[i]))
         if i in opened:
-            c = replace(c, collectives=(), mem_bytes=0.0, mem_bound_bytes=0.0)
+            c = replace(c, collectives=(), mem_bytes=0.0, mem_bound_bytes=0.0, copy_bytes=0.0, copy_s=0.0)
         again = i in marked and c.recompute_bytes > 0
         if again:
             remade.append(i)
-        compute += c.compute_s + (c.recompute_s if again else 0.0)
+        compute += c.compute_s + c.copy_s + (c.recompute_s if again else 0.0)
         comm += c.comm_s
-        per_node.append((c.compute_s + (c.recompute_s if again else 0.0), c.comm_s))
+        copied, copy_s = copied + c.copy_bytes, copy_s + c.copy_s
+        per_node.append((c.compute_s + c.copy_s + (c.recompute_s if again else 0.0), c.comm_s))
         row += c.mem_bytes - (c.recompute_bytes if again else 0.0)
         bound += c.mem_bound_bytes
         found.extend((i, col) for col in c.collectives)
@@ -365,7 +371,7 @@ def plan_report(graph: Graph, model: ParallelCostModel, recompute: Sequence[int]
     step = compute + comm if not model.overlap else overlapped_step(
         [c for c, _ in per_node], [m for _, m in per_node], [[v.node for v in n.inputs] for n in g.nodes])
     return PlanReport(step, compute, comm, memory.peak, tuple(found), memory, row, bound, contractions + len(remade),
-                      tuple(remade), tuple(sorted(opened)))
+                      tuple(remade), tuple(sorted(opened)), copied, copy_s)
 
 
 def open_nodes(g: Graph, candidates: Sequence[int]) -> frozenset[int]:

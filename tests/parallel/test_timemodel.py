@@ -115,7 +115,7 @@ def _calibration(machine: str = "m1", device: str = "cpu-test",
     axes = tuple(AxisCalibration(n, tm.fit_link(_samples(a, b, n)), tuple(_samples(a, b, n)), t, 64.0 if t else 0.0, own)
                  for (n, a, b), t in zip(((2, 30e-6, 1e9), (4, 10e-6, 2e9)), in_program))
     return MeshCalibration(machine, device, (2, 4), axes, DeviceSpec("cpu-calibrated", 5e9, 5e9, 8e9, 1e-6, "test"), 1.0,
-                           ((1e7, 1e-3), (1e8, 2e-2)), conv)
+                           ((1e7, 1e-3), (1e8, 2e-2)), conv, 1e9)
 
 
 
@@ -265,6 +265,66 @@ def test_in_program_sync_prices_each_collective_on_its_axis() -> None:
     assert extra > 0 and priced.step_s - plain.step_s == pytest.approx(extra)
     # and the cache keeps the measurement
     assert MeshCalibration.from_json(json.loads(json.dumps(cal.to_json()))) == cal
+
+
+def _node(op: str, attrs: dict[str, int], shape: tuple[int, ...], in_axes: tuple[int, ...], out_axes: tuple[int, ...],
+          grad: bool = True, leaf: str | None = None) -> object:
+    from eqsat.context import NodeInContext, ValueContext
+
+    return NodeInContext(op, attrs, (shape,), (ValueContext(in_axes, leaf, False, grad),), ValueContext(out_axes, None, False, grad))
+
+
+def test_layout_copies_are_priced_per_op_at_the_copy_rate() -> None:
+    """A gather along a per-device dimension that is not the major one is a transposing copy of the
+    gathered buffer forward and of its gradient backward, priced at the calibrated copy rate; along
+    the major dimension none; an all-to-all always; the backward of a `partition` fills a zero
+    buffer of its input (an elementwise pass); `copies=False` prices none, and no copy moves the
+    plan's bytes or memory."""
+    model, plain = calibrated_model(_calibration(), overlap=False), calibrated_model(_calibration(), overlap=False, copies=False)
+    minor = _node("combine", {"axis": 1, "dim": -1}, (4, 128, 16), (1,), ())  # gathers (128, 64) along dim -1
+    major = _node("combine", {"axis": 1, "dim": -2}, (4, 32, 64), (1,), ())
+    gathered = 128 * 64 * 4
+    c = model.node_cost(minor)
+    assert c.copy_bytes == pytest.approx(2 * gathered) and c.copy_s == pytest.approx(2 * gathered / 1e9)
+    assert model.node_cost(major).copy_bytes == 0.0 and plain.node_cost(minor).copy_s == 0.0
+    assert c.seconds - plain.node_cost(minor).seconds == pytest.approx(c.copy_s)
+    assert model.node_cost(_node("combine", {"axis": 1, "dim": -1}, (4, 128, 16), (1,), (), grad=False)).copy_bytes == gathered
+    # a leading dimension of one element is still the major one
+    assert model.node_cost(_node("combine", {"axis": 1, "dim": -2}, (4, 1, 32, 64), (1,), ())).copy_bytes == 0.0
+    a2a = model.node_cost(_node("all_to_all", {"axis": 1, "split_dim": -2, "concat_dim": -1}, (4, 128, 16), (1,), (1,)))
+    assert a2a.copy_bytes == pytest.approx(2.5 * 128 * 16 * 4)
+    part = model.node_cost(_node("partition", {"axis": 1, "dim": -1, "parts": 4}, (128, 64), (), (1,)))
+    fill = model.compute.op_cost("relu", {}, [(128 * 64,)])
+    assert part.copy_bytes == gathered and part.copy_s == pytest.approx(fill)
+    # data has no gradient, so no zero-padded one
+    assert model.node_cost(_node("partition", {"axis": 1, "dim": -1, "parts": 4}, (128, 64), (), (1,), grad=False)).copy_bytes == 0
+    assert [x.bytes for x in c.collectives] == [x.bytes for x in plain.node_cost(minor).collectives]
+    assert (c.mem_bytes, c.mem_bound_bytes) == (plain.node_cost(minor).mem_bytes, plain.node_cost(minor).mem_bound_bytes)
+    # a preset has no measured rate: a copy streams at its device's bandwidth (assumed)
+    from eqsat.parallel.cost import parallel_model
+
+    nominal = parallel_model("cpu-nominal", "2x4")
+    assert nominal.copy_rate is None
+    assert nominal.node_cost(minor).copy_s == pytest.approx(nominal.compute.op_cost("relu", {}, [(2 * 128 * 64,)]))
+
+
+def test_a_plans_report_prices_its_copies_and_keeps_its_bytes() -> None:
+    """`plan_report` adds each node's copies to the step (as compute: the cores copy) and reports
+    their bytes; the predicted collective bytes and memory do not move."""
+    from eqsat.models import build_parallel_model
+    from eqsat.models.parallel_hand import megatron_by_hand
+    from eqsat.parallel.planner import plan_report
+
+    cal = _calibration()
+    model, plain = calibrated_model(cal, overlap=False), calibrated_model(cal, overlap=False, copies=False)
+    graph = build_parallel_model("mlp16")
+    plan = megatron_by_hand("mlp16", graph, model.mesh)
+    priced, base = plan_report(plan, model), plan_report(plan, plain)
+    assert base.copy_bytes == 0.0 and priced.step_s - base.step_s == pytest.approx(priced.copy_s)
+    assert priced.compute_s - base.compute_s == pytest.approx(priced.copy_s)
+    assert (priced.comm_bytes(None), priced.mem_bytes, priced.mem_row_bytes) == (base.comm_bytes(None), base.mem_bytes,
+                                                                                  base.mem_row_bytes)
+    assert priced.to_json(plan.live())["predicted_copy_bytes"] == priced.copy_bytes
 
 
 def test_foreign_cache_is_refused(tmp_path: Path) -> None:
