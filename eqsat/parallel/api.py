@@ -867,10 +867,11 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
                                                  "fsdp": planned.fsdp_predicted_s}.get(name)
             moved = None if planned is None or name not in planned.predicted else planned.predicted[name][1]
             rows.append(Baseline(name, _describe(bspecs, leaves), fig, pred, predicted_comm_bytes=moved))
-    judged = judge_compiled(compiled, rows, within) if results else None
+    judged = judge_compiled(compiled, rows, within, step.report.predicted_step_s) if results else None
     if judged is not None:
-        # judged by running it: the plan compiles to more bytes or memory than the `within`
-        # baseline does, so the best baseline within that baseline's compiled figures is returned
+        # judged by compiling it: the plan compiles to more bytes or memory than the `within`
+        # baseline does (the best baseline within that baseline's compiled figures is returned),
+        # or a baseline beats it in predicted time, compiled bytes and memory (that one is)
         name, why = judged
         specs = baseline_specs(name, leaves, all_names, sizes, program)
         step = made(specs, f"{name} (compiled: {why})", (), name)
@@ -883,9 +884,13 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     return replace(step, report=summary)
 
 
-def judge_compiled(compiled: Compiled, rows: Sequence[Baseline], within: str | None) -> tuple[str, str] | None:
+def judge_compiled(compiled: Compiled, rows: Sequence[Baseline], within: str | None,
+                   predicted_s: float | None = None) -> tuple[str, str] | None:
     """The plan against the `within` baseline's compiled step: None when the plan's compiled bytes
-    and memory per device are both within that baseline's; else (baseline to return instead, why).
+    and memory per device are both within that baseline's and no compiled baseline beats the plan
+    in all three of predicted step time (`predicted_s`, the plan's), compiled bytes and memory;
+    else (baseline to return instead, why). A baseline better in all three is returned as is (the
+    fastest such): the planner's search may miss it within its limits, the user should not.
     The one returned is, of the compiled baselines within the `within` baseline's bytes and memory
     (that baseline among them), the one predicted fastest; the `within` baseline where none of them
     has a prediction. The planner bounds a plan by the baseline's *predicted* bytes and memory;
@@ -896,7 +901,17 @@ def judge_compiled(compiled: Compiled, rows: Sequence[Baseline], within: str | N
         return None
     slack = 1 + 1e-9
     if compiled.comm_bytes <= base.comm_bytes * slack and compiled.mem_bytes <= base.mem_bytes * slack:
-        return None
+        better = [b for b in rows if b.compiled is not None and b.predicted_s is not None and predicted_s is not None
+                  and b.predicted_s < predicted_s and b.compiled.comm_bytes < compiled.comm_bytes
+                  and b.compiled.mem_bytes < compiled.mem_bytes]
+        if not better:
+            return None
+        best = min(better, key=lambda b: float(b.predicted_s or 0.0))
+        assert best.compiled is not None and best.predicted_s is not None
+        return best.name, (f"{best.name} is predicted faster ({best.predicted_s * 1e3:.2f} ms against the plan's "
+                           f"{predicted_s * 1e3:.2f}) and compiles to fewer bytes ({best.compiled.comm_bytes:,.0f} against "
+                           f"{compiled.comm_bytes:,.0f}) and less memory ({best.compiled.mem_bytes:,.0f} against "
+                           f"{compiled.mem_bytes:,.0f}) per device")
     fits = [b for b in rows if b.compiled is not None and b.compiled.comm_bytes <= base.comm_bytes * slack
             and b.compiled.mem_bytes <= base.mem_bytes * slack and (b.predicted_s is not None or b.name == within)]
     timed = [b for b in fits if b.predicted_s is not None]

@@ -48,6 +48,15 @@ def test_a_plan_over_the_baseline_is_replaced_by_the_fastest_baseline_within_it(
     assert name == "data-parallel"
 
 
+def test_a_baseline_better_in_time_bytes_and_memory_replaces_the_plan() -> None:
+    # within data parallel (100, 50), but FSDP compiles to fewer bytes and less memory and is predicted faster
+    name, why = api.judge_compiled(compiled(95.0, 40.0), rows((90.0, 20.0)), "data-parallel", 1.5) or ("", "")
+    assert name == "fsdp" and "predicted faster" in why
+    assert api.judge_compiled(compiled(95.0, 40.0), rows((90.0, 20.0)), "data-parallel", 0.9) is None  # plan faster
+    assert api.judge_compiled(compiled(85.0, 40.0), rows((90.0, 20.0)), "data-parallel", 1.5) is None  # fewer bytes
+    assert api.judge_compiled(compiled(95.0, 40.0), rows((90.0, 20.0)), "data-parallel") is None  # no prediction
+
+
 def test_gradient_sync_over_two_axes_is_one_all_reduce() -> None:
     """A weight replicated over axis 0 and then axis 1 of 2x4: the outer replicate adds no bytes,
     and the two replicates' seconds sum to one 8-device all-reduce of the weight."""
