@@ -904,7 +904,7 @@ def judge_compiled(compiled: Compiled, rows: Sequence[Baseline], within: str | N
         better = [b for b in rows if b.compiled is not None and b.predicted_s is not None and predicted_s is not None
                   and b.predicted_s < predicted_s and b.compiled.comm_bytes < compiled.comm_bytes
                   and b.compiled.mem_bytes < compiled.mem_bytes]
-        if not better:
+        if not better or predicted_s is None:
             return None
         best = min(better, key=lambda b: float(b.predicted_s or 0.0))
         assert best.compiled is not None and best.predicted_s is not None
