@@ -56,7 +56,7 @@ from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import Mesh, parse_mesh
 from eqsat.parallel.timemodel import LinkSample, fit_link
 from jax_backend.measured_cost import device_key
-from jax_backend.timing import bootstrap_median_ci, interleaved_rounds
+from jax_backend.timing import bootstrap_median_ci, interleaved_rounds, medians_precise
 
 __all__ = ["CONVS", "COPY_SIDE", "EXTRA", "IN_PROGRAM", "NOT_TIMED", "PIECES", "PRECISION_CAP", "SIZES", "StepTiming", "calibrate_mesh",
            "load_mesh_calibration", "parallel_calibrated", "step_seconds"]
@@ -100,15 +100,7 @@ def _marginal(build: Callable[[int], Callable[[], Any]], budget_s: float) -> flo
     if rough < MIN_EXTRA_S:
         extra = min(MAX_EXTRA, max(EXTRA, math.ceil(extra * MIN_EXTRA_S / max(rough, MIN_EXTRA_S / MAX_EXTRA))))
         long = build(1 + extra)
-    after = time.perf_counter() + budget_s
-
-    def enough(times: list[list[float]]) -> bool:
-        if time.perf_counter() < after:
-            return False
-        diffs = [b - a for a, b in zip(*times)]
-        low, high = bootstrap_median_ci(diffs, resamples=1000, seed=len(diffs))
-        return low > 0 and high - low <= MARGINAL_WIDTH * float(statistics.median(diffs))
-
+    enough = medians_precise([(0, 1)], MARGINAL_WIDTH, after_s=budget_s)  # the long chain's extra over the short
     times, _ = interleaved_rounds([short, long], 400, budget_s=PRECISION_CAP * budget_s, min_rounds=6, enough=enough)
     return max(float(statistics.median(b - a for a, b in zip(*times))) / extra, 1e-8)
 
