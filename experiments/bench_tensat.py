@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from eqsat.commands.optimize import DEFAULT_CANDIDATES
 from eqsat.cost import CostModel, cost_model, graph_cost
 from eqsat.ir import Graph
 from eqsat.rewrites.rule import Rule
@@ -79,7 +80,7 @@ class BenchOptions:
     repeats: int = 30  # timing rounds (at least 5) of the original against each plan, per pass
     timing_budget: float = 30.0  # seconds of timing rounds per pass (past the 5 that always run)
     passes: int = 3  # whole runs of `eqsat optimize`'s path per row (mean ± s.e. over them)
-    candidates: tuple[str, ...] = ("greedy", "roofline-launch0", "layout")  # as `eqsat optimize`
+    candidates: tuple[str, ...] = DEFAULT_CANDIDATES  # as `eqsat optimize`
     seed: int = 0
     conventions: tuple[str, ...] = ("ours",)  # eqsat.cost.CONVENTIONS, one row set each
     rules: tuple[str, ...] = ("default",)  # eqsat.rulesets.RULE_SETS, one row set each

@@ -34,8 +34,16 @@ if TYPE_CHECKING:
     from eqsat.pipeline import OptimizationResult
     from eqsat.rewrites.rule import Rule
 
-__all__ = ["Judged", "OptimizeOptions", "add_arguments", "candidate_file_name", "check_candidates", "launch_sensitivity",
-           "optimize_and_judge", "optimize_model", "run"]
+__all__ = ["DEFAULT_CANDIDATES", "Judged", "OptimizeOptions", "add_arguments", "calibrated_model", "candidate_file_name",
+           "check_candidates", "launch_sensitivity", "optimize_and_judge", "optimize_model", "run"]
+
+
+GREEDY = "greedy"
+LAUNCH0 = "roofline-launch0"
+LAYOUT = "layout"  # eqsat.layout_phase: the extractor's answer with its convs NHWC where transposes cancel
+LAYOUT_ORIGINAL = "layout-original"  # with LAYOUT: the original with its convs NHWC (when another program)
+CALIBRATED = "calibrated"  # the ILP under "xla" where the device at hand has a cached calibration (skipped where not)
+DEFAULT_CANDIDATES: tuple[str, ...] = (GREEDY, LAUNCH0, LAYOUT, CALIBRATED)
 
 
 @dataclass(frozen=True)
@@ -53,7 +61,7 @@ class OptimizeOptions:
     seed: int = 0
     repeats: int = 30
     timing_budget: float = 30.0
-    candidates: tuple[str, ...] = ("greedy", "roofline-launch0", "layout")
+    candidates: tuple[str, ...] = DEFAULT_CANDIDATES
     save_graphs: Path | None = None
     rtol: float = 1e-4
     atol: float = 1e-5
@@ -93,7 +101,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds of timing rounds (past the 5 that always run)")
     parser.add_argument("--candidates", nargs="*", default=list(d.candidates), metavar="NAME",
                         help="plans timed beside the extractor's answer: greedy, roofline-launch0, layout (its convs "
-                             "NHWC, and the original's), or a cost model (the ILP under it) (default: %(default)s)")
+                             "NHWC, and the original's), calibrated (the ILP under the xla model where this device "
+                             "has a calibration cached; skipped where none is), or a cost model (the ILP under it) "
+                             "(default: %(default)s)")
     parser.add_argument("--save-graphs", type=Path, default=None, metavar="DIR",
                         help="write MODEL.before.json, MODEL.after.json and each MODEL.candidate.NAME.json "
                              "(Graph JSON) here: `eqsat judge` runs them on another device")
@@ -115,10 +125,6 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
 
 # --- the path -----------------------------------------------------------------------------------
 
-GREEDY = "greedy"
-LAUNCH0 = "roofline-launch0"
-LAYOUT = "layout"  # eqsat.layout_phase: the extractor's answer with its convs NHWC where transposes cancel
-LAYOUT_ORIGINAL = "layout-original"  # with LAYOUT: the original with its convs NHWC (when another program)
 
 
 def candidate_file_name(name: str) -> str:
@@ -130,8 +136,10 @@ def check_candidates(names: Sequence[str]) -> tuple[str, ...]:
     """The extra candidate names, checked: "greedy" (the registry's greedy-dag on the same
     e-graph), "roofline-launch0" (the ILP under the roofline with no launch cost), "layout" (the
     extractor's answer with its convs NHWC: `eqsat.layout_phase`), or a registered cost model (the
-    ILP under it)."""
-    known = sorted({GREEDY, LAUNCH0, LAYOUT, *COST_MODEL_FACTORIES})
+    ILP under it). "calibrated" is the ILP under the xla model where this device has a calibration
+    cached: on an H200 that model's plan was the only one to gain on ResNeXt-50 (docs/tensat.md), and
+    where no calibration is cached it is skipped, since nothing is measured inside the optimizer."""
+    known = sorted({GREEDY, LAUNCH0, LAYOUT, CALIBRATED, *COST_MODEL_FACTORIES})
     for name in names:
         if name not in known:
             raise EqsatError(f"--candidates: unknown candidate {name!r}; choose from {', '.join(known)}")
@@ -225,9 +233,24 @@ def _greedy(result: OptimizationResult, time_limit: float) -> tuple[Graph | None
     return graph, time.perf_counter() - t0
 
 
+def calibrated_model(costs: CostModel) -> CostModel | None:
+    """The xla model of the device `costs` prices for, if that is the device at hand and a
+    calibration of it is cached; None otherwise (and when `costs` is that model already)."""
+    from eqsat.xla_cost import CalibrationError
+
+    if costs.name == "xla":
+        return None
+    try:
+        return cost_model("xla", device=costs.device)
+    except CalibrationError:  # none cached: `eqsat calibrate` measures one, outside any optimizer clock
+        return None
+    except EqsatError:  # another device than the one JAX runs on
+        return None
+
+
 def optimize_and_judge(graph: Graph, rules: Sequence[Rule], limits: Limits, costs: CostModel, *,
                        extractor: str = "ilp", time_limit: float = 60.0, seed: int = 0,
-                       candidates: Sequence[str] = (GREEDY, LAUNCH0, LAYOUT), rounds: int = 30, budget_s: float = 30.0,
+                       candidates: Sequence[str] = DEFAULT_CANDIDATES, rounds: int = 30, budget_s: float = 30.0,
                        rtol: float = 1e-4, atol: float = 1e-5, progress: bool = False, strict: bool = True,
                        fold_weights: bool = True) -> Judged:
     """THE path of `eqsat optimize` (and of each pass of `eqsat bench tensat`): saturate once,
@@ -240,7 +263,10 @@ def optimize_and_judge(graph: Graph, rules: Sequence[Rule], limits: Limits, cost
 
     alternatives = {name: (cost_model("roofline", device=costs.device, launch_s=0.0) if name == LAUNCH0
                            else cost_model(name, device=costs.device))
-                    for name in candidates if name not in (GREEDY, LAYOUT)}
+                    for name in candidates if name not in (GREEDY, LAYOUT, CALIBRATED)}
+    calibrated = calibrated_model(costs) if CALIBRATED in candidates and "xla" not in alternatives else None
+    if calibrated is not None:
+        alternatives["xla"] = calibrated
     result = optimize_graph(graph, rules, limits, costs, extractor=extractor, time_limit=time_limit, seed=seed,
                             progress=progress, alternatives=alternatives, fold_weights=fold_weights)
     main = f"{extractor}/{costs.name}"
