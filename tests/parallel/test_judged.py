@@ -23,8 +23,8 @@ from eqsat.models.parallel_cases import unity_mlp
 needs8 = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
 
 
-def compiled(comm: float, mem: float) -> api.Compiled:
-    return api.Compiled(comm, (("all-reduce", comm),), mem, {}, None)
+def compiled(wire: float, mem: float, comm: float | None = None) -> api.Compiled:
+    return api.Compiled(wire if comm is None else comm, (("all-reduce", wire),), mem, {}, None, wire)
 
 
 def rows(fsdp: tuple[float, float], fsdp_s: float = 1.0) -> list[api.Baseline]:
@@ -46,6 +46,14 @@ def test_a_plan_over_the_baseline_is_replaced_by_the_fastest_baseline_within_it(
     assert name == "fsdp"  # memory over; FSDP within both and predicted faster than data parallel
     name, _ = api.judge_compiled(compiled(50.0, 51.0), rows((90.0, 20.0), fsdp_s=3.0), "data-parallel") or ("", "")
     assert name == "data-parallel"
+
+
+def test_wire_bytes_decide_not_buffer_sizes() -> None:
+    """An all-gather plus a reduce-scatter per weight (ZeRO / FSDP) has twice data parallel's buffer
+    bytes and the same wire bytes: it stays; a plan over data parallel's wire bytes does not."""
+    assert api.judge_compiled(compiled(100.0, 30.0, comm=200.0), rows((200.0, 20.0)), "data-parallel") is None
+    name, why = api.judge_compiled(compiled(101.0, 30.0, comm=60.0), rows((200.0, 20.0)), "data-parallel") or ("", "")
+    assert name == "data-parallel" and "101 wire bytes" in why
 
 
 def test_a_baseline_better_in_time_bytes_and_memory_replaces_the_plan() -> None:
