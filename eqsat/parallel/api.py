@@ -234,14 +234,16 @@ class Plan:
                       f"{c['phase']:<10} {c['why']}" for c in r.collectives]
         rows = [("eqsat plan", r.predicted_step_s, r.compiled)] + [(b.name, b.predicted_s, b.compiled) for b in r.baselines]
         lines.append("")
-        lines.append(f"{'step':<16} {'predicted ms':>13} {'compiled bytes':>15} {'memory':>12} collectives")
+        lines.append(f"{'step':<16} {'predicted ms':>13} {'compiled bytes':>15} {'wire bytes':>12} {'memory':>12} "
+                     "collectives")
         for name, pred, comp in rows:
             p = f"{pred * 1e3:.3f}" if pred is not None else "-"
             if comp is None:
-                lines.append(f"{name:<16} {p:>13} {'-':>15} {'-':>12}")
+                lines.append(f"{name:<16} {p:>13} {'-':>15} {'-':>12} {'-':>12}")
             else:
                 kinds = comp.to_json()["compiled_collectives"]
-                lines.append(f"{name:<16} {p:>13} {comp.comm_bytes:>15,.0f} {_fmt_bytes(comp.mem_bytes):>12} "
+                lines.append(f"{name:<16} {p:>13} {comp.comm_bytes:>15,.0f} {comp.wire_bytes:>12,.0f} "
+                             f"{_fmt_bytes(comp.mem_bytes):>12} "
                              + ", ".join(f"{n}x {k}" for k, n in sorted(kinds.items())))
         return "\n".join(lines)
 
