@@ -440,7 +440,7 @@ def run(program: str, mesh_spec: str, time_limit: float = 60.0) -> dict[str, Any
     row.update(same_as_single_device(plan, step, args, tolerance=TOLERANCES.get(program, (1e-4, 1.0))))
     dp = next(b for b in plan.report.baselines if b.name == "data-parallel")
     if dp.compiled is not None and plan.report.compiled is not None:
-        row["bytes_le_dp"] = plan.report.compiled.comm_bytes <= dp.compiled.comm_bytes
+        row["bytes_le_dp"] = plan.report.compiled.wire_bytes <= dp.compiled.wire_bytes  # wire bytes, as judged
         row["dp_predicted_bytes"] = dp.predicted_comm_bytes
         row["memory_le_dp"] = plan.report.compiled.mem_bytes <= dp.compiled.mem_bytes
     row.update(summary(plan.report))
@@ -448,26 +448,28 @@ def run(program: str, mesh_spec: str, time_limit: float = 60.0) -> dict[str, Any
     return row
 
 
-SUMMARY_COLUMNS = ("program", "mesh", "plan_s", "plan_ms", "dp_ms", "fsdp_ms", "plan_bytes", "dp_bytes", "fsdp_bytes",
-                   "plan_mem_mb", "dp_mem_mb", "fsdp_mem_mb", "no_baseline_dominates", "faster_than_all_predicted",
-                   "loss_rel_diff", "same_as_single_device")
+SUMMARY_COLUMNS = ("program", "mesh", "plan_s", "returned", "plan_ms", "dp_ms", "fsdp_ms", "plan_bytes", "dp_bytes",
+                   "fsdp_bytes", "plan_wire", "dp_wire", "fsdp_wire", "plan_mem_mb", "dp_mem_mb", "fsdp_mem_mb",
+                   "no_baseline_dominates", "faster_than_all_predicted", "loss_rel_diff", "same_as_single_device")
 """The flat fields of a row (`eqsat bench parallel --user-programs` writes these as its table)."""
 
 
 def summary(report: Any) -> dict[str, Any]:
-    """Predicted ms, compiled bytes and memory (MB) per device of the plan, data parallel and FSDP;
-    whether any baseline with a prediction is better in all three (time, bytes, memory), and
-    whether the plan is predicted faster than every baseline with a prediction."""
-    def figures(pred: float | None, compiled: Any) -> tuple[float | None, float | None, float | None]:
-        return (None if pred is None else pred * 1e3, None if compiled is None else compiled.comm_bytes,
-                None if compiled is None else compiled.mem_bytes / 1e6)
+    """Predicted ms, compiled wire bytes, memory (MB) and buffer bytes per device of the plan, data
+    parallel and FSDP; whether any baseline with a prediction is better in all three (time, wire
+    bytes, memory: as `judge_compiled` compares), and whether the plan is predicted faster than
+    every baseline with a prediction."""
+    def figures(pred: float | None, compiled: Any) -> tuple[float | None, ...]:
+        return (None if pred is None else pred * 1e3, None if compiled is None else compiled.wire_bytes,
+                None if compiled is None else compiled.mem_bytes / 1e6, None if compiled is None else compiled.comm_bytes)
 
     mine = figures(report.predicted_step_s, report.compiled)
-    out: dict[str, Any] = dict(zip(("plan_ms", "plan_bytes", "plan_mem_mb"), mine))
+    out: dict[str, Any] = {"returned": report.strategy.split(" (")[0],
+                           **dict(zip(("plan_ms", "plan_wire", "plan_mem_mb", "plan_bytes"), mine))}
     for b in report.baselines:
         if b.name in ("data-parallel", "fsdp"):
             key = "dp" if b.name == "data-parallel" else "fsdp"
-            out.update(zip((f"{key}_ms", f"{key}_bytes", f"{key}_mem_mb"), figures(b.predicted_s, b.compiled)))
+            out.update(zip((f"{key}_ms", f"{key}_wire", f"{key}_mem_mb", f"{key}_bytes"), figures(b.predicted_s, b.compiled)))
     rivals = [figures(b.predicted_s, b.compiled) for b in report.baselines if b.predicted_s is not None]
     if None in mine or any(None in r for r in rivals):
         return {**out, "no_baseline_dominates": None, "faster_than_all_predicted": None}

@@ -46,6 +46,7 @@ from eqsat.ir import Graph
 from eqsat.parallel.memory import sharded_leaves
 from eqsat.parallel.mesh import Mesh
 from eqsat.parallel.planner import graph_axes, replicated_weights
+from eqsat.parallel.timemodel import wire_bytes
 from jax_backend.lower import lower_node
 
 Array = Any
@@ -188,6 +189,20 @@ class CompiledCollective:
     kind: str
     bytes: float  # per device, measured as in eqsat.parallel.cost (reduce-scatter: its input)
     groups: str
+    # an all-reduce whose every use keeps one device's 1/n slice of it (`sliced_all_reduces`): the
+    # reduce-scatter XLA's CPU backend leaves as all-reduce + dynamic-slice
+    sliced: bool = False
+
+    @property
+    def group_size(self) -> int:
+        """Devices in one replica group (a collective-permute's pairs: 2)."""
+        return 2 if self.kind == "collective-permute" else _group_size(self.groups)
+
+    @property
+    def wire_bytes(self) -> float:
+        """Bytes one device sends for it (`timemodel.wire_bytes`, ring algorithms); a sliced
+        all-reduce counts as the reduce-scatter it is."""
+        return wire_bytes("reduce-scatter" if self.sliced else self.kind, self.group_size, self.bytes)
 
 
 def _shape_bytes(text: str) -> float:
@@ -216,6 +231,110 @@ def _group_size(groups: str) -> int:
     return int(iota.group(2)) if iota else 1
 
 
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<result>.*?)\s+(?P<op>[a-z][\w\-]*)\((?P<args>.*)$")
+_INDEX = re.compile(r"\bindex=(\d+)")
+_PARAMETER = re.compile(r"parameter\((\d+)\)")
+_CALLED = re.compile(r"\bcalls=%?([\w.\-]+)")
+
+
+@dataclass(frozen=True)
+class _Instruction:
+    op: str
+    result: str
+    operands: tuple[str, ...]
+    line: str
+
+
+def _computations(hlo_text: str) -> dict[str, dict[str, _Instruction]]:
+    """Per computation of an HLO module, its instructions by name (in the text's order)."""
+    out: dict[str, dict[str, _Instruction]] = {}
+    body: dict[str, _Instruction] = {}
+    for line in hlo_text.splitlines():
+        head = _COMPUTATION.match(line)
+        if head:
+            body = out.setdefault(head.group(1), {})
+            continue
+        m = _INSTRUCTION.match(line)
+        if m:
+            operands = tuple(re.findall(r"%([\w.\-]+)", m.group("args").split(")", 1)[0]))
+            body[m.group("name")] = _Instruction(m.group("op"), m.group("result"), operands, line)
+    return out
+
+
+def _keeps_slice(comps: Mapping[str, Mapping[str, _Instruction]], body: Mapping[str, _Instruction], value: str,
+                 size: float, n: int, ranked: set[str]) -> bool:
+    """Whether every use of `value` (`size` bytes) in `body` is a dynamic-slice of 1/n of it at an
+    offset made from the device's partition id (`ranked`), directly or as the only use of the
+    matching parameter of a fusion the use calls."""
+    users = [i for i in body.values() if value in i.operands]
+    if not users:
+        return False
+    for use in users:
+        if use.op == "dynamic-slice":
+            if use.operands[0] != value or _shape_bytes(use.result) * n != size or not ranked & set(use.operands[1:]):
+                return False
+        elif use.op == "fusion":
+            called = _CALLED.search(use.line)
+            inner = comps.get(called.group(1), {}) if called else {}
+            if not ranked & set(use.operands) or use.operands.count(value) != 1:
+                return False
+            k = use.operands.index(value)
+            params = [name for name, i in inner.items() if i.op == "parameter" and _PARAMETER.search(i.line)
+                      and int(_PARAMETER.search(i.line).group(1)) == k]  # type: ignore[union-attr]
+            inner_ranked = {name for name, i in inner.items() if i.op == "parameter" and _PARAMETER.search(i.line)
+                            and use.operands[int(_PARAMETER.search(i.line).group(1))] in ranked}  # type: ignore[union-attr]
+            if len(params) != 1 or not _keeps_slice(comps, inner, params[0], size, n, _derived(inner, inner_ranked)):
+                return False
+        else:
+            return False
+    return True
+
+
+def _derived(body: Mapping[str, _Instruction], seeds: set[str]) -> set[str]:
+    """The instructions of `body` computed from the device's partition id (or from `seeds`)."""
+    out = set(seeds)
+    for name, i in body.items():
+        if i.op in ("partition-id", "replica-id") or out & set(i.operands):
+            out.add(name)
+    return out
+
+
+def sliced_all_reduces(hlo_text: str) -> set[tuple[str, int]]:
+    """(all-reduce name, tuple element) of each all-reduce element whose every use keeps one
+    device's 1/n slice of it: a dynamic-slice at an offset made from the partition id, directly or
+    inside a fusion. That is a reduce-scatter: GSPMD writes one as all-reduce + dynamic-slice and
+    XLA's GPU pipeline rewrites the pair into a reduce-scatter (its reduce-scatter creator); the
+    CPU backend runs the all-reduce. An element's use through a `get-tuple-element` counts."""
+    comps = _computations(hlo_text)
+    found: set[tuple[str, int]] = set()
+    for body in comps.values():
+        ranked: set[str] | None = None
+        for name, ins in body.items():
+            if ins.op != "all-reduce":
+                continue
+            g = _GROUPS.search(ins.line)
+            n = _group_size(g.group(1)) if g else 1
+            if n <= 1:
+                continue
+            ranked = _derived(body, set()) if ranked is None else ranked
+            sizes = [_shape_bytes(e.group(0)) for e in _SHAPE.finditer(ins.result)]
+            if not ins.result.lstrip().startswith("("):
+                if _keeps_slice(comps, body, name, sizes[0], n, ranked):
+                    found.add((name, 0))
+                continue
+            elements: dict[int, list[str]] = {}
+            for other, j in body.items():
+                if j.op == "get-tuple-element" and j.operands == (name,):
+                    idx = _INDEX.search(j.line)
+                    if idx:
+                        elements.setdefault(int(idx.group(1)), []).append(other)
+            if any(u.op != "get-tuple-element" for u in body.values() if name in u.operands):
+                continue
+            found.update((name, k) for k, names in elements.items() if k < len(sizes)
+                         and all(_keeps_slice(comps, body, e, sizes[k], n, ranked) for e in names))
+    return found
+
+
 def compiled_collectives(hlo_text: str) -> list[CompiledCollective]:
     """Every collective a step of a compiled HLO module runs; one XLA combined into a tuple counts
     once per element (XLA's combiner merges independent all-reduces; each element is one of the
@@ -223,9 +342,11 @@ def compiled_collectives(hlo_text: str) -> list[CompiledCollective]:
     all-to-all into a tuple with one chunk per peer, so each group-size run of elements is one
     all-to-all. One inside a while loop's body counts once per trip (`loop_runs`: a layer stack
     under `lax.scan` all-reduces each layer's gradient in the loop), as the planner counts a loop
-    body's collectives once per layer (`eqsat.parallel.api.loop_trips`)."""
+    body's collectives once per layer (`eqsat.parallel.api.loop_trips`). An all-reduce element
+    every use of which keeps one device's slice is marked `sliced` (`sliced_all_reduces`)."""
     found: list[CompiledCollective] = []
     runs = loop_runs(hlo_text)
+    sliced = sliced_all_reduces(hlo_text)
     computation = ""
     for line in hlo_text.splitlines():
         head = _COMPUTATION.match(line)
@@ -242,7 +363,9 @@ def compiled_collectives(hlo_text: str) -> list[CompiledCollective]:
         if kind == "reduce-scatter":
             sizes = [s * _group_size(groups) for s in sizes]
         per = _group_size(groups) if kind == "all-to-all" and "dimensions=" not in line and len(sizes) > 1 else 1
-        found.extend(CompiledCollective(kind, sum(sizes[i:i + per]), groups)
+        named = _INSTRUCTION.match(line)
+        name = named.group("name") if named else ""
+        found.extend(CompiledCollective(kind, sum(sizes[i:i + per]), groups, kind == "all-reduce" and (name, i) in sliced)
                      for _ in range(runs.get(computation, 1)) for i in range(0, len(sizes), per))
     return found
 

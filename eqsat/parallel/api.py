@@ -81,19 +81,23 @@ class ApiError(EqsatError):
 @dataclass(frozen=True)
 class Compiled:
     """What a compiled step does per device: its collectives (kind, bytes, replica groups, from
-    `compile().as_text()`, counted as `jax_backend.shard.compiled_collectives` counts) and memory."""
+    `compile().as_text()`, counted as `jax_backend.shard.compiled_collectives` counts) and memory.
+    `comm_bytes` sums the collectives' buffers; `wire_bytes` what each device sends for them on
+    ring algorithms (`CompiledCollective.wire_bytes`), the bytes `judge_compiled` compares."""
 
     comm_bytes: float
     collectives: tuple[tuple[str, float], ...]  # (kind, bytes per device)
     mem_bytes: float  # arguments + outputs + temporaries - aliased (donation)
     memory: Mapping[str, float]
     flops: float | None
+    wire_bytes: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         kinds: dict[str, int] = {}
         for k, _ in self.collectives:
             kinds[k] = kinds.get(k, 0) + 1
-        return {"compiled_comm_bytes": self.comm_bytes, "compiled_collectives": kinds,
+        return {"compiled_comm_bytes": self.comm_bytes, "compiled_wire_bytes": self.wire_bytes,
+                "compiled_collectives": kinds,
                 "compiled_mem_bytes": self.mem_bytes, "compiled_memory": dict(self.memory), "compiled_flops": self.flops}
 
 
@@ -109,7 +113,8 @@ def compile_figures(jitted: Any, args: Sequence[Any]) -> Compiled:
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
     flops = float(cost.get("flops", 0.0)) if isinstance(cost, Mapping) else None
-    return Compiled(float(sum(c.bytes for c in found)), tuple((c.kind, c.bytes) for c in found), total, fields, flops)
+    return Compiled(float(sum(c.bytes for c in found)), tuple((c.kind, c.bytes) for c in found), total, fields, flops,
+                    float(sum(c.wire_bytes for c in found)))
 
 
 @dataclass(frozen=True)
@@ -120,10 +125,11 @@ class Baseline:
     predicted_s: float | None = None
     note: str = ""
     predicted_comm_bytes: float | None = None  # its plan's bytes a step, priced as the planner's plan is
+    predicted_wire_bytes: float | None = None  # what each device sends for them
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "specs": self.specs, "predicted_s": self.predicted_s, "note": self.note,
-                "predicted_comm_bytes": self.predicted_comm_bytes,
+                "predicted_comm_bytes": self.predicted_comm_bytes, "predicted_wire_bytes": self.predicted_wire_bytes,
                 **(self.compiled.to_json() if self.compiled is not None else {})}
 
 
@@ -228,14 +234,16 @@ class Plan:
                       f"{c['phase']:<10} {c['why']}" for c in r.collectives]
         rows = [("eqsat plan", r.predicted_step_s, r.compiled)] + [(b.name, b.predicted_s, b.compiled) for b in r.baselines]
         lines.append("")
-        lines.append(f"{'step':<16} {'predicted ms':>13} {'compiled bytes':>15} {'memory':>12} collectives")
+        lines.append(f"{'step':<16} {'predicted ms':>13} {'compiled bytes':>15} {'wire bytes':>12} {'memory':>12} "
+                     "collectives")
         for name, pred, comp in rows:
             p = f"{pred * 1e3:.3f}" if pred is not None else "-"
             if comp is None:
-                lines.append(f"{name:<16} {p:>13} {'-':>15} {'-':>12}")
+                lines.append(f"{name:<16} {p:>13} {'-':>15} {'-':>12} {'-':>12}")
             else:
                 kinds = comp.to_json()["compiled_collectives"]
-                lines.append(f"{name:<16} {p:>13} {comp.comm_bytes:>15,.0f} {_fmt_bytes(comp.mem_bytes):>12} "
+                lines.append(f"{name:<16} {p:>13} {comp.comm_bytes:>15,.0f} {comp.wire_bytes:>12,.0f} "
+                             f"{_fmt_bytes(comp.mem_bytes):>12} "
                              + ", ".join(f"{n}x {k}" for k, n in sorted(kinds.items())))
         return "\n".join(lines)
 
@@ -523,8 +531,8 @@ class _Planned:
     batch: tuple[tuple[int, Any], ...] = ()  # (leading dim, its split) of planned leaves no argument is
     constraints: tuple[tuple[Any, Spec], ...] = ()  # (step jaxpr variable, spec): `boundary_constraints`
     fsdp_predicted_s: float | None = None
-    # per baseline with a prediction: (step s, bytes per step, memory) summed over the planned graphs
-    predicted: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
+    # per baseline with a prediction: (step s, bytes per step, memory, wire bytes per step) summed over the planned graphs
+    predicted: Mapping[str, tuple[float, float, float, float]] = field(default_factory=dict)
     within: str = ""  # how the plan relates to the `within` baseline (`PlanSummary.within`)
     remat: Remat | None = None  # the plan's recomputed products in the step (`eqsat.parallel.remat`)
     inner: tuple[str, ...] = ()  # per constraint inside a captured graph: the op of the value it holds
@@ -559,7 +567,8 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
     batch: list[tuple[int, Any]] = []
     boundary: dict[int, Spec] = {}
     lead: dict[int, int] = {}  # a boundary value's leading size
-    figures: dict[str, list[tuple[float, float, float]]] = {"data-parallel": [], "fsdp": []}
+    # per baseline and graph: predicted (seconds, buffer bytes, memory, wire bytes) of a step
+    figures: dict[str, list[tuple[float, float, float, float]]] = {"data-parallel": [], "fsdp": []}
     answers: list[str] = []
     book = RuleBook.of(pmesh)  # the rules parsed and verified once, for every graph and search below
     inner: list[tuple[Any, Spec, str]] = []  # the plan's layouts held inside the captured graphs
@@ -605,7 +614,7 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
                 else:
                     continue
                 acc.append((runs[-1] * base.report.step_s, runs[-1] * base.report.comm_bytes(None),
-                            runs[-1] * base.report.mem_bytes))
+                            runs[-1] * base.report.mem_bytes, runs[-1] * base.report.wire_bytes()))
             except EqsatError:
                 pass
         shapes = {str(n.attr["name"]): n.shapes[0] for _, n in res.plan.leaves()}
@@ -625,7 +634,7 @@ def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str
                 if spec[0] is not None and not stacked:
                     batch.append((shapes[name][0], spec[0]))
     boundary = {vid: batch_held(spec, lead[vid], batch) for vid, spec in boundary.items()}
-    predicted = {k: (sum(f[0] for f in v), sum(f[1] for f in v), sum(f[2] for f in v))
+    predicted = {k: (sum(f[0] for f in v), sum(f[1] for f in v), sum(f[2] for f in v), sum(f[3] for f in v))
                  for k, v in figures.items() if v and len(v) == len(results)}
     how = ""
     if within is not None and answers:
@@ -838,7 +847,8 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
             (sum(k * r.report.step_s for r, k in zip(results, runs)),
              sum(k * r.report.comm_bytes(None) for r, k in zip(results, runs)),
              sum(k * r.report.mem_bytes for r, k in zip(results, runs))) if results else
-            planned.predicted.get(better, (None, None, None)) if planned is not None and better is not None
+            (planned.predicted[better][0], planned.predicted[better][1], planned.predicted[better][2])
+            if planned is not None and better is not None and better in planned.predicted
             else (None, None, None))
         return Plan(fn, amesh, in_shardings, out_sh, PlanSummary(
             strategy, " x ".join(f"{n}={s}" for n, s in sizes.items()), note, figures[0], figures[1], figures[2],
@@ -865,8 +875,9 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
             fig = compile_figures(jax.jit(train_step, in_shardings=b_in, out_shardings=b_out), abstract)
             pred = None if planned is None else {"data-parallel": planned.dp_predicted_s,
                                                  "fsdp": planned.fsdp_predicted_s}.get(name)
-            moved = None if planned is None or name not in planned.predicted else planned.predicted[name][1]
-            rows.append(Baseline(name, _describe(bspecs, leaves), fig, pred, predicted_comm_bytes=moved))
+            known = planned.predicted.get(name) if planned is not None else None
+            rows.append(Baseline(name, _describe(bspecs, leaves), fig, pred, predicted_comm_bytes=known[1] if known else None,
+                                 predicted_wire_bytes=known[3] if known else None))
     judged = judge_compiled(compiled, rows, within, step.report.predicted_step_s) if results else None
     if judged is not None:
         # judged by compiling it: the plan compiles to more bytes or memory than the `within`
@@ -886,11 +897,14 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
 
 def judge_compiled(compiled: Compiled, rows: Sequence[Baseline], within: str | None,
                    predicted_s: float | None = None) -> tuple[str, str] | None:
-    """The plan against the `within` baseline's compiled step: None when the plan's compiled bytes
-    and memory per device are both within that baseline's and no compiled baseline beats the plan
-    in all three of predicted step time (`predicted_s`, the plan's), compiled bytes and memory;
-    else (baseline to return instead, why). A baseline better in all three is returned as is (the
-    fastest such): the planner's search may miss it within its limits, the user should not.
+    """The plan against the `within` baseline's compiled step: None when the plan's compiled wire
+    bytes and memory per device are both within that baseline's and no compiled baseline beats the
+    plan in all three of predicted step time (`predicted_s`, the plan's), compiled wire bytes and
+    memory; else (baseline to return instead, why). Bytes are wire bytes (`Compiled.wire_bytes`),
+    for plan and baselines alike: a weight all-gathered before use and its gradient
+    reduce-scattered sends what one all-reduce of the gradient sends, though its buffers sum to
+    twice the all-reduce's. A baseline better in all three is returned as is (the fastest such):
+    the planner's search may miss it within its limits, the user should not.
     The one returned is, of the compiled baselines within the `within` baseline's bytes and memory
     (that baseline among them), the one predicted fastest; the `within` baseline where none of them
     has a prediction. The planner bounds a plan by the baseline's *predicted* bytes and memory;
@@ -900,36 +914,36 @@ def judge_compiled(compiled: Compiled, rows: Sequence[Baseline], within: str | N
     if within is None or base is None:
         return None
     slack = 1 + 1e-9
-    if compiled.comm_bytes <= base.comm_bytes * slack and compiled.mem_bytes <= base.mem_bytes * slack:
+    if compiled.wire_bytes <= base.wire_bytes * slack and compiled.mem_bytes <= base.mem_bytes * slack:
         better = [b for b in rows if b.compiled is not None and b.predicted_s is not None and predicted_s is not None
-                  and b.predicted_s < predicted_s and b.compiled.comm_bytes < compiled.comm_bytes
+                  and b.predicted_s < predicted_s and b.compiled.wire_bytes < compiled.wire_bytes
                   and b.compiled.mem_bytes < compiled.mem_bytes]
         if not better or predicted_s is None:
             return None
         best = min(better, key=lambda b: float(b.predicted_s or 0.0))
         assert best.compiled is not None and best.predicted_s is not None
         return best.name, (f"{best.name} is predicted faster ({best.predicted_s * 1e3:.2f} ms against the plan's "
-                           f"{predicted_s * 1e3:.2f}) and compiles to fewer bytes ({best.compiled.comm_bytes:,.0f} against "
-                           f"{compiled.comm_bytes:,.0f}) and less memory ({best.compiled.mem_bytes:,.0f} against "
+                           f"{predicted_s * 1e3:.2f}) and compiles to fewer wire bytes ({best.compiled.wire_bytes:,.0f} "
+                           f"against {compiled.wire_bytes:,.0f}) and less memory ({best.compiled.mem_bytes:,.0f} against "
                            f"{compiled.mem_bytes:,.0f}) per device")
-    fits = [b for b in rows if b.compiled is not None and b.compiled.comm_bytes <= base.comm_bytes * slack
+    fits = [b for b in rows if b.compiled is not None and b.compiled.wire_bytes <= base.wire_bytes * slack
             and b.compiled.mem_bytes <= base.mem_bytes * slack and (b.predicted_s is not None or b.name == within)]
     timed = [b for b in fits if b.predicted_s is not None]
     name = min(timed, key=lambda b: float(b.predicted_s or 0.0)).name if timed else str(within)
-    why = (f"the plan's step compiled to {compiled.comm_bytes:,.0f} bytes and {compiled.mem_bytes:,.0f} bytes of "
-           f"memory per device, over {within}'s {base.comm_bytes:,.0f} / {base.mem_bytes:,.0f}; "
+    why = (f"the plan's step compiled to {compiled.wire_bytes:,.0f} wire bytes and {compiled.mem_bytes:,.0f} bytes of "
+           f"memory per device, over {within}'s {base.wire_bytes:,.0f} / {base.mem_bytes:,.0f}; "
            f"{name}'s shardings instead")
     return name, why
 
 
 def dominating_baseline(planned: _Planned | None) -> str | None:
-    """The predicted baseline that is better than the plan in all three of step time, bytes and
-    memory (the best such in time), or None."""
+    """The predicted baseline that is better than the plan in all three of step time, wire bytes
+    and memory (the best such in time), or None."""
     if planned is None or not planned.results:
         return None
-    mine = (sum(r.report.step_s for r in planned.results), sum(r.report.comm_bytes(None) for r in planned.results),
+    mine = (sum(r.report.step_s for r in planned.results), sum(r.report.wire_bytes() for r in planned.results),
             sum(r.report.mem_bytes for r in planned.results))
-    better = [(f[0], name) for name, f in planned.predicted.items() if all(f[i] < mine[i] for i in range(3))]
+    better = [(f[0], name) for name, f in planned.predicted.items() if all(g < m for g, m in zip((f[0], f[3], f[2]), mine))]
     return min(better)[1] if better else None
 
 

@@ -470,7 +470,7 @@ def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Lim
     answer = "search"
     if baseline is not None:
         slack, base = 1 + 1e-9, baseline.report
-        if not (report.step_s <= base.step_s * slack and report.comm_bytes(None) <= bound_bytes(baseline) * slack
+        if not (report.step_s <= base.step_s * slack and report.wire_bytes() <= bound_bytes(baseline) * slack
                 and report.mem_bytes <= base.mem_bytes * slack):
             plan, report, answer = baseline.plan, base, "baseline"
     t1 = time.perf_counter()

@@ -161,9 +161,11 @@ class ParallelCostModel:
 
     def price(self, node: NodeInContext) -> NodePrice:
         """The `InContextCostModel` protocol: the step's seconds; rows `mem` (per-device bytes kept
-        through the step) and `comm` (per-device bytes its collectives move in a step)."""
+        through the step), `comm` (per-device bytes its collectives move in a step) and `wire` (what
+        each device sends for them, `Collective.wire_bytes`)."""
         c = self.node_cost(node)
         return NodePrice(c.seconds, {"mem": c.mem_bytes, "comm": float(sum(col.bytes for col in c.collectives)),
+                                     "wire": float(sum(col.wire_bytes for col in c.collectives)),
                                      **({"recompute_s": c.recompute_s, "recompute_mem": c.recompute_bytes}
                                         if c.recompute_bytes else {})})
 

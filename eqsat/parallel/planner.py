@@ -272,12 +272,16 @@ class PlanReport:
     def comm_bytes(self, phase: str | None = "forward") -> float:
         return float(sum(c.bytes for _, c in self.collectives if phase is None or c.phase == phase))
 
+    def wire_bytes(self, phase: str | None = None) -> float:
+        """What each device sends for the collectives (`Collective.wire_bytes`), every phase by default."""
+        return float(sum(c.wire_bytes for _, c in self.collectives if phase is None or c.phase == phase))
+
     def to_json(self, graph: Graph) -> dict[str, Any]:
         return {
             "predicted_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s, "copy_s": self.copy_s,
             "predicted_copy_bytes": self.copy_bytes,
             "predicted_comm_bytes": self.comm_bytes("forward"), "predicted_step_comm_bytes": self.comm_bytes(None),
-            "predicted_step_wire_bytes": float(sum(c.wire_bytes for _, c in self.collectives)),
+            "predicted_step_wire_bytes": self.wire_bytes(),
             "predicted_mem_bytes": self.mem_bytes, "predicted_mem_row_bytes": self.mem_row_bytes,
             "predicted_mem_bound_bytes": self.mem_bound_bytes, "predicted_step_contractions": self.contractions,
             "recompute_nodes": list(self.recompute), "open_output_nodes": list(self.open),
@@ -770,7 +774,7 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
                rules: Sequence[Rule] | None = None, priced: PricedEGraph | None = None,
                comm_budget: float | None = None, starts: Sequence[Graph] = (), check: bool = True,
                book: RuleBook | None = None, within: str | None = None,
-               recompute: bool | None = None, open_outputs: bool = False) -> PlanResult:
+               recompute: bool | None = None, open_outputs: bool = False, wire_budget: float | None = None) -> PlanResult:
     """Saturate `graph` with the strategy's parallel rules on `mesh` (or take `priced`, the same
     saturated e-graph built before, e.g. to draw random plans from it too), extract the cheapest
     training step (within `mem_budget` bytes per device and `comm_budget` bytes moved per device
@@ -793,8 +797,12 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
 
     `open_outputs`: an output may be left split where its consumer takes it so (a captured graph of
     a user's step: the next graph, a scan's next trip, GSPMD), its gather then not run
-    (`with_open_outputs`); the baseline's search of `within` too. Off: every output is whole."""
-    for name, value in (("memory budget", mem_budget), ("communication budget", comm_budget)):
+    (`with_open_outputs`); the baseline's search of `within` too. Off: every output is whole.
+
+    `wire_budget`: bytes each device sends in a step (`PlanReport.wire_bytes`), the ILP's `wire`
+    row; `within` bounds the answer by the baseline's wire bytes this way."""
+    for name, value in (("memory budget", mem_budget), ("communication budget", comm_budget),
+                        ("wire budget", wire_budget)):
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise PlanError(f"the {name} must be a finite number of bytes >= 0, not {value}")
     if not (math.isfinite(time_limit) and time_limit > 0):
@@ -815,7 +823,8 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
     t1 = time.perf_counter()
     carried = [c for c in map(pe.choice_of, starts) if c is not None]
     hints = (*pe.hints, *carried)
-    comm_rows = {} if comm_budget is None else {"comm": comm_budget}
+    comm_rows = {**({} if comm_budget is None else {"comm": comm_budget}),
+                 **({} if wire_budget is None else {"wire": wire_budget})}
     row_limit = mem_budget
     for attempt in range(BUDGET_ATTEMPTS):
         rows = {**({} if row_limit is None else {"mem": row_limit}), **comm_rows}
@@ -839,6 +848,9 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
     if comm_budget is not None and report.comm_bytes(None) > comm_budget * (1 + 1e-9):
         raise PlanError(f"no plan moving at most {comm_budget:.4g} bytes per device in a step was found "
                         f"(best: {report.comm_bytes(None):.4g}, status {selection.status})")
+    if wire_budget is not None and report.wire_bytes() > wire_budget * (1 + 1e-9):
+        raise PlanError(f"no plan sending at most {wire_budget:.4g} bytes per device in a step was found "
+                        f"(best: {report.wire_bytes():.4g}, status {selection.status})")
     t2 = time.perf_counter()
     ok, diff = numerics_match(graph, plan) if check else (False, math.nan)
     return PlanResult(strategy, mesh, plan, report, ok, diff, pe.seconds + extract_s, pe.seconds, extract_s,
@@ -849,12 +861,15 @@ def plan_graph(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Limits
 
 
 def bound_bytes(base: PlanResult) -> float:
-    """The bytes a plan searched within the baseline `base` may move: its plan's predicted bytes,
-    every phase, for every baseline. (Data parallel's once counted its gradient sync alone, since its
-    plan gathered where XLA keeps the batch split; with outputs left split (`with_open_outputs`) and
-    the batch rules through norms, rotary tables and rank-4 products, its prediction is what XLA
-    compiles: docs/parallel.md.)"""
-    return base.report.comm_bytes(None)
+    """The bytes a plan searched within the baseline `base` may send: its plan's predicted wire
+    bytes (`PlanReport.wire_bytes`), every phase, for every baseline. Wire, not buffer sizes: a
+    weight kept sharded, all-gathered before use and its gradient reduce-scattered (ZeRO / FSDP)
+    sends what data parallel's all-reduce of the gradient sends, though its buffers sum to twice
+    that; `eqsat.parallel.api.judge_compiled` compares the compiled steps the same way. (Data
+    parallel's once counted its gradient sync alone, since its plan gathered where XLA keeps the
+    batch split; with outputs left split (`with_open_outputs`) and the batch rules through norms,
+    rotary tables and rank-4 products, its prediction is what XLA compiles: docs/parallel.md.)"""
+    return base.report.wire_bytes()
 
 
 def _plan_within(graph: Graph, mesh: Mesh, strategy: str, limits: Limits, time_limit: float, mem_budget: float | None,
@@ -867,17 +882,16 @@ def _plan_within(graph: Graph, mesh: Mesh, strategy: str, limits: Limits, time_l
     slack = 1 + 1e-9
     b = base.report
     moved = bound_bytes(base)
-    comm = moved * slack if comm_budget is None else min(comm_budget, moved * slack)
     mem = b.mem_bytes * slack if mem_budget is None else min(mem_budget, b.mem_bytes * slack)
     res: PlanResult | None
     try:
-        res = plan_graph(graph, mesh, strategy, limits, time_limit, mem, model, rules, priced, comm,
+        res = plan_graph(graph, mesh, strategy, limits, time_limit, mem, model, rules, priced, comm_budget,
                          (*starts, base.plan), check=False, book=book, recompute=recompute,
-                         open_outputs=open_outputs)
+                         open_outputs=open_outputs, wire_budget=moved * slack)
     except PlanError:
         res = None
     r = res.report if res is not None else None
-    fits = r is not None and r.step_s <= b.step_s * slack and r.comm_bytes(None) <= moved * slack \
+    fits = r is not None and r.step_s <= b.step_s * slack and r.wire_bytes() <= moved * slack \
         and r.mem_bytes <= b.mem_bytes * slack
     if res is None or not fits:
         if (comm_budget is not None and b.comm_bytes(None) > comm_budget * slack) or \

@@ -38,9 +38,11 @@ __all__ = ["LATENCY_ALGORITHMS", "WIRE_FACTORS", "LinkFit", "LinkSample", "TimeM
 
 LATENCY_ALGORITHMS = ("ring", "tree", "once")
 
-# kind -> (multiple of (n-1)/n S each device sends, phases of the algorithm)
+# kind -> (multiple of (n-1)/n S each device sends, phases of the algorithm); a collective-permute
+# sends its whole buffer to one peer, so it is counted over a pair (n = 2): 2 x (2-1)/2 S = S
 WIRE_FACTORS: Mapping[str, tuple[float, int]] = MappingProxyType({
     "all-reduce": (2.0, 2), "all-gather": (1.0, 1), "reduce-scatter": (1.0, 1), "all-to-all": (1.0, 1),
+    "collective-permute": (2.0, 1),
 })
 
 

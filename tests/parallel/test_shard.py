@@ -325,3 +325,58 @@ def test_copy_bytes_sum_every_copy_result() -> None:
             "  %n = f32[9]{0} negate(%c0)\n")
     assert compiled_copy_bytes(text) == 512 * 256 * 4 + 8 * 4 * 2
     assert compiled_copy_bytes("%n = f32[9]{0} negate(%x)") == 0.0
+
+
+_SLICED = """HloModule m
+
+%fused (param_0: f32[16,512], param_1: f32[512,128], param_2: u32[]) -> f32[16,512] {
+  %param_1 = f32[512,128]{1,0} parameter(1)
+  %zero = s32[] constant(0)
+  %param_2 = u32[] parameter(2)
+  %rank = s32[] convert(%param_2)
+  %width = s32[] constant(16)
+  %offset = s32[] multiply(%rank, %width)
+  %ds = f32[512,16]{1,0} dynamic-slice(%param_1, %zero, %offset), dynamic_slice_sizes={512,16}
+  %t = f32[16,512]{0,1} transpose(%ds), dimensions={1,0}
+  %param_0 = f32[16,512]{1,0} parameter(0)
+  ROOT %add = f32[16,512]{1,0} add(%t, %param_0)
+}
+
+ENTRY %main (a: f32[512,128], b: f32[128], m: f32[16,512]) -> (f32[16,512], f32[128]) {
+  %a = f32[512,128]{1,0} parameter(0)
+  %b = f32[128]{0} parameter(1)
+  %m = f32[16,512]{1,0} parameter(2)
+  %pid = u32[] partition-id()
+  %ar = (f32[512,128]{1,0}, f32[128]{0}) all-reduce(%a, %b), channel_id=1, replica_groups=mesh['x'=8] {'x'}, to_apply=%sum
+  %g0 = f32[512,128]{1,0} get-tuple-element(%ar), index=0
+  %g1 = f32[128]{0} get-tuple-element(%ar), index=1
+  %upd = f32[16,512]{1,0} fusion(%m, %g0, %pid), kind=kLoop, calls=%fused
+  ROOT %out = (f32[16,512]{1,0}, f32[128]{0}) tuple(%upd, %g1)
+}
+"""
+
+
+def test_an_all_reduce_every_use_of_which_keeps_the_devices_slice_is_a_reduce_scatter_on_the_wire() -> None:
+    """GSPMD writes a reduce-scatter as all-reduce + dynamic-slice at the partition id (XLA's CPU
+    backend runs it so): such an element counts its buffer as before and sends a reduce-scatter's
+    (n-1)/n of it; an element used whole (or sliced at a fixed offset, or not 1/n) an all-reduce's 2(n-1)/n."""
+    from eqsat.parallel.timemodel import wire_bytes
+    from jax_backend.shard import sliced_all_reduces
+
+    assert sliced_all_reduces(_SLICED) == {("ar", 0)}
+    big, small = compiled_collectives(_SLICED)
+    assert (big.sliced, small.sliced) == (True, False) and big.group_size == 8
+    assert big.bytes == 512 * 128 * 4 and big.wire_bytes == pytest.approx(7 / 8 * big.bytes)
+    assert small.wire_bytes == pytest.approx(wire_bytes("all-reduce", 8, 128 * 4)) == pytest.approx(2 * 7 / 8 * 512)
+    assert sliced_all_reduces(_SLICED.replace("fusion(%m, %g0, %pid)", "fusion(%m, %g0, %c)")) == set()  # no rank
+    assert sliced_all_reduces(_SLICED.replace("dynamic_slice_sizes={512,16}", "").replace(
+        "f32[512,16]{1,0} dynamic-slice", "f32[512,32]{1,0} dynamic-slice")) == set()  # 1/4, not 1/8
+    whole = _SLICED.replace("ROOT %out = (f32[16,512]{1,0}, f32[128]{0}) tuple(%upd, %g1)",
+                            "ROOT %out = (f32[16,512]{1,0}, f32[512,128]{1,0}) tuple(%upd, %g0)")
+    assert sliced_all_reduces(whole) == set()  # also returned whole
+
+
+def test_a_collective_permute_sends_its_buffer_once() -> None:
+    text = "%cp = f32[64]{0} collective-permute(%a), channel_id=1, source_target_pairs={{0,1},{1,0}}"
+    (cp,) = compiled_collectives(text)
+    assert cp.bytes == 256 and cp.wire_bytes == 256
