@@ -125,6 +125,26 @@ class Curve:
         ys = [math.exp(mean) for mean, n in blocks for _ in range(n)]
         return Curve(tuple(xs), tuple(ys))
 
+    @staticmethod
+    def fit_no_economy(points: Sequence[tuple[float, float]]) -> Curve:
+        """A curve through measured points on which a larger call never runs at a higher rate (seconds
+        per flop made non-decreasing by pooling adjacent violators in log space, as `Surface.fit` does
+        along the weight): for kernels whose work is independent per channel (depthwise convs), where
+        merging two calls into one cannot gain, but probes of different shapes and their noise would
+        say it does."""
+        groups: dict[float, list[float]] = {}
+        for f, sec in points:
+            groups.setdefault(float(f), []).append(math.log(sec / f))
+        xs = sorted(groups)
+        blocks: list[tuple[float, int]] = []  # (mean log seconds per flop, points pooled)
+        for x in xs:
+            blocks.append((sum(groups[x]) / len(groups[x]), 1))
+            while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+                (a, n), (b, m) = blocks[-2], blocks[-1]
+                blocks[-2:] = [((a * n + b * m) / (n + m), n + m)]
+        logs = [mean for mean, n in blocks for _ in range(n)]
+        return Curve(tuple(xs), tuple(x * math.exp(lg) for x, lg in zip(xs, logs)))
+
     def seconds_for(self, flops: float) -> float:
         xs, ys = self.flops, self.seconds
         if flops <= xs[0]:

@@ -45,7 +45,8 @@ from jax_backend.measured_cost import check_measuring_device, device_key
 from jax_backend.timing import interleaved_rounds, medians_precise
 
 __all__ = ["MATMUL_SHAPES", "GEMV_SHAPES", "GEMV_GRID_K", "CONV_SHAPES", "CONV1X1_SIZES", "CONV1X1_CHANNELS",
-           "CHAIN_LENGTHS", "DWCONV_SHAPES", "FLOOR_PROBES", "GCONV_SHAPES", "TRANSPOSE_ACT_SHAPES", "TRANSPOSE_SHAPES", "calibration_path", "calibrate",
+           "CHAIN_LENGTHS", "DWCONV_SHAPES", "FLOOR_PROBES", "GCONV_SHAPES", "TRANSPOSE_ACT_SHAPES", "TRANSPOSE_SHAPES",
+           "calibration_path", "calibrate",
            "chain_fit", "chain_is_device_bound", "load_calibration", "xla_model"]
 
 MATMUL_SHAPES: tuple[tuple[int, int, int], ...] = (
@@ -347,7 +348,8 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
 
 def _dwconv_curve(say: Callable[[str], None]) -> Curve:
     """Depthwise NHWC convs (`DWCONV_SHAPES`), each the marginal cost of one more call in a chain, as the
-    dense and grouped convs are measured (`_marginals`)."""
+    dense and grouped convs are measured (`_marginals`), on a curve whose rate never rises with size
+    (`Curve.fit_no_economy`)."""
     attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
     points = []
     for c, hw, k in DWCONV_SHAPES:
@@ -355,7 +357,7 @@ def _dwconv_curve(say: Callable[[str], None]) -> Curve:
         f = ops.flops("conv2d", [(1, c, hw, hw), (c, 1, k, k)], attrs)
         points.append((f, t))
         say(f"depthwise conv NHWC {c} channels {hw}x{hw} {k}x{k}: {t * 1e6:.0f} us, {f / t / 1e9:.2f} GFLOP/s")
-    return Curve.fit(points)
+    return Curve.fit_no_economy(points)  # per-channel work: a merge of depthwise convs never gains
 
 
 def _conv1x1_surface(say: Callable[[str], None], call_s: float = 0.0) -> Surface:

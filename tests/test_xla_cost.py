@@ -621,3 +621,12 @@ def test_a_format_8_calibration_is_refused_as_older(tmp_path: Path) -> None:
         read_calibration(path, "machine-a", "cpu-test")
     slow = Curve((1e6, 1e8), (2e-3, 2e-1))
     assert Calibration.from_json(replace(CAL, dwconv=slow).to_json()).dwconv == slow
+
+
+def test_a_curve_without_economy_never_runs_a_larger_call_at_a_higher_rate() -> None:
+    # probes of 1, 8 and 20 MFLOP at 1.0, 0.5 and 0.8 GFLOP/s: the last would make a merge look like a gain
+    curve = Curve.fit_no_economy([(1e6, 1e-3), (8e6, 16e-3), (2e7, 25e-3)])
+    rates = [f / s for f, s in zip(curve.flops, curve.seconds)]
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(rates, rates[1:]))
+    assert curve.seconds[0] == pytest.approx(1e-3)  # a point that breaks nothing stays where it was measured
+    assert 2 * curve.seconds_for(8e6) <= curve.seconds_for(1.6e7) * (1 + 1e-9)  # two calls merged never gain
