@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 __all__ = ["CALIBRATION_FORMAT", "FLOOR_KINDS", "Calibration", "CalibrationError", "ChainFit", "Curve", "Surface", "XlaModel",
            "fit_chain", "fusion_context", "graph_enodes", "read_calibration", "write_calibration"]
 
-CALIBRATION_FORMAT = "eqsat-xla-calibration-8"
+CALIBRATION_FORMAT = "eqsat-xla-calibration-9"
 """3: per-kind kernel floors, the per-call time and grouped convs; 4: matrix-vector products by size
 (`Calibration.gemv`) and NHWC convs (`Calibration.conv_nhwc`); 5: 1x1 convs by rows and weight
 (`Calibration.conv1x1`); 6: matrix-vector products by reduction length and width (`Calibration.gemv_kn`); 7: the bandwidth of
@@ -124,6 +124,26 @@ class Curve:
                 blocks[-2:] = [((a * n + b * m) / (n + m), n + m)]
         ys = [math.exp(mean) for mean, n in blocks for _ in range(n)]
         return Curve(tuple(xs), tuple(ys))
+
+    @staticmethod
+    def fit_no_economy(points: Sequence[tuple[float, float]]) -> Curve:
+        """A curve through measured points on which a larger call never runs at a higher rate (seconds
+        per flop made non-decreasing by pooling adjacent violators in log space, as `Surface.fit` does
+        along the weight): for kernels whose work is independent per channel (depthwise convs), where
+        merging two calls into one cannot gain, but probes of different shapes and their noise would
+        say it does."""
+        groups: dict[float, list[float]] = {}
+        for f, sec in points:
+            groups.setdefault(float(f), []).append(math.log(sec / f))
+        xs = sorted(groups)
+        blocks: list[tuple[float, int]] = []  # (mean log seconds per flop, points pooled)
+        for x in xs:
+            blocks.append((sum(groups[x]) / len(groups[x]), 1))
+            while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+                (a, n), (b, m) = blocks[-2], blocks[-1]
+                blocks[-2:] = [((a * n + b * m) / (n + m), n + m)]
+        logs = [mean for mean, n in blocks for _ in range(n)]
+        return Curve(tuple(xs), tuple(x * math.exp(lg) for x, lg in zip(xs, logs)))
 
     def seconds_for(self, flops: float) -> float:
         xs, ys = self.flops, self.seconds
@@ -268,6 +288,7 @@ class Calibration:
     transpose_2d: Curve | None = None  # seconds of a 2-D transpose (1x1 weights, NCHW <-> NHWC) against its bytes
     transpose_kxk: Curve | None = None  # seconds of a k x k conv weight's OIHW -> HWIO transpose against its bytes
     transpose_act: Curve | None = None  # seconds of an activation's NCHW <-> NHWC transpose; None: `transpose_2d`
+    dwconv: Curve | None = None  # depthwise NHWC convs (one channel a group) against flops; None: the conv curve
 
     def __post_init__(self) -> None:
         defaults = {"weight_bandwidth": self.bandwidth, "copy_s": self.launch_s, "kernel_s": self.launch_s,
@@ -303,7 +324,7 @@ class Calibration:
             curves = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) for k in ("matmul", "conv")}
             optional = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) if data[k] is not None else None
                         for k in ("gconv", "gemv", "conv_nhwc", "gconv_nhwc", "transpose_2d", "transpose_kxk",
-                                                                              "transpose_act")}
+                                  "transpose_act", "dwconv")}
             surfaces = {k: Surface(tuple(data[k]["rows"]), tuple(data[k]["weights"]), tuple(data[k]["seconds"]))
                         if data[k] is not None else None for k in ("conv1x1", "conv1x1_nhwc", "gemv_kn")}
             return Calibration(str(data["machine"]), str(data["device"]), data["launch_s"], data["bandwidth"],
@@ -312,7 +333,8 @@ class Calibration:
                                data["conv_s"], data["call_s"], optional["gconv"], optional["gemv"],
                                optional["conv_nhwc"], optional["gconv_nhwc"], surfaces["conv1x1"],
                                surfaces["conv1x1_nhwc"], surfaces["gemv_kn"], data["transpose_bandwidth"],
-                               optional["transpose_2d"], optional["transpose_kxk"], optional["transpose_act"])
+                               optional["transpose_2d"], optional["transpose_kxk"], optional["transpose_act"],
+                               optional["dwconv"])
         except CalibrationError:
             raise
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -575,8 +597,12 @@ def _gemm_shape(layout: ops.ConvLayout, shapes: Sequence[Shape], out: Shape) -> 
 
 def _conv_curve(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Shape]) -> Curve:
     """The curve a conv is priced on: by layout (an NCHW conv reaches it only when not of rank 4: XLA:CPU
-    runs a rank-4 one as NHWC, `XlaModel._layout_seconds`) and whether it is grouped (`_grouped`)."""
+    runs a rank-4 one as NHWC, `XlaModel._layout_seconds`), whether it is depthwise (`_depthwise`: XLA:CPU
+    runs one at a small fraction of a dense conv's rate, so the dense curve by flops prices it far too
+    low) or grouped (`_grouped`)."""
     nhwc = layout == "NHWC"
+    if _depthwise(layout, shapes) and cal.dwconv is not None:
+        return cal.dwconv
     if _grouped(layout, shapes) and cal.gconv is not None:
         return cal.gconv_nhwc if nhwc and cal.gconv_nhwc is not None else cal.gconv
     return cal.conv_nhwc if nhwc and cal.conv_nhwc is not None else cal.conv
@@ -630,6 +656,15 @@ def _dot_read_seconds(cal: Calibration, moved: float, width: int, reduction: int
 # The widest group the grouped-conv probes measure (`jax_backend.calibrate.GCONV_SHAPES`): a curve
 # is not extrapolated past the convs it was measured on.
 GROUPED_CURVE_MAX_PER_GROUP = 64
+
+
+def _depthwise(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
+    """A depthwise conv: one input channel a group, more than one group (NasNet-A's separable convs)."""
+    x, w = shapes[0], shapes[1]
+    if len(x) != 4 or len(w) != 4:
+        return False
+    channels, per_group = (x[1], w[1]) if layout == "NCHW" else (x[3], w[2])
+    return per_group == 1 and channels > 1
 
 
 def _grouped(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:

@@ -79,7 +79,7 @@ def main() -> None:
     p.add_argument("--model", nargs=3, metavar=("DIR", "MODEL", "PLAN"), help="time a stored model's original, "
                    "its layout plan and its weights' transposes in both probe forms (`model_gain`)")
     p.add_argument("--convert", nargs=2, metavar=("OLD", "NEW"), help="write OLD (format 7) with its transpose "
-                   "curves scaled by the in-program / old probe ratios measured now (`probe_ratios`), as format 8")
+                   "curves scaled by the in-program / old probe ratios measured now (`probe_ratios`), in the current format")
     a = p.parse_args()
     if a.model:
         model_gain(Path(a.model[0]), a.model[1], a.model[2], a.rounds)
@@ -120,6 +120,8 @@ def convert(old: Path, new: Path, ratios: dict[tuple[int, ...], float]) -> None:
         scale = [ratios[s] for s in TRANSPOSE_SHAPES if (s[2] * s[3] > 1) == window]
         data[key]["seconds"] = [t * r for t, r in zip(data[key]["seconds"], scale)]
     data["format"] = CALIBRATION_FORMAT
+    data.setdefault("transpose_act", None)  # curves the old format did not measure: the model's fallbacks
+    data.setdefault("dwconv", None)
     new.write_text(json.dumps(data, indent=1), encoding="utf-8")
 
 

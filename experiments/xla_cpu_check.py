@@ -155,7 +155,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if data.get("format") == "eqsat-xla-calibration-6":  # measured before the transpose probe: loop bandwidth
             data = {**data, "format": "eqsat-xla-calibration-7", "transpose_bandwidth": 0.0}
         if data.get("format") == "eqsat-xla-calibration-7":  # transposes probed alone (as returned): the old prices
-            data = {**data, "format": CALIBRATION_FORMAT, "transpose_act": None}
+            data = {**data, "format": "eqsat-xla-calibration-8", "transpose_act": None}
+        if data.get("format") == "eqsat-xla-calibration-8":  # measured before the depthwise curve: dense rates
+            data = {**data, "format": CALIBRATION_FORMAT, "dwconv": None}
         measured = Calibration.from_json(data)
         report(f"{path}: as measured", measured, args.plans, rows)
         if args.variants and measured.transpose_2d is not None and measured.transpose_kxk is not None:

@@ -5,7 +5,7 @@ about a minute on a quiet CPU: per kind of kernel (loop, copy, pool, dot, conv) 
 tiny kernel of that kind adds to a chain of up to 64 (`FLOOR_PROBES`, `chain_fit`), and the time
 of a call beyond its kernels (each call timed to completion, as plans are judged), the
 bandwidth of a loop fusion streaming a 1 MiB array, the arithmetic rate of a long elementwise
-chain, dots and NHWC convs (dense and grouped) of representative sizes (seconds against
+chain, dots and NHWC convs (dense, grouped and depthwise) of representative sizes (seconds against
 flops: the efficiency curves; dense 1x1 convs on a grid of rows x channels), each as the marginal
 cost of one more call in a chain; no NCHW conv (the model prices a rank-4 one as XLA:CPU runs it, its
 NHWC form and transposes),
@@ -45,7 +45,8 @@ from jax_backend.measured_cost import check_measuring_device, device_key
 from jax_backend.timing import interleaved_rounds, medians_precise
 
 __all__ = ["MATMUL_SHAPES", "GEMV_SHAPES", "GEMV_GRID_K", "CONV_SHAPES", "CONV1X1_SIZES", "CONV1X1_CHANNELS",
-           "CHAIN_LENGTHS", "FLOOR_PROBES", "GCONV_SHAPES", "TRANSPOSE_ACT_SHAPES", "TRANSPOSE_SHAPES", "calibration_path", "calibrate",
+           "CHAIN_LENGTHS", "DWCONV_SHAPES", "FLOOR_PROBES", "GCONV_SHAPES", "TRANSPOSE_ACT_SHAPES", "TRANSPOSE_SHAPES",
+           "calibration_path", "calibrate",
            "chain_fit", "chain_is_device_bound", "load_calibration", "xla_model"]
 
 MATMUL_SHAPES: tuple[tuple[int, int, int], ...] = (
@@ -74,6 +75,11 @@ extrapolated, up to them)."""
 GCONV_SHAPES: tuple[tuple[int, int, int], ...] = ((64, 56, 4), (512, 14, 16), (2048, 7, 64))
 """(channels, height = width, channels a group) of the calibration's grouped 3x3 convs (ResNeXt's
 cardinality-32 blocks): 1.4e7 to 1.2e8 flops."""
+
+DWCONV_SHAPES: tuple[tuple[int, int, int], ...] = ((64, 28, 3), (128, 56, 3), (256, 28, 5), (256, 28, 7))
+"""(channels, height = width, kernel) of the calibration's depthwise convs (one channel a group: NasNet-A's
+separable convs), 9e5 to 2e7 flops: XLA:CPU runs them far below a dense conv's rate, so they need a curve
+of their own (`eqsat.xla_cost.Calibration.dwconv`)."""
 
 CONV1X1_SIZES: tuple[int, ...] = (8, 17, 35)
 CONV1X1_CHANNELS: tuple[int, ...] = (256, 768, 1280)
@@ -329,6 +335,7 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
             say(f"{'grouped ' if grouped else ''}conv NHWC {c} channels {hw}x{hw} "
                 f"({width} a group) {kernel}x{kernel}: {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
     conv, gconv = Curve.fit(convs[False]), Curve.fit(convs[True])
+    dwconv = _dwconv_curve(say)
     surface = _conv1x1_surface(say, call_s)
     transpose_2d, transpose_kxk, transpose_act = _transpose_curves(say)
     transpose_bandwidth = 2.0 * transpose_2d.flops[-1] / transpose_2d.seconds[-1]
@@ -336,7 +343,21 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
                        conv, time.perf_counter() - start, weight_bandwidth,
                        fits["copy"].floor_s, fits["kernel"].floor_s, fits["dot"].floor_s, fits["conv"].floor_s,
                        call_s, gconv, Curve.fit(gemv), conv, gconv, surface, surface, gemv_kn, transpose_bandwidth,
-                       transpose_2d, transpose_kxk, transpose_act)
+                       transpose_2d, transpose_kxk, transpose_act, dwconv)
+
+
+def _dwconv_curve(say: Callable[[str], None]) -> Curve:
+    """Depthwise NHWC convs (`DWCONV_SHAPES`), each the marginal cost of one more call in a chain, as the
+    dense and grouped convs are measured (`_marginals`), on a curve whose rate never rises with size
+    (`Curve.fit_no_economy`)."""
+    attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+    points = []
+    for c, hw, k in DWCONV_SHAPES:
+        (t,) = _marginals([("conv2d_nhwc", attrs, (1, hw, hw, c), (k, k, 1, c))])
+        f = ops.flops("conv2d", [(1, c, hw, hw), (c, 1, k, k)], attrs)
+        points.append((f, t))
+        say(f"depthwise conv NHWC {c} channels {hw}x{hw} {k}x{k}: {t * 1e6:.0f} us, {f / t / 1e9:.2f} GFLOP/s")
+    return Curve.fit_no_economy(points)  # per-channel work: a merge of depthwise convs never gains
 
 
 def _conv1x1_surface(say: Callable[[str], None], call_s: float = 0.0) -> Surface:

@@ -501,7 +501,7 @@ def test_a_merged_1x1_conv_is_priced_by_its_gemm_shape() -> None:
         work = ops.flops("conv2d", other, attrs)
         rate = SLOWER_WHEN_WIDE.seconds_for(17 * 17, weights) / (2 * 17 * 17 * weights)
         assert XlaModel(by_shape).op_cost("conv2d", attrs, other) == pytest.approx(work * rate)
-    # a narrow grouped conv (16 channels a group) and a depthwise one stay on the curve by flops
+    # a narrow grouped conv (16 channels a group) and a depthwise one (no curve of its own) stay on the curve by flops
     for other in ([(1, 512, 14, 14), (512, 16, 3, 3)], [(1, 512, 14, 14), (512, 1, 3, 3)]):
         work = ops.flops("conv2d", other, attrs)
         assert XlaModel(by_shape).op_cost("conv2d", attrs, other) == pytest.approx(conv.seconds_for(work))
@@ -592,3 +592,41 @@ def test_an_activations_layout_transpose_is_priced_on_its_own_curve() -> None:
         flat.seconds_for(4 * 512 * 256))
     assert XlaModel(cal).op_cost("transpose", perm, [x]) == pytest.approx(flat.seconds_for(4 * ops.numel(x)))
     assert Calibration.from_json(json.loads(json.dumps(with_act.to_json()))) == with_act
+
+
+def test_a_depthwise_conv_is_priced_on_its_own_curve_and_a_grouped_one_is_not() -> None:
+    # XLA:CPU runs a depthwise conv far below a dense conv of the same flops: on the dense curve it
+    # would be priced as nearly free
+    slow = Curve((1e6, 1e8), (2e-3, 2e-1))
+    cal = replace(CAL, dwconv=slow, **NO_TRANSPOSES)
+    attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+    nchw = [(1, 128, 56, 56), (128, 1, 3, 3)]
+    nhwc = [(1, 56, 56, 128), (3, 3, 1, 128)]
+    work = ops.flops("conv2d", nchw, attrs)
+    for op, shapes in (("conv2d", nchw), ("conv2d_nhwc", nhwc)):
+        assert XlaModel(cal).op_cost(op, attrs, shapes) == pytest.approx(slow.seconds_for(work))
+        assert XlaModel(replace(CAL, **NO_TRANSPOSES)).op_cost(op, attrs, shapes) < XlaModel(cal).op_cost(
+            op, attrs, shapes) / 5
+    # a grouped conv of 16 channels a group and a dense one keep their curves
+    for shapes in ([(1, 512, 14, 14), (512, 16, 3, 3)], [(1, 64, 14, 14), (64, 64, 3, 3)]):
+        assert XlaModel(cal).op_cost("conv2d", attrs, shapes) == XlaModel(
+            replace(CAL, **NO_TRANSPOSES)).op_cost("conv2d", attrs, shapes)
+
+
+def test_a_format_8_calibration_is_refused_as_older(tmp_path: Path) -> None:
+    path = tmp_path / "cal.json"
+    old = {k: v for k, v in CAL.to_json().items() if k != "dwconv"}
+    path.write_text(json.dumps({**old, "format": "eqsat-xla-calibration-8"}))
+    with pytest.raises(CalibrationError, match="older eqsat"):
+        read_calibration(path, "machine-a", "cpu-test")
+    slow = Curve((1e6, 1e8), (2e-3, 2e-1))
+    assert Calibration.from_json(replace(CAL, dwconv=slow).to_json()).dwconv == slow
+
+
+def test_a_curve_without_economy_never_runs_a_larger_call_at_a_higher_rate() -> None:
+    # probes of 1, 8 and 20 MFLOP at 1.0, 0.5 and 0.8 GFLOP/s: the last would make a merge look like a gain
+    curve = Curve.fit_no_economy([(1e6, 1e-3), (8e6, 16e-3), (2e7, 25e-3)])
+    rates = [f / s for f, s in zip(curve.flops, curve.seconds)]
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(rates, rates[1:]))
+    assert curve.seconds[0] == pytest.approx(1e-3)  # a point that breaks nothing stays where it was measured
+    assert 2 * curve.seconds_for(8e6) <= curve.seconds_for(1.6e7) * (1 + 1e-9)  # two calls merged never gain
