@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.bench_parallel import spearman, spearman_plans  # noqa: E402
+from experiments.bench_parallel import spearman, spearman_plans
 
 
 @dataclass
@@ -83,6 +85,13 @@ def reprice(path: Path, cal_path: Path, show_ops: bool) -> list[dict[str, Any]]:
             for i in sorted(range(len(chosen)), key=lambda i: measured[i]):
                 cells = "  ".join(f"{sum(recs[i].by_op[o]) * 1e3:9.2f}" if o in recs[i].by_op else f"{'':9}" for o in ops)
                 print(f"  {i:4d}  {measured[i]:8.2f}  {predicted[i]:9.2f}  {measured[i] / predicted[i]:5.2f}  {cells}")
+            # the residual against the plan's predicted product (matmul, conv) seconds: a negative
+            # slope -s says a fraction s of the product time a split saves (on paper) is not saved
+            products = np.array([sum(r.by_op[o][0] for o in ("matmul", "conv2d") if o in r.by_op) * 1e3 for r in recs])
+            residual = np.array(measured) - np.array(predicted)
+            slope = float(np.polyfit(products, residual, 1)[0]) if np.ptp(products) > 0 else float("nan")
+            print(f"  residual vs predicted product ms: Pearson r {np.corrcoef(products, residual)[0, 1]:.2f}, slope {slope:.2f}; "
+                  f"Spearman(measured, products) {spearman(list(products), measured):.2f}")
     return out
 
 
