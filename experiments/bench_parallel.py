@@ -240,6 +240,30 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
+def spearman_plans(model: str, mesh: Any, plans: int = SPEARMAN_PLANS) -> tuple[Any, Any, list[Any]]:
+    """A case's graph, its priced joint e-graph and its distinct random plans, drawn as
+    `spearman_case` times them (`experiments/spearman_reprice.py` draws them again to reprice a
+    stored run)."""
+    import numpy as np
+
+    from eqsat.models import build_parallel_model
+    from eqsat.parallel.planner import saturate_and_price
+    from eqsat.saturate import Limits
+
+    graph = build_parallel_model(model)
+    pe = saturate_and_price(graph, mesh, "joint", Limits(iterations=12, nodes=50_000, seconds=15.0))
+    # random plans as `random_plans` draws them, but node costs log-uniform over six decades: with
+    # uniform costs a plan with fewer nodes nearly always wins (the unsplit program), so few differ
+    rng = np.random.default_rng(1)
+    distinct: dict[str, Any] = {}
+    for _ in range(4 * plans):
+        if len(distinct) >= plans:
+            break
+        p = pe.priced.with_costs(10 ** rng.uniform(-3, 3, size=pe.data.n_nodes)).extract("greedy-dag", 10.0)[1]
+        distinct.setdefault(repr(p.live().nodes), p)
+    return graph, pe, list(distinct.values())
+
+
 def spearman_case(model: str, mesh_spec: str = SPEARMAN_MESH, plans: int = SPEARMAN_PLANS,
                   budget_s: float = 6.0, rel_width: float | None = SPEARMAN_PRECISION) -> dict[str, Any]:
     """One case's distinct random plans (from a briefly saturated joint e-graph), each priced by the
@@ -253,30 +277,15 @@ def spearman_case(model: str, mesh_spec: str = SPEARMAN_MESH, plans: int = SPEAR
     import math
     import time
 
-    import numpy as np
-
-    from eqsat.models import build_parallel_model
     from eqsat.parallel.calibration import calibrated_model
     from eqsat.parallel.mesh import parse_mesh
-    from eqsat.parallel.planner import plan_report, saturate_and_price
-    from eqsat.saturate import Limits
+    from eqsat.parallel.planner import plan_report
     from jax_backend.parallel_calibrate import load_mesh_calibration, step_seconds
 
     t0 = time.perf_counter()
     mesh = parse_mesh(mesh_spec)
     cal, _ = load_mesh_calibration(mesh)
-    graph = build_parallel_model(model)
-    pe = saturate_and_price(graph, mesh, "joint", Limits(iterations=12, nodes=50_000, seconds=15.0))
-    # random plans as `random_plans` draws them, but node costs log-uniform over six decades: with
-    # uniform costs a plan with fewer nodes nearly always wins (the unsplit program), so few differ
-    rng = np.random.default_rng(1)
-    distinct: dict[str, Any] = {}
-    for _ in range(4 * plans):
-        if len(distinct) >= plans:
-            break
-        p = pe.priced.with_costs(10 ** rng.uniform(-3, 3, size=pe.data.n_nodes)).extract("greedy-dag", 10.0)[1]
-        distinct.setdefault(repr(p.live().nodes), p)
-    chosen = list(distinct.values())
+    graph, pe, chosen = spearman_plans(model, mesh, plans)
     models = {"nominal": pe.model, "calibrated": calibrated_model(cal, overlap=False),
               "calibrated_overlap": calibrated_model(cal, overlap=True),
               "calibrated_no_sync": calibrated_model(cal, overlap=False, sync=False),  # without the in-program term
@@ -298,7 +307,7 @@ def spearman_case(model: str, mesh_spec: str = SPEARMAN_MESH, plans: int = SPEAR
                collectives=[len(r.collectives) for r in reports], step_wire_bytes=wire,
                predicted_copy_bytes=[r.copy_bytes for r in reports], calibrated_copy_ms=[r.copy_s * 1e3 for r in reports],
                compiled_rendezvous=[c[0] for c in compiled], compiled_copy_bytes=[c[1] for c in compiled],
-               seconds=time.perf_counter() - t0)
+               seconds=time.perf_counter() - t0, plan_graphs=[p.to_json() for p in chosen])
     return row
 
 
@@ -339,6 +348,8 @@ def run_spearman(out_dir: Path, models: Sequence[str] | None = None, mesh: str =
     with open(out_dir / "parallel_spearman.jsonl", "w") as log:
         for model in models or CASES:
             row = spearman_case(model, mesh, plans, budget_s, rel_width)
+            # the plans themselves, so a stored run can be priced again (`experiments/spearman_reprice.py`)
+            (out_dir / f"parallel_spearman_plans_{model}.json").write_text(json.dumps(row.pop("plan_graphs")))
             rows.append(row)
             log.write(json.dumps(row) + "\n")
             log.flush()

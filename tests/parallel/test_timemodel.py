@@ -474,6 +474,16 @@ def test_spearman_case_runs_plans_on_the_devices(tmp_path: Path, monkeypatch: py
     # what each compiled step runs: collectives exactly where the plan has some
     assert all((row["compiled_rendezvous"][i] > 0) == (row["collectives"][i] > 0) for i in ran)
     assert all(row["compiled_copy_bytes"][i] >= 0 for i in ran)
+    # the plans are kept (Graph JSON) and price again as the run priced them (`experiments/spearman_reprice.py`)
+    from eqsat.ir import Graph
+    from eqsat.parallel.calibration import calibrated_model
+    from eqsat.parallel.mesh import parse_mesh
+    from eqsat.parallel.planner import plan_report
+    from jax_backend.parallel_calibrate import load_mesh_calibration
+
+    model = calibrated_model(load_mesh_calibration(parse_mesh("2"))[0], overlap=False)
+    again = [plan_report(Graph.from_json(g), model).step_s * 1e3 for g in row["plan_graphs"]]
+    assert again == pytest.approx(row["predicted_calibrated_ms"])
 
 
 def test_step_times_are_against_each_rounds_level_with_an_interval() -> None:
