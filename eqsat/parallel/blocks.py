@@ -448,7 +448,7 @@ def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Lim
         b = plan_graph(block, mesh, strategy, limits, time_limit, block_mem, model, comm_budget=block_comm, check=check,
                        book=book, within=within)
         r = (plan_graph(rest, mesh, strategy, limits, time_limit, block_mem, model, comm_budget=block_comm, check=check,
-                        book=book, within=within)
+                        book=book, within=within, open_outputs=open_outputs)
              if rest is not None else None)
         plan = compose(graph, blocks, b.plan, entry_name, r.plan if r is not None else None, exit_name, where)
         graph_axes(plan)  # raises if the copies do not join into one SPMD program

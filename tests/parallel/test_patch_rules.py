@@ -66,8 +66,8 @@ def test_every_batch_transpose_instance_is_proved_and_trusted() -> None:
     "(partition -6 0 2 (transpose [0 1 3 2 4 5] ?x)) => (transpose [0 1 3 2 4 5 6] (partition -6 0 2 ?x))",
     # the inverse permutation where the perm is no involution
     "(partition -5 0 2 (transpose [0 2 3 1 4] ?x)) => (transpose [0 1 4 2 3 5] (partition -5 0 2 ?x))",
-    # the split read from the second dim, not the batch (typed where both are equal)
-    "(partition -6 0 2 (transpose [0 1 3 2 4 5] ?x)) => (transpose [0 1 2 4 3 5 6] (partition -5 0 2 ?x))",
+    # the split read from the second dim, not the batch, and the two swapped (typed where both are equal)
+    "(partition -6 0 2 (transpose [0 1 3 2 4 5] ?x)) => (transpose [0 2 1 4 3 5 6] (partition -5 0 2 ?x))",
     # (B, g*g, P) from (B, g, p, g, p, C) by a plain reshape: the split of g*g read from p (a strided piece)
     "(partition -2 0 2 (reshape ?S ?y)) => (reshape (items 4 (partition -2 0 2 (reshape ?S ?y))) (partition -4 0 2 ?y))"
     " if (= (rank ?S) 3) (= (rank ?y) 6)",
