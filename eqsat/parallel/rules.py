@@ -5,7 +5,9 @@ size), `ACT` (an activation code), `D` and `E` (dims -1..-4, counted from the en
 square stride, 1 or 2, and its padding code), `R` and `K` (a slice's or concat's rank, 2..5, and axis
 from the front; `R1`, `K1` are one more), `PERM` (a transpose's permutation, every one but the
 identity of ranks 2..4, with `D` each dim of its result, `DX` the input dim it reads and `PERM1`
-the permutation behind one more leading device axis). Rule lines can bind float, list and integer attributes
+the permutation behind one more leading device axis), `EW` (the first dim of a rank-5/6 value,
+-5 or -6) and `BPERM` / `BPERM1` (a rank-5/6 permutation that keeps dim 0, `D` its first dim, and
+the same behind the device axis: a patch cut's split batch, `batch_permutations`). Rule lines can bind float, list and integer attributes
 (`?eps`, `?S`, a slice's `?a`) but do no arithmetic on them, so each line is expanded over the
 placeholders' values; every
 instance is named `rule[D=-1]@axis`. Rules are verified by the project's verifier
