@@ -146,7 +146,10 @@ SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-
                 "nchw-batch-transpose", "nhwc-batch-transpose", "nchw-batch-transpose-kept",
                 "nhwc-batch-transpose-kept",
                 # any split through any transpose of rank 2..4 (Equinox's vmapped `Linear`: `W @ X`)
-                "partition-transpose")
+                "partition-transpose",
+                # the batch through a patch cut: rank-5/6 reshapes and transposes (the ViT's patchify)
+                *(f"reshape-partition-wide-{k}" for k in range(1, 7)), "reshape-partition-5", "reshape-partition-6",
+                "partition-transpose-batch")
 
 
 def _base(rule_name: str) -> str:

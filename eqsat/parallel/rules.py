@@ -5,7 +5,9 @@ size), `ACT` (an activation code), `D` and `E` (dims -1..-4, counted from the en
 square stride, 1 or 2, and its padding code), `R` and `K` (a slice's or concat's rank, 2..5, and axis
 from the front; `R1`, `K1` are one more), `PERM` (a transpose's permutation, every one but the
 identity of ranks 2..4, with `D` each dim of its result, `DX` the input dim it reads and `PERM1`
-the permutation behind one more leading device axis). Rule lines can bind float, list and integer attributes
+the permutation behind one more leading device axis), `EW` (the first dim of a rank-5/6 value,
+-5 or -6) and `BPERM` / `BPERM1` (a rank-5/6 permutation that keeps dim 0, `D` its first dim, and
+the same behind the device axis: a patch cut's split batch, `batch_permutations`). Rule lines can bind float, list and integer attributes
 (`?eps`, `?S`, a slice's `?a`) but do no arithmetic on them, so each line is expanded over the
 placeholders' values; every
 instance is named `rule[D=-1]@axis`. Rules are verified by the project's verifier
@@ -32,10 +34,11 @@ from eqsat.rewrites.parser import parse_rule_text
 from eqsat.rewrites.rule import Pattern, Rule, ops_used
 
 RULE_FILE = LIBRARY_DIR / "parallel.rules"
-_PLACEHOLDER = re.compile(r"(?<![\w?-])(A|N|ACT|D|E|ST|PAD|R1|R|K1|K|PERM1|PERM|DX)(?![\w-])")
+_PLACEHOLDER = re.compile(r"(?<![\w?-])(A|N|ACT|D|EW|E|ST|PAD|R1|R|K1|K|BPERM1|BPERM|PERM1|PERM|DX)(?![\w-])")
 DIMS: tuple[int, ...] = (-1, -2, -3, -4)  # -4: the batch of NCHW (verified on rank-5 stacks, shapes.WIDER_RANKS)
+WIDE_DIMS: tuple[int, ...] = (-5, -6)  # the first dim of a rank-5/6 value (a patch cut); its split has rank 6/7
 EXPANSIONS: Mapping[str, tuple[int, ...]] = MappingProxyType({
-    "ACT": tuple(int(a) for a in Activation), "D": DIMS, "E": DIMS,
+    "ACT": tuple(int(a) for a in Activation), "D": DIMS, "E": DIMS, "EW": WIDE_DIMS,
     "ST": (1, 2), "PAD": tuple(int(p) for p in Padding),  # conv strides (square) and paddings
     "R": (2, 3, 4, 5), "K": (0, 1, 2, 3, 4),  # a slice's / concat's rank and axis (counted from the front)
 })
@@ -43,6 +46,7 @@ DERIVED: Mapping[str, tuple[str, int]] = MappingProxyType({"K1": ("K", 1), "R1":
 """Placeholders one more than another: the axis and rank of a slice or concat behind one more
 (leading) device axis."""
 PERM_RANKS: tuple[int, ...] = (2, 3, 4)
+BATCH_PERM_RANKS: tuple[int, ...] = (5, 6)
 
 
 def _perm_text(perm: Sequence[int]) -> str:
@@ -55,6 +59,15 @@ def permuted_dims() -> list[tuple[tuple[int, ...], int]]:
     `perm[r + D]`, so a split of it is a split of input dim `perm[r + D] - r` (`DX`)."""
     return [(perm, d) for r in PERM_RANKS for perm in itertools.permutations(range(r))
             if perm != tuple(range(r)) for d in range(-r, 0)]
+
+
+def batch_permutations() -> list[tuple[int, ...]]:
+    """Every non-identity permutation of the ranks `BATCH_PERM_RANKS` that keeps dim 0 (a batch) in
+    place: a `BPERM` line's expansion, with `D` its first dim. Every permutation and dim of these
+    ranks (`permuted_dims`) would be 4,300 instances per axis; a patch cut moves only the dims
+    behind the batch."""
+    return [perm for r in BATCH_PERM_RANKS for perm in itertools.permutations(range(r))
+            if perm[0] == 0 and perm != tuple(range(r))]
 
 
 def _perm_env(perm: tuple[int, ...], dim: int) -> dict[str, int | str]:
@@ -97,6 +110,11 @@ def _items(line: str) -> str:
 def _expand(line: str, axis: int, parts: int) -> list[tuple[str, str]]:
     """(suffix, text) per assignment of the line's expanded placeholders."""
     used = {m.group(1) for m in _PLACEHOLDER.finditer(line)}
+    if "BPERM" in used:  # the leading dim's split through a wide transpose (`batch_permutations`)
+        return [(f"[BPERM={'.'.join(map(str, perm))}]",
+                 _fill(line, {"A": axis, "N": parts, "D": -len(perm), "BPERM": _perm_text(perm),
+                              "BPERM1": _perm_text((0, *(p + 1 for p in perm)))}))
+                for perm in batch_permutations()]
     if "PERM" in used:  # the permutation and the dim are expanded together (`permuted_dims`)
         return [(f"[PERM={'.'.join(map(str, perm))},D={d}]", _fill(line, {"A": axis, "N": parts, **_perm_env(perm, d)}))
                 for perm, d in permuted_dims()]
