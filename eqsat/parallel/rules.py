@@ -21,17 +21,18 @@ from __future__ import annotations
 import functools
 import itertools
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 
 from eqsat.egglog_schema import ENCODED_AS
-from eqsat.ops import Activation, Padding
+from eqsat.ir import Graph
+from eqsat.ops import OPS, Activation, Padding
 from eqsat.parallel.mesh import Mesh
 from eqsat.rewrites import LIBRARY_DIR
 from eqsat.rewrites.parser import parse_rule_text
-from eqsat.rewrites.rule import Pattern, Rule, ops_used
+from eqsat.rewrites.rule import Rule, Term, subterms
 
 RULE_FILE = LIBRARY_DIR / "parallel.rules"
 _PLACEHOLDER = re.compile(r"(?<![\w?-])(A|N|ACT|D|EW|E|ST|PAD|R1|R|K1|K|BPERM1|BPERM|PERM1|PERM|DX)(?![\w-])")
@@ -161,20 +162,80 @@ def mesh_rules(mesh: Mesh, names: Sequence[str] | None = None) -> list[Rule]:
     return [r for i, ax in enumerate(mesh.axes) for r in instantiate(i, ax.size, names=names)]
 
 
-def _ops(sides: Sequence[Pattern]) -> set[str]:
-    return {op for p in sides for op in ops_used(p)}
+Held = tuple[object, ...]
+"""What a graph (or a rule's right side) can hold: `(op,)` some instance; for an op with a
+`rank_attr`, `(op, "value", v)` one with that attribute, `(op, "rank", r)` one of rank r,
+`(op, "rank?", r)` one of rank r whose value is not known, `(op, "wild",)` one of any rank."""
 
 
-def applicable(rules: Sequence[Rule], graph_ops: Iterable[str]) -> list[Rule]:
-    """The rules that can ever fire on a graph with `graph_ops`: a left side's ops must be in the
-    graph or built by the right side of a rule that can fire (a fixpoint). Conv rules never fire on
-    a transformer, and leaving them out keeps saturation and the ILP to what can matter."""
-    have = {ENCODED_AS.get(op, op) for op in graph_ops}  # a split is held as slices
+def _attr_key(t: Term) -> tuple[int, ...] | int | None:
+    """A term's literal `rank_attr` (a tuple), or its rank when the list's items are not literals
+    (an int), or None when nothing is known (`?S`, `(shape P)`, an op without a `rank_attr`)."""
+    spec = OPS.get(t.op)
+    if spec is None or spec.rank_attr is None:
+        return None
+    value = t.attr.get(spec.rank_attr)
+    if not isinstance(value, tuple):
+        return None
+    return value if all(isinstance(v, int) for v in value) else len(value)
+
+
+def _made(t: Term) -> set[Held]:
+    """What building the right side's term `t` adds to a graph."""
+    spec = OPS.get(t.op)
+    key = _attr_key(t)
+    if isinstance(key, tuple):
+        return {(t.op,), (t.op, "value", key), (t.op, "rank", len(key))}
+    if isinstance(key, int):
+        return {(t.op,), (t.op, "rank", key), (t.op, "rank?", key)}
+    return {(t.op,), (t.op, "wild")} if spec is not None and spec.rank_attr is not None else {(t.op,)}
+
+
+def _needed(t: Term) -> frozenset[Held]:
+    """What matching the left side's term `t` needs a graph to hold: any one of these."""
+    key = _attr_key(t)
+    if isinstance(key, tuple):
+        return frozenset({(t.op, "value", key), (t.op, "rank?", len(key)), (t.op, "wild")})
+    if isinstance(key, int):
+        return frozenset({(t.op, "rank", key), (t.op, "wild")})
+    return frozenset({(t.op,)})
+
+
+def held_by(graph: Graph) -> set[Held]:
+    """What `graph`'s nodes hold, as rule sides see it (`Held`); a split is held as slices."""
+    out: set[Held] = set()
+    for n in graph.nodes:
+        op = ENCODED_AS.get(n.op, n.op)
+        spec = OPS.get(op)
+        value = n.attr.get(spec.rank_attr) if spec is not None and spec.rank_attr is not None else None
+        if value is None:
+            out.add((op,))
+        else:
+            value = tuple(value)
+            out |= {(op,), (op, "value", value), (op, "rank", len(value))}
+    return out
+
+
+def applicable(rules: Sequence[Rule], graph: Graph, before: Sequence[Rule] = ()) -> list[Rule]:
+    """The rules that can ever fire on `graph`: each term of a left side must be held by the graph
+    or built by the right side of a rule that can fire (a fixpoint), at its rank and, for a literal
+    `rank_attr` (a transpose's permutation), that value. Conv rules never fire on a transformer,
+    nor a rank-5 transpose's rules on rank-3 values; leaving them out keeps saturation and the ILP
+    to what can matter. Exact: a left side's term matches only an e-node the graph held or a right
+    side built, with the same op and attribute. `before`: rules that ran earlier on the same e-graph
+    (a strategy's earlier stages); what they can build is held too."""
+    every = [*before, *rules]
+    needs = [[_needed(t) for p in r.lhs for t in subterms(p)] for r in every]
+    makes = [{h for p in r.rhs for t in subterms(p) for h in _made(t)} for r in every]
+    have = held_by(graph)
+    live = [False] * len(every)
     changed = True
     while changed:
         changed = False
-        for r in rules:
-            if _ops(r.lhs) <= have and not _ops(r.rhs) <= have:
-                have |= _ops(r.rhs)
-                changed = True
-    return [r for r in rules if _ops(r.lhs) <= have]
+        for i, need in enumerate(needs):
+            if not live[i] and all(alt & have for alt in need):
+                live[i] = True
+                if not makes[i] <= have:
+                    have |= makes[i]
+                    changed = True
+    return [r for r, ok in zip(rules, live[len(before):]) if ok]
