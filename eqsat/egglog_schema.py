@@ -33,7 +33,7 @@ NEXT_SIBLING_RELATION = "input_next"  # (class, class): consecutive sibling oper
 DTYPE_FUNCTION = "dtype"  # e-class → its dtype, :no-merge: a rewrite that mixes two dtypes is an egglog error
 FLOAT_RELATION = "float_dtype"  # the float dtype names (`ops.FLOAT_DTYPES`), for rules' dtype guards
 PAIR_FUNCTION = "pair_related"  # (uid, uid) → 1 if one class descends from the other, 0 if not
-MAX_RANK = 6  # highest rank the list-attribute ops (and `numel`) have shape cases for
+MAX_RANK = 7  # highest rank the list-attribute ops (and `numel`) have shape cases for
 
 # Registry attribute kind → egglog sort of the constructor argument.
 ATTR_SORTS: Mapping[str, str] = {"int": "i64", "ints": SHAPE_SORT, "float": "f64", "str": "String"}

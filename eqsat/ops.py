@@ -159,6 +159,10 @@ class OpSpec:
     # XLA's layout assignment carries its operand's physical layout through it (a concat, split or slice;
     # elementwise ops always do): an NCHW conv's output, NHWC inside XLA:CPU, stays NHWC past it
     keeps_layout: bool = False
+    # the ints attribute whose length is the output's rank (a transpose's perm, a reshape's shape): a rule
+    # pattern's literal there names the instances it can match, so a rule set can be cut per graph
+    # (`eqsat.parallel.rules.applicable`)
+    rank_attr: str | None = None
 
     @property
     def carries_layout(self) -> bool:
@@ -767,10 +771,10 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
            on_devices=_axis_past_devices, keeps_layout=True),
     OpSpec("transpose", (AttrSpec("perm", "ints"),), 1, _transpose_infer,
            lambda xs, a: (np.transpose(xs[0], a["perm"]),), _zero_flops, doc="permute axes",
-           on_devices=_keeps_leading("perm"), fusion_kind="copy", operand_kinds=ANY_KIND),
+           on_devices=_keeps_leading("perm"), fusion_kind="copy", operand_kinds=ANY_KIND, rank_attr="perm"),
     OpSpec("reshape", (AttrSpec("shape", "ints"),), 1, _reshape_infer,
            lambda xs, a: (xs[0].reshape(a["shape"]),), _zero_flops, is_view=True, doc="row-major reshape",
-           operand_kinds=ANY_KIND, on_devices=_keeps_device_dims),
+           operand_kinds=ANY_KIND, on_devices=_keeps_device_dims, rank_attr="shape"),
     OpSpec("batchnorm", (AttrSpec("eps", "float", 1e-5),), 5, _batchnorm_infer, _batchnorm_numpy,
            _pointwise_flops(2), doc="inference batch norm over axis 1: (x - mean) / sqrt(var + eps) * scale + bias",
            fusion_kind="loop"),

@@ -428,8 +428,9 @@ def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Lim
     Without `min_copies` identical blocks this is `plan_graph` itself. `within`: each part is
     planned within that baseline's plan of it (`plan_graph`), and the whole within the baseline's
     parts composed (`PlanResult.baseline`), whose plan is the answer where the whole is over it.
-    `open_outputs` (`plan_graph`'s) applies where the graph has no blocks: a composed plan's
-    outputs are whole."""
+    `open_outputs` (`plan_graph`'s) applies to the whole graph where it has no blocks, else to the
+    rest: its outputs (the block's entry among them) may end split, so a split can start at the
+    graph's inputs (a ViT's images through its patch cut) instead of at the first block."""
     from eqsat.cost import cost_model
 
     model = model or ParallelCostModel(mesh, cost_model("roofline", mesh.device))
@@ -448,7 +449,7 @@ def plan_repeated(graph: Graph, mesh: Mesh, strategy: str = "joint", limits: Lim
         b = plan_graph(block, mesh, strategy, limits, time_limit, block_mem, model, comm_budget=block_comm, check=check,
                        book=book, within=within)
         r = (plan_graph(rest, mesh, strategy, limits, time_limit, block_mem, model, comm_budget=block_comm, check=check,
-                        book=book, within=within)
+                        book=book, within=within, open_outputs=open_outputs)
              if rest is not None else None)
         plan = compose(graph, blocks, b.plan, entry_name, r.plan if r is not None else None, exit_name, where)
         graph_axes(plan)  # raises if the copies do not join into one SPMD program

@@ -146,7 +146,10 @@ SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-
                 "nchw-batch-transpose", "nhwc-batch-transpose", "nchw-batch-transpose-kept",
                 "nhwc-batch-transpose-kept",
                 # any split through any transpose of rank 2..4 (Equinox's vmapped `Linear`: `W @ X`)
-                "partition-transpose")
+                "partition-transpose",
+                # the batch through a patch cut: rank-5/6 reshapes and transposes (the ViT's patchify)
+                *(f"reshape-partition-wide-{k}" for k in range(1, 7)), "reshape-partition-5", "reshape-partition-6",
+                "partition-transpose-batch")
 
 
 def _base(rule_name: str) -> str:
@@ -525,11 +528,12 @@ def saturate_and_price(graph: Graph, mesh: Mesh, strategy: str = "joint", limits
     stages = [list(rules)] if rules is not None else [strategy_rules(mesh, s, trust_tested, book)
                                                       for s in STAGES.get(strategy, (strategy,))]
     t0 = time.perf_counter()
-    egraph = TensorEGraph.from_graph(seeded(graph, mesh) if open_outputs else graph)
+    held = seeded(graph, mesh) if open_outputs else graph
+    egraph = TensorEGraph.from_graph(held)
     rule_list: list[Rule] = []
     stage_plans: list[tuple[Mapping[str, Any], dict[str, str]]] = []
     for i, stage in enumerate(stages):
-        rule_list = applicable(stage, graph.op_counts())
+        rule_list = applicable(stage, held, [r for s in stages[:i] for r in s])
         left = replace(limits, seconds=max(0.0, limits.seconds - (time.perf_counter() - t0)))
         sat = saturate(egraph, rule_list, left)
         if i < len(stages) - 1:

@@ -5,7 +5,9 @@ size), `ACT` (an activation code), `D` and `E` (dims -1..-4, counted from the en
 square stride, 1 or 2, and its padding code), `R` and `K` (a slice's or concat's rank, 2..5, and axis
 from the front; `R1`, `K1` are one more), `PERM` (a transpose's permutation, every one but the
 identity of ranks 2..4, with `D` each dim of its result, `DX` the input dim it reads and `PERM1`
-the permutation behind one more leading device axis). Rule lines can bind float, list and integer attributes
+the permutation behind one more leading device axis), `EW` (the first dim of a rank-5/6 value,
+-5 or -6) and `BPERM` / `BPERM1` (a rank-5/6 permutation that keeps dim 0, `D` its first dim, and
+the same behind the device axis: a patch cut's split batch, `batch_permutations`). Rule lines can bind float, list and integer attributes
 (`?eps`, `?S`, a slice's `?a`) but do no arithmetic on them, so each line is expanded over the
 placeholders' values; every
 instance is named `rule[D=-1]@axis`. Rules are verified by the project's verifier
@@ -19,23 +21,25 @@ from __future__ import annotations
 import functools
 import itertools
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 
 from eqsat.egglog_schema import ENCODED_AS
-from eqsat.ops import Activation, Padding
+from eqsat.ir import Graph
+from eqsat.ops import OPS, Activation, Padding
 from eqsat.parallel.mesh import Mesh
 from eqsat.rewrites import LIBRARY_DIR
 from eqsat.rewrites.parser import parse_rule_text
-from eqsat.rewrites.rule import Pattern, Rule, ops_used
+from eqsat.rewrites.rule import Rule, Term, subterms
 
 RULE_FILE = LIBRARY_DIR / "parallel.rules"
-_PLACEHOLDER = re.compile(r"(?<![\w?-])(A|N|ACT|D|E|ST|PAD|R1|R|K1|K|PERM1|PERM|DX)(?![\w-])")
+_PLACEHOLDER = re.compile(r"(?<![\w?-])(A|N|ACT|D|EW|E|ST|PAD|R1|R|K1|K|BPERM1|BPERM|PERM1|PERM|DX)(?![\w-])")
 DIMS: tuple[int, ...] = (-1, -2, -3, -4)  # -4: the batch of NCHW (verified on rank-5 stacks, shapes.WIDER_RANKS)
+WIDE_DIMS: tuple[int, ...] = (-5, -6)  # the first dim of a rank-5/6 value (a patch cut); its split has rank 6/7
 EXPANSIONS: Mapping[str, tuple[int, ...]] = MappingProxyType({
-    "ACT": tuple(int(a) for a in Activation), "D": DIMS, "E": DIMS,
+    "ACT": tuple(int(a) for a in Activation), "D": DIMS, "E": DIMS, "EW": WIDE_DIMS,
     "ST": (1, 2), "PAD": tuple(int(p) for p in Padding),  # conv strides (square) and paddings
     "R": (2, 3, 4, 5), "K": (0, 1, 2, 3, 4),  # a slice's / concat's rank and axis (counted from the front)
 })
@@ -43,6 +47,7 @@ DERIVED: Mapping[str, tuple[str, int]] = MappingProxyType({"K1": ("K", 1), "R1":
 """Placeholders one more than another: the axis and rank of a slice or concat behind one more
 (leading) device axis."""
 PERM_RANKS: tuple[int, ...] = (2, 3, 4)
+BATCH_PERM_RANKS: tuple[int, ...] = (5, 6)
 
 
 def _perm_text(perm: Sequence[int]) -> str:
@@ -55,6 +60,15 @@ def permuted_dims() -> list[tuple[tuple[int, ...], int]]:
     `perm[r + D]`, so a split of it is a split of input dim `perm[r + D] - r` (`DX`)."""
     return [(perm, d) for r in PERM_RANKS for perm in itertools.permutations(range(r))
             if perm != tuple(range(r)) for d in range(-r, 0)]
+
+
+def batch_permutations() -> list[tuple[int, ...]]:
+    """Every non-identity permutation of the ranks `BATCH_PERM_RANKS` that keeps dim 0 (a batch) in
+    place: a `BPERM` line's expansion, with `D` its first dim. Every permutation and dim of these
+    ranks (`permuted_dims`) would be 4,300 instances per axis; a patch cut moves only the dims
+    behind the batch."""
+    return [perm for r in BATCH_PERM_RANKS for perm in itertools.permutations(range(r))
+            if perm[0] == 0 and perm != tuple(range(r))]
 
 
 def _perm_env(perm: tuple[int, ...], dim: int) -> dict[str, int | str]:
@@ -97,6 +111,11 @@ def _items(line: str) -> str:
 def _expand(line: str, axis: int, parts: int) -> list[tuple[str, str]]:
     """(suffix, text) per assignment of the line's expanded placeholders."""
     used = {m.group(1) for m in _PLACEHOLDER.finditer(line)}
+    if "BPERM" in used:  # the leading dim's split through a wide transpose (`batch_permutations`)
+        return [(f"[BPERM={'.'.join(map(str, perm))}]",
+                 _fill(line, {"A": axis, "N": parts, "D": -len(perm), "BPERM": _perm_text(perm),
+                              "BPERM1": _perm_text((0, *(p + 1 for p in perm)))}))
+                for perm in batch_permutations()]
     if "PERM" in used:  # the permutation and the dim are expanded together (`permuted_dims`)
         return [(f"[PERM={'.'.join(map(str, perm))},D={d}]", _fill(line, {"A": axis, "N": parts, **_perm_env(perm, d)}))
                 for perm, d in permuted_dims()]
@@ -143,20 +162,80 @@ def mesh_rules(mesh: Mesh, names: Sequence[str] | None = None) -> list[Rule]:
     return [r for i, ax in enumerate(mesh.axes) for r in instantiate(i, ax.size, names=names)]
 
 
-def _ops(sides: Sequence[Pattern]) -> set[str]:
-    return {op for p in sides for op in ops_used(p)}
+Held = tuple[object, ...]
+"""What a graph (or a rule's right side) can hold: `(op,)` some instance; for an op with a
+`rank_attr`, `(op, "value", v)` one with that attribute, `(op, "rank", r)` one of rank r,
+`(op, "rank?", r)` one of rank r whose value is not known, `(op, "wild",)` one of any rank."""
 
 
-def applicable(rules: Sequence[Rule], graph_ops: Iterable[str]) -> list[Rule]:
-    """The rules that can ever fire on a graph with `graph_ops`: a left side's ops must be in the
-    graph or built by the right side of a rule that can fire (a fixpoint). Conv rules never fire on
-    a transformer, and leaving them out keeps saturation and the ILP to what can matter."""
-    have = {ENCODED_AS.get(op, op) for op in graph_ops}  # a split is held as slices
+def _attr_key(t: Term) -> tuple[int, ...] | int | None:
+    """A term's literal `rank_attr` (a tuple), or its rank when the list's items are not literals
+    (an int), or None when nothing is known (`?S`, `(shape P)`, an op without a `rank_attr`)."""
+    spec = OPS.get(t.op)
+    if spec is None or spec.rank_attr is None:
+        return None
+    value = t.attr.get(spec.rank_attr)
+    if not isinstance(value, tuple):
+        return None
+    return value if all(isinstance(v, int) for v in value) else len(value)
+
+
+def _made(t: Term) -> set[Held]:
+    """What building the right side's term `t` adds to a graph."""
+    spec = OPS.get(t.op)
+    key = _attr_key(t)
+    if isinstance(key, tuple):
+        return {(t.op,), (t.op, "value", key), (t.op, "rank", len(key))}
+    if isinstance(key, int):
+        return {(t.op,), (t.op, "rank", key), (t.op, "rank?", key)}
+    return {(t.op,), (t.op, "wild")} if spec is not None and spec.rank_attr is not None else {(t.op,)}
+
+
+def _needed(t: Term) -> frozenset[Held]:
+    """What matching the left side's term `t` needs a graph to hold: any one of these."""
+    key = _attr_key(t)
+    if isinstance(key, tuple):
+        return frozenset({(t.op, "value", key), (t.op, "rank?", len(key)), (t.op, "wild")})
+    if isinstance(key, int):
+        return frozenset({(t.op, "rank", key), (t.op, "wild")})
+    return frozenset({(t.op,)})
+
+
+def held_by(graph: Graph) -> set[Held]:
+    """What `graph`'s nodes hold, as rule sides see it (`Held`); a split is held as slices."""
+    out: set[Held] = set()
+    for n in graph.nodes:
+        op = ENCODED_AS.get(n.op, n.op)
+        spec = OPS.get(op)
+        value = n.attr.get(spec.rank_attr) if spec is not None and spec.rank_attr is not None else None
+        if value is None:
+            out.add((op,))
+        else:
+            value = tuple(value)
+            out |= {(op,), (op, "value", value), (op, "rank", len(value))}
+    return out
+
+
+def applicable(rules: Sequence[Rule], graph: Graph, before: Sequence[Rule] = ()) -> list[Rule]:
+    """The rules that can ever fire on `graph`: each term of a left side must be held by the graph
+    or built by the right side of a rule that can fire (a fixpoint), at its rank and, for a literal
+    `rank_attr` (a transpose's permutation), that value. Conv rules never fire on a transformer,
+    nor a rank-5 transpose's rules on rank-3 values; leaving them out keeps saturation and the ILP
+    to what can matter. Exact: a left side's term matches only an e-node the graph held or a right
+    side built, with the same op and attribute. `before`: rules that ran earlier on the same e-graph
+    (a strategy's earlier stages); what they can build is held too."""
+    every = [*before, *rules]
+    needs = [[_needed(t) for p in r.lhs for t in subterms(p)] for r in every]
+    makes = [{h for p in r.rhs for t in subterms(p) for h in _made(t)} for r in every]
+    have = held_by(graph)
+    live = [False] * len(every)
     changed = True
     while changed:
         changed = False
-        for r in rules:
-            if _ops(r.lhs) <= have and not _ops(r.rhs) <= have:
-                have |= _ops(r.rhs)
-                changed = True
-    return [r for r in rules if _ops(r.lhs) <= have]
+        for i, need in enumerate(needs):
+            if not live[i] and all(alt & have for alt in need):
+                live[i] = True
+                if not makes[i] <= have:
+                    have |= makes[i]
+                    changed = True
+    return [r for r, ok in zip(rules, live[len(before):]) if ok]

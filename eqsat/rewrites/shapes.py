@@ -37,6 +37,7 @@ from eqsat.rewrites.semantics import FLOAT_ATTR_VALUE, bind_attrs, pattern_shape
 DIMS: tuple[int, ...] = (1, 2, 3, 4)
 RANKS: tuple[int, ...] = (1, 2, 3, 4)
 WIDER_RANKS: tuple[int, ...] = (1, 2, 3, 4, 5)  # tried only when RANKS type no left side (distributed 4-D values)
+WIDEST_RANKS: tuple[int, ...] = (1, 2, 3, 4, 5, 6)  # tried only when WIDER_RANKS type none (a distributed patch cut)
 
 Env = dict[str, Shape]
 
@@ -381,8 +382,9 @@ def _cond_vars(c: Any) -> list[Var]:
 
 def sampled_ranks(rule: Rule, guarded: bool = False) -> list[dict[str, int]]:
     """The rank assignments the samplers draw dims for: `rank_choices` over `RANKS`, else over
-    `WIDER_RANKS`, else those that type the left side alone (see `sample_assignments`). Memoized per
-    rule (a pure function of it): the likely and the adversarial sampler, strict and guarded, ask it."""
+    `WIDER_RANKS`, else `WIDEST_RANKS`, else those that type the left side alone (see
+    `sample_assignments`). Memoized per rule (a pure function of it): the likely and the
+    adversarial sampler, strict and guarded, ask it."""
     try:
         found = _sampled_ranks(rule, guarded)
     except TypeError:  # an unhashable attribute value: no memo
@@ -393,7 +395,7 @@ def sampled_ranks(rule: Rule, guarded: bool = False) -> list[dict[str, int]]:
 @functools.lru_cache(maxsize=4096)
 def _sampled_ranks(rule: Rule, guarded: bool) -> tuple[tuple[tuple[str, int], ...], ...]:
     found = (rank_choices(rule, guarded=guarded) or rank_choices(rule, guarded=guarded, ranks=WIDER_RANKS)
-             or rank_choices(replace(rule, conditions=())))
+             or rank_choices(rule, guarded=guarded, ranks=WIDEST_RANKS) or rank_choices(replace(rule, conditions=())))
     return tuple(tuple(r.items()) for r in found)
 
 
@@ -402,9 +404,10 @@ def sample_assignments(rule: Rule, count: int, seed: int = 0, max_steps: int = 6
     """Up to `count` distinct well-typed assignments, diverse by randomization; [] if none found.
     `guarded`: the right sides must be well-typed with the left sides' shapes too. Ranks come from
     `RANKS`, or `WIDER_RANKS` when no variable ranks up to 4 type the rule (a distributed NCHW value),
-    or, when no all-equal dims meet the conditions and the right side (an even group count: input
-    channels twice a multiple of the kernel's), the ranks that type the left side alone; the sampler
-    still checks both on every assignment."""
+    or `WIDEST_RANKS` when none up to 5 do (a distributed patch cut), or, when no all-equal dims
+    meet the conditions and the right side (an even group count: input channels twice a multiple
+    of the kernel's), the ranks that type the left side alone; the sampler still checks both on
+    every assignment."""
     ranks_list = sampled_ranks(rule, guarded)
     if not ranks_list:
         return []
