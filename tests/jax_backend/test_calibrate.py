@@ -123,7 +123,9 @@ def test_spearman() -> None:
 def test_calibration_measures_this_cpu_quickly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))
     cal = cal_mod.calibrate()
-    assert cal.seconds < 60 and cal.matmul.rate(1e8) > 1e8
+    # precision-stopped probes (format 8 on): 84-97 s on a quiet 2-core box, docs/tensat.md; the
+    # budget the docs give it is about 2 minutes, with room for a loaded one
+    assert cal.seconds < 240 and cal.matmul.rate(1e8) > 1e8
 
 
 @pytest.mark.slow  # ~30 s of CPU: saturation, extraction and JAX timing of NasRNN-small
