@@ -53,7 +53,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -112,38 +112,20 @@ class Curve:
         geometric mean), made non-decreasing in seconds (more work never takes less time) by
         pooling adjacent violators in log space, so one noisy point moves its neighbours a little
         instead of dragging every smaller shape down to it."""
-        groups: dict[float, list[float]] = {}
-        for f, sec in points:
-            groups.setdefault(float(f), []).append(math.log(sec))
-        xs = sorted(groups)
-        blocks: list[tuple[float, int]] = []  # (mean log-seconds, points pooled)
-        for x in xs:
-            blocks.append((sum(groups[x]) / len(groups[x]), 1))
-            while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-                (a, n), (b, m) = blocks[-2], blocks[-1]
-                blocks[-2:] = [((a * n + b * m) / (n + m), n + m)]
-        ys = [math.exp(mean) for mean, n in blocks for _ in range(n)]
-        return Curve(tuple(xs), tuple(ys))
+        xs, logs = _grouped_logs((f, sec) for f, sec in points)
+        return Curve(tuple(xs), tuple(math.exp(v) for v in _isotonic(logs, rising=True)))
 
     @staticmethod
-    def fit_no_economy(points: Sequence[tuple[float, float]]) -> Curve:
-        """A curve through measured points on which a larger call never runs at a higher rate (seconds
-        per flop made non-decreasing by pooling adjacent violators in log space, as `Surface.fit` does
-        along the weight): for kernels whose work is independent per channel (depthwise convs), where
-        merging two calls into one cannot gain, but probes of different shapes and their noise would
-        say it does."""
-        groups: dict[float, list[float]] = {}
-        for f, sec in points:
-            groups.setdefault(float(f), []).append(math.log(sec / f))
-        xs = sorted(groups)
-        blocks: list[tuple[float, int]] = []  # (mean log seconds per flop, points pooled)
-        for x in xs:
-            blocks.append((sum(groups[x]) / len(groups[x]), 1))
-            while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-                (a, n), (b, m) = blocks[-2], blocks[-1]
-                blocks[-2:] = [((a * n + b * m) / (n + m), n + m)]
-        logs = [mean for mean, n in blocks for _ in range(n)]
-        return Curve(tuple(xs), tuple(x * math.exp(lg) for x, lg in zip(xs, logs)))
+    def fit_monotone_rate(points: Sequence[tuple[float, float]], rate_falls: bool = True) -> Curve:
+        """A curve through measured points whose rate (flops per second) is monotone in the size: for
+        kernels whose work is independent per channel (depthwise convs). With `rate_falls` (a CPU's
+        fact) a larger call never runs at a higher rate: merging two calls cannot gain, though noise
+        between probes of different shapes would say it does. Without, monotone in the direction the
+        probes show (`monotone`): on a GPU the rate rises while a call is too small to fill the
+        device, and merging calls does gain."""
+        xs, logs = _grouped_logs((f, sec / f) for f, sec in points)
+        fitted = _isotonic(logs, rising=True) if rate_falls else monotone(logs)
+        return Curve(tuple(xs), tuple(x * math.exp(v) for x, v in zip(xs, fitted)))
 
     def seconds_for(self, flops: float) -> float:
         xs, ys = self.flops, self.seconds
@@ -184,22 +166,19 @@ class Surface:
             raise CalibrationError("a calibration surface's rows or weights are not increasing")
 
     @staticmethod
-    def fit(rows: Sequence[float], weights: Sequence[float], seconds: Sequence[float]) -> Surface:
-        """A surface through a measured grid, each row count's seconds per flop made non-decreasing in
-        the weight (a larger weight never runs at a higher rate: past L2 it streams from further
-        away) by pooling adjacent violators in log space, as `Curve.fit` does: one noisy fast point
-        would otherwise make every merge toward it look like a gain."""
+    def fit(rows: Sequence[float], weights: Sequence[float], seconds: Sequence[float],
+            rate_falls: bool = True) -> Surface:
+        """A surface through a measured grid, each row count's seconds per flop made monotone in the
+        weight. With `rate_falls` (a CPU's fact) a larger weight never runs at a higher rate (past L2
+        it streams from further away), and one noisy fast point would otherwise make every merge
+        toward it look like a gain. Without, in the one direction (for the whole grid) the probes
+        show best: on a GPU a larger weight runs at a higher rate while it cannot fill the device."""
         n = len(weights)
-        pooled: list[float] = []
-        for i, r in enumerate(rows):
-            blocks: list[tuple[float, int]] = []  # (mean log seconds per flop, points pooled)
-            for j, w in enumerate(weights):
-                blocks.append((math.log(seconds[i * n + j] / (2.0 * r * w)), 1))
-                while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-                    (a, k), (c, m) = blocks[-2], blocks[-1]
-                    blocks[-2:] = [((a * k + c * m) / (k + m), k + m)]
-            logs = [mean for mean, k in blocks for _ in range(k)]
-            pooled += [2.0 * r * w * math.exp(lg) for w, lg in zip(weights, logs)]
+        logs = [[math.log(seconds[i * n + j] / (2.0 * r * w)) for j, w in enumerate(weights)] for i, r in enumerate(rows)]
+        flat = [v for row in logs for v in row]
+        fits = {rising: [v for row in logs for v in _isotonic(row, rising)] for rising in (True, False)}
+        rising = rate_falls or _misfit(flat, fits[True]) <= _misfit(flat, fits[False])
+        pooled = [2.0 * r * w * math.exp(v) for (r, w), v in zip(((r, w) for r in rows for w in weights), fits[rising])]
         return Surface(tuple(rows), tuple(weights), tuple(pooled))
 
     def seconds_for(self, rows: float, weights: float) -> float:
@@ -226,6 +205,40 @@ def _cell(axis: Sequence[float], x: float) -> tuple[int, float]:
 
 def _positive(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf
+
+def _grouped_logs(points: Iterable[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """The points' distinct x, sorted, and the mean log of the y measured at each."""
+    groups: dict[float, list[float]] = {}
+    for x, y in points:
+        groups.setdefault(float(x), []).append(math.log(y))
+    xs = sorted(groups)
+    return xs, [sum(groups[x]) / len(groups[x]) for x in xs]
+
+
+def _isotonic(values: Sequence[float], rising: bool) -> list[float]:
+    """The least-squares fit to `values` that never falls (`rising`) or never rises along them:
+    adjacent violators pooled into their mean."""
+    sign = 1.0 if rising else -1.0
+    blocks: list[tuple[float, int]] = []  # (mean, points pooled)
+    for v in values:
+        blocks.append((sign * v, 1))
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (a, n), (b, m) = blocks[-2], blocks[-1]
+            blocks[-2:] = [((a * n + b * m) / (n + m), n + m)]
+    return [sign * mean for mean, n in blocks for _ in range(n)]
+
+
+def _misfit(measured: Sequence[float], fitted: Sequence[float]) -> float:
+    return sum((a - b) ** 2 for a, b in zip(measured, fitted))
+
+
+def monotone(log_seconds_per_flop: Sequence[float]) -> list[float]:
+    """Log seconds per flop along increasing sizes, made monotone in whichever direction fits the
+    measured points better (least squares; a tie keeps the falling rate, a CPU's). Which way a
+    device's rate goes with size is the device's fact, so it is read from its probes, not assumed."""
+    up, down = _isotonic(log_seconds_per_flop, True), _isotonic(log_seconds_per_flop, False)
+    return up if _misfit(log_seconds_per_flop, up) <= _misfit(log_seconds_per_flop, down) else down
+
 
 
 @dataclass(frozen=True)

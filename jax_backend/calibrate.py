@@ -335,8 +335,9 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
             say(f"{'grouped ' if grouped else ''}conv NHWC {c} channels {hw}x{hw} "
                 f"({width} a group) {kernel}x{kernel}: {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
     conv, gconv = Curve.fit(convs[False]), Curve.fit(convs[True])
-    dwconv = _dwconv_curve(say)
-    surface = _conv1x1_surface(say, call_s)
+    falls = rate_falls_with_size()
+    dwconv = _dwconv_curve(say, falls)
+    surface = _conv1x1_surface(say, call_s, falls)
     transpose_2d, transpose_kxk, transpose_act = _transpose_curves(say)
     transpose_bandwidth = 2.0 * transpose_2d.flops[-1] / transpose_2d.seconds[-1]
     return Calibration(_machine_key(), device_key(), launch, bandwidth, loop_flops, Curve.fit(matmul),
@@ -346,10 +347,19 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
                        transpose_2d, transpose_kxk, transpose_act, dwconv)
 
 
-def _dwconv_curve(say: Callable[[str], None]) -> Curve:
+def rate_falls_with_size() -> bool:
+    """Whether this device's library calls are fitted on a rate that never rises with size (`Surface.fit`,
+    `Curve.fit_monotone_rate`). A CPU's do (caches: a larger weight streams from further away; the
+    pooling keeps probe noise from pricing merges as gains). An accelerator's rate rises while a call
+    cannot fill the device, so its probes decide the direction (pooled toward a falling rate, a GPU's
+    1x1 convs were all priced at their smallest probe's rate: docs/tensat.md, run 8)."""
+    return jax.devices()[0].platform == "cpu"
+
+
+def _dwconv_curve(say: Callable[[str], None], rate_falls: bool = True) -> Curve:
     """Depthwise NHWC convs (`DWCONV_SHAPES`), each the marginal cost of one more call in a chain, as the
-    dense and grouped convs are measured (`_marginals`), on a curve whose rate never rises with size
-    (`Curve.fit_no_economy`)."""
+    dense and grouped convs are measured (`_marginals`), on a curve whose rate is monotone in size
+    (`Curve.fit_monotone_rate`)."""
     attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
     points = []
     for c, hw, k in DWCONV_SHAPES:
@@ -357,10 +367,10 @@ def _dwconv_curve(say: Callable[[str], None]) -> Curve:
         f = ops.flops("conv2d", [(1, c, hw, hw), (c, 1, k, k)], attrs)
         points.append((f, t))
         say(f"depthwise conv NHWC {c} channels {hw}x{hw} {k}x{k}: {t * 1e6:.0f} us, {f / t / 1e9:.2f} GFLOP/s")
-    return Curve.fit_no_economy(points)  # per-channel work: a merge of depthwise convs never gains
+    return Curve.fit_monotone_rate(points, rate_falls)  # per-channel work
 
 
-def _conv1x1_surface(say: Callable[[str], None], call_s: float = 0.0) -> Surface:
+def _conv1x1_surface(say: Callable[[str], None], call_s: float = 0.0, rate_falls: bool = True) -> Surface:
     """The NHWC 1x1-conv surface. Per row count, every channel count in the same interleaved rounds (a
     busy machine slows each alike, so the ratios along the weight, what merging convs changes, hold),
     each as a program of `CONV1X1_CALLS` independent convs of one input on distinct weights (as a
@@ -380,7 +390,7 @@ def _conv1x1_surface(say: Callable[[str], None], call_s: float = 0.0) -> Surface
             seconds.append(t)
             say(f"1x1 conv NHWC {c} channels {hw}x{hw}: {t * 1e6:.0f} us, {2 * hw * hw * c * c / t / 1e9:.1f} GFLOP/s")
     rows, weights = tuple(float(hw * hw) for hw in CONV1X1_SIZES), tuple(float(c * c) for c in CONV1X1_CHANNELS)
-    return Surface.fit(rows, weights, seconds)
+    return Surface.fit(rows, weights, seconds, rate_falls)
 
 
 def _transpose_curves(say: Callable[[str], None], total_bytes: int = TRANSPOSE_BYTES,

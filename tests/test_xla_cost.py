@@ -625,8 +625,36 @@ def test_a_format_8_calibration_is_refused_as_older(tmp_path: Path) -> None:
 
 def test_a_curve_without_economy_never_runs_a_larger_call_at_a_higher_rate() -> None:
     # probes of 1, 8 and 20 MFLOP at 1.0, 0.5 and 0.8 GFLOP/s: the last would make a merge look like a gain
-    curve = Curve.fit_no_economy([(1e6, 1e-3), (8e6, 16e-3), (2e7, 25e-3)])
+    curve = Curve.fit_monotone_rate([(1e6, 1e-3), (8e6, 16e-3), (2e7, 25e-3)])
     rates = [f / s for f, s in zip(curve.flops, curve.seconds)]
     assert all(b <= a * (1 + 1e-9) for a, b in zip(rates, rates[1:]))
     assert curve.seconds[0] == pytest.approx(1e-3)  # a point that breaks nothing stays where it was measured
     assert 2 * curve.seconds_for(8e6) <= curve.seconds_for(1.6e7) * (1 + 1e-9)  # two calls merged never gain
+
+
+def test_a_gpu_like_surface_keeps_its_rising_rate_so_a_merge_of_small_convs_gains() -> None:
+    # a GPU's 1x1 convs: the larger weight runs at a higher rate while the call cannot fill the device;
+    # pooled toward a falling rate the grid would price every conv at its smallest probe's rate
+    rows, weights = (64.0, 1225.0), (6.5e4, 5.9e5, 1.6e6)
+    us = (22.0, 44.0, 56.0, 89.0, 145.0, 258.0)
+    s = Surface.fit(rows, weights, [t * 1e-6 for t in us], rate_falls=False)
+    assert s.seconds_for(64, 1.6e6) == pytest.approx(56e-6)  # as measured
+    assert s.seconds_for(1225, 6.5e4) == pytest.approx(89e-6)
+    merged = s.seconds_for(1225, 2 * 6.5e4)  # two convs of one input, merged along cout
+    assert merged < 2 * s.seconds_for(1225, 6.5e4)
+
+
+def test_a_gpu_like_depthwise_curve_keeps_its_rising_rate() -> None:
+    # the H200's depthwise probes: 9 us at 0.9, 7.2, 10 MFLOP (the launch), 15 us at 20 MFLOP
+    points = [(0.87e6, 9e-6), (7.2e6, 9e-6), (10.3e6, 9e-6), (20e6, 15e-6)]
+    curve = Curve.fit_monotone_rate(points, rate_falls=False)
+    assert curve.seconds == pytest.approx(tuple(t for _, t in points))
+    assert curve.seconds_for(2 * 7.2e6) < 2 * curve.seconds_for(7.2e6)  # two calls merged gain the launch
+
+
+def test_a_cpu_surface_still_pools_toward_a_falling_rate() -> None:
+    # the same rising probes fitted as a CPU's: every weight at or below the smallest one's rate
+    rows, weights = (64.0, 1225.0), (6.5e4, 5.9e5, 1.6e6)
+    s = Surface.fit(rows, weights, [t * 1e-6 for t in (22.0, 44.0, 56.0, 89.0, 145.0, 258.0)])
+    rate = [[2 * r * w / s.seconds_for(r, w) for w in weights] for r in rows]
+    assert all(b <= a * (1 + 1e-9) for row in rate for a, b in zip(row, row[1:]))
