@@ -167,11 +167,12 @@ def test_user_gpt_with_four_layers_reuses_its_block_plan() -> None:
     step, args = gpt_problem(layers=4)
     plan = ep.plan(step, *args, mesh=jax.make_mesh((2, 4), ("data", "model")), params_argnums=(0, 1),
                    baselines=False)
-    assert any("4 identical blocks" in line for line in plan.report.blocks), plan.report.blocks
+    assert any("4 identical blocks" in line for line in plan.report.blocks), (plan.report.strategy, plan.report.blocks)
     assert "deep model: 4 identical blocks" in plan.explain()
     specs = dict(plan.report.leaf_specs)
+    params = plan.report.leaf_specs[0][0].split("[")[0]  # the step's name for its first argument
     for name in ("qkv", "proj", "fc", "out"):  # every layer's weight split as the first layer's
-        assert len({specs[f"arg0['blocks'][{k}]['{name}']"] for k in range(4)}) == 1, specs
+        assert len({specs[f"{params}['blocks'][{k}]['{name}']"] for k in range(4)}) == 1, specs
 
 
 def test_rest_graph_returns_an_output_computed_from_leaves_alone() -> None:
