@@ -153,13 +153,14 @@ class PlanSummary:
     compiled: Compiled | None
     baselines: tuple[Baseline, ...] = ()
     constraints: tuple[tuple[str, str], ...] = ()  # (jaxpr value, PartitionSpec) held by with_sharding_constraint
-    blocks: tuple[str, ...] = ()  # per planned graph with repeated blocks: how they were reused (`eqsat.parallel.blocks`)
+    blocks: tuple[str, ...] = ()  # per graph with repeated blocks: how the search reused them, whatever is returned
     within: str = ""  # the plan against the baseline that bounds its bytes and memory (`plan(within=...)`)
     recomputed: int = 0  # products the lowered backward recomputes (activation checkpointing, `eqsat.parallel.remat`)
     # the op of each of the last `len(inner_constraints)` constraints: values inside the captured
     # graphs held at the plan's layout (the others are values opaque equations make)
     inner_constraints: tuple[str, ...] = ()
     unheld: int = 0  # planned values inside the graphs with no variable to hold (left to GSPMD)
+    view: str = ""  # the view of the mesh the plan was searched on (`_plan_views`)
 
     def to_json(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "mesh": self.mesh, "mesh_note": self.mesh_note,
@@ -169,7 +170,7 @@ class PlanSummary:
                 "opaque_equations": self.opaque_equations, "warnings": list(self.warnings),
                 "leaf_specs": dict(self.leaf_specs), "constraints": [list(c) for c in self.constraints],
                 "blocks": list(self.blocks), "within": self.within, "recomputed_products": self.recomputed,
-                "inner_constraints": len(self.inner_constraints), "unheld_inner_values": self.unheld,
+                "inner_constraints": len(self.inner_constraints), "unheld_inner_values": self.unheld, "view": self.view,
                 **(self.compiled.to_json() if self.compiled is not None else {}),
                 "baselines": [b.to_json() for b in self.baselines]}
 
@@ -214,6 +215,7 @@ class Plan:
                          f"planned {r.graphs_planned} graph(s) in {r.plan_s:.1f} s; {r.opaque_equations} opaque equations "
                          "left to GSPMD")
         lines += [f"warning: {w}" for w in r.warnings]
+        lines += [f"mesh view: {r.view}"] if r.view else []
         lines += [f"deep model: {b}" for b in r.blocks]
         lines += [f"bound: {r.within}"] if r.within else []
         lines += [f"activation checkpointing: {r.recomputed} product(s) recomputed in the backward"] if r.recomputed else []
@@ -538,6 +540,71 @@ class _Planned:
     inner: tuple[str, ...] = ()  # per constraint inside a captured graph: the op of the value it holds
     unheld: int = 0  # planned inner values with no variable to constrain (`inner_constraints`)
     trips: tuple[int, ...] = ()  # per result: the times a step runs its graph (`loop_trips`)
+    axis_names: tuple[str, ...] = ()  # the planner's axes as the report names them (a joined view's: one)
+    view: str = ""  # which view of the mesh the plan was searched on (`_plan_views`)
+
+
+def _plan_views(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str], sizes: Mapping[str, int],
+                memory_budget: float | None, comm_budget: float | None, time_limit: float,
+                predict_dp: bool = False, not_loss: Collection[int] = (), within: str | None = None,
+                constrain: str = "products") -> _Planned:
+    """The plan searched on the mesh as it is and, for a mesh of several axes, on its joined view
+    (`Mesh.joined`: every axis as one axis of all the devices, as Alpa plans a mesh under several
+    logical shapes; a value split over it is split over the tuple of the axes): the one predicted
+    faster. A 2-D search splits a value over one axis or the other; the joined one splits it over all
+    the devices at once, which is what data parallel and FSDP do (`baseline_specs`: their splits span
+    every axis), so the baselines' predictions are the joined view's. Each view gets half the time."""
+    if len(names) < 2:
+        return _plan_forward(closed, leaves, pmesh, names, sizes, memory_budget, comm_budget, time_limit,
+                             predict_dp, not_loss, within, constrain)
+    t0 = time.perf_counter()
+    joined = "+".join(names)
+    failed: list[PlanError] = []
+    try:
+        flat = _renamed(_plan_forward(closed, leaves, pmesh.joined(joined), (joined,), {joined: math.prod(sizes.values())},
+                                      memory_budget, comm_budget, time_limit / 2, predict_dp, not_loss, within,
+                                      constrain), joined, tuple(names))
+    except PlanError as exc:  # e.g. no plan within a budget on this view: the other view may have one
+        failed.append(exc)
+        flat = None
+    try:
+        grid = _plan_forward(closed, leaves, pmesh, names, sizes, memory_budget, comm_budget,
+                             max(time_limit - (time.perf_counter() - t0), 1.0), predict_dp and flat is None, not_loss,
+                             within, constrain)
+    except PlanError as exc:
+        if flat is None:
+            raise failed[0] from exc
+        return flat
+    if flat is None:
+        return grid
+
+    def step_s(p: _Planned) -> float:
+        return sum(k * r.report.step_s for r, k in zip(p.results, p.trips or (1,) * len(p.results))) \
+            if p.results else math.inf
+
+    best = flat if step_s(flat) < step_s(grid) else grid
+    shape = " x ".join(str(sizes[n]) for n in names)
+    view = (f"joined: the {shape} mesh as one axis of {math.prod(sizes.values())} devices ({joined}), "
+            f"predicted {step_s(flat) * 1e3:.3f} ms against {step_s(grid) * 1e3:.3f} ms on the {shape} mesh"
+            if best is flat else
+            f"the {shape} mesh, predicted {step_s(grid) * 1e3:.3f} ms against {step_s(flat) * 1e3:.3f} ms on it "
+            f"joined into one axis of {math.prod(sizes.values())} devices")
+    return replace(best, dp_predicted_s=flat.dp_predicted_s, fsdp_predicted_s=flat.fsdp_predicted_s,
+                   predicted=flat.predicted, view=view if best.results else "")
+
+
+def _renamed(planned: _Planned, joined: str, names: tuple[str, ...]) -> _Planned:
+    """A joined view's plan on the mesh itself: its one axis (`joined`) is the tuple of the mesh's axes."""
+    def entry(e: Any) -> Any:
+        return names if e == joined else e
+
+    def spec(s: Spec | None) -> Spec | None:
+        return None if s is None else tuple(entry(e) for e in s)
+
+    return replace(planned, specs=[spec(s) for s in planned.specs],
+                   batch=tuple((lead, entry(e)) for lead, e in planned.batch),
+                   constraints=tuple((var, spec(s) or ()) for var, s in planned.constraints),
+                   axis_names=(joined,))
 
 
 def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str], sizes: Mapping[str, int],
@@ -792,8 +859,8 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     if math.prod(sizes.values()) > 1:
         pmesh, names = planner_mesh(amesh)
         try:
-            planned = _plan_forward(closed, leaves, pmesh, names, sizes, memory_budget, comm_budget, time_limit,
-                                    baselines, _state_outputs(out_shape, args, state_argnums), within, constrain)
+            planned = _plan_views(closed, leaves, pmesh, names, sizes, memory_budget, comm_budget, time_limit,
+                                  baselines, _state_outputs(out_shape, args, state_argnums), within, constrain)
         except PlanError as exc:
             if memory_budget is not None or comm_budget is not None:
                 raise ApiError(f"no plan of the step's planned part meets the budget ({exc}); "
@@ -803,6 +870,8 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
         names = ()
         warns.append("the mesh has one device: nothing to plan")
     program = planned.program if planned else None
+    # how the search reused identical blocks: the search's fact, reported whichever shardings are returned
+    searched_blocks = tuple(depth_reuse_summary(r) for r in planned.results if r.info.get("blocks")) if planned else ()
     better = dominating_baseline(planned)
     if planned is not None and better is not None:
         # a predicted baseline beats the plan in time, bytes and memory: its shardings are the answer
@@ -821,6 +890,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
         strategy = "data-parallel (fallback)"
     plan_s = time.perf_counter() - t0
     results = planned.results if planned is not None else ()
+    axis_names = (planned.axis_names if planned is not None else ()) or names  # the report's names for planned axes
     arg_names = argument_names(train_step, len(args))
     remat_planned = planned.remat if planned is not None and results else None
     missing = sum(len(r.report.recompute) for r in results) - (remat_planned.products if remat_planned else 0)
@@ -852,12 +922,13 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
             else (None, None, None))
         return Plan(fn, amesh, in_shardings, out_sh, PlanSummary(
             strategy, " x ".join(f"{n}={s}" for n, s in sizes.items()), note, figures[0], figures[1], figures[2],
-            _collective_rows(results, names, runs), plan_s, len(results), planned.opaque if planned else 0, tuple(warns),
+            _collective_rows(results, axis_names, runs), plan_s, len(results), planned.opaque if planned else 0, tuple(warns),
             tuple((_path_str(p, arg_names), str(P(*s))) for p, s in zip(leaves.paths, specs)), None,
             constraints=tuple((where_str(var), str(P(*spec))) for var, spec in constraints),
             inner_constraints=inner, unheld=planned.unheld if planned is not None and results and not remat else 0,
-            blocks=tuple(depth_reuse_summary(r) for r in results if r.info.get("blocks")),
-            within=planned.within if planned is not None else "", recomputed=remat.products if remat else 0), results)
+            blocks=searched_blocks,
+            within=planned.within if planned is not None else "", recomputed=remat.products if remat else 0,
+            view=planned.view if planned is not None and results else ""), results)
 
     step = made(specs, strategy, results, better)
     compiled = compile_figures(jax.jit(step.fn, in_shardings=step.in_shardings, out_shardings=step.out_shardings),

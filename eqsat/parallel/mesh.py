@@ -112,6 +112,24 @@ class Mesh:
         """Bytes one device sends for the collective (ring factors), beside its buffer size S."""
         return timemodel.wire_bytes(kind, self.axis(axis).size, bytes_per_device)
 
+    def joined(self, name: str) -> Mesh:
+        """All the axes as one axis of all the devices, named `name` (a logical view, as Alpa plans a
+        device mesh under several shapes): a collective over it spans every axis, so it runs at the
+        slowest axis's link and pays the largest latency (as `collective_seconds_over` prices one
+        over several axes)."""
+        over = self.axes
+
+        def slowest(kind: str) -> tuple[float, float]:
+            links = [ax.link(kind) for ax in over]
+            return max(lat for lat, _ in links), min(bw for _, bw in links)
+
+        kinds = sorted({k for ax in over for k, _, _ in ax.kind_links})
+        latency, bandwidth = slowest("")  # the axes' own links
+        algorithms = {ax.algorithm for ax in over}
+        axis = MeshAxis(name, self.n_devices, bandwidth, latency, over[0].algorithm if len(algorithms) == 1 else "ring",
+                        max(ax.sync for ax in over), tuple((k, *slowest(k)) for k in kinds))
+        return Mesh(f"{self.name}[{name}]", (axis,), self.device, self.memory_bytes)
+
     def reshaped(self, shape: Sequence[int]) -> Mesh:
         """The same kind of devices and links on another shape, using the first prod(shape) of them
         (axes named a0, a1, ...; the link of a multi-axis shape is this mesh's slowest)."""
