@@ -129,7 +129,7 @@ SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-
                 *(f"reshape-partition{kept}-{k}" for kept in ("", "-kept") for k in (1, 2, 3, 4)),
                 "partition-rsqrt", "partition-tanh", "partition-ewmax",
                 "partition-stop-gradient", "partition-stop-gradient4", "partition-ewadd4", "partition-ewsub4",
-                "partition-ewdiv4", "partition-ewmul4", "partition-exp4", "partition-select4", "batch-max4",
+                "partition-ewdiv4", "partition-ewmul4", "partition-exp4", "partition-tanh4", "partition-select4", "batch-max4",
                 "batch-sum4", "batch-bcast4", "batch-heads-transpose", "batch-keys-transpose",
                 "partition-slice", "partition-concat",  # a split of another dim through split / concat
                 # a head split through the captured attention (Megatron's)

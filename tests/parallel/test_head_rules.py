@@ -29,7 +29,8 @@ from eqsat.rewrites.parser import parse_rule_text
 from .on_devices import assert_plan_runs_on_devices
 from .rule_proofs import assert_proved_for_all_shapes, assert_refuted
 
-HEAD_RULES = ("bmm-unmerge", "reshape-partition-last-2", "reshape-partition-last-3", "reshape-partition-merge",
+HEAD_RULES = ("bmm-unmerge", "reshape-partition-last-2", "reshape-partition-last-3", "reshape-partition-last-4-3",
+              "reshape-partition-last-3-4", "reshape-partition-merge",
               "reshape-partition-split", "heads-transpose-in", "heads-transpose-out", "heads-keys-transpose",
               "heads-mask4", "heads-max4", "heads-sum4", "heads-bcast4")
 
@@ -96,3 +97,15 @@ def test_the_megatron_search_splits_attention_by_head_no_slower_than_by_hand() -
     heads = [n for n, a in zip(plan.nodes, axes) if n.op == "matmul" and len(n.shapes[0]) == 5 and a]
     assert len(heads) == 2, [n.shapes for n in plan.nodes if n.op == "matmul"]
     assert_plan_runs_on_devices(graph, res.plan, mesh)
+
+
+@pytest.mark.parametrize("text", [
+    # (B*T, d, E) -> (B, T, d, E) read with the experts not last: a split of E is no split of d
+    "(partition -1 0 2 (reshape ?S ?y)) => (reshape (shape (partition -1 0 2 (reshape ?S ?y))) (partition -2 0 2 ?y))"
+    " if (= (rank ?S) 4) (= (rank ?y) 3) (= (dim ?S 3) (dim ?y 2))",
+    # (B, T, d, E) -> (B*T, d, E) with the last dims not equal
+    "(partition -1 0 2 (reshape ?S ?y)) => (reshape (shape (partition -1 0 2 (reshape ?S ?y))) (partition -1 0 2 ?y))"
+    " if (= (rank ?S) 3) (= (rank ?y) 4)",
+])
+def test_wrong_expert_reshape_rules_are_refuted(text: str) -> None:
+    assert_refuted(parse_rule_text(text)[0])

@@ -27,7 +27,7 @@ BATCH_RULES = ("reshape-partition-1", "reshape-partition-2", "reshape-partition-
                "reshape-partition-kept-1", "reshape-partition-kept-2", "reshape-partition-kept-3",
                "reshape-partition-kept-4", "partition-rsqrt", "partition-tanh", "partition-ewmax",
                "partition-stop-gradient", "partition-stop-gradient4", "partition-ewadd4", "partition-ewsub4",
-               "partition-ewdiv4", "partition-ewmul4", "partition-exp4", "partition-select4", "batch-max4",
+               "partition-ewdiv4", "partition-ewmul4", "partition-exp4", "partition-tanh4", "partition-select4", "batch-max4",
                "batch-sum4", "batch-bcast4", "batch-heads-transpose", "batch-keys-transpose")
 
 
@@ -38,7 +38,7 @@ def _one(name: str, parts: int = 2) -> Rule:
 @pytest.mark.parametrize("parts", [2, pytest.param(4, marks=pytest.mark.slow)])  # ~10 s each on a loaded machine
 def test_every_batch_rule_instance_is_proved_for_all_shapes(parts: int) -> None:
     rules = instantiate(0, parts, names=BATCH_RULES)
-    assert len(rules) == 8 * 4 + 16
+    assert len(rules) == 8 * 4 + 17
     assert_proved_for_all_shapes(rules)
 
 
