@@ -119,15 +119,15 @@ class Mesh:
         over several axes)."""
         over = self.axes
 
-        def slowest(kind: str) -> tuple[float, float]:
+        def slowest(kind: str) -> tuple[float, float]:  # (latency, bandwidth) of a collective of `kind`
             links = [ax.link(kind) for ax in over]
             return max(lat for lat, _ in links), min(bw for _, bw in links)
 
-        kinds = sorted({k for ax in over for k, _, _ in ax.kind_links})
-        latency, bandwidth = slowest("")  # the axes' own links
+        kinds = sorted({k for ax in over for k, _, _ in ax.kind_links})  # kinds some axis links apart
         algorithms = {ax.algorithm for ax in over}
-        axis = MeshAxis(name, self.n_devices, bandwidth, latency, over[0].algorithm if len(algorithms) == 1 else "ring",
-                        max(ax.sync for ax in over), tuple((k, *slowest(k)) for k in kinds))
+        axis = MeshAxis(name, self.n_devices, min(ax.bandwidth for ax in over), max(ax.latency for ax in over),
+                        over[0].algorithm if len(algorithms) == 1 else "ring", max(ax.sync for ax in over),
+                        tuple((k, *slowest(k)) for k in kinds))
         return Mesh(f"{self.name}[{name}]", (axis,), self.device, self.memory_bytes)
 
     def reshaped(self, shape: Sequence[int]) -> Mesh:

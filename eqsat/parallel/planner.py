@@ -133,7 +133,8 @@ SHARED_RULES = (*ALGEBRA_RULES, "bcast-partition", "transpose-partition", "head-
                 "batch-sum4", "batch-bcast4", "batch-heads-transpose", "batch-keys-transpose",
                 "partition-slice", "partition-concat",  # a split of another dim through split / concat
                 # a head split through the captured attention (Megatron's)
-                "reshape-partition-last-2", "reshape-partition-last-3", "reshape-partition-merge",
+                "reshape-partition-last-2", "reshape-partition-last-3", "reshape-partition-last-4-3",
+                "reshape-partition-last-3-4", "reshape-partition-merge",
                 "reshape-partition-split", "heads-transpose-in", "heads-transpose-out", "heads-keys-transpose",
                 "heads-mask4", "heads-max4", "heads-sum4", "heads-bcast4",
                 # a batch split through a Llama layer: RMSNorm's scale, rotary's tables, SwiGLU's
