@@ -138,7 +138,9 @@ def test_plan_holds_its_product_layouts_in_the_lowered_step() -> None:
     plan = ep.plan(step, *args, mesh=mesh, params_argnums=(0, 1), time_limit=10, baselines=False, within=None)
     assert optax is not None and plan.report.strategy == "eqsat", plan.report.strategy
     r = plan.report
-    assert r.inner_constraints and all(op == "matmul" for op in r.inner_constraints)
+    # each layer's product held at the plan's split (the others held are outputs the plan leaves split:
+    # the graph's open outputs, `constraints.inner_constraints`)
+    assert r.inner_constraints.count("matmul") >= 3, r.inner_constraints
     inner = r.constraints[len(r.constraints) - len(r.inner_constraints):]
     assert all(spec != "PartitionSpec()" for _, spec in inner)
     assert "inside a captured graph" in plan.explain()
