@@ -112,7 +112,7 @@ class Curve:
         geometric mean), made non-decreasing in seconds (more work never takes less time) by
         pooling adjacent violators in log space, so one noisy point moves its neighbours a little
         instead of dragging every smaller shape down to it."""
-        xs, logs = _grouped_logs((f, sec) for f, sec in points)
+        xs, logs = _grouped_logs(points)
         return Curve(tuple(xs), tuple(math.exp(v) for v in _isotonic(logs, rising=True)))
 
     @staticmethod
@@ -121,10 +121,10 @@ class Curve:
         kernels whose work is independent per channel (depthwise convs). With `rate_falls` (a CPU's
         fact) a larger call never runs at a higher rate: merging two calls cannot gain, though noise
         between probes of different shapes would say it does. Without, monotone in the direction the
-        probes show (`monotone`): on a GPU the rate rises while a call is too small to fill the
+        probes show (`_monotone`): on a GPU the rate rises while a call is too small to fill the
         device, and merging calls does gain."""
         xs, logs = _grouped_logs((f, sec / f) for f, sec in points)
-        fitted = _isotonic(logs, rising=True) if rate_falls else monotone(logs)
+        (fitted,) = _monotone([logs], rate_falls)
         return Curve(tuple(xs), tuple(x * math.exp(v) for x, v in zip(xs, fitted)))
 
     def seconds_for(self, flops: float) -> float:
@@ -175,10 +175,8 @@ class Surface:
         show best: on a GPU a larger weight runs at a higher rate while it cannot fill the device."""
         n = len(weights)
         logs = [[math.log(seconds[i * n + j] / (2.0 * r * w)) for j, w in enumerate(weights)] for i, r in enumerate(rows)]
-        flat = [v for row in logs for v in row]
-        fits = {rising: [v for row in logs for v in _isotonic(row, rising)] for rising in (True, False)}
-        rising = rate_falls or _misfit(flat, fits[True]) <= _misfit(flat, fits[False])
-        pooled = [2.0 * r * w * math.exp(v) for (r, w), v in zip(((r, w) for r in rows for w in weights), fits[rising])]
+        fitted = _monotone(logs, rate_falls)
+        pooled = [2.0 * r * w * math.exp(v) for r, row in zip(rows, fitted) for w, v in zip(weights, row)]
         return Surface(tuple(rows), tuple(weights), tuple(pooled))
 
     def seconds_for(self, rows: float, weights: float) -> float:
@@ -206,6 +204,7 @@ def _cell(axis: Sequence[float], x: float) -> tuple[int, float]:
 def _positive(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf
 
+
 def _grouped_logs(points: Iterable[tuple[float, float]]) -> tuple[list[float], list[float]]:
     """The points' distinct x, sorted, and the mean log of the y measured at each."""
     groups: dict[float, list[float]] = {}
@@ -228,17 +227,20 @@ def _isotonic(values: Sequence[float], rising: bool) -> list[float]:
     return [sign * mean for mean, n in blocks for _ in range(n)]
 
 
-def _misfit(measured: Sequence[float], fitted: Sequence[float]) -> float:
-    return sum((a - b) ** 2 for a, b in zip(measured, fitted))
+def _monotone(rows: Sequence[Sequence[float]], rate_falls: bool) -> list[list[float]]:
+    """Each row of log seconds per flop (along increasing sizes) made monotone, all in one direction:
+    never falling (a rate that never rises with size, a CPU's fact) with `rate_falls`, else the
+    direction that fits the measured points better in least squares (a tie keeps the CPU's). Which
+    way an accelerator's rate goes with size is read from its probes, not assumed."""
+    up = [_isotonic(row, True) for row in rows]
+    if rate_falls:
+        return up
+    down = [_isotonic(row, False) for row in rows]
 
+    def misfit(fitted: Sequence[Sequence[float]]) -> float:
+        return sum((a - b) ** 2 for row, fit in zip(rows, fitted) for a, b in zip(row, fit))
 
-def monotone(log_seconds_per_flop: Sequence[float]) -> list[float]:
-    """Log seconds per flop along increasing sizes, made monotone in whichever direction fits the
-    measured points better (least squares; a tie keeps the falling rate, a CPU's). Which way a
-    device's rate goes with size is the device's fact, so it is read from its probes, not assumed."""
-    up, down = _isotonic(log_seconds_per_flop, True), _isotonic(log_seconds_per_flop, False)
-    return up if _misfit(log_seconds_per_flop, up) <= _misfit(log_seconds_per_flop, down) else down
-
+    return up if misfit(up) <= misfit(down) else down
 
 
 @dataclass(frozen=True)
