@@ -332,10 +332,7 @@ class Calibration:
         """A calibration from its JSON; anything malformed is a `CalibrationError`."""
         try:
             if data.get("format") != CALIBRATION_FORMAT:
-                found = data.get("format")
-                older = isinstance(found, str) and found.startswith("eqsat-xla-calibration-")
-                raise CalibrationError(f"{found} is from an older eqsat (no kernel floors)" if older
-                                       else f"not a {CALIBRATION_FORMAT} file")
+                raise CalibrationError(_format_mismatch(data.get("format")))
             curves = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) for k in ("matmul", "conv")}
             optional = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) if data[k] is not None else None
                         for k in ("gconv", "gemv", "conv_nhwc", "gconv_nhwc", "transpose_2d", "transpose_kxk",
@@ -354,6 +351,17 @@ class Calibration:
             raise
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise CalibrationError(f"malformed calibration ({type(exc).__name__}: {exc})") from None
+
+
+def _format_mismatch(found: Any) -> str:
+    """Why a calibration of another format is refused: from an older or a newer eqsat, or no calibration."""
+    prefix = CALIBRATION_FORMAT.rsplit("-", 1)[0] + "-"
+    version = found[len(prefix):] if isinstance(found, str) and found.startswith(prefix) else ""
+    if not version.isdigit():
+        return f"not a {CALIBRATION_FORMAT} file"
+    mine = int(CALIBRATION_FORMAT.rsplit("-", 1)[1])
+    age = "an older" if int(version) < mine else "a newer"
+    return f"{found} is from {age} eqsat (this one reads {CALIBRATION_FORMAT}): run `eqsat calibrate --force`"
 
 
 def read_calibration(path: Path, machine: str, device: str) -> Calibration:

@@ -17,7 +17,7 @@ from eqsat.egraph import TensorEGraph
 from eqsat.ir import Graph, GraphBuilder
 from eqsat.rulesets import RULE_SETS, UnknownRuleSetError, named_rules
 from eqsat.cost import predicted_speedup
-from eqsat.xla_cost import (GEMV_K, Calibration, CalibrationError, Curve, Surface, XlaModel, fit_chain, fusion_context,
+from eqsat.xla_cost import (CALIBRATION_FORMAT, GEMV_K, Calibration, CalibrationError, Curve, Surface, XlaModel, fit_chain, fusion_context,
                             graph_enodes, read_calibration, write_calibration)
 
 CAL = Calibration("machine-a", "cpu-test", launch_s=5e-6, bandwidth=10e9, loop_flops=5e9,
@@ -227,6 +227,15 @@ def test_an_older_calibration_format_is_refused_as_such(tmp_path: Path) -> None:
         read_calibration(path, "machine-a", "cpu-test")
     with pytest.raises(CalibrationError):
         Calibration.from_json({**CAL.to_json(), "call_s": -1.0})
+
+
+def test_a_newer_calibration_format_is_refused_as_newer_and_a_foreign_file_as_no_calibration() -> None:
+    mine = int(CALIBRATION_FORMAT.rsplit("-", 1)[1])
+    with pytest.raises(CalibrationError, match="from a newer eqsat"):
+        Calibration.from_json({**CAL.to_json(), "format": f"eqsat-xla-calibration-{mine + 1}"})
+    for foreign in ("eqsat-xla-calibration-x", "something-else", None):
+        with pytest.raises(CalibrationError, match="not a eqsat-xla-calibration"):
+            Calibration.from_json({**CAL.to_json(), "format": foreign})
 
 
 def test_a_strided_slice_read_by_a_dot_is_copied_first_and_a_contiguous_one_is_not() -> None:
