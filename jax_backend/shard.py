@@ -342,7 +342,7 @@ def compiled_collectives(hlo_text: str) -> list[CompiledCollective]:
     all-to-all into a tuple with one chunk per peer, so each group-size run of elements is one
     all-to-all. One inside a while loop's body counts once per trip (`loop_runs`: a layer stack
     under `lax.scan` all-reduces each layer's gradient in the loop), as the planner counts a loop
-    body's collectives once per layer (`eqsat.parallel.api.loop_trips`). An all-reduce element
+    body's collectives once per layer (`eqsat.parallel.step_planner.loop_trips`). An all-reduce element
     every use of which keeps one device's slice is marked `sliced` (`sliced_all_reduces`)."""
     found: list[CompiledCollective] = []
     runs = loop_runs(hlo_text)

@@ -35,31 +35,25 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
-import jax.extend.core as jcore
 import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import Mesh as JaxMesh
 from jax.sharding import PartitionSpec as P
 
-from eqsat import ops
 from eqsat.errors import EqsatError
-from eqsat.ir import Graph, Node
-from eqsat.parallel.blocks import depth_reuse_summary, plan_repeated
-from eqsat.cost import cost_model
-from eqsat.parallel.cost import ParallelCostModel
+from eqsat.parallel.blocks import depth_reuse_summary
 from eqsat.parallel.mesh import CPU_LINK, INFINIBAND, NVLINK, Mesh, MeshAxis
-from eqsat.parallel.constraints import boundary_constraints, constrained_step, inner_constraints, where_str
-from eqsat.parallel.planner import (CONTRACTIONS, DEFAULT_LIMITS, PlanError, PlanResult, RuleBook,
-                                     with_weights)
-from eqsat.parallel.specs import (Spec, batch_held, choose_split, finest_split, leaf_splits,
-                                  partition_spec)
-from eqsat.parallel.remat import Remat, checkpointed_step, find_remat, recomputed_products
-from jax_backend.capture import GraphStep, LoopStep, Program, Step, capture_jaxpr, graph_leaf_name, scan_counts
+from eqsat.parallel.constraints import constrained_step, where_str
+from eqsat.parallel.planner import PlanError, PlanResult
+from eqsat.parallel.specs import Spec
+from eqsat.parallel.remat import checkpointed_step
+from eqsat.parallel.step_args import Leaves, baseline_specs, flat_leaves, mirror, out_shardings, state_outputs, unwrap_jit
+from eqsat.parallel.step_planner import Planned, collective_rows, plan_views
 from jax_backend.leaf_names import argument_names
 from jax_backend.shard import compiled_collectives
 
@@ -160,7 +154,7 @@ class PlanSummary:
     # graphs held at the plan's layout (the others are values opaque equations make)
     inner_constraints: tuple[str, ...] = ()
     unheld: int = 0  # planned values inside the graphs with no variable to hold (left to GSPMD)
-    view: str = ""  # the view of the mesh the plan was searched on (`_plan_views`)
+    view: str = ""  # the view of the mesh the plan was searched on (`plan_views`)
 
     def to_json(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "mesh": self.mesh, "mesh_note": self.mesh_note,
@@ -305,502 +299,6 @@ def _check_argnums(args: Sequence[Any], params_argnums: Sequence[int]) -> tuple[
     return nums
 
 
-# --- the forward of the step ----------------------------------------------------------------------
-
-def unwrap_jit(closed: Any) -> Any:
-    """The step's own jaxpr when the whole step is one `jax.jit` / `eqx.filter_jit` call (a decorated
-    `train_step` traces to a single call equation over all its arguments, which would hide the loss
-    from `_forward_jaxpr`); else `closed` itself."""
-    jaxpr = closed.jaxpr
-    if len(jaxpr.eqns) != 1 or str(jaxpr.eqns[0].primitive) not in ("jit", "pjit"):
-        return closed
-    eqn = jaxpr.eqns[0]
-    inner = eqn.params.get("jaxpr")
-    body, consts = (inner.jaxpr, list(inner.consts)) if hasattr(inner, "consts") else (inner, [])
-    if (not isinstance(body, jcore.Jaxpr) or len(body.constvars) != len(consts)
-            or list(eqn.invars) != list(jaxpr.invars) or len(body.outvars) != len(eqn.outvars)):
-        return closed
-    inside = dict(zip(eqn.outvars, body.outvars)) | dict(zip(jaxpr.invars, body.invars))
-    outs = [inside.get(v, v) if isinstance(v, jcore.Var) else v for v in jaxpr.outvars]
-    if not all(isinstance(v, jcore.Literal) or v in set(body.invars) or any(v in e.outvars for e in body.eqns)
-               for v in outs):
-        return closed
-    return jcore.ClosedJaxpr(jcore.Jaxpr(body.constvars, body.invars, outs, body.eqns, body.effects,
-                                         debug_info=jaxpr.debug_info), consts)
-
-
-def _forward_jaxpr(closed: Any, state_vars: set[Any], not_loss: Collection[int] = ()) -> tuple[Any, int] | None:
-    """The step's forward: the equations its loss (the first float scalar output that depends on
-    the model state and is no new state, `not_loss`) is computed from, as a closed jaxpr over all
-    the step's arguments; and that output's index. None when no output is such a loss."""
-    jaxpr = closed.jaxpr
-    depends: set[Any] = set(state_vars)
-    for eqn in jaxpr.eqns:
-        if any(isinstance(v, jcore.Var) and v in depends for v in eqn.invars):
-            depends.update(eqn.outvars)
-    for k, out in enumerate(jaxpr.outvars):
-        aval = getattr(out, "aval", None)
-        if (k not in not_loss and isinstance(out, jcore.Var) and out in depends and aval is not None and aval.shape == ()
-                and jax.numpy.issubdtype(aval.dtype, jax.numpy.floating)):
-            needed: set[Any] = {out}
-            kept = []
-            for eqn in reversed(jaxpr.eqns):
-                if any(v in needed for v in eqn.outvars if isinstance(v, jcore.Var)):
-                    kept.append(eqn)
-                    needed.update(v for v in eqn.invars if isinstance(v, jcore.Var))
-            info = jaxpr.debug_info
-            if info is not None and isinstance(info.result_paths, tuple) and len(info.result_paths) > k:
-                info = info._replace(result_paths=(info.result_paths[k],))
-            forward = jcore.Jaxpr(jaxpr.constvars, jaxpr.invars, [out], list(reversed(kept)), debug_info=info)
-            return jcore.ClosedJaxpr(forward, closed.consts), k
-    return None
-
-
-# --- specs per argument leaf ----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Leaves:
-    """The step's flat arguments: key paths, shapes, which argument each is from, and which are state."""
-
-    paths: tuple[tuple[Any, ...], ...]
-    shapes: tuple[tuple[int, ...], ...]
-    arg_of: tuple[int, ...]
-    state: tuple[bool, ...]
-
-
-def _flat_leaves(args: Sequence[Any], state_argnums: Sequence[int]) -> tuple[_Leaves, Any]:
-    """The arguments' leaves in `jax.tree_util` order (the traced jaxpr's invars), with their treedef."""
-    paths, shapes, arg_of, state = [], [], [], []
-    for k, a in enumerate(args):
-        for path, leaf in jax.tree_util.tree_flatten_with_path(a)[0]:
-            paths.append((k, *path))
-            shapes.append(tuple(int(d) for d in np.shape(leaf)))
-            arg_of.append(k)
-            state.append(k in state_argnums)
-    return _Leaves(tuple(paths), tuple(shapes), tuple(arg_of), tuple(state)), jax.tree_util.tree_structure(tuple(args))
-
-
-def _mirror(leaves: _Leaves, specs: list[Spec | None], batch: Sequence[tuple[int, Any]] = ()) -> list[Spec]:
-    """Fill the leaves the plan did not reach: state that mirrors a planned state leaf (same shape,
-    that leaf's key path minus its argument a suffix of this one's: Adam's mu, nu) takes its spec;
-    data sharing a planned data leaf's leading dim takes its batch split, else that of a planned
-    value made by opaque equations (`batch`: the tokens of an embedding gather whose output the plan
-    splits); the rest is replicated."""
-    out: list[Spec] = []
-    for i, spec in enumerate(specs):
-        if spec is not None:
-            out.append(spec)
-            continue
-        found: Spec = ()
-        if leaves.state[i]:
-            tail = leaves.paths[i][1:]
-            for j, other in enumerate(specs):
-                if other and leaves.state[j] and leaves.shapes[j] == leaves.shapes[i]:
-                    key = leaves.paths[j][1:]
-                    if key and tail[len(tail) - len(key):] == key:
-                        found = other
-                        break
-        elif leaves.shapes[i]:
-            for j, other in enumerate(specs):
-                if (other and not leaves.state[j] and other[0] is not None and leaves.shapes[j]
-                        and leaves.shapes[j][0] == leaves.shapes[i][0]):
-                    found = (other[0],)
-                    break
-            else:
-                # the finest batch split of the planned values with this leading dim (a value split
-                # over `model` only, before a reshape splits it over `data` too, must not halve the batch split)
-                fits = [split for size, split in batch if size == leaves.shapes[i][0]]
-                found = (max(fits, key=lambda s: len(s) if isinstance(s, tuple) else 1),) if fits else ()
-        out.append(found)
-    return out
-
-
-def _state_elements(out_shape: Any, args: Sequence[Any], state_argnums: Sequence[int]) -> list[int | None]:
-    """Per top-level element of the step's output (a tuple or list), the state argument it is the
-    new value of (same tree, shapes and dtypes; each argument matched once, in order), or None."""
-    if not isinstance(out_shape, (tuple, list)):
-        return []
-
-    def signature(tree: Any) -> Any:
-        leaves, treedef = jax.tree_util.tree_flatten(tree)
-        return treedef, tuple((tuple(np.shape(x)), str(jax.numpy.result_type(x))) for x in leaves)
-
-    wanted = {k: signature(args[k]) for k in state_argnums}
-    used: set[int] = set()
-    found: list[int | None] = []
-    for elem in out_shape:
-        sig = signature(elem)
-        match = next((k for k in state_argnums if k not in used and wanted[k] == sig), None)
-        if match is not None:
-            used.add(match)
-        found.append(match)
-    return found
-
-
-def _state_outputs(out_shape: Any, args: Sequence[Any], state_argnums: Sequence[int]) -> set[int]:
-    """Flat output indices that are new model state (not a loss, whatever their shape)."""
-    out: set[int] = set()
-    start = 0
-    if not isinstance(out_shape, (tuple, list)):
-        return out
-    for elem, match in zip(out_shape, _state_elements(out_shape, args, state_argnums)):
-        n = len(jax.tree_util.tree_leaves(elem))
-        if match is not None:
-            out.update(range(start, start + n))
-        start += n
-    return out
-
-
-def _out_shardings(out_shape: Any, args: Sequence[Any], in_shardings: tuple[Any, ...], state_argnums: Sequence[int],
-                   mesh: JaxMesh) -> Any:
-    """New model state placed as the old (`_state_elements`); everything else is replicated."""
-    replicated = NamedSharding(mesh, P())
-    matches = _state_elements(out_shape, args, state_argnums)
-    if not matches:
-        return jax.tree_util.tree_map(lambda _: replicated, out_shape)
-    parts = [in_shardings[m] if m is not None else jax.tree_util.tree_map(lambda _: replicated, elem)
-             for elem, m in zip(out_shape, matches)]
-    if isinstance(out_shape, list):
-        return parts
-    return type(out_shape)(*parts) if hasattr(out_shape, "_fields") else tuple(parts)
-
-
-# --- baselines ------------------------------------------------------------------------------------
-
-def _megatron_order(program: Program | None, leaves: _Leaves) -> list[int]:
-    """State leaves that are matrices, in the order the captured forward's products read them."""
-    order: list[int] = []
-    if program is not None:
-        for step in program.graphs:
-            g = step.graph
-            for n in g.nodes:
-                if n.op == "matmul" and len(n.inputs) == 2:
-                    src = g.nodes[n.inputs[1].node]
-                    if ops.OPS[src.op].is_leaf:
-                        vid = int(str(src.attr["name"])[1:])
-                        if vid < len(leaves.paths) and vid not in order and leaves.state[vid]:
-                            order.append(vid)
-    order += [i for i, s in enumerate(leaves.shapes) if leaves.state[i] and len(s) == 2 and i not in order]
-    return [i for i in order if len(leaves.shapes[i]) == 2]
-
-
-def baseline_specs(name: str, leaves: _Leaves, names: Sequence[str], sizes: Mapping[str, int],
-                   program: Program | None) -> list[Spec]:
-    """Hand-written shardings of each kind: data parallel (batch over every axis), FSDP (that, and
-    state sharded over every axis on its largest divisible dim), Megatron (matrices alternately
-    column / row split over the last axis, in forward order; the rest replicated), DP x TP (batch
-    over the other axes, Megatron over the last)."""
-    everything = tuple(names)
-    total = math.prod(sizes[n] for n in everything)
-
-    def batch(axes: tuple[str, ...]) -> list[Spec]:
-        n = math.prod(sizes[a] for a in axes) if axes else 1
-        return [(axes if len(axes) > 1 else axes[0],) if (not leaves.state[i] and axes and leaves.shapes[i]
-                                                          and leaves.shapes[i][0] % n == 0) else ()
-                for i in range(len(leaves.paths))]
-
-    if name == "data-parallel":
-        return batch(everything)
-    if name == "fsdp":
-        specs = batch(everything)
-        for i, shape in enumerate(leaves.shapes):
-            if leaves.state[i] and shape:
-                dims = sorted((d for d in range(len(shape)) if shape[d] % total == 0), key=lambda d: -shape[d])
-                if dims:
-                    e: list[Any] = [None] * len(shape)
-                    e[dims[0]] = everything if len(everything) > 1 else everything[0]
-                    specs[i] = tuple(e)
-        return specs
-    tp = names[-1]
-    specs = batch(tuple(names[:-1])) if name == "dp-x-tp" else [() for _ in leaves.paths]
-    for k, i in enumerate(_megatron_order(program, leaves)):
-        d = 1 if k % 2 == 0 else 0
-        if leaves.shapes[i][d] % sizes[tp] == 0:
-            specs[i] = (None, tp) if d == 1 else (tp,)
-    return _mirror(leaves, [s if s or not leaves.state[i] else None for i, s in enumerate(specs)])
-
-
-# --- the planner's part ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Planned:
-    specs: list[Spec | None]
-    results: tuple[PlanResult, ...]
-    program: Program | None
-    opaque: int
-    why_not: str  # why nothing was planned ("" when something was)
-    dp_predicted_s: float | None
-    batch: tuple[tuple[int, Any], ...] = ()  # (leading dim, its split) of planned leaves no argument is
-    constraints: tuple[tuple[Any, Spec], ...] = ()  # (step jaxpr variable, spec): `boundary_constraints`
-    fsdp_predicted_s: float | None = None
-    # per baseline with a prediction: (step s, bytes per step, memory, wire bytes per step) summed over the planned graphs
-    predicted: Mapping[str, tuple[float, float, float, float]] = field(default_factory=dict)
-    within: str = ""  # how the plan relates to the `within` baseline (`PlanSummary.within`)
-    remat: Remat | None = None  # the plan's recomputed products in the step (`eqsat.parallel.remat`)
-    inner: tuple[str, ...] = ()  # per constraint inside a captured graph: the op of the value it holds
-    unheld: int = 0  # planned inner values with no variable to constrain (`inner_constraints`)
-    trips: tuple[int, ...] = ()  # per result: the times a step runs its graph (`loop_trips`)
-    axis_names: tuple[str, ...] = ()  # the planner's axes as the report names them (a joined view's: one)
-    view: str = ""  # which view of the mesh the plan was searched on (`_plan_views`)
-
-
-def _plan_views(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str], sizes: Mapping[str, int],
-                memory_budget: float | None, comm_budget: float | None, time_limit: float,
-                predict_dp: bool = False, not_loss: Collection[int] = (), within: str | None = None,
-                constrain: str = "products") -> _Planned:
-    """The plan searched on the mesh as it is and, for a mesh of several axes, on its joined view
-    (`Mesh.joined`: every axis as one axis of all the devices, as Alpa plans a mesh under several
-    logical shapes; a value split over it is split over the tuple of the axes): the one predicted
-    faster. A 2-D search splits a value over one axis or the other; the joined one splits it over all
-    the devices at once, which is what data parallel and FSDP do (`baseline_specs`: their splits span
-    every axis), so the baselines' predictions are the joined view's. Each view gets half the time."""
-    if len(names) < 2:
-        return _plan_forward(closed, leaves, pmesh, names, sizes, memory_budget, comm_budget, time_limit,
-                             predict_dp, not_loss, within, constrain)
-    t0 = time.perf_counter()
-    joined = "+".join(names)
-    failed: list[PlanError] = []
-    try:
-        flat = _renamed(_plan_forward(closed, leaves, pmesh.joined(joined), (joined,), {joined: math.prod(sizes.values())},
-                                      memory_budget, comm_budget, time_limit / 2, predict_dp, not_loss, within,
-                                      constrain), joined, tuple(names))
-    except PlanError as exc:  # e.g. no plan within a budget on this view: the other view may have one
-        failed.append(exc)
-        flat = None
-    try:
-        grid = _plan_forward(closed, leaves, pmesh, names, sizes, memory_budget, comm_budget,
-                             max(time_limit - (time.perf_counter() - t0), 1.0), predict_dp and flat is None, not_loss,
-                             within, constrain)
-    except PlanError as exc:
-        if flat is None:
-            raise failed[0] from exc
-        return flat
-    if flat is None:
-        return grid
-
-    def step_s(p: _Planned) -> float:
-        return sum(k * r.report.step_s for r, k in zip(p.results, p.trips or (1,) * len(p.results))) \
-            if p.results else math.inf
-
-    best = flat if step_s(flat) < step_s(grid) else grid
-    shape = " x ".join(str(sizes[n]) for n in names)
-    view = (f"joined: the {shape} mesh as one axis of {math.prod(sizes.values())} devices ({joined}), "
-            f"predicted {step_s(flat) * 1e3:.3f} ms against {step_s(grid) * 1e3:.3f} ms on the {shape} mesh"
-            if best is flat else
-            f"the {shape} mesh, predicted {step_s(grid) * 1e3:.3f} ms against {step_s(flat) * 1e3:.3f} ms on it "
-            f"joined into one axis of {math.prod(sizes.values())} devices")
-    return replace(best, dp_predicted_s=flat.dp_predicted_s, fsdp_predicted_s=flat.fsdp_predicted_s,
-                   predicted=flat.predicted, view=view if best.results else "")
-
-
-def _renamed(planned: _Planned, joined: str, names: tuple[str, ...]) -> _Planned:
-    """A joined view's plan on the mesh itself: its one axis (`joined`) is the tuple of the mesh's axes."""
-    def entry(e: Any) -> Any:
-        return names if e == joined else e
-
-    def spec(s: Spec | None) -> Spec | None:
-        return None if s is None else tuple(entry(e) for e in s)
-
-    return replace(planned, specs=[spec(s) for s in planned.specs],
-                   batch=tuple((lead, entry(e)) for lead, e in planned.batch),
-                   constraints=tuple((var, spec(s) or ()) for var, s in planned.constraints),
-                   axis_names=(joined,))
-
-
-def _plan_forward(closed: Any, leaves: _Leaves, pmesh: Mesh, names: Sequence[str], sizes: Mapping[str, int],
-                  memory_budget: float | None, comm_budget: float | None, time_limit: float,
-                  predict_dp: bool = False, not_loss: Collection[int] = (), within: str | None = None,
-                  constrain: str = "products") -> _Planned:
-    state_vars = {v for v, s in zip(closed.jaxpr.invars, leaves.state) if s}
-    found = _forward_jaxpr(closed, state_vars, not_loss)
-    empty: list[Spec | None] = [None] * len(leaves.paths)
-    if found is None:
-        return _Planned(empty, (), None, 0, "the step returns no float scalar (loss) computed from the model state", None)
-    program = capture_jaxpr(found[0])
-    graphs = sorted(program.graphs, key=lambda s: -_flops(s.graph))
-    graphs = [s for s in graphs if any(n.op in ("matmul", "conv2d") for n in s.graph.nodes)]
-    if not graphs:
-        return _Planned(empty, (), program, len(program.opaque),
-                        "the loss captures to no matmul or convolution (nothing to split)", None)
-    # a scan body's slice of a stacked layer weight (or a const it closes over) is model state too
-    origins = loop_origins(program)
-    state_names = {graph_leaf_name(i) for i in range(len(leaves.paths)) if leaves.state[i]} | {
-        graph_leaf_name(v) for v, (o, _) in origins.items() if o < len(leaves.paths) and leaves.state[o]}
-    trips = loop_trips(program)
-    model = ParallelCostModel(pmesh, cost_model("roofline", pmesh.device),
-                              state_copies=optimizer_state_copies(program, leaves))
-    specs: list[Spec | None] = list(empty)
-    results: list[PlanResult] = []
-    batch: list[tuple[int, Any]] = []
-    boundary: dict[int, Spec] = {}
-    lead: dict[int, int] = {}  # a boundary value's leading size
-    # per baseline and graph: predicted (seconds, buffer bytes, memory, wire bytes) of a step
-    figures: dict[str, list[tuple[float, float, float, float]]] = {"data-parallel": [], "fsdp": []}
-    answers: list[str] = []
-    book = RuleBook.of(pmesh)  # the rules parsed and verified once, for every graph and search below
-    inner: list[tuple[Any, Spec, str]] = []  # the plan's layouts held inside the captured graphs
-    unheld = 0
-    runs: list[int] = []  # per result: `loop_trips` (its figures count once per run)
-    t0 = time.perf_counter()
-    for step in graphs:
-        left = time_limit - (time.perf_counter() - t0)
-        if left <= 1.0:
-            break
-        graph = with_weights(step.graph, [str(n.attr["name"]) for _, n in step.graph.leaves() if n.attr["name"] in state_names])
-        # saturation, pricing, the ILP and the numpy check of one graph take about twice the
-        # saturation and ILP limits: a third and a sixth of what is left keep the step near time_limit
-        limits = replace(DEFAULT_LIMITS, seconds=min(DEFAULT_LIMITS.seconds, left / 3))
-        # a chain of identical blocks (transformer layers) is planned once and its plan repeated
-        # within a baseline (data parallel by default): no more predicted bytes and memory than its plan
-        res = plan_repeated(graph, pmesh, "joint", limits=limits, time_limit=max(left / 6, 1.0),
-                            mem_budget=memory_budget, comm_budget=comm_budget, model=model, book=book, within=within,
-                            open_outputs=True)
-        if not res.numerics_ok:
-            raise PlanError(f"the plan of a captured graph differs from it in numpy (max |diff| {res.max_abs_diff:.3g})")
-        results.append(res)
-        runs.append(trips.get(id(step), 1))
-        if constrain != "boundaries":
-            try:
-                held, missed = inner_constraints(program, step, res, names, sizes,
-                                                  None if constrain == "all" else CONTRACTIONS)
-            except EqsatError:  # a plan the numpy read-back cannot run: its inner layouts are left to GSPMD
-                held, missed = [], 0
-            inner += held
-            unheld += missed
-        if res.baseline is not None:
-            answers.append(str(res.info.get("within", {}).get("answer", "search")))
-        # the data-parallel and FSDP baselines' predictions: the same search with their rules only;
-        # their plans are priced, never run or lowered, so they get no numpy check
-        for strategy, acc in figures.items():
-            try:
-                if res.baseline is not None and res.baseline.strategy == strategy:
-                    base = res.baseline  # the `within` search's, already made
-                elif predict_dp:
-                    base = plan_repeated(graph, pmesh, strategy, limits=limits, time_limit=max(left / 8, 1.0),
-                                         model=model, check=False, book=book, open_outputs=True)
-                else:
-                    continue
-                acc.append((runs[-1] * base.report.step_s, runs[-1] * base.report.comm_bytes(None),
-                            runs[-1] * base.report.mem_bytes, runs[-1] * base.report.wire_bytes()))
-            except EqsatError:
-                pass
-        shapes = {str(n.attr["name"]): n.shapes[0] for _, n in res.plan.leaves()}
-        for name, splits in leaf_splits(res.plan).items():
-            vid, stacked = origins.get(int(name[1:]), (int(name[1:]), 0))
-            # a value opaque equations make (an embedding gather's output) is data: held at its finest
-            # batch split, the one the tokens take (`_mirror`), so GSPMD need not gather it back
-            spec = partition_spec(choose_split(splits) if vid < len(leaves.paths) else finest_split(splits), shapes[name], names, sizes)
-            if stacked and spec:  # a scan's slice: the stacked value keeps its leading (layer) dims whole
-                spec = (None,) * stacked + spec
-            if vid < len(leaves.paths):
-                if specs[vid] is None:
-                    specs[vid] = spec
-            elif spec:  # a value made by opaque equations (an embedding gather's output): constrained to the plan's split
-                boundary.setdefault(vid, spec)
-                lead[vid] = shapes[name][0]
-                if spec[0] is not None and not stacked:
-                    batch.append((shapes[name][0], spec[0]))
-    boundary = {vid: batch_held(spec, lead[vid], batch) for vid, spec in boundary.items()}
-    predicted = {k: (sum(f[0] for f in v), sum(f[1] for f in v), sum(f[2] for f in v), sum(f[3] for f in v))
-                 for k, v in figures.items() if v and len(v) == len(results)}
-    how = ""
-    if within is not None and answers:
-        kept = sum(a == "baseline" for a in answers)
-        how = (f"searched within {within}'s predicted bytes and memory (the planner's {within} plan, which the ILP "
-               f"starts from); " + (f"{kept} of {len(answers)} graph(s) kept {within}'s plan: nothing within them "
-                                    "was predicted faster" if kept else "the search's plan is within them"))
-    return _Planned(specs, tuple(results), program, len(program.opaque), "",
-                    predicted["data-parallel"][0] if "data-parallel" in predicted else None,
-                    tuple(batch), (*boundary_constraints(program, boundary, closed), *((w, sp) for w, sp, _ in inner)),
-                    predicted["fsdp"][0] if "fsdp" in predicted else None, predicted, how,
-                    find_remat(closed, found[0], recomputed_products([(r.plan, r.report.recompute) for r in results]),
-                               state_names), tuple(op for _, _, op in inner), unheld, tuple(runs))
-
-
-def loop_origins(program: Program) -> dict[int, tuple[int, int]]:
-    """Per value id a `lax.scan` body reads (its consts, carry and one slice of each scanned input):
-    (the outermost value it stands for, the leading dims that value has more: one per enclosing scan
-    that slices it). A body graph's plan of a layer's weight slice is then the plan of the stacked
-    weight (`nn.scan` / `lax.scan` over layer params), its leading layer dim(s) whole. A graph's
-    dtype cast of a value it reads (bf16 compute on f32 master weights) stands for that value too."""
-    out: dict[int, tuple[int, int]] = {}
-
-    def walk(steps: Sequence[Step]) -> None:
-        for s in steps:
-            if isinstance(s, GraphStep):
-                for vid, node, _ in s.sources:
-                    n = s.graph.nodes[node]
-                    if n.op == "convert_element_type" and ops.OPS[s.graph.nodes[n.inputs[0].node].op].is_leaf:
-                        read = int(str(s.graph.nodes[n.inputs[0].node].attr["name"])[1:])
-                        out[vid] = out.get(read, (read, 0))
-            if not isinstance(s, LoopStep):
-                continue
-            n_consts, n_carry = scan_counts(s.eqn.params, len(s.inputs))
-            for k, (inner, outer) in enumerate(zip(s.body_inputs, s.inputs)):
-                origin, stacked = out.get(outer, (outer, 0))
-                out[inner] = (origin, stacked + (k >= n_consts + n_carry))
-            walk(s.body)
-
-    walk(program.steps)
-    return out
-
-
-def loop_trips(program: Program) -> dict[int, int]:
-    """Per graph of `program.graphs` (by `id` of its step) the times one step runs it: the product of
-    the lengths of the scans around it (a layer body under `nn.scan` runs once per layer)."""
-    out: dict[int, int] = {}
-
-    def walk(steps: Sequence[Step], trips: int) -> None:
-        for s in steps:
-            if isinstance(s, LoopStep):
-                walk(s.body, trips * int(s.eqn.params.get("length", 1)))
-            elif isinstance(s, GraphStep):
-                out[id(s)] = trips
-
-    walk(program.steps, 1)
-    return out
-
-
-def optimizer_state_copies(program: Program, leaves: _Leaves) -> float:
-    """The optimizer state per parameter, in copies of it: the bytes of the model-state leaves the
-    forward does not read (Adam's mu and nu, its step count) over those of the ones it reads (the
-    parameters). What the planner's memory row and update time charge per weight (ZeRO / FSDP
-    shards both with the weight)."""
-    read = {str(n.attr["name"]) for s in program.graphs for _, n in s.graph.leaves()}
-    read |= {graph_leaf_name(o) for v, (o, _) in loop_origins(program).items() if graph_leaf_name(v) in read}
-    params = other = 0.0
-    for i, shape in enumerate(leaves.shapes):
-        if leaves.state[i]:
-            if graph_leaf_name(i) in read:
-                params += math.prod(shape)
-            else:
-                other += math.prod(shape)
-    return other / params if params else 0.0
-
-
-def _flops(graph: Graph) -> float:
-    """Multiply-adds of a graph's products: the biggest graphs are planned first."""
-    total = 0.0
-    for n in graph.nodes:
-        if n.op in ("matmul", "conv2d"):
-            total += float(np.prod(n.shapes[0])) * float(graph.shape(n.inputs[0])[-1])
-    return total
-
-
-def _collective_rows(results: Sequence[PlanResult], names: Sequence[str],
-                     runs: Sequence[int] = ()) -> tuple[Mapping[str, Any], ...]:
-    """The planned collectives with the mesh's axis names, for the report; `runs`: how many times a
-    step runs each, its graph's `loop_trips` (a scan body's once per layer, as compiled)."""
-    rows = []
-    for k, res in enumerate(results):
-        g = res.plan.live()
-        for i, c in res.report.collectives:
-            node: Node = g.nodes[i]
-            rows.append({"enode": f"g{k}:{i}:{node.op}", "kind": c.kind, "axis": names[c.axis], "bytes": c.bytes,
-                         "phase": c.phase, "why": c.why, "runs": runs[k] if k < len(runs) else 1})
-    return tuple(rows)
-
-
 # --- the public functions -------------------------------------------------------------------------
 
 def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: Sequence[int] = (0,),
@@ -832,7 +330,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
             raise ApiError(f"{label} must be a number of bytes per device >= 0, not {value!r}")
     if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
         raise ApiError(f"time_limit must be a number of seconds > 0, not {time_limit!r}")
-    leaves, treedef = _flat_leaves(args, state_argnums)
+    leaves, treedef = flat_leaves(args, state_argnums)
     # traced and compiled on shapes only: arrays committed to another mesh (an Explicit one) carry
     # shardings into the jaxpr and clash with the plan's when lowered
     abstract = tuple(jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jax.numpy.result_type(a)), args))
@@ -855,17 +353,17 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
         raise
     except Exception as exc:
         raise ApiError(f"cannot trace {getattr(train_step, '__name__', 'the step')}: {type(exc).__name__}: {exc}") from exc
-    planned: _Planned | None = None
+    planned: Planned | None = None
     if math.prod(sizes.values()) > 1:
         pmesh, names = planner_mesh(amesh)
         try:
-            planned = _plan_views(closed, leaves, pmesh, names, sizes, memory_budget, comm_budget, time_limit,
-                                  baselines, _state_outputs(out_shape, args, state_argnums), within, constrain)
+            planned = plan_views(closed, leaves, pmesh, names, sizes, memory_budget, comm_budget, time_limit,
+                                  baselines, state_outputs(out_shape, args, state_argnums), within, constrain)
         except PlanError as exc:
             if memory_budget is not None or comm_budget is not None:
                 raise ApiError(f"no plan of the step's planned part meets the budget ({exc}); "
                                "raise memory_budget / comm_budget to at least the best found") from exc
-            planned = _Planned([None] * len(leaves.paths), (), None, 0, f"the planner failed: {exc}", None)
+            planned = Planned([None] * len(leaves.paths), (), None, 0, f"the planner failed: {exc}", None)
     else:
         names = ()
         warns.append("the mesh has one device: nothing to plan")
@@ -879,7 +377,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
         strategy = f"{better} (baseline: predicted faster than the plan, with fewer bytes and less memory)"
         planned = replace(planned, results=(), constraints=(), remat=None)
     elif planned is not None and planned.results:
-        specs = _mirror(leaves, planned.specs, planned.batch)
+        specs = mirror(leaves, planned.specs, planned.batch)
         strategy = "eqsat"
     else:
         why = planned.why_not if planned is not None else "one device"
@@ -901,7 +399,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     def made(specs: Sequence[Spec], strategy: str, results: tuple[PlanResult, ...], better: str | None) -> Plan:
         """The plan of `specs` (the planner's when `results`, else a baseline's or data parallel's)."""
         in_shardings = _shardings(amesh, treedef, specs)
-        out_sh = _out_shardings(out_shape, args, in_shardings, state_argnums, amesh)
+        out_sh = out_shardings(out_shape, args, in_shardings, state_argnums, amesh)
         constraints = planned.constraints if planned is not None and results else ()
         inner = planned.inner if planned is not None and results else ()
         remat = remat_planned if results else None
@@ -922,7 +420,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
             else (None, None, None))
         return Plan(fn, amesh, in_shardings, out_sh, PlanSummary(
             strategy, " x ".join(f"{n}={s}" for n, s in sizes.items()), note, figures[0], figures[1], figures[2],
-            _collective_rows(results, axis_names, runs), plan_s, len(results), planned.opaque if planned else 0, tuple(warns),
+            collective_rows(results, axis_names, runs), plan_s, len(results), planned.opaque if planned else 0, tuple(warns),
             tuple((_path_str(p, arg_names), str(P(*s))) for p, s in zip(leaves.paths, specs)), None,
             constraints=tuple((where_str(var), str(P(*spec))) for var, spec in constraints),
             inner_constraints=inner, unheld=planned.unheld if planned is not None and results and not remat else 0,
@@ -942,7 +440,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
                 continue
             bspecs = baseline_specs(name, leaves, all_names, sizes, program)
             b_in = _shardings(amesh, treedef, bspecs)
-            b_out = _out_shardings(out_shape, args, b_in, state_argnums, amesh)
+            b_out = out_shardings(out_shape, args, b_in, state_argnums, amesh)
             fig = compile_figures(jax.jit(train_step, in_shardings=b_in, out_shardings=b_out), abstract)
             pred = None if planned is None else {"data-parallel": planned.dp_predicted_s,
                                                  "fsdp": planned.fsdp_predicted_s}.get(name)
@@ -1007,7 +505,7 @@ def judge_compiled(compiled: Compiled, rows: Sequence[Baseline], within: str | N
     return name, why
 
 
-def dominating_baseline(planned: _Planned | None) -> str | None:
+def dominating_baseline(planned: Planned | None) -> str | None:
     """The predicted baseline that is better than the plan in all three of step time, wire bytes
     and memory (the best such in time), or None."""
     if planned is None or not planned.results:
@@ -1018,7 +516,7 @@ def dominating_baseline(planned: _Planned | None) -> str | None:
     return min(better)[1] if better else None
 
 
-def _describe(specs: Sequence[Spec], leaves: _Leaves) -> str:
+def _describe(specs: Sequence[Spec], leaves: Leaves) -> str:
     """A baseline's shardings in one phrase for the report."""
     split = sum(1 for s in specs if any(e is not None for e in s))
     return f"{split} of {len(specs)} leaves split"

@@ -101,7 +101,7 @@ class Remat:
 def find_remat(closed: Any, forward: Any, wanted: Sequence[tuple[tuple[str, ...], int]],
                state_names: Collection[str]) -> Remat | None:
     """The recompute of the products `wanted` ((weight key, ordinal)) in the step `closed` whose
-    forward (the loss's equations, `api._forward_jaxpr`) is `forward`; None when none is found."""
+    forward (the loss's equations, `step_args.forward_jaxpr`) is `forward`; None when none is found."""
     if not wanted:
         return None
     eqns = list(closed.jaxpr.eqns)

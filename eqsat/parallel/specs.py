@@ -84,7 +84,7 @@ def axes_of(entry: Any) -> tuple[str, ...]:
 
 def batch_held(spec: Spec, size: int, batch: Sequence[tuple[int, Any]]) -> Spec:
     """A batch-split value made by opaque equations held at the finest batch split planned for its
-    leading size (the tokens' in `_mirror`; one use path may split it over `model` only and a later
+    leading size (the tokens' in `step_args.mirror`; one use path may split it over `model` only and a later
     one over `data` too, and a coarser constraint makes GSPMD gather it back)."""
     if not spec or spec[0] is None:
         return spec

@@ -16,6 +16,7 @@ import eqsat.parallel as ep
 from eqsat.errors import EqsatError
 from eqsat.ir import GraphBuilder
 from eqsat.parallel import api
+from eqsat.parallel import step_args, step_planner
 from eqsat.parallel import constraints as step_constraints
 from eqsat.parallel import specs
 
@@ -115,13 +116,13 @@ def test_leaf_splits_follow_partitions_through_broadcast_and_transpose() -> None
 
 def test_optimizer_state_mirrors_its_parameter_and_labels_follow_the_batch() -> None:
     params, opt_state, batch = problem()
-    leaves, _ = api._flat_leaves((params, opt_state, batch), (0, 1))
+    leaves, _ = step_args.flat_leaves((params, opt_state, batch), (0, 1))
     specs: list[Any] = [None] * len(leaves.paths)
     w1 = next(i for i, p in enumerate(leaves.paths) if p[0] == 0 and str(p[-1]) == "['w1']")
     x = next(i for i, p in enumerate(leaves.paths) if p[0] == 2 and leaves.shapes[i] == (64, 32))
     specs[w1] = (None, "model")
     specs[x] = ("data",)
-    filled = api._mirror(leaves, specs)
+    filled = step_args.mirror(leaves, specs)
     for i, path in enumerate(leaves.paths):
         if path[0] == 1 and str(path[-1]) == "['w1']":
             assert filled[i] == (None, "model"), path  # Adam's mu and nu of w1
@@ -288,11 +289,11 @@ def test_the_loss_is_no_new_state_even_when_a_parameter_is_a_scalar() -> None:
     params, x = {"t": jnp.float32(1.0), "w": jnp.ones((8, 4))}, jnp.ones((16, 8))
     closed, out = jax.make_jaxpr(step, return_shape=True)(params, x)
     state = {v for v in closed.jaxpr.invars[:2]}
-    not_loss = api._state_outputs(out, (params, x), (0,))
+    not_loss = step_args.state_outputs(out, (params, x), (0,))
     assert not_loss == {0, 1}
-    forward, index = api._forward_jaxpr(closed, state, not_loss)
+    forward, index = step_args.forward_jaxpr(closed, state, not_loss)
     assert index == 2
-    assert api._forward_jaxpr(closed, state)[1] == 0  # without it, the new `t` would pass for the loss
+    assert step_args.forward_jaxpr(closed, state)[1] == 0  # without it, the new `t` would pass for the loss
     assert len(forward.jaxpr.eqns) < len(closed.jaxpr.eqns)
 
 
@@ -351,15 +352,15 @@ def test_adam_state_is_two_copies_of_the_parameters() -> None:
     weight): Adam's mu and nu, and its step count, over the parameters the forward reads."""
     params, opt_state, batch = problem()
     args = (params, opt_state, batch)
-    leaves, treedef = api._flat_leaves(args, (0, 1))
+    leaves, treedef = step_args.flat_leaves(args, (0, 1))
     closed = jax.make_jaxpr(lambda *xs: train_step(*jax.tree_util.tree_unflatten(treedef, xs)))(
         *jax.tree_util.tree_leaves(args))
     state_vars = {v for v, s in zip(closed.jaxpr.invars, leaves.state) if s}
-    found = api._forward_jaxpr(closed, state_vars, api._state_outputs(
+    found = step_args.forward_jaxpr(closed, state_vars, step_args.state_outputs(
         jax.eval_shape(train_step, *args), args, (0, 1)))
     assert found is not None
     from jax_backend.capture import capture_jaxpr
 
-    copies = api.optimizer_state_copies(capture_jaxpr(found[0]), leaves)
+    copies = step_planner.optimizer_state_copies(capture_jaxpr(found[0]), leaves)
     n_params = sum(int(np.prod(np.shape(p))) for p in jax.tree_util.tree_leaves(params))
     assert copies == pytest.approx(2 + 1 / n_params)

@@ -93,11 +93,11 @@ def test_open_outputs_leave_a_scan_bodys_carry_and_residual_split() -> None:
     from eqsat.parallel.mesh import parse_mesh
     from eqsat.parallel.planner import plan_graph, verified_parallel_rules, with_weights
     from jax_backend.capture import capture_jaxpr
-    from eqsat.parallel.api import _forward_jaxpr
+    from eqsat.parallel.step_args import forward_jaxpr
 
     step, ws, x = _scanned_step()
     closed = jax.make_jaxpr(step)(ws, x)
-    found = _forward_jaxpr(closed, {closed.jaxpr.invars[0]})
+    found = forward_jaxpr(closed, {closed.jaxpr.invars[0]})
     assert found is not None
     body = next(s.graph for s in capture_jaxpr(found[0]).graphs if any(n.op == "matmul" for n in s.graph.nodes))
     graph = with_weights(body, [str(n.attr["name"]) for _, n in body.leaves() if n.shapes[0] == (64, 64)])

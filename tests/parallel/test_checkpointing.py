@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eqsat.parallel import api
+from eqsat.parallel import step_args
 from eqsat.parallel.planner import (COST_SCALE, PlanError, RECOMPUTE_SUFFIX, plan_graph, plan_report,
                                     saturate_and_price, verified_parallel_rules, with_recompute)
 from eqsat.parallel.remat import checkpointed_step, find_remat
@@ -101,14 +101,14 @@ def test_lowered_recompute_is_the_same_step_with_less_memory(einsum: bool) -> No
     more product's flops, and less compiled temporary memory; also where the product is a call
     (`jnp.einsum` is jitted)."""
     step, args = _mlp_step(einsum=einsum)
-    leaves, treedef = api._flat_leaves(args, (0,))
+    leaves, treedef = step_args.flat_leaves(args, (0,))
     flat = jax.tree_util.tree_leaves(args)
 
     def fn(*xs: jax.Array) -> tuple:
         return step(*jax.tree_util.tree_unflatten(treedef, xs))
 
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*flat)
-    found = api._forward_jaxpr(closed, {v for v, s in zip(closed.jaxpr.invars, leaves.state) if s})
+    found = step_args.forward_jaxpr(closed, {v for v, s in zip(closed.jaxpr.invars, leaves.state) if s})
     assert found is not None
     state = {graph_leaf_name(i) for i, s in enumerate(leaves.state) if s}
     w0 = graph_leaf_name(next(i for i, p in enumerate(leaves.paths) if "w0" in str(p)))

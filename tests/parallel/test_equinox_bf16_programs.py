@@ -30,13 +30,13 @@ def small_gru() -> tuple[Any, tuple[Any, ...]]:
 
 
 def forward_program(step: Any, args: tuple[Any, ...]) -> Any:
-    from eqsat.parallel.api import _forward_jaxpr
+    from eqsat.parallel.step_args import forward_jaxpr
     from jax_backend.capture import capture_jaxpr
 
     flat, treedef = jax.tree_util.tree_flatten(args)
     closed = jax.make_jaxpr(lambda *xs: step(*jax.tree_util.tree_unflatten(treedef, xs)))(*flat)
     n_state = len(jax.tree_util.tree_leaves(args[:2]))
-    found = _forward_jaxpr(closed, set(closed.jaxpr.invars[:n_state]))
+    found = forward_jaxpr(closed, set(closed.jaxpr.invars[:n_state]))
     assert found is not None
     return capture_jaxpr(found[0]), n_state
 
@@ -59,7 +59,7 @@ def test_bf16_casts_of_weights_stand_for_the_f32_weights() -> None:
     equation), so the casts are in an earlier graph than the products that read them; each bf16
     weight a product graph reads, the scan body's recurrent weight included, maps back to its f32
     argument (so the planner prices it as a parameter and its plan shards the argument)."""
-    from eqsat.parallel.api import loop_origins
+    from eqsat.parallel.step_planner import loop_origins
 
     step, args = small_gru()
     program, n_state = forward_program(step, args)
@@ -80,7 +80,7 @@ def test_a_jitted_step_is_planned_as_its_body() -> None:
     equations alone, not the whole step with its backward and update (the call kept whole)."""
     import equinox as eqx
 
-    from eqsat.parallel.api import _forward_jaxpr, unwrap_jit
+    from eqsat.parallel.step_args import forward_jaxpr, unwrap_jit
     from experiments.parallel_user_programs import mlp_problem
 
     step, args = mlp_problem(batch=8, sizes=(8, 16, 4))
@@ -91,7 +91,7 @@ def test_a_jitted_step_is_planned_as_its_body() -> None:
         return jax.make_jaxpr(lambda *xs: f(*jax.tree_util.tree_unflatten(treedef, xs)))(*flat)
 
     plain = traced(step)
-    forward = _forward_jaxpr(plain, set(plain.jaxpr.invars[:n_state]))
+    forward = forward_jaxpr(plain, set(plain.jaxpr.invars[:n_state]))
     assert forward is not None
     for wrap in (jax.jit, eqx.filter_jit):
         closed = traced(wrap(step))
@@ -99,7 +99,7 @@ def test_a_jitted_step_is_planned_as_its_body() -> None:
         body = unwrap_jit(closed)
         assert len(body.jaxpr.eqns) == len(plain.jaxpr.eqns)
         assert [v.aval for v in body.jaxpr.outvars] == [v.aval for v in plain.jaxpr.outvars]
-        found = _forward_jaxpr(body, set(body.jaxpr.invars[:n_state]))
+        found = forward_jaxpr(body, set(body.jaxpr.invars[:n_state]))
         assert found is not None and found[1] == forward[1] and len(found[0].jaxpr.eqns) == len(forward[0].jaxpr.eqns)
     assert unwrap_jit(plain) is plain
 

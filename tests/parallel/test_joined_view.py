@@ -1,10 +1,10 @@
-"""A multi-axis mesh searched as one joined axis (`Mesh.joined`, `api._plan_views`)."""
+"""A multi-axis mesh searched as one joined axis (`Mesh.joined`, `step_planner.plan_views`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from eqsat.parallel import api
+from eqsat.parallel import step_planner
 from eqsat.parallel.mesh import PRESETS, MeshAxis, Mesh
 
 
@@ -28,9 +28,9 @@ def test_a_joined_axis_keeps_the_slowest_link_of_each_collective_kind() -> None:
 
 
 def test_a_joined_views_plan_is_split_over_the_tuple_of_the_axes() -> None:
-    planned = api._Planned([("data+model", None), None, (None, "data+model"), ()], (), None, 0, "", None,
+    planned = step_planner.Planned([("data+model", None), None, (None, "data+model"), ()], (), None, 0, "", None,
                            batch=((8, "data+model"),), constraints=(("v", ("data+model",)),))
-    out = api._renamed(planned, "data+model", ("data", "model"))
+    out = step_planner.renamed(planned, "data+model", ("data", "model"))
     assert out.specs == [(("data", "model"), None), None, (None, ("data", "model")), ()]
     assert out.batch == ((8, ("data", "model")),) and out.constraints == (("v", (("data", "model"),)),)
     assert out.axis_names == ("data+model",)

@@ -14,6 +14,7 @@ import eqsat.parallel as ep
 from eqsat.context import NodeInContext, ValueContext
 from eqsat.cost import cost_model
 from eqsat.parallel import api
+from eqsat.parallel import step_planner
 from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import parse_mesh
 from eqsat.ir import GraphBuilder
@@ -127,9 +128,9 @@ def _forced_plan(monkeypatch: pytest.MonkeyPatch, sharded: bool = True) -> tuple
     def forced(closed: Any, leaves: Any, *_: Any, **__: Any) -> Any:
         specs = [(("data", "model"),) if sharded and leaves.state[i] and leaves.shapes[i] and leaves.shapes[i][0] % 8 == 0
                  else () for i in range(len(leaves.paths))]
-        return api._Planned(specs, (result,), None, 0, "", None)
+        return step_planner.Planned(specs, (result,), None, 0, "", None)
 
-    monkeypatch.setattr(api, "_plan_forward", forced)
+    monkeypatch.setattr(step_planner, "plan_forward", forced)
     args = problem()
     return ep.plan(train_step, *args, mesh=mesh_of((2, 4)), params_argnums=(0, 1)), args
 

@@ -103,14 +103,14 @@ def test_every_rule_that_fires_survives_the_filter(build: object) -> None:
 def test_every_rule_that_fires_on_a_user_program_survives_the_filter(program: str) -> None:
     import jax
 
-    from eqsat.parallel.api import _flat_leaves, _forward_jaxpr
+    from eqsat.parallel.step_args import flat_leaves, forward_jaxpr
     from experiments.parallel_user_programs import PROGRAMS
     from jax_backend.capture import capture_jaxpr
 
     step, args = PROGRAMS[program]()
     closed = jax.make_jaxpr(step)(*args)
-    leaves, _ = _flat_leaves(args, (0, 1))
-    found = _forward_jaxpr(closed, {v for v, s in zip(closed.jaxpr.invars, leaves.state) if s})
+    leaves, _ = flat_leaves(args, (0, 1))
+    found = forward_jaxpr(closed, {v for v, s in zip(closed.jaxpr.invars, leaves.state) if s})
     assert found is not None
     graphs = [s.graph for s in capture_jaxpr(found[0]).graphs if any(n.op == "matmul" for n in s.graph.nodes)]
     assert graphs

@@ -36,7 +36,7 @@ def args() -> tuple[Any, Any]:
 
 
 def test_scan_body_reads_map_to_the_stacked_weight_and_count_once_per_layer() -> None:
-    from eqsat.parallel.api import loop_origins, loop_trips
+    from eqsat.parallel.step_planner import loop_origins, loop_trips
     from jax_backend.capture import GraphStep, LoopStep, capture_jaxpr
 
     program = capture_jaxpr(jax.make_jaxpr(stacked_mlp)(*args()))
@@ -55,7 +55,7 @@ def test_stacked_weights_read_in_a_scan_are_parameters_with_adam_state() -> None
     copies of them (three leaves per parameter, the step count aside), not an unread remainder."""
     import optax
 
-    from eqsat.parallel import api
+    from eqsat.parallel import step_args, step_planner
     from jax_backend.capture import capture_jaxpr
 
     ws, x = args()
@@ -70,10 +70,10 @@ def test_stacked_weights_read_in_a_scan_are_parameters_with_adam_state() -> None
     state = (params, opt.init(params), x)
     flat, treedef = jax.tree_util.tree_flatten(state)
     closed = jax.make_jaxpr(lambda *xs: step(*jax.tree_util.tree_unflatten(treedef, xs)))(*flat)
-    leaves, _ = api._flat_leaves(state, (0, 1))
-    found = api._forward_jaxpr(closed, {v for v, st in zip(closed.jaxpr.invars, leaves.state) if st})
+    leaves, _ = step_args.flat_leaves(state, (0, 1))
+    found = step_args.forward_jaxpr(closed, {v for v, st in zip(closed.jaxpr.invars, leaves.state) if st})
     assert found is not None
-    copies = api.optimizer_state_copies(capture_jaxpr(found[0]), leaves)
+    copies = step_planner.optimizer_state_copies(capture_jaxpr(found[0]), leaves)
     assert 2.0 <= copies < 2.01, copies
 
 

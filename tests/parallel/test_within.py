@@ -17,6 +17,8 @@ from eqsat.cost import cost_model
 from eqsat.errors import EqsatError
 from eqsat.ir import GraphBuilder
 from eqsat.parallel import api
+from eqsat.parallel import step_planner
+from eqsat.parallel import step_args
 from eqsat.parallel import specs
 from eqsat.parallel.blocks import plan_repeated
 from eqsat.parallel.cost import ParallelCostModel
@@ -103,12 +105,12 @@ def test_a_dominated_plan_is_replaced_by_the_baseline() -> None:
     res = plan_graph(graph, MESH, model=_adam(), rules=rules, time_limit=2)
     t, b, m = _figures(res)
     w = res.report.wire_bytes()
-    planned = api._Planned([], (res,), None, 0, "", None, predicted={"data-parallel": (t * 2, b / 2, m / 2, w / 2),
+    planned = step_planner.Planned([], (res,), None, 0, "", None, predicted={"data-parallel": (t * 2, b / 2, m / 2, w / 2),
                                                                        "fsdp": (t / 2, b / 2, m / 2, w / 2)})
     assert api.dominating_baseline(planned) == "fsdp"
-    planned = api._Planned([], (res,), None, 0, "", None, predicted={"fsdp": (t / 2, b / 2, m / 2, w)})
+    planned = step_planner.Planned([], (res,), None, 0, "", None, predicted={"fsdp": (t / 2, b / 2, m / 2, w)})
     assert api.dominating_baseline(planned) is None  # equal wire bytes: not better in all three
-    planned = api._Planned([], (res,), None, 0, "", None, predicted={"fsdp": (t / 2, b * 2, m / 2, w / 2)})
+    planned = step_planner.Planned([], (res,), None, 0, "", None, predicted={"fsdp": (t / 2, b * 2, m / 2, w / 2)})
     assert api.dominating_baseline(planned) == "fsdp"  # more buffer bytes, fewer on the wire
     assert api.dominating_baseline(None) is None
 
@@ -133,8 +135,8 @@ def test_the_plan_takes_the_dominating_baselines_shardings(monkeypatch: pytest.M
                    time_limit=5)
     assert plan.report.strategy.startswith("data-parallel (baseline")
     assert plan.report.collectives == () and plan.report.predicted_step_s is not None
-    leaves, _ = api._flat_leaves(args, (0, 1))
-    want = api.baseline_specs("data-parallel", leaves, ("data",), {"data": 8}, None)
+    leaves, _ = step_args.flat_leaves(args, (0, 1))
+    want = step_args.baseline_specs("data-parallel", leaves, ("data",), {"data": 8}, None)
     got = [s.spec for s in jax.tree_util.tree_leaves(plan.in_shardings, is_leaf=lambda x: hasattr(x, "spec"))]
     assert [tuple(g) for g in got] == [tuple(w) for w in want]
 
@@ -155,8 +157,8 @@ def test_data_leaves_take_the_finest_batch_split_of_the_planned_values() -> None
     from tests.parallel.test_api import problem
 
     params, opt_state, batch = problem()
-    leaves, _ = api._flat_leaves((params, opt_state, batch), (0, 1))
-    filled = api._mirror(leaves, [None] * len(leaves.paths), (((64, "model")), (64, ("model", "data"))))
+    leaves, _ = step_args.flat_leaves((params, opt_state, batch), (0, 1))
+    filled = step_args.mirror(leaves, [None] * len(leaves.paths), (((64, "model")), (64, ("model", "data"))))
     x = next(i for i, p in enumerate(leaves.paths) if p[0] == 2 and leaves.shapes[i] == (64, 32))
     assert filled[x] == (("model", "data"),)
 
