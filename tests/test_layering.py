@@ -15,10 +15,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # `import eqsat` re-exports the decorator lazily (eqsat.optimize / eqsat.explain): that is the API.
 CORE_MAY_IMPORT_BACKEND = {"eqsat"}
 # `eqsat.parallel.plan(step, ...)` is the parallel API for a user's JAX step (eqsat.parallel.api, on top
-# of the planner and the backend; the package re-exports it lazily), with its lowering of activation
-# checkpointing (eqsat.parallel.remat) and of its sharding constraints (eqsat.parallel.constraints) into
-# the traced step.
-PARALLEL_API = {"eqsat.parallel", "eqsat.parallel.api", "eqsat.parallel.constraints", "eqsat.parallel.remat"}
+# of the planner and the backend; the package re-exports it lazily), with the step's forward and argument
+# leaves (eqsat.parallel.step_args), the planning of its captured graphs (eqsat.parallel.step_planner),
+# and its lowering of activation checkpointing (eqsat.parallel.remat) and of its sharding constraints
+# (eqsat.parallel.constraints) into the traced step.
+PARALLEL_API = {"eqsat.parallel", "eqsat.parallel.api", "eqsat.parallel.constraints", "eqsat.parallel.remat",
+                "eqsat.parallel.step_args", "eqsat.parallel.step_planner"}
 # The commands (and the table that names them) sit above both the core and the backend: `eqsat
 # optimize` and `eqsat parallel` check their results through JAX (jax_backend.checks).
 TOP = ("eqsat.cli", "eqsat.commands")
