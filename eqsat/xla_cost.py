@@ -71,15 +71,18 @@ if TYPE_CHECKING:
 __all__ = ["CALIBRATION_FORMAT", "FLOOR_KINDS", "Calibration", "CalibrationError", "ChainFit", "Curve", "Surface", "XlaModel",
            "fit_chain", "fusion_context", "graph_enodes", "read_calibration", "write_calibration"]
 
-CALIBRATION_FORMAT = "eqsat-xla-calibration-9"
+CALIBRATION_FORMAT = "eqsat-xla-calibration-10"
 """3: per-kind kernel floors, the per-call time and grouped convs; 4: matrix-vector products by size
 (`Calibration.gemv`) and NHWC convs (`Calibration.conv_nhwc`); 5: 1x1 convs by rows and weight
 (`Calibration.conv1x1`); 6: matrix-vector products by reduction length and width (`Calibration.gemv_kn`); 7: the bandwidth of
 a layout transpose (`Calibration.transpose_2d` and `transpose_kxk`: an NCHW conv is priced as its NHWC
 form and the transposes XLA:CPU puts around it); 8: transposes as a program runs them (a transpose-copy
 fusion feeding a conv, not a program that only returns them, which XLA:CPU runs as a copy and a
-transpose) and an activation's NCHW <-> NHWC on a curve of its own (`Calibration.transpose_act`).
-An older cache is refused and measured again."""
+transpose) and an activation's NCHW <-> NHWC on a curve of its own (`Calibration.transpose_act`); 9:
+depthwise convs on a curve of their own (`Calibration.dwconv`); 10: dots probed as a model runs them,
+independent products on distinct weights read from memory (`jax_backend.calibrate._independent_dots`;
+chained on a few cached weights before, which priced a 1024-wide dot 15-20% low and a merged wide dot
+dearer per column than its parts). An older cache is refused and measured again."""
 
 FLOOR_KINDS: tuple[str, ...] = ("loop", "copy", "kernel", "dot", "conv")
 """The kinds of kernel whose floor the calibration measures (`Calibration.floors`)."""

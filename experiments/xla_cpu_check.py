@@ -157,7 +157,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if data.get("format") == "eqsat-xla-calibration-7":  # transposes probed alone (as returned): the old prices
             data = {**data, "format": "eqsat-xla-calibration-8", "transpose_act": None}
         if data.get("format") == "eqsat-xla-calibration-8":  # measured before the depthwise curve: dense rates
-            data = {**data, "format": CALIBRATION_FORMAT, "dwconv": None}
+            data = {**data, "format": "eqsat-xla-calibration-9", "dwconv": None}
+        if data.get("format") == "eqsat-xla-calibration-9":  # dots chained on cached weights: the same fields
+            data = {**data, "format": CALIBRATION_FORMAT}
         measured = Calibration.from_json(data)
         report(f"{path}: as measured", measured, args.plans, rows)
         if args.variants and measured.transpose_2d is not None and measured.transpose_kxk is not None:

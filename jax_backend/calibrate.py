@@ -5,13 +5,13 @@ about a minute on a quiet CPU: per kind of kernel (loop, copy, pool, dot, conv) 
 tiny kernel of that kind adds to a chain of up to 64 (`FLOOR_PROBES`, `chain_fit`), and the time
 of a call beyond its kernels (each call timed to completion, as plans are judged), the
 bandwidth of a loop fusion streaming a 1 MiB array, the arithmetic rate of a long elementwise
-chain, dots and NHWC convs (dense, grouped and depthwise) of representative sizes (seconds against
-flops: the efficiency curves; dense 1x1 convs on a grid of rows x channels), each as the marginal
-cost of one more call in a chain; no NCHW conv (the model prices a rank-4 one as XLA:CPU runs it, its
-NHWC form and transposes),
-matrix-vector products of 1 to 8 MiB weights (seconds against output width: on a CPU a wide
-one streams its weight faster per byte than a narrow one), as independent calls on distinct weights,
-and the transposes XLA:CPU runs around an NCHW conv (weights OIHW -> HWIO, activations NCHW -> NHWC)
+chain, NHWC convs (dense, grouped and depthwise) of representative sizes (seconds against flops:
+the efficiency curves; dense 1x1 convs on a grid of rows x channels), each as the marginal cost of
+one more call in a chain; no NCHW conv (the model prices a rank-4 one as XLA:CPU runs it, its NHWC
+form and transposes); dots (the matmul curve) and matrix-vector products of 1 to 8 MiB weights
+(seconds against output width: on a CPU a wide one streams its weight faster per byte than a narrow
+one), each as independent products of one input on distinct weights read from memory, as a model's
+are (`_independent_dots`); and the transposes XLA:CPU runs around an NCHW conv (weights OIHW -> HWIO, activations NCHW -> NHWC)
 as a program runs them (`_transpose_curves`). Each probe's rounds go on until its 95% interval is
 within `PROBE_WIDTH` of its median (`medians_precise`), up to a cap: narrow intervals, though a busy
 machine still moves the values themselves.
@@ -52,15 +52,17 @@ __all__ = ["MATMUL_SHAPES", "GEMV_SHAPES", "GEMV_GRID_K", "CONV_SHAPES", "CONV1X
 MATMUL_SHAPES: tuple[tuple[int, int, int], ...] = (
     (8, 64, 64), (32, 128, 128), (64, 256, 256), (128, 512, 512), (64, 1024, 1024), (64, 1024, 4096))
 """(m, k, n) of the calibration's dots, (m, k) x (k, n): 6.6e4 to 5.4e8 flops (BERT's 64 x 1024 among
-them; the largest a wide dot, as merging dots that share an operand makes them)."""
+them; the largest a wide dot, as merging dots that share an operand makes them). Each is timed as
+independent products of one input on distinct weights, `WEIGHT_BYTES` in all (`_independent_dots`)."""
 
 GEMV_SHAPES: tuple[tuple[int, int], ...] = ((GEMV_K, 512), (GEMV_K, 1024), (GEMV_K, 2048), (GEMV_K, 4096))
 """(k, n) of the calibration's matrix-vector products (1, k) x (k, n), 1 to 8 MiB a weight (NasRNN's,
 and its merged ones): bound by reading the weight, at a rate that grows with the output width n on a
-CPU (its threads split the columns; `eqsat.xla_cost.Calibration.gemv`). Each is timed as independent
-calls on distinct weights, `GEMV_BYTES` in all (past any last-level cache, as a model's weights are)."""
+CPU (its threads split the columns; `eqsat.xla_cost.Calibration.gemv`). Timed as the dots are
+(`_independent_dots`)."""
 
-GEMV_BYTES = 64 * 2**20
+WEIGHT_BYTES = 64 * 2**20  # the weights a dot probe reads: past any last-level cache, as a model's are
+MAX_DOT_CALLS = 128  # ...in at most this many products (a small weight stays cached in a model too)
 
 GEMV_GRID_K: tuple[int, ...] = (256, GEMV_K, 1024, 2048)
 """Reduction lengths of the (k, n) mat-vec grid (`Calibration.gemv_kn`): each with every width of
@@ -117,7 +119,7 @@ DISTINCT_WEIGHTS = 8  # a chain cycles through this many weights (each read from
 PROBE_WIDTH = 0.1  # a probe's rounds go on until its 95% interval is at most this fraction of its median...
 PROBE_CAP_S = 1.5  # ...or this many seconds a probe (a pair of thunks, or one) are spent
 PROBE_ROUNDS = 200
-GEMV_CAP_S = 1.0  # seconds a mat-vec shape of the grid (16 of them, all in the same rounds)
+GEMV_CAP_S = 1.0  # seconds a dot or mat-vec shape (`_independent_dots`: all of a set in the same rounds)
 
 
 def calibration_path() -> Path:
@@ -174,15 +176,20 @@ def _marginals(variants: Sequence[Variant]) -> list[float]:
     return result
 
 
-def _gemv_seconds(shapes: Sequence[tuple[int, int]], call_s: float, total_bytes: int = GEMV_BYTES) -> list[float]:
-    """Seconds of one (1, k) x (k, n) matrix-vector product per shape: a program of independent
-    ones on distinct weights, `total_bytes` of them (read from memory, as a model's are), less
-    `call_s`, over their count. All shapes are timed in the same interleaved rounds, so a busy
-    machine slows each alike and their ratios (what merging mat-vecs changes) hold."""
+def _independent_dots(shapes: Sequence[tuple[int, int, int]], call_s: float,
+                      total_bytes: int = WEIGHT_BYTES) -> list[float]:
+    """Seconds of one (m, k) x (k, n) dot per shape, timed as a model runs its dots: a program of
+    independent products of one input on distinct weights, `total_bytes` of them (at most
+    `MAX_DOT_CALLS`, at least 4), each read from memory; less `call_s`, over their count. All shapes
+    are timed in the same interleaved rounds, so a busy machine slows each alike and their ratios
+    (what merging dots changes) hold. Chained on a few weights re-read from the cache, as the dots
+    were probed before (format 9), a 64 x 1024 x 1024 dot measured 0.58-0.60 ms where a model's
+    distinct weights take 0.71, and a wide dot cost 23% more per column than its narrow parts, where
+    among distinct weights it costs the same or less (docs/tensat.md)."""
     thunks, counts = [], []
-    for k, n in shapes:
-        count = max(4, -(-total_bytes // (4 * k * n)))
-        x, *ws = _arrays((1, k), *[(k, n)] * count)
+    for m, k, n in shapes:
+        count = max(4, min(MAX_DOT_CALLS, -(-total_bytes // (4 * k * n))))
+        x, *ws = _arrays((m, k), *[(k, n)] * count)
         many = jax.jit(lambda x, *ws: tuple(x @ w for w in ws))
         thunks.append(_to_completion(functools.partial(many, x, *ws)))
         counts.append(count)
@@ -306,8 +313,7 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
 
     matmul: list[tuple[float, float]] = []  # (flops, seconds)
     # neighbouring shapes in the same rounds: their ratio (what merging dots gains) under one machine load
-    dots = [t for group in (MATMUL_SHAPES[i:i + 2] for i in range(0, len(MATMUL_SHAPES), 2))
-            for t in _marginals([("matmul", {"act": 0}, (m, k), (k, n)) for m, k, n in group])]
+    dots = _independent_dots(MATMUL_SHAPES, call_s)
     for (m, k, n), t in zip(MATMUL_SHAPES, dots):
         flops = 2.0 * m * k * n
         matmul.append((flops, t))
@@ -315,7 +321,7 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
     gemv: list[tuple[float, float]] = []  # (output width, seconds) at k = GEMV_K
     widths = tuple(n for _, n in GEMV_SHAPES)
     grid = [(k, n) for k in GEMV_GRID_K for n in widths]
-    grid_s = _gemv_seconds(grid, call_s)
+    grid_s = _independent_dots([(1, k, n) for k, n in grid], call_s)
     for (k, n), t in zip(grid, grid_s):
         moved = 4.0 * (k + k * n + n)
         if k == GEMV_K:

@@ -208,8 +208,8 @@ def test_calibrate_and_xla_predictions_run_without_the_search_engines(tmp_path: 
 
 
 def test_probes_time_wide_dots_and_nhwc_convs_in_one_set_of_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A wide dot's chain is cut back to its input's shape each link, and the mat-vec probe's weights
-    are past any last-level cache."""
+    """A wide dot's chain is cut back to its input's shape each link; the dot and mat-vec probes read
+    distinct weights past any last-level cache, as independent products of one input."""
     monkeypatch.setattr(cal_mod, "PROBE_CAP_S", 0.2)
     monkeypatch.setattr(cal_mod, "GEMV_CAP_S", 0.2)
     attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
@@ -217,8 +217,9 @@ def test_probes_time_wide_dots_and_nhwc_convs_in_one_set_of_rounds(monkeypatch: 
                                   ("conv2d_nhwc", attrs, (1, 6, 6, 4), (3, 3, 4, 4))])
     assert len(seconds) == 2 and all(0 < s < 1 for s in seconds)
     assert all(n > k for _, k, n in cal_mod.MATMUL_SHAPES[-1:])  # the largest dot is a wide (merged) one
-    assert min(4 * k * n for k, n in cal_mod.GEMV_SHAPES) * 4 <= cal_mod.GEMV_BYTES  # 4 or more weights a probe
-    assert [s > 0 for s in cal_mod._gemv_seconds(((8, 16), (8, 32)), 0.0, total_bytes=4096)] == [True, True]
+    for _, k, n in (*cal_mod.MATMUL_SHAPES[-2:], *((1, k, n) for k, n in cal_mod.GEMV_SHAPES)):
+        assert 4 * k * n * 4 <= cal_mod.WEIGHT_BYTES  # 4 or more distinct weights a probe, past the caches
+    assert [s > 0 for s in cal_mod._independent_dots(((1, 8, 16), (4, 8, 32)), 0.0, total_bytes=4096)] == [True, True]
 
 
 def test_the_1x1_conv_grid_is_timed_nhwc_in_grid_order(monkeypatch: pytest.MonkeyPatch) -> None:
