@@ -627,7 +627,7 @@ def _conv_curve(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Shape
     runs one at a small fraction of a dense conv's rate, so the dense curve by flops prices it far too
     low) or grouped (`_grouped`)."""
     nhwc = layout == "NHWC"
-    if _depthwise(layout, shapes) and cal.dwconv is not None:
+    if (_depthwise(layout, shapes) or _narrow_groups(layout, shapes)) and cal.dwconv is not None:
         return cal.dwconv
     if _grouped(layout, shapes) and cal.gconv is not None:
         return cal.gconv_nhwc if nhwc and cal.gconv_nhwc is not None else cal.gconv
@@ -679,9 +679,10 @@ def _dot_read_seconds(cal: Calibration, moved: float, width: int, reduction: int
     return cal.gemv.seconds_for(n) * moved / probe
 
 
-# The widest group the grouped-conv probes measure (`jax_backend.calibrate.GCONV_SHAPES`): a curve
-# is not extrapolated past the convs it was measured on.
+# The widest and the narrowest group the grouped-conv probes measure (`jax_backend.calibrate.GCONV_SHAPES`):
+# a curve is not extrapolated past the convs it was measured on.
 GROUPED_CURVE_MAX_PER_GROUP = 64
+GROUPED_CURVE_MIN_PER_GROUP = 4
 
 
 def _depthwise(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
@@ -694,9 +695,22 @@ def _depthwise(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
 
 
 def _grouped(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
-    """A grouped conv of more than one and at most `GROUPED_CURVE_MAX_PER_GROUP` channels a group (not
-    a dense conv, not a depthwise one). Wider groups (two merged convs: 2 groups of 1280) run as the
-    dense convs they are and are priced on the dense curve."""
+    """A grouped conv of `GROUPED_CURVE_MIN_PER_GROUP` to `GROUPED_CURVE_MAX_PER_GROUP` channels a group
+    (not a dense conv, not a depthwise one). Wider groups (two merged convs: 2 groups of 1280) run as the
+    dense convs they are and are priced on the dense curve; narrower ones as depthwise convs (`_narrow_groups`)."""
     x, w = shapes[0], shapes[1]
     channels, per_group = (x[1], w[1]) if layout == "NCHW" else (x[3], w[2])
-    return 1 < per_group < channels and per_group <= GROUPED_CURVE_MAX_PER_GROUP
+    return GROUPED_CURVE_MIN_PER_GROUP <= per_group < channels and per_group <= GROUPED_CURVE_MAX_PER_GROUP
+
+
+def _narrow_groups(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
+    """A grouped conv of 2 to `GROUPED_CURVE_MIN_PER_GROUP` - 1 channels a group: two or three depthwise
+    convs merged into one (NasNet-A's `merge_gconv`). XLA:CPU runs these as slowly as depthwise ones: on the
+    grouped curve, measured on ResNeXt's groups of 4 to 64, (1, 256, 56, 56) * (256, 2, 3, 3) was priced at
+    1.16 ms and runs 12 ms alone, so the ILP merged NasNet-A's separable convs for a predicted 1.41x that
+    measured 0.99x (docs/tensat.md)."""
+    x, w = shapes[0], shapes[1]
+    if len(x) != 4 or len(w) != 4:
+        return False
+    channels, per_group = (x[1], w[1]) if layout == "NCHW" else (x[3], w[2])
+    return 1 < per_group < min(channels, GROUPED_CURVE_MIN_PER_GROUP)
