@@ -307,6 +307,9 @@ class Calibration:
     transpose_kxk: Curve | None = None  # seconds of a k x k conv weight's OIHW -> HWIO transpose against its bytes
     transpose_act: Curve | None = None  # seconds of an activation's NCHW <-> NHWC transpose; None: `transpose_2d`
     dwconv: Curve | None = None  # depthwise NHWC convs (one channel a group) against flops; None: the conv curve
+    # (channels a group, FLOP/s) of each grouped probe: a grouped conv runs at its group width's rate
+    # (`_group_rate`); empty: the grouped curves by flops
+    gconv_rates: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         defaults = {"weight_bandwidth": self.bandwidth, "copy_s": self.launch_s, "kernel_s": self.launch_s,
@@ -320,6 +323,8 @@ class Calibration:
             raise CalibrationError("a calibration rate or kernel floor is not a finite positive number")
         if not (_positive(self.call_s) or self.call_s == 0):
             raise CalibrationError("a calibration's call time is not a finite number >= 0")
+        if not all(_positive(g) and _positive(r) for g, r in self.gconv_rates):
+            raise CalibrationError("a grouped conv's width or rate is not a finite positive number")
 
     @property
     def floors(self) -> dict[str, float]:
@@ -349,7 +354,7 @@ class Calibration:
                                optional["conv_nhwc"], optional["gconv_nhwc"], surfaces["conv1x1"],
                                surfaces["conv1x1_nhwc"], surfaces["gemv_kn"], data["transpose_bandwidth"],
                                optional["transpose_2d"], optional["transpose_kxk"], optional["transpose_act"],
-                               optional["dwconv"])
+                               optional["dwconv"], tuple((float(g), float(r)) for g, r in data["gconv_rates"]))
         except CalibrationError:
             raise
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -598,6 +603,8 @@ def _conv_seconds(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Sha
     """A conv call's seconds: a conv run as a GEMM (`_gemm_shape`) at the seconds per flop of the
     layout's surface for its GEMM shape, where one was measured; any other (a narrow grouped or a
     depthwise conv) on its layout's curve by flops (`_conv_curve`)."""
+    if cal.gconv_rates and _grouped(layout, shapes):
+        return flops / _group_rate(cal.gconv_rates, _per_group(layout, shapes))
     gemm = _gemm_shape(layout, shapes, out)
     surface = cal.conv1x1_nhwc if layout == "NHWC" and cal.conv1x1_nhwc is not None else cal.conv1x1
     if gemm is not None and surface is not None:
@@ -701,6 +708,19 @@ def _grouped(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
     x, w = shapes[0], shapes[1]
     channels, per_group = (x[1], w[1]) if layout == "NCHW" else (x[3], w[2])
     return GROUPED_CURVE_MIN_PER_GROUP <= per_group < channels and per_group <= GROUPED_CURVE_MAX_PER_GROUP
+
+
+def _per_group(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> int:
+    return int(shapes[1][1] if layout == "NCHW" else shapes[1][2])
+
+
+def _group_rate(rates: Sequence[tuple[float, float]], per_group: float) -> float:
+    """FLOP/s of a grouped conv of `per_group` channels a group: the probe of the nearest group width
+    (by ratio; of two as near, the slower). Its group width, not its flops, sets a grouped conv's rate
+    on a CPU: ResNeXt's 4 a group ran at half the rate of 16 a group with twice the flops, and a curve by
+    flops over both priced NasNet-A's merged convs of 4 a group at the 16 a group probe's time, a
+    third to a half of what they take (docs/tensat.md)."""
+    return min(rates, key=lambda gr: (abs(math.log(gr[0] / per_group)), gr[1]))[1]
 
 
 def _narrow_groups(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:

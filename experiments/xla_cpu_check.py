@@ -160,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             data = {**data, "format": "eqsat-xla-calibration-9", "dwconv": None}
         if data.get("format") == "eqsat-xla-calibration-9":  # dots chained on cached weights: the same fields
             data = {**data, "format": CALIBRATION_FORMAT}
+        if data.get("format") == CALIBRATION_FORMAT and "gconv_rates" not in data:  # before rates per group width
+            data = {**data, "gconv_rates": []}
         measured = Calibration.from_json(data)
         report(f"{path}: as measured", measured, args.plans, rows)
         if args.variants and measured.transpose_2d is not None and measured.transpose_kxk is not None:

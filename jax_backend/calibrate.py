@@ -331,6 +331,7 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
     weight_bandwidth = 4.0 * (GEMV_K + GEMV_K * gemv[-1][0] + gemv[-1][0]) / gemv[-1][1]
     # NHWC convs only: the model prices a rank-4 NCHW conv as XLA:CPU runs it, its NHWC form and transposes
     convs: dict[bool, list[tuple[float, float]]] = {}  # grouped: (flops, seconds)
+    group_rates: list[tuple[float, float]] = []  # (channels a group, FLOP/s) of each grouped probe
     for grouped, shapes in ((False, CONV_SHAPES), (True, GCONV_SHAPES)):
         attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
         dims = [(c, hw, *((3, kk) if grouped else (kk, c))) for c, hw, kk in shapes]  # channels, size, kernel, width
@@ -338,6 +339,8 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
             (t,) = _marginals([("conv2d_nhwc", attrs, (1, hw, hw, c), (kernel, kernel, width, c))])
             f = ops.flops("conv2d", [(1, c, hw, hw), (c, width, kernel, kernel)], attrs)
             convs.setdefault(grouped, []).append((f, t))
+            if grouped:
+                group_rates.append((float(width), f / t))
             say(f"{'grouped ' if grouped else ''}conv NHWC {c} channels {hw}x{hw} "
                 f"({width} a group) {kernel}x{kernel}: {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
     conv, gconv = Curve.fit(convs[False]), Curve.fit(convs[True])
@@ -350,7 +353,7 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
                        conv, time.perf_counter() - start, weight_bandwidth,
                        fits["copy"].floor_s, fits["kernel"].floor_s, fits["dot"].floor_s, fits["conv"].floor_s,
                        call_s, gconv, Curve.fit(gemv), conv, gconv, surface, surface, gemv_kn, transpose_bandwidth,
-                       transpose_2d, transpose_kxk, transpose_act, dwconv)
+                       transpose_2d, transpose_kxk, transpose_act, dwconv, tuple(group_rates))
 
 
 def rate_falls_with_size() -> bool:

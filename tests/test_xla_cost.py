@@ -640,6 +640,25 @@ def test_merged_depthwise_convs_of_two_or_three_channels_a_group_are_priced_as_d
             replace(CAL, **NO_TRANSPOSES)).op_cost("conv2d", attrs, shapes)
 
 
+def test_a_grouped_conv_runs_at_its_group_widths_rate_not_at_its_flops() -> None:
+    """Probes of 4, 16 and 64 channels a group: a conv is priced at the rate of the nearest width (of two
+    as near, the slower), so 4 a group at 2x the flops of a 16 a group probe costs 2x / its rate, not the
+    16 a group probe's time as a curve by flops pooled it; the rates survive the JSON."""
+    rates = ((4.0, 1e10), (16.0, 4e10), (64.0, 2e10))
+    cal = replace(CAL, gconv_rates=rates, **NO_TRANSPOSES)
+    attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+    for per_group, rate in ((4, 1e10), (8, 1e10), (16, 4e10), (32, 2e10), (64, 2e10)):
+        channels = 16 * per_group
+        shapes = [(1, channels, 28, 28), (channels, per_group, 3, 3)]
+        nhwc = [(1, 28, 28, channels), (3, 3, per_group, channels)]
+        work = ops.flops("conv2d", shapes, attrs)
+        assert XlaModel(cal).op_cost("conv2d_nhwc", attrs, nhwc) == pytest.approx(max(work / rate, cal.conv_s))
+        assert XlaModel(cal).op_cost("conv2d", attrs, shapes) == pytest.approx(max(work / rate, cal.conv_s))
+    assert Calibration.from_json(json.loads(json.dumps(cal.to_json()))) == cal
+    with pytest.raises(CalibrationError):
+        replace(CAL, gconv_rates=((4.0, -1.0),))
+
+
 def test_a_format_8_calibration_is_refused_as_older(tmp_path: Path) -> None:
     path = tmp_path / "cal.json"
     old = {k: v for k, v in CAL.to_json().items() if k != "dwconv"}
