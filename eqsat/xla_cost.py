@@ -308,7 +308,7 @@ class Calibration:
     transpose_act: Curve | None = None  # seconds of an activation's NCHW <-> NHWC transpose; None: `transpose_2d`
     dwconv: Curve | None = None  # depthwise NHWC convs (one channel a group) against flops; None: the conv curve
     # (channels a group, FLOP/s) of each grouped probe: a grouped conv runs at its group width's rate
-    # (`_group_rate`); empty: the grouped curves by flops
+    # (`_group_rate`, interpolated between widths); empty: the grouped curves by flops
     gconv_rates: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
@@ -715,12 +715,19 @@ def _per_group(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> int:
 
 
 def _group_rate(rates: Sequence[tuple[float, float]], per_group: float) -> float:
-    """FLOP/s of a grouped conv of `per_group` channels a group: the probe of the nearest group width
-    (by ratio; of two as near, the slower). Its group width, not its flops, sets a grouped conv's rate
-    on a CPU: ResNeXt's 4 a group ran at half the rate of 16 a group with twice the flops, and a curve by
-    flops over both priced NasNet-A's merged convs of 4 a group at the 16 a group probe's time, a
-    third to a half of what they take (docs/tensat.md)."""
-    return min(rates, key=lambda gr: (abs(math.log(gr[0] / per_group)), gr[1]))[1]
+    """FLOP/s of a grouped conv of `per_group` channels a group: between two probed group widths, log rate
+    linear in log width; outside them, the nearest probe's. Its group width, not its flops, sets a grouped
+    conv's rate on a CPU: ResNeXt's 4 a group ran at a fifth of the rate of 16 a group, and a curve by flops
+    over both priced NasNet-A's merged convs of 4 a group at the 16 a group probe's time, a third to a half
+    of what they take; 8 a group, between them, runs alone at about their geometric mean (docs/tensat.md)."""
+    points = sorted((math.log(g), math.log(r)) for g, r in rates)
+    x = math.log(per_group)
+    if x <= points[0][0]:
+        return math.exp(points[0][1])
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return math.exp(y0 + (y1 - y0) * (x - x0) / (x1 - x0)) if x1 > x0 else math.exp(max(y0, y1))
+    return math.exp(points[-1][1])
 
 
 def _narrow_groups(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:

@@ -641,13 +641,14 @@ def test_merged_depthwise_convs_of_two_or_three_channels_a_group_are_priced_as_d
 
 
 def test_a_grouped_conv_runs_at_its_group_widths_rate_not_at_its_flops() -> None:
-    """Probes of 4, 16 and 64 channels a group: a conv is priced at the rate of the nearest width (of two
-    as near, the slower), so 4 a group at 2x the flops of a 16 a group probe costs 2x / its rate, not the
-    16 a group probe's time as a curve by flops pooled it; the rates survive the JSON."""
-    rates = ((4.0, 1e10), (16.0, 4e10), (64.0, 2e10))
+    """Probes of 4, 16 and 64 channels a group: a conv is priced at its group width's rate (log rate
+    linear in log width between probes, the end probe's outside), so 4 a group at 2x the flops of a 16 a
+    group probe costs its flops over 4 a group's rate, not the 16 a group probe's time as a curve by flops
+    pooled it (wider than 64 a group is a dense conv); the rates survive the JSON."""
+    rates = ((16.0, 4e10), (4.0, 1e10), (64.0, 2e10))
     cal = replace(CAL, gconv_rates=rates, **NO_TRANSPOSES)
     attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
-    for per_group, rate in ((4, 1e10), (8, 1e10), (16, 4e10), (32, 2e10), (64, 2e10)):
+    for per_group, rate in ((4, 1e10), (8, 2e10), (16, 4e10), (32, math.sqrt(8e20)), (64, 2e10)):
         channels = 16 * per_group
         shapes = [(1, channels, 28, 28), (channels, per_group, 3, 3)]
         nhwc = [(1, 28, 28, channels), (3, 3, per_group, channels)]
