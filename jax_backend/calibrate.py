@@ -63,6 +63,10 @@ CPU (its threads split the columns; `eqsat.xla_cost.Calibration.gemv`). Timed as
 
 WEIGHT_BYTES = 64 * 2**20  # the weights a dot probe reads: past any last-level cache, as a model's are
 MAX_DOT_CALLS = 128  # ...in at most this many products (a small weight stays cached in a model too)
+# The dots' ratios decide merges (a wide dot against its parts): timed to a 3% interval, within 3 s a shape,
+# where 10% let the wide-to-narrow ratio move by +-7% from one calibration to the next
+DOT_PROBE_WIDTH = 0.03
+DOT_CAP_S = 3.0
 
 GEMV_GRID_K: tuple[int, ...] = (256, GEMV_K, 1024, 2048)
 """Reduction lengths of the (k, n) mat-vec grid (`Calibration.gemv_kn`): each with every width of
@@ -176,8 +180,8 @@ def _marginals(variants: Sequence[Variant]) -> list[float]:
     return result
 
 
-def _independent_dots(shapes: Sequence[tuple[int, int, int]], call_s: float,
-                      total_bytes: int = WEIGHT_BYTES) -> list[float]:
+def _independent_dots(shapes: Sequence[tuple[int, int, int]], call_s: float, total_bytes: int = WEIGHT_BYTES,
+                      rel_width: float = PROBE_WIDTH, cap_s: float = GEMV_CAP_S) -> list[float]:
     """Seconds of one (m, k) x (k, n) dot per shape, timed as a model runs its dots: a program of
     independent products of one input on distinct weights, `total_bytes` of them (at most
     `MAX_DOT_CALLS`, at least 4), each read from memory; less `call_s`, over their count. All shapes
@@ -193,8 +197,8 @@ def _independent_dots(shapes: Sequence[tuple[int, int, int]], call_s: float,
         many = jax.jit(lambda x, *ws: tuple(x @ w for w in ws))
         thunks.append(_to_completion(functools.partial(many, x, *ws)))
         counts.append(count)
-    times, _ = interleaved_rounds(thunks, PROBE_ROUNDS, budget_s=GEMV_CAP_S * len(thunks), min_rounds=7,
-                                  enough=medians_precise([(None, i) for i in range(len(thunks))], PROBE_WIDTH))
+    times, _ = interleaved_rounds(thunks, PROBE_ROUNDS, budget_s=cap_s * len(thunks), min_rounds=7,
+                                  enough=medians_precise([(None, i) for i in range(len(thunks))], rel_width))
     return [max((statistics.median(t) - call_s) / count, 1e-8) for t, count in zip(times, counts)]
 
 
@@ -313,7 +317,7 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
 
     matmul: list[tuple[float, float]] = []  # (flops, seconds)
     # neighbouring shapes in the same rounds: their ratio (what merging dots gains) under one machine load
-    dots = _independent_dots(MATMUL_SHAPES, call_s)
+    dots = _independent_dots(MATMUL_SHAPES, call_s, rel_width=DOT_PROBE_WIDTH, cap_s=DOT_CAP_S)
     for (m, k, n), t in zip(MATMUL_SHAPES, dots):
         flops = 2.0 * m * k * n
         matmul.append((flops, t))
