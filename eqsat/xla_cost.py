@@ -82,7 +82,8 @@ transpose) and an activation's NCHW <-> NHWC on a curve of its own (`Calibration
 depthwise convs on a curve of their own (`Calibration.dwconv`); 10: dots probed as a model runs them,
 independent products on distinct weights read from memory (`jax_backend.calibrate._independent_dots`;
 chained on a few cached weights before, which priced a 1024-wide dot 15-20% low and a merged wide dot
-dearer per column than its parts). An older cache is refused and measured again."""
+dearer per column than its parts), and each grouped probe's width and rate (`Calibration.gconv_rates`). An
+older cache is refused and measured again."""
 
 FLOOR_KINDS: tuple[str, ...] = ("loop", "copy", "kernel", "dot", "conv")
 """The kinds of kernel whose floor the calibration measures (`Calibration.floors`)."""
@@ -600,9 +601,10 @@ class XlaModel:
 
 def _conv_seconds(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Shape], out: Shape,
                   flops: float) -> float:
-    """A conv call's seconds: a conv run as a GEMM (`_gemm_shape`) at the seconds per flop of the
-    layout's surface for its GEMM shape, where one was measured; any other (a narrow grouped or a
-    depthwise conv) on its layout's curve by flops (`_conv_curve`)."""
+    """A conv call's seconds: a grouped conv at its group width's rate (`_group_rate`); a conv run as a
+    GEMM (`_gemm_shape`) at the seconds per flop of the layout's surface for its GEMM shape, where one was
+    measured; any other (a depthwise conv, or one of 2-3 channels a group) on its layout's curve by flops
+    (`_conv_curve`)."""
     if cal.gconv_rates and _grouped(layout, shapes):
         return flops / _group_rate(cal.gconv_rates, _per_group(layout, shapes))
     gemm = _gemm_shape(layout, shapes, out)
@@ -711,6 +713,7 @@ def _grouped(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
 
 
 def _per_group(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> int:
+    """Input channels a group of a conv's weight (OIHW's I, HWIO's I)."""
     return int(shapes[1][1] if layout == "NCHW" else shapes[1][2])
 
 

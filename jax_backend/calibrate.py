@@ -11,8 +11,8 @@ one more call in a chain; no NCHW conv (the model prices a rank-4 one as XLA:CPU
 form and transposes); dots (the matmul curve) and matrix-vector products of 1 to 8 MiB weights
 (seconds against output width: on a CPU a wide one streams its weight faster per byte than a narrow
 one), each as independent products of one input on distinct weights read from memory, as a model's
-are (`_independent_dots`); and the transposes XLA:CPU runs around an NCHW conv (weights OIHW -> HWIO, activations NCHW -> NHWC)
-as a program runs them (`_transpose_curves`). Each probe's rounds go on until its 95% interval is
+are (`_independent_dots`); and the transposes XLA:CPU runs around an NCHW conv (weights OIHW -> HWIO,
+activations NCHW -> NHWC) as a program runs them (`_transpose_curves`). Each probe's rounds go on until its 95% interval is
 within `PROBE_WIDTH` of its median (`medians_precise`), up to a cap: narrow intervals, though a busy
 machine still moves the values themselves.
 The result is cached per machine, device and JAX version (`eqsat.xla_cost.Calibration`); the
