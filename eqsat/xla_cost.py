@@ -606,7 +606,7 @@ def _conv_seconds(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Sha
     measured; any other (a depthwise conv, or one of 2-3 channels a group) on its layout's curve by flops
     (`_conv_curve`)."""
     if cal.gconv_rates and _grouped(layout, shapes):
-        return flops / _group_rate(cal.gconv_rates, _per_group(layout, shapes))
+        return flops / _group_rate(cal.gconv_rates, _channels_a_group(layout, shapes)[1])
     gemm = _gemm_shape(layout, shapes, out)
     surface = cal.conv1x1_nhwc if layout == "NHWC" and cal.conv1x1_nhwc is not None else cal.conv1x1
     if gemm is not None and surface is not None:
@@ -694,12 +694,17 @@ GROUPED_CURVE_MAX_PER_GROUP = 64
 GROUPED_CURVE_MIN_PER_GROUP = 4
 
 
-def _depthwise(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
-    """A depthwise conv: one input channel a group, more than one group (NasNet-A's separable convs)."""
+def _channels_a_group(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> tuple[int, int]:
+    """A rank-4 conv's input channels and its weight's input channels a group ((0, 0) for any other rank)."""
     x, w = shapes[0], shapes[1]
     if len(x) != 4 or len(w) != 4:
-        return False
-    channels, per_group = (x[1], w[1]) if layout == "NCHW" else (x[3], w[2])
+        return 0, 0
+    return (int(x[1]), int(w[1])) if layout == "NCHW" else (int(x[3]), int(w[2]))
+
+
+def _depthwise(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
+    """A depthwise conv: one input channel a group, more than one group (NasNet-A's separable convs)."""
+    channels, per_group = _channels_a_group(layout, shapes)
     return per_group == 1 and channels > 1
 
 
@@ -707,30 +712,8 @@ def _grouped(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
     """A grouped conv of `GROUPED_CURVE_MIN_PER_GROUP` to `GROUPED_CURVE_MAX_PER_GROUP` channels a group
     (not a dense conv, not a depthwise one). Wider groups (two merged convs: 2 groups of 1280) run as the
     dense convs they are and are priced on the dense curve; narrower ones as depthwise convs (`_narrow_groups`)."""
-    x, w = shapes[0], shapes[1]
-    channels, per_group = (x[1], w[1]) if layout == "NCHW" else (x[3], w[2])
+    channels, per_group = _channels_a_group(layout, shapes)
     return GROUPED_CURVE_MIN_PER_GROUP <= per_group < channels and per_group <= GROUPED_CURVE_MAX_PER_GROUP
-
-
-def _per_group(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> int:
-    """Input channels a group of a conv's weight (OIHW's I, HWIO's I)."""
-    return int(shapes[1][1] if layout == "NCHW" else shapes[1][2])
-
-
-def _group_rate(rates: Sequence[tuple[float, float]], per_group: float) -> float:
-    """FLOP/s of a grouped conv of `per_group` channels a group: between two probed group widths, log rate
-    linear in log width; outside them, the nearest probe's. Its group width, not its flops, sets a grouped
-    conv's rate on a CPU: ResNeXt's 4 a group ran at a fifth of the rate of 16 a group, and a curve by flops
-    over both priced NasNet-A's merged convs of 4 a group at the 16 a group probe's time, a third to a half
-    of what they take; 8 a group, between them, runs alone at about their geometric mean (docs/tensat.md)."""
-    points = sorted((math.log(g), math.log(r)) for g, r in rates)
-    x = math.log(per_group)
-    if x <= points[0][0]:
-        return math.exp(points[0][1])
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        if x <= x1:
-            return math.exp(y0 + (y1 - y0) * (x - x0) / (x1 - x0)) if x1 > x0 else math.exp(max(y0, y1))
-    return math.exp(points[-1][1])
 
 
 def _narrow_groups(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
@@ -739,8 +722,16 @@ def _narrow_groups(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
     grouped curve, measured on ResNeXt's groups of 4 to 64, (1, 256, 56, 56) * (256, 2, 3, 3) was priced at
     1.16 ms and runs 12 ms alone, so the ILP merged NasNet-A's separable convs for a predicted 1.41x that
     measured 0.99x (docs/tensat.md)."""
-    x, w = shapes[0], shapes[1]
-    if len(x) != 4 or len(w) != 4:
-        return False
-    channels, per_group = (x[1], w[1]) if layout == "NCHW" else (x[3], w[2])
+    channels, per_group = _channels_a_group(layout, shapes)
     return 1 < per_group < min(channels, GROUPED_CURVE_MIN_PER_GROUP)
+
+
+def _group_rate(rates: Sequence[tuple[float, float]], per_group: float) -> float:
+    """FLOP/s of a grouped conv of `per_group` channels a group: between two probed group widths, log rate
+    linear in log width; outside them, the nearest probe's. Its group width, not its flops, sets a grouped
+    conv's rate on a CPU: ResNeXt's 4 a group ran at a fifth of the rate of 16 a group, and a curve by flops
+    over both priced NasNet-A's merged convs of 4 a group at the 16 a group probe's time, a third to a half
+    of what they take; 8 a group, between them, runs alone at about their geometric mean (docs/tensat.md)."""
+    widths, logs = _grouped_logs(rates)
+    i, t = _cell(widths, per_group)
+    return math.exp(logs[i] + t * (logs[i + 1] - logs[i])) if len(widths) > 1 else math.exp(logs[0])

@@ -33,8 +33,6 @@ __all__ = ["Planned", "collective_rows", "loop_origins", "loop_trips", "optimize
            "plan_views", "renamed"]
 
 
-# --- the planner's part ---------------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class Planned:
     specs: list[Spec | None]
