@@ -159,6 +159,9 @@ class OpSpec:
     # XLA's layout assignment carries its operand's physical layout through it (a concat, split or slice;
     # elementwise ops always do): an NCHW conv's output, NHWC inside XLA:CPU, stays NHWC past it
     keeps_layout: bool = False
+    # XLA's loop fusion takes it in (a concat): its elementwise producers fuse into it and its elementwise
+    # consumers join it, so it moves only the bytes of the operands no loop wrote (`eqsat.xla_cost`)
+    joins_loops: bool = False
     # the ints attribute whose length is the output's rank (a transpose's perm, a reshape's shape): a rule
     # pattern's literal there names the instances it can match, so a rule set can be cut per graph
     # (`eqsat.parallel.rules.applicable`)
@@ -762,7 +765,8 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
            doc="average pooling; padded positions count as zeros", on_devices=_any_depth),
     OpSpec("concat", (AttrSpec("axis", "int"),), None, _concat_infer,
            lambda xs, a: (np.concatenate(xs, axis=a["axis"]),), _zero_flops, doc="join along an axis",
-           fusion_kind="copy", operand_kinds=ANY_KIND, on_devices=_axis_past_devices, keeps_layout=True),
+           fusion_kind="copy", operand_kinds=ANY_KIND, on_devices=_axis_past_devices, keeps_layout=True,
+           joins_loops=True),
     OpSpec("split", (AttrSpec("axis", "int"), AttrSpec("sizes", "ints")), 1, _split_infer, _split_numpy,
            _zero_flops, is_view=True, doc="cut along an axis into pieces of the given sizes", operand_kinds=ANY_KIND,
            keeps_layout=True),

@@ -28,7 +28,9 @@ e-node of its class ends in an elementwise loop), and
   surface and differ only by transposes, not by two independently probed curves;
 - a copy (`"copy"`) costs a read and write of its output: a transpose of a dense value at the
   transpose bandwidth, a concat or a transpose of a strided slice
-  as a loop kernel; views (`"view"`) and leaves nothing; any other op (`"kernel"`: pools, reductions) its roofline under the measured
+  as a loop kernel; but a concat (`OpSpec.joins_loops`) is written by the loop fusion of its elementwise
+  operands (XLA:CPU fuses relu(a), relu(b) and their concat into one loop), so it copies only the operands
+  no loop wrote, and an elementwise consumer joins its loop; views (`"view"`) and leaves nothing; any other op (`"kernel"`: pools, reductions) its roofline under the measured
   bandwidth and loop arithmetic rate.
 
 A kernel of its own costs the larger of its work and the device's floor for a kernel of that kind
@@ -390,12 +392,13 @@ def write_calibration(path: Path, cal: Calibration) -> None:
 
 def _ends_in_loop(node: ENode) -> bool | None:
     """Whether the node's value is written by a loop fusion (None: a view, as its input is)."""
-    kind = ops.op_spec(node.op).fusion
+    spec = ops.op_spec(node.op)
+    kind = spec.fusion
     if kind == "view":
         return None
-    if kind == "loop":
+    if kind == "loop" or spec.joins_loops:
         return True
-    return kind == "library" and int(ops.op_spec(node.op).normalize_attrs(node.attrs).get("act", 0)) != 0
+    return kind == "library" and int(spec.normalize_attrs(node.attrs).get("act", 0)) != 0
 
 
 def fusion_context(enodes: ENodes) -> EGraphContext:
@@ -578,6 +581,8 @@ class XlaModel:
         if kind == "copy":  # a transpose of a dense value may become a layout (`copy_s`); else a loop kernel
             if op == "transpose" and not any(strided):  # a layout transpose (or a layout change)
                 return _transpose_seconds(cal, out_bytes, "act" if len(shapes[0]) == 4 else "2d")
+            if spec.joins_loops and any(fused):  # joins its fused operands' loop: copies the others only
+                return sum(2 * b for b, f in zip(in_bytes, fused) if not f) / cal.bandwidth
             return max(cal.launch_s, 2 * out_bytes / cal.bandwidth)
         return max(cal.kernel_s, work / cal.loop_flops, (sum(in_bytes) + out_bytes) / cal.bandwidth)
 

@@ -108,6 +108,31 @@ def test_an_elementwise_chain_after_a_matmul_costs_one_loop() -> None:
     assert graph_cost(_chain(fused_act=True), model) == pytest.approx(fused)
 
 
+def _concat_of_activated(relu_after: bool, activated: int = 2) -> Graph:
+    """Two matmuls of one input joined by a concat: the first `activated` relu'd before the concat,
+    or the concat relu'd after it (`relu_after`)."""
+    b = GraphBuilder()
+    x, w1, w2 = b.input("x", (64, 256)), b.weight("w1", (256, 256)), b.weight("w2", (256, 256))
+    parts = [b.matmul(x, w1), b.matmul(x, w2)]
+    if relu_after:
+        return b.build([b.relu(b.concat(1, *parts))])
+    return b.build([b.concat(1, *[b.relu(p) if i < activated else p for i, p in enumerate(parts)])])
+
+
+def test_a_concat_is_written_by_the_loop_of_its_elementwise_operands_and_consumers() -> None:
+    """XLA:CPU fuses relu(a), relu(b) and their concat into one loop (its optimized HLO), and a relu
+    after a concat into the concat's loop: the concat moves only the bytes no loop wrote."""
+    model = XlaModel(replace(CAL, loop_flops=1e15, launch_s=1e-9))
+    dots = 2 * model.op_cost("matmul", {}, [(64, 256), (256, 256)])
+    one_loop = 2 * (2 * 64 * 256 * 4) / CAL.bandwidth  # read both products, write the concat
+    assert graph_cost(_concat_of_activated(relu_after=False), model) - dots == pytest.approx(one_loop)
+    assert graph_cost(_concat_of_activated(relu_after=True), model) - dots == pytest.approx(one_loop, rel=1e-4)  # + arithmetic
+    # one operand that no loop wrote is copied by the concat: its read and write on top
+    half = graph_cost(_concat_of_activated(relu_after=False, activated=1), model) - dots
+    assert half == pytest.approx(one_loop / 2 + 2 * 64 * 256 * 4 / CAL.bandwidth)
+    assert ops.op_spec("concat").joins_loops and not ops.op_spec("transpose").joins_loops
+
+
 def test_the_egraph_prices_a_graph_as_graph_cost_does() -> None:
     from eqsat.pipeline import Priced, Objective
 
