@@ -30,8 +30,9 @@ e-node of its class ends in an elementwise loop), and
   transpose bandwidth, a concat or a transpose of a strided slice
   as a loop kernel; but a concat (`OpSpec.joins_loops`) is written by the loop fusion of its elementwise
   operands (XLA:CPU fuses relu(a), relu(b) and their concat into one loop), so it copies only the operands
-  no loop wrote, and an elementwise consumer joins its loop; views (`"view"`) and leaves nothing; any other op (`"kernel"`: pools, reductions) its roofline under the measured
-  bandwidth and loop arithmetic rate.
+  no loop wrote, and an elementwise consumer joins its loop;
+- views (`"view"`) and leaves cost nothing; any other op (`"kernel"`: pools, reductions) its roofline
+  under the measured bandwidth and loop arithmetic rate.
 
 A kernel of its own costs the larger of its work and the device's floor for a kernel of that kind
 (`Calibration.floors`), not a launch cost plus its work: on a GPU a small kernel takes a few
