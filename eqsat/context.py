@@ -36,6 +36,9 @@ class ValueContext:
     # NHWC inside XLA:CPU although the graph says NCHW: an NCHW conv's output, or computed from one by ops
     # that carry the layout (`OpSpec.carries_layout`); a conv reading it needs no transpose, any other op does
     conv_internal: bool = False
+    # written by a loop that writes the layout its reader wants (a concat, `OpSpec.joins_loops`): no reader
+    # transposes it, whatever `conv_internal` says
+    any_layout: bool = False
 
 
 @dataclass(frozen=True)

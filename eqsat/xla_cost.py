@@ -74,7 +74,7 @@ if TYPE_CHECKING:
 __all__ = ["CALIBRATION_FORMAT", "FLOOR_KINDS", "Calibration", "CalibrationError", "ChainFit", "Curve", "Surface", "XlaModel",
            "fit_chain", "fusion_context", "graph_enodes", "read_calibration", "write_calibration"]
 
-CALIBRATION_FORMAT = "eqsat-xla-calibration-10"
+CALIBRATION_FORMAT = "eqsat-xla-calibration-11"
 """3: per-kind kernel floors, the per-call time and grouped convs; 4: matrix-vector products by size
 (`Calibration.gemv`) and NHWC convs (`Calibration.conv_nhwc`); 5: 1x1 convs by rows and weight
 (`Calibration.conv1x1`); 6: matrix-vector products by reduction length and width (`Calibration.gemv_kn`); 7: the bandwidth of
@@ -85,8 +85,9 @@ transpose) and an activation's NCHW <-> NHWC on a curve of its own (`Calibration
 depthwise convs on a curve of their own (`Calibration.dwconv`); 10: dots probed as a model runs them,
 independent products on distinct weights read from memory (`jax_backend.calibrate._independent_dots`;
 chained on a few cached weights before, which priced a 1024-wide dot 15-20% low and a merged wide dot
-dearer per column than its parts), and each grouped probe's width and rate (`Calibration.gconv_rates`). An
-older cache is refused and measured again."""
+dearer per column than its parts), and each grouped probe's width and rate (`Calibration.gconv_rates`); 11: an
+activation's transpose inside its elementwise producer's loop (`Calibration.transpose_act_fused`). An older
+cache is refused and measured again."""
 
 FLOOR_KINDS: tuple[str, ...] = ("loop", "copy", "kernel", "dot", "conv")
 """The kinds of kernel whose floor the calibration measures (`Calibration.floors`)."""
@@ -310,6 +311,9 @@ class Calibration:
     transpose_2d: Curve | None = None  # seconds of a 2-D transpose (1x1 weights, NCHW <-> NHWC) against its bytes
     transpose_kxk: Curve | None = None  # seconds of a k x k conv weight's OIHW -> HWIO transpose against its bytes
     transpose_act: Curve | None = None  # seconds of an activation's NCHW <-> NHWC transpose; None: `transpose_2d`
+    # seconds of an activation's NHWC -> NCHW transpose inside the loop of its elementwise producer (a relu
+    # before a pool or a concat), which XLA:CPU runs at a fraction of a transpose alone; None: `transpose_act`
+    transpose_act_fused: Curve | None = None
     dwconv: Curve | None = None  # depthwise NHWC convs (one channel a group) against flops; None: the conv curve
     # (channels a group, FLOP/s) of each grouped probe: a grouped conv runs at its group width's rate
     # (`_group_rate`, interpolated between widths); empty: the grouped curves by flops
@@ -348,7 +352,7 @@ class Calibration:
             curves = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) for k in ("matmul", "conv")}
             optional = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) if data[k] is not None else None
                         for k in ("gconv", "gemv", "conv_nhwc", "gconv_nhwc", "transpose_2d", "transpose_kxk",
-                                  "transpose_act", "dwconv")}
+                                  "transpose_act", "dwconv", "transpose_act_fused")}
             surfaces = {k: Surface(tuple(data[k]["rows"]), tuple(data[k]["weights"]), tuple(data[k]["seconds"]))
                         if data[k] is not None else None for k in ("conv1x1", "conv1x1_nhwc", "gemv_kn")}
             return Calibration(str(data["machine"]), str(data["device"]), data["launch_s"], data["bandwidth"],
@@ -358,7 +362,8 @@ class Calibration:
                                optional["conv_nhwc"], optional["gconv_nhwc"], surfaces["conv1x1"],
                                surfaces["conv1x1_nhwc"], surfaces["gemv_kn"], data["transpose_bandwidth"],
                                optional["transpose_2d"], optional["transpose_kxk"], optional["transpose_act"],
-                               optional["dwconv"], tuple((float(g), float(r)) for g, r in data["gconv_rates"]))
+                               transpose_act_fused=optional["transpose_act_fused"], dwconv=optional["dwconv"],
+                               gconv_rates=tuple((float(g), float(r)) for g, r in data["gconv_rates"]))
         except CalibrationError:
             raise
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -436,8 +441,9 @@ def fusion_context(enodes: ENodes) -> EGraphContext:
             if cls not in internal and all(_keeps_conv_layout(m, enodes.shapes, internal) for m in members[cls]):
                 internal.add(cls)
                 changed = True
+    any_layout = {c for c in ends if all(ops.op_spec(m.op).joins_loops for m in members[c])}
     classes = {c: ValueContext(leaf=leaf.get(c), fused_loop=c in fused, strided_view=c in strided,
-                               conv_internal=c in internal) for c in enodes.shapes}
+                               conv_internal=c in internal, any_layout=c in any_layout) for c in enodes.shapes}
     return EGraphContext(frozenset(enodes.nodes), classes)
 
 
@@ -515,30 +521,38 @@ class XlaModel:
         fused = tuple(v.fused_loop for v in node.inputs)
         strided = tuple(v.strided_view for v in node.inputs)
         internal = tuple(v.conv_internal for v in node.inputs)
+        free = tuple(v.any_layout for v in node.inputs)
         key = (node.op, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in node.attrs.items())),
-               node.input_shapes, fused, strided, internal)
+               node.input_shapes, fused, strided, internal, free)
         seconds = self._cache.get(key)
         if seconds is None:
             seconds = self._cache[key] = (self._seconds(node.op, node.attrs, node.input_shapes, fused, strided)
-                                          + self._layout_seconds(node.op, node.input_shapes, internal))
+                                          + self._layout_seconds(node.op, node.input_shapes, internal, fused, free))
         return NodePrice(seconds)
 
-    def _layout_seconds(self, op: str, shapes: Sequence[Shape], internal: Sequence[bool]) -> float:
+    def _layout_seconds(self, op: str, shapes: Sequence[Shape], internal: Sequence[bool],
+                        fused: Sequence[bool] = (), free: Sequence[bool] = ()) -> float:
         """The transposes XLA:CPU adds for NCHW convs at this node: an NCHW conv's weight (an argument of
         the call, transposed to HWIO on every call) and its input when that is not already NHWC inside
-        XLA; for an op that does not carry the layout (a pool, a reshape, a dot), each operand that is."""
+        XLA; for an op that does not carry the layout (a pool, a reshape, a dot), each operand that is,
+        inside its producer's loop where that is elementwise (`transpose_act_fused`). A concat's output
+        is read in either layout at no cost (`ValueContext.any_layout`)."""
         spec = ops.op_spec(op)
         if op in self.free_ops or spec.is_leaf:
             return 0.0
         if spec.conv_layout == "NCHW" and len(shapes) == 2 and len(shapes[0]) == 4:
             kind: TransposeKind = "kxk" if shapes[1][2] * shapes[1][3] > 1 else "2d"  # (O, I, k*k) -> (k*k, I, O)
             weight = _transpose_seconds(self.calibration, self.itemsize * ops.numel(shapes[1]), kind)
-            return weight + (0.0 if internal and internal[0] else
+            return weight + (0.0 if (internal and internal[0]) or (free and free[0]) else
                              _transpose_seconds(self.calibration, self.itemsize * ops.numel(shapes[0]), "act"))
         if spec.carries_layout or spec.conv_layout is not None or spec.fusion == "copy":
-            return 0.0  # a conv reads it as it is; an explicit transpose or concat is a copy priced as one
-        return sum(_transpose_seconds(self.calibration, self.itemsize * ops.numel(s), "act")
-                   for s, inside in zip(shapes, internal) if inside)
+            # a conv reads it as it is; an explicit transpose is a copy priced as one; a concat's loop writes
+            # its NHWC operands into its NCHW output at no more than a concat of NCHW ones takes (XLA:CPU)
+            return 0.0
+        in_loop = tuple(fused) + (False,) * (len(shapes) - len(fused))
+        as_is = tuple(free) + (False,) * (len(shapes) - len(free))
+        return sum(_transpose_seconds(self.calibration, self.itemsize * ops.numel(s), "act_fused" if loop else "act")
+                   for s, inside, loop, either in zip(shapes, internal, in_loop, as_is) if inside and not either)
 
     def _seconds(self, op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape], fused: Sequence[bool],
                  strided: Sequence[bool] = ()) -> float:
@@ -649,9 +663,9 @@ def _conv_curve(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Shape
     return cal.conv_nhwc if nhwc and cal.conv_nhwc is not None else cal.conv
 
 
-type TransposeKind = Literal["2d", "kxk", "act"]
+type TransposeKind = Literal["2d", "kxk", "act", "act_fused"]
 """A 1x1 weight's or any other 2-D transpose, a k x k conv weight's OIHW -> HWIO, a rank-4 activation's
-NCHW <-> NHWC: each on a curve of its own (`_transpose_seconds`)."""
+NCHW <-> NHWC alone or inside its elementwise producer's loop: each on a curve of its own (`_transpose_seconds`)."""
 
 
 def _transpose_seconds(cal: Calibration, nbytes: float, kind: TransposeKind = "2d") -> float:
@@ -660,8 +674,9 @@ def _transpose_seconds(cal: Calibration, nbytes: float, kind: TransposeKind = "2
     a CPU a large transpose runs at a fraction of a small one's rate per byte, and a square power-of-two
     weight far below an activation of the same bytes), else read and written at `transpose_bandwidth`;
     at least the copy floor."""
-    curve = {"2d": cal.transpose_2d, "kxk": cal.transpose_kxk,
-             "act": cal.transpose_act if cal.transpose_act is not None else cal.transpose_2d}[kind]
+    act = cal.transpose_act if cal.transpose_act is not None else cal.transpose_2d
+    curve = {"2d": cal.transpose_2d, "kxk": cal.transpose_kxk, "act": act,
+             "act_fused": cal.transpose_act_fused if cal.transpose_act_fused is not None else act}[kind]
     if curve is not None:
         return max(cal.copy_s, curve.seconds_for(nbytes))
     return max(cal.copy_s, 2.0 * nbytes / cal.transpose_bandwidth)

@@ -159,9 +159,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         if data.get("format") == "eqsat-xla-calibration-8":  # measured before the depthwise curve: dense rates
             data = {**data, "format": "eqsat-xla-calibration-9", "dwconv": None}
         if data.get("format") == "eqsat-xla-calibration-9":  # dots chained on cached weights: the same fields
-            data = {**data, "format": CALIBRATION_FORMAT}
-        if data.get("format") == CALIBRATION_FORMAT and "gconv_rates" not in data:  # before rates per group width
+            data = {**data, "format": "eqsat-xla-calibration-10"}
+        if data.get("format") == "eqsat-xla-calibration-10" and "gconv_rates" not in data:  # before group widths
             data = {**data, "gconv_rates": []}
+        if data.get("format") == "eqsat-xla-calibration-10":  # before the fused transpose: the plain one's prices
+            data = {**data, "format": CALIBRATION_FORMAT, "transpose_act_fused": None}
         measured = Calibration.from_json(data)
         report(f"{path}: as measured", measured, args.plans, rows)
         if args.variants and measured.transpose_2d is not None and measured.transpose_kxk is not None:
