@@ -50,9 +50,12 @@ __all__ = ["MATMUL_SHAPES", "GEMV_SHAPES", "GEMV_GRID_K", "CONV_SHAPES", "CONV1X
            "chain_fit", "chain_is_device_bound", "load_calibration", "xla_model"]
 
 MATMUL_SHAPES: tuple[tuple[int, int, int], ...] = (
-    (8, 64, 64), (32, 128, 128), (64, 256, 256), (128, 512, 512), (64, 1024, 1024), (64, 1024, 4096))
+    (8, 64, 64), (32, 128, 128), (64, 256, 256), (128, 512, 512), (64, 1024, 1024), (64, 1024, 2048),
+    (64, 1024, 3072), (64, 1024, 4096))
 """(m, k, n) of the calibration's dots, (m, k) x (k, n): 6.6e4 to 5.4e8 flops (BERT's 64 x 1024 among
-them; the largest a wide dot, as merging dots that share an operand makes them). Each is timed as
+them; the widest are what merging two, three or four such dots that share an operand makes: on this CPU a
+3072-wide one costs 3-5% less per column than a 1024- or a 4096-wide one, which a curve through those two
+alone cannot show). Each is timed as
 independent products of one input on distinct weights, `WEIGHT_BYTES` in all (`_independent_dots`)."""
 
 GEMV_SHAPES: tuple[tuple[int, int], ...] = ((GEMV_K, 512), (GEMV_K, 1024), (GEMV_K, 2048), (GEMV_K, 4096))
