@@ -85,9 +85,9 @@ transpose) and an activation's NCHW <-> NHWC on a curve of its own (`Calibration
 depthwise convs on a curve of their own (`Calibration.dwconv`); 10: dots probed as a model runs them,
 independent products on distinct weights read from memory (`jax_backend.calibrate._independent_dots`;
 chained on a few cached weights before, which priced a 1024-wide dot 15-20% low and a merged wide dot
-dearer per column than its parts), and each grouped probe's width and rate (`Calibration.gconv_rates`); 11: an
-activation's transpose inside its elementwise producer's loop (`Calibration.transpose_act_fused`). An older
-cache is refused and measured again."""
+dearer per column than its parts), and each grouped probe's width and rate (`Calibration.gconv_rates`); 11: dots
+of 2048 and 3072 columns between the 1024- and 4096-wide ones (`jax_backend.calibrate.MATMUL_SHAPES`: a merged
+dot of three costs less per column than either). An older cache is refused and measured again."""
 
 FLOOR_KINDS: tuple[str, ...] = ("loop", "copy", "kernel", "dot", "conv")
 """The kinds of kernel whose floor the calibration measures (`Calibration.floors`)."""
@@ -311,9 +311,6 @@ class Calibration:
     transpose_2d: Curve | None = None  # seconds of a 2-D transpose (1x1 weights, NCHW <-> NHWC) against its bytes
     transpose_kxk: Curve | None = None  # seconds of a k x k conv weight's OIHW -> HWIO transpose against its bytes
     transpose_act: Curve | None = None  # seconds of an activation's NCHW <-> NHWC transpose; None: `transpose_2d`
-    # seconds of an activation's NHWC -> NCHW transpose inside the loop of its elementwise producer (a relu
-    # before a pool or a concat), which XLA:CPU runs at a fraction of a transpose alone; None: `transpose_act`
-    transpose_act_fused: Curve | None = None
     dwconv: Curve | None = None  # depthwise NHWC convs (one channel a group) against flops; None: the conv curve
     # (channels a group, FLOP/s) of each grouped probe: a grouped conv runs at its group width's rate
     # (`_group_rate`, interpolated between widths); empty: the grouped curves by flops
@@ -352,7 +349,7 @@ class Calibration:
             curves = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) for k in ("matmul", "conv")}
             optional = {k: Curve(tuple(data[k]["flops"]), tuple(data[k]["seconds"])) if data[k] is not None else None
                         for k in ("gconv", "gemv", "conv_nhwc", "gconv_nhwc", "transpose_2d", "transpose_kxk",
-                                  "transpose_act", "dwconv", "transpose_act_fused")}
+                                  "transpose_act", "dwconv")}
             surfaces = {k: Surface(tuple(data[k]["rows"]), tuple(data[k]["weights"]), tuple(data[k]["seconds"]))
                         if data[k] is not None else None for k in ("conv1x1", "conv1x1_nhwc", "gemv_kn")}
             return Calibration(str(data["machine"]), str(data["device"]), data["launch_s"], data["bandwidth"],
@@ -362,8 +359,7 @@ class Calibration:
                                optional["conv_nhwc"], optional["gconv_nhwc"], surfaces["conv1x1"],
                                surfaces["conv1x1_nhwc"], surfaces["gemv_kn"], data["transpose_bandwidth"],
                                optional["transpose_2d"], optional["transpose_kxk"], optional["transpose_act"],
-                               transpose_act_fused=optional["transpose_act_fused"], dwconv=optional["dwconv"],
-                               gconv_rates=tuple((float(g), float(r)) for g, r in data["gconv_rates"]))
+                               optional["dwconv"], tuple((float(g), float(r)) for g, r in data["gconv_rates"]))
         except CalibrationError:
             raise
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -527,16 +523,15 @@ class XlaModel:
         seconds = self._cache.get(key)
         if seconds is None:
             seconds = self._cache[key] = (self._seconds(node.op, node.attrs, node.input_shapes, fused, strided)
-                                          + self._layout_seconds(node.op, node.input_shapes, internal, fused, free))
+                                          + self._layout_seconds(node.op, node.input_shapes, internal, free))
         return NodePrice(seconds)
 
     def _layout_seconds(self, op: str, shapes: Sequence[Shape], internal: Sequence[bool],
-                        fused: Sequence[bool] = (), free: Sequence[bool] = ()) -> float:
+                        free: Sequence[bool] = ()) -> float:
         """The transposes XLA:CPU adds for NCHW convs at this node: an NCHW conv's weight (an argument of
         the call, transposed to HWIO on every call) and its input when that is not already NHWC inside
-        XLA; for an op that does not carry the layout (a pool, a reshape, a dot), each operand that is,
-        inside its producer's loop where that is elementwise (`transpose_act_fused`). A concat's output
-        is read in either layout at no cost (`ValueContext.any_layout`)."""
+        XLA; for an op that does not carry the layout (a pool, a reshape, a dot), each operand that is. A
+        concat's output is read in either layout at no cost (`ValueContext.any_layout`)."""
         spec = ops.op_spec(op)
         if op in self.free_ops or spec.is_leaf:
             return 0.0
@@ -549,10 +544,9 @@ class XlaModel:
             # a conv reads it as it is; an explicit transpose is a copy priced as one; a concat's loop writes
             # its NHWC operands into its NCHW output at no more than a concat of NCHW ones takes (XLA:CPU)
             return 0.0
-        in_loop = tuple(fused) + (False,) * (len(shapes) - len(fused))
         as_is = tuple(free) + (False,) * (len(shapes) - len(free))
-        return sum(_transpose_seconds(self.calibration, self.itemsize * ops.numel(s), "act_fused" if loop else "act")
-                   for s, inside, loop, either in zip(shapes, internal, in_loop, as_is) if inside and not either)
+        return sum(_transpose_seconds(self.calibration, self.itemsize * ops.numel(s), "act")
+                   for s, inside, either in zip(shapes, internal, as_is) if inside and not either)
 
     def _seconds(self, op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape], fused: Sequence[bool],
                  strided: Sequence[bool] = ()) -> float:
@@ -663,9 +657,9 @@ def _conv_curve(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Shape
     return cal.conv_nhwc if nhwc and cal.conv_nhwc is not None else cal.conv
 
 
-type TransposeKind = Literal["2d", "kxk", "act", "act_fused"]
+type TransposeKind = Literal["2d", "kxk", "act"]
 """A 1x1 weight's or any other 2-D transpose, a k x k conv weight's OIHW -> HWIO, a rank-4 activation's
-NCHW <-> NHWC alone or inside its elementwise producer's loop: each on a curve of its own (`_transpose_seconds`)."""
+NCHW <-> NHWC: each on a curve of its own (`_transpose_seconds`)."""
 
 
 def _transpose_seconds(cal: Calibration, nbytes: float, kind: TransposeKind = "2d") -> float:
@@ -674,9 +668,8 @@ def _transpose_seconds(cal: Calibration, nbytes: float, kind: TransposeKind = "2
     a CPU a large transpose runs at a fraction of a small one's rate per byte, and a square power-of-two
     weight far below an activation of the same bytes), else read and written at `transpose_bandwidth`;
     at least the copy floor."""
-    act = cal.transpose_act if cal.transpose_act is not None else cal.transpose_2d
-    curve = {"2d": cal.transpose_2d, "kxk": cal.transpose_kxk, "act": act,
-             "act_fused": cal.transpose_act_fused if cal.transpose_act_fused is not None else act}[kind]
+    curve = {"2d": cal.transpose_2d, "kxk": cal.transpose_kxk,
+             "act": cal.transpose_act if cal.transpose_act is not None else cal.transpose_2d}[kind]
     if curve is not None:
         return max(cal.copy_s, curve.seconds_for(nbytes))
     return max(cal.copy_s, 2.0 * nbytes / cal.transpose_bandwidth)

@@ -162,8 +162,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             data = {**data, "format": "eqsat-xla-calibration-10"}
         if data.get("format") == "eqsat-xla-calibration-10" and "gconv_rates" not in data:  # before group widths
             data = {**data, "gconv_rates": []}
-        if data.get("format") == "eqsat-xla-calibration-10":  # before the fused transpose: the plain one's prices
-            data = {**data, "format": CALIBRATION_FORMAT, "transpose_act_fused": None}
+        if data.get("format") == "eqsat-xla-calibration-10":  # before the 2048- and 3072-wide dots: the same fields
+            data = {**data, "format": CALIBRATION_FORMAT}
         measured = Calibration.from_json(data)
         report(f"{path}: as measured", measured, args.plans, rows)
         if args.variants and measured.transpose_2d is not None and measured.transpose_kxk is not None:

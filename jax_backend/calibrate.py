@@ -114,7 +114,6 @@ TRANSPOSE_ACT_SHAPES: tuple[tuple[int, ...], ...] = ((1, 32, 16, 16), (1, 128, 2
 first block): a (C, H*W) transpose of few channels and many pixels, which XLA:CPU runs at several
 times the rate of a square power-of-two weight of the same bytes."""
 ACT_PROBE_OUT = 8  # output channels of the 1x1 conv that reads each transposed activation
-FUSED_PROBE_POOL = 2  # window and stride of the NCHW max pool that reads each activation transposed in a relu's loop
 
 CHAIN_LENGTHS: tuple[int, ...] = (1, 16, 32, 64)
 """Kernels in the chains that measure each kind's floor (`eqsat.xla_cost.fit_chain`): the longest
@@ -355,13 +354,13 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
     falls = rate_falls_with_size()
     dwconv = _dwconv_curve(say, falls)
     surface = _conv1x1_surface(say, call_s, falls)
-    transpose_2d, transpose_kxk, transpose_act, transpose_act_fused = _transpose_curves(say)
+    transpose_2d, transpose_kxk, transpose_act = _transpose_curves(say)
     transpose_bandwidth = 2.0 * transpose_2d.flops[-1] / transpose_2d.seconds[-1]
     return Calibration(_machine_key(), device_key(), launch, bandwidth, loop_flops, Curve.fit(matmul),
                        conv, time.perf_counter() - start, weight_bandwidth,
                        fits["copy"].floor_s, fits["kernel"].floor_s, fits["dot"].floor_s, fits["conv"].floor_s,
                        call_s, gconv, Curve.fit(gemv), conv, gconv, surface, surface, gemv_kn, transpose_bandwidth,
-                       transpose_2d, transpose_kxk, transpose_act, transpose_act_fused, dwconv, tuple(group_rates))
+                       transpose_2d, transpose_kxk, transpose_act, dwconv, tuple(group_rates))
 
 
 def rate_falls_with_size() -> bool:
@@ -411,7 +410,7 @@ def _conv1x1_surface(say: Callable[[str], None], call_s: float = 0.0, rate_falls
 
 
 def _transpose_curves(say: Callable[[str], None], total_bytes: int = TRANSPOSE_BYTES,
-                      max_count: int = TRANSPOSE_MAX_COUNT) -> tuple[Curve, Curve, Curve, Curve]:
+                      max_count: int = TRANSPOSE_MAX_COUNT) -> tuple[Curve, Curve, Curve]:
     """Seconds against bytes of the transposes XLA:CPU runs around an NCHW conv, as it runs them inside
     a program: a conv weight's OIHW -> HWIO, 2-D (1x1) and k x k (`TRANSPOSE_SHAPES`), and an
     activation's NCHW -> NHWC (`TRANSPOSE_ACT_SHAPES`). Per shape, a program of independent small NHWC
@@ -421,12 +420,7 @@ def _transpose_curves(say: Callable[[str], None], total_bytes: int = TRANSPOSE_B
     count, all shapes in the same interleaved rounds, each until its interval is narrow
     (`medians_precise`). A program that only returns transposed weights is no probe of this: XLA:CPU
     runs each of its transposes as two kernels (a copy, then the transpose), 2-3x the time the same
-    transposes add to a conv program.
-
-    Fourth, an activation's NHWC -> NCHW inside the loop of the relu that writes it, as before an NCHW pool
-    or a concat (`act_fused`): a relu, the transpose and a max pool on each NHWC activation against the
-    relu and the pool on one already NCHW. XLA:CPU runs a transpose alone with a tiled kernel, and one
-    inside an elementwise loop element by element: 3-6x slower from a few MiB on (this CPU)."""
+    transposes add to a conv program."""
     from jax_backend.lower import lower_node
 
     attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
@@ -439,14 +433,8 @@ def _transpose_curves(say: Callable[[str], None], total_bytes: int = TRANSPOSE_B
         return tuple(lower_node("conv2d_nhwc", (jnp.transpose(x, ops.NHWC_IN) if transpose else x, w), attrs)[0]
                      for x, w in zip(xs, ws))
 
-    def fused(transpose: bool, xs: Sequence[jax.Array], ws: Sequence[jax.Array]) -> tuple[jax.Array, ...]:
-        window = (1, 1, FUSED_PROBE_POOL, FUSED_PROBE_POOL)
-        return tuple(jax.lax.reduce_window(jnp.transpose(jax.nn.relu(x), ops.NHWC_OUT) if transpose
-                                           else jax.nn.relu(x), -jnp.inf, jax.lax.max, window, window, "VALID")
-                     for x in xs)
-
     probes: list[tuple[str, tuple[int, ...]]] = [("kxk" if s[2] * s[3] > 1 else "2d", s) for s in TRANSPOSE_SHAPES]
-    probes += [("act", s) for s in TRANSPOSE_ACT_SHAPES] + [("act_fused", s) for s in TRANSPOSE_ACT_SHAPES]
+    probes += [("act", s) for s in TRANSPOSE_ACT_SHAPES]
     thunks, counts = [], []
     for kind, shape in probes:
         count = max(2, min(max_count, total_bytes // (4 * int(np.prod(shape)))))
@@ -454,10 +442,6 @@ def _transpose_curves(say: Callable[[str], None], total_bytes: int = TRANSPOSE_B
             nchw, ws = _arrays(*[shape] * count), _arrays(*[(1, 1, shape[1], ACT_PROBE_OUT)] * count)
             variants = ((True, nchw, ws), (False, [jnp.transpose(x, ops.NHWC_IN) for x in nchw], ws))
             body = activations
-        elif kind == "act_fused":
-            nchw = _arrays(*[shape] * count)
-            variants = ((True, [jnp.transpose(x, ops.NHWC_IN) for x in nchw], []), (False, nchw, []))
-            body = fused
         else:
             o, i, kh, kw = shape
             xs, oihw = _arrays(*[(1, kh, kw, i)] * count), _arrays(*[shape] * count)
@@ -470,13 +454,13 @@ def _transpose_curves(say: Callable[[str], None], total_bytes: int = TRANSPOSE_B
     pairs = [(2 * j + 1, 2 * j) for j in range(len(counts))]
     times, _ = interleaved_rounds(thunks, PROBE_ROUNDS, budget_s=PROBE_CAP_S * len(counts), min_rounds=5,
                                   enough=medians_precise(pairs, PROBE_WIDTH))
-    points: dict[str, list[tuple[float, float]]] = {"2d": [], "kxk": [], "act": [], "act_fused": []}
+    points: dict[str, list[tuple[float, float]]] = {"2d": [], "kxk": [], "act": []}
     for (kind, shape), (base, other), count in zip(probes, pairs, counts):
         extra = statistics.median(a - b for a, b in zip(times[other], times[base]))
         nbytes, sec = 4.0 * float(np.prod(shape)), max(extra / count, 1e-9)
         points[kind].append((nbytes, sec))
         say(f"transpose {shape} ({kind}) in a program: {sec * 1e6:.0f} us, {2 * nbytes / sec / 1e9:.2f} GB/s")
-    return Curve.fit(points["2d"]), Curve.fit(points["kxk"]), Curve.fit(points["act"]), Curve.fit(points["act_fused"])
+    return Curve.fit(points["2d"]), Curve.fit(points["kxk"]), Curve.fit(points["act"])
 
 
 def _independent_convs(op: str, attrs: dict[str, Any], x: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:

@@ -248,14 +248,13 @@ def test_a_stop_for_precision_waits_for_every_interval_to_narrow() -> None:
 def test_the_transpose_probe_moves_conv_weights_to_hwio_and_is_reported(
         cache: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe transposes OIHW weights (what XLA:CPU does before each NCHW conv) inside a program that
-    feeds each to a conv, activations alone and inside a relu's loop before a pool, and gives a rate;
-    `calibrate --json` reports it."""
+    feeds each to a conv, and gives a rate; `calibrate --json` reports it."""
     monkeypatch.setattr(cal_mod, "TRANSPOSE_SHAPES", ((8, 4, 1, 1), (16, 8, 1, 1), (8, 4, 3, 3), (16, 8, 3, 3)))
     monkeypatch.setattr(cal_mod, "TRANSPOSE_ACT_SHAPES", ((1, 4, 4, 4), (1, 8, 8, 8)))
     monkeypatch.setattr(cal_mod, "PROBE_CAP_S", 0.2)
-    flat, window, act, fused = cal_mod._transpose_curves(lambda _: None, total_bytes=4096, max_count=4)
+    flat, window, act = cal_mod._transpose_curves(lambda _: None, total_bytes=4096, max_count=4)
     assert flat.flops == (4.0 * 32, 4.0 * 128) and window.flops == (4.0 * 288, 4.0 * 1152)  # bytes, by kind
-    assert act.flops == (4.0 * 64, 4.0 * 512) and fused.flops == act.flops  # the relu's loop: the same activations
-    assert all(0 < s < 1 for s in (*flat.seconds, *window.seconds, *act.seconds, *fused.seconds))
+    assert act.flops == (4.0 * 64, 4.0 * 512)
+    assert all(0 < s < 1 for s in (*flat.seconds, *window.seconds, *act.seconds))
     assert _reported(capsys, monkeypatch, transpose_bandwidth=3e9)["transpose_bandwidth_gbs"] == pytest.approx(3.0)
     assert _fake().transpose_bandwidth == _fake().bandwidth  # unmeasured: the loop fusion's bandwidth
