@@ -16,7 +16,7 @@ e-node of its class ends in an elementwise loop), and
   dense conv by its GEMM shape, rows x weight, on the NHWC surface `Calibration.conv1x1_nhwc`), plus the loop
   of its activation,
   plus a loop kernel copying each operand that is a strided slice (a slice out of the middle of a
-  value, or a view of one: a library call reads dense operands);
+  value as XLA holds it, NHWC for an NCHW conv's output, or a view of one: a library call reads dense operands);
 - an NCHW conv is what XLA:CPU runs for it (its optimized HLO): the NHWC conv, a transpose of its
   weight to HWIO on every call (the weight is an argument of the call), a transpose of its input
   unless that is already NHWC inside XLA (`ValueContext.conv_internal`: XLA's layout assignment keeps
@@ -421,14 +421,6 @@ def fusion_context(enodes: ENodes) -> EGraphContext:
             if cls not in fused and all(e if e is not None else child in fused for e, child in facts):
                 fused.add(cls)
                 changed = True
-    strided: set[str] = set()
-    changed = True
-    while changed:  # a strided slice, or a view of a strided value (least fixpoint, as above)
-        changed = False
-        for cls in ends:
-            if cls not in strided and all(_strided_member(m, enodes.shapes, strided) for m in members[cls]):
-                strided.add(cls)
-                changed = True
     internal: set[str] = set()
     changed = True
     while changed:  # NHWC inside XLA:CPU: an NCHW conv's output, or carried from one (least fixpoint, as above)
@@ -436,6 +428,14 @@ def fusion_context(enodes: ENodes) -> EGraphContext:
         for cls in ends:
             if cls not in internal and all(_keeps_conv_layout(m, enodes.shapes, internal) for m in members[cls]):
                 internal.add(cls)
+                changed = True
+    strided: set[str] = set()
+    changed = True
+    while changed:  # a strided slice (in the layout XLA holds it), or a view of one (least fixpoint)
+        changed = False
+        for cls in ends:
+            if cls not in strided and all(_strided_member(m, enodes.shapes, strided, internal) for m in members[cls]):
+                strided.add(cls)
                 changed = True
     any_layout = {c for c in ends if all(ops.op_spec(m.op).joins_loops for m in members[c])}
     classes = {c: ValueContext(leaf=leaf.get(c), fused_loop=c in fused, strided_view=c in strided,
@@ -452,9 +452,13 @@ def _keeps_conv_layout(node: ENode, shapes: Mapping[str, Shape], internal: set[s
     return spec.carries_layout and any(c in internal for c in node.children)
 
 
-def _strided_member(node: ENode, shapes: Mapping[str, Shape], strided: set[str]) -> bool:
+def _strided_member(node: ENode, shapes: Mapping[str, Shape], strided: set[str], internal: set[str]) -> bool:
     if node.op == "slice" and node.children and node.children[0] in shapes:
-        return _strided(shapes[node.children[0]], node.attrs) or node.children[0] in strided
+        shape, attrs = shapes[node.children[0]], node.attrs
+        if node.children[0] in internal and len(shape) == 4:  # held NHWC: a channel slice is strided there
+            shape = tuple(shape[p] for p in ops.NHWC_IN)
+            attrs = {**attrs, "axis": ops.NHWC_IN.index(int(attrs["axis"]) % 4)}
+        return _strided(shape, attrs) or node.children[0] in strided
     return ops.op_spec(node.op).fusion == "view" and bool(node.children) and node.children[0] in strided
 
 

@@ -290,6 +290,23 @@ def test_a_strided_slice_read_by_a_dot_is_copied_first_and_a_contiguous_one_is_n
     assert graph_cost(moved, model) == pytest.approx(max(CAL.launch_s, 2 * 4 * 64 * 256 / CAL.bandwidth))
 
 
+def test_a_channel_slice_of_an_nchw_convs_output_is_strided_as_xla_cpu_holds_it() -> None:
+    """XLA:CPU holds an NCHW conv's output NHWC, where a slice of its channels is not one contiguous block
+    (a conv reading it copies it first); the same slice of an NCHW input of batch 1 is contiguous."""
+    def graph(after_conv: bool) -> Graph:
+        b = GraphBuilder()
+        x = b.input("x", (1, 64, 28, 28))
+        y = b.conv2d(x, b.weight("w", (128, 64, 1, 1))) if after_conv else b.input("y", (1, 128, 28, 28))
+        (part,) = b.apply("slice", [y], {"axis": 1, "start": 0, "stop": 64})
+        return b.build([b.conv2d(part, b.weight("v", (32, 64, 1, 1)))])
+
+    def sliced(graph: Graph) -> bool:
+        facts = fusion_context(graph_enodes(graph))
+        return any(v.strided_view for v in facts.classes.values())
+
+    assert sliced(graph(after_conv=True)) and not sliced(graph(after_conv=False))
+
+
 def test_the_grouped_curve_covers_the_groups_its_probes_measure() -> None:
     from jax_backend.calibrate import GCONV_SHAPES
 
