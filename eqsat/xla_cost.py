@@ -84,10 +84,9 @@ fusion feeding a conv, not a program that only returns them, which XLA:CPU runs 
 transpose) and an activation's NCHW <-> NHWC on a curve of its own (`Calibration.transpose_act`); 9:
 depthwise convs on a curve of their own (`Calibration.dwconv`); 10: dots probed as a model runs them,
 independent products on distinct weights read from memory (`jax_backend.calibrate._independent_dots`;
-chained on a few cached weights before, which priced a 1024-wide dot 15-20% low and a merged wide dot
-dearer per column than its parts), and each grouped probe's width and rate (`Calibration.gconv_rates`); 11: dots
-of 2048 and 3072 columns between the 1024- and 4096-wide ones (`jax_backend.calibrate.MATMUL_SHAPES`: a merged
-dot of three costs less per column than either). An older cache is refused and measured again."""
+chained on a few cached weights before), and each grouped probe's width and rate (`Calibration.gconv_rates`);
+11: dots of 2048 and 3072 columns between the 1024- and 4096-wide ones (`jax_backend.calibrate.MATMUL_SHAPES`).
+An older cache is refused and measured again (docs/tensat.md has what each change moved)."""
 
 FLOOR_KINDS: tuple[str, ...] = ("loop", "copy", "kernel", "dot", "conv")
 """The kinds of kernel whose floor the calibration measures (`Calibration.floors`)."""
@@ -531,7 +530,7 @@ class XlaModel:
         return NodePrice(seconds)
 
     def _layout_seconds(self, op: str, shapes: Sequence[Shape], internal: Sequence[bool],
-                        free: Sequence[bool] = ()) -> float:
+                        free: Sequence[bool]) -> float:
         """The transposes XLA:CPU adds for NCHW convs at this node: an NCHW conv's weight (an argument of
         the call, transposed to HWIO on every call) and its input when that is not already NHWC inside
         XLA; for an op that does not carry the layout (a pool, a reshape, a dot), each operand that is. A
@@ -542,15 +541,14 @@ class XlaModel:
         if spec.conv_layout == "NCHW" and len(shapes) == 2 and len(shapes[0]) == 4:
             kind: TransposeKind = "kxk" if shapes[1][2] * shapes[1][3] > 1 else "2d"  # (O, I, k*k) -> (k*k, I, O)
             weight = _transpose_seconds(self.calibration, self.itemsize * ops.numel(shapes[1]), kind)
-            return weight + (0.0 if (internal and internal[0]) or (free and free[0]) else
+            return weight + (0.0 if internal[0] or free[0] else
                              _transpose_seconds(self.calibration, self.itemsize * ops.numel(shapes[0]), "act"))
         if spec.carries_layout or spec.conv_layout is not None or spec.fusion == "copy":
             # a conv reads it as it is; an explicit transpose is a copy priced as one; a concat's loop writes
             # its NHWC operands into its NCHW output at no more than a concat of NCHW ones takes (XLA:CPU)
             return 0.0
-        as_is = tuple(free) + (False,) * (len(shapes) - len(free))
         return sum(_transpose_seconds(self.calibration, self.itemsize * ops.numel(s), "act")
-                   for s, inside, either in zip(shapes, internal, as_is) if inside and not either)
+                   for s, inside, either in zip(shapes, internal, free) if inside and not either)
 
     def _seconds(self, op: str, attrs: Mapping[str, Any], shapes: Sequence[Shape], fused: Sequence[bool],
                  strided: Sequence[bool] = ()) -> float:
@@ -736,10 +734,9 @@ def _grouped(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
 
 def _narrow_groups(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
     """A grouped conv of 2 to `GROUPED_CURVE_MIN_PER_GROUP` - 1 channels a group: two or three depthwise
-    convs merged into one (NasNet-A's `merge_gconv`). XLA:CPU runs these as slowly as depthwise ones: on the
-    grouped curve, measured on ResNeXt's groups of 4 to 64, (1, 256, 56, 56) * (256, 2, 3, 3) was priced at
-    1.16 ms and runs 12 ms alone, so the ILP merged NasNet-A's separable convs for a predicted 1.41x that
-    measured 0.99x (docs/tensat.md)."""
+    convs merged into one (NasNet-A's `merge_gconv`). XLA:CPU runs these as slowly as depthwise ones; the
+    grouped curve, measured on wider groups, priced them several times too low and led the ILP to merge
+    NasNet-A's separable convs for a loss (docs/tensat.md)."""
     channels, per_group = _channels_a_group(layout, shapes)
     return 1 < per_group < min(channels, GROUPED_CURVE_MIN_PER_GROUP)
 
@@ -747,9 +744,8 @@ def _narrow_groups(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
 def _group_rate(rates: Sequence[tuple[float, float]], per_group: float) -> float:
     """FLOP/s of a grouped conv of `per_group` channels a group: between two probed group widths, log rate
     linear in log width; outside them, the nearest probe's. Its group width, not its flops, sets a grouped
-    conv's rate on a CPU: ResNeXt's 4 a group ran at a fifth of the rate of 16 a group, and a curve by flops
-    over both priced NasNet-A's merged convs of 4 a group at the 16 a group probe's time, a third to a half
-    of what they take; 8 a group, between them, runs alone at about their geometric mean (docs/tensat.md)."""
+    conv's rate on a CPU: a curve by flops over probes of different widths gave a narrow group a wide one's
+    rate (docs/tensat.md)."""
     widths, logs = _grouped_logs(rates)
     i, t = _cell(widths, per_group)
     return math.exp(logs[i] + t * (logs[i + 1] - logs[i])) if len(widths) > 1 else math.exp(logs[0])

@@ -53,9 +53,8 @@ MATMUL_SHAPES: tuple[tuple[int, int, int], ...] = (
     (8, 64, 64), (32, 128, 128), (64, 256, 256), (128, 512, 512), (64, 1024, 1024), (64, 1024, 2048),
     (64, 1024, 3072), (64, 1024, 4096))
 """(m, k, n) of the calibration's dots, (m, k) x (k, n): 6.6e4 to 5.4e8 flops (BERT's 64 x 1024 among
-them; the widest are what merging two, three or four such dots that share an operand makes: on this CPU a
-3072-wide one costs 3-5% less per column than a 1024- or a 4096-wide one, which a curve through those two
-alone cannot show). Each is timed as
+them; the widest are what merging two, three or four such dots that share an operand makes: a 3072-wide
+one need not cost per column what a curve through the 1024- and 4096-wide ones says). Each is timed as
 independent products of one input on distinct weights, `WEIGHT_BYTES` in all (`_independent_dots`)."""
 
 GEMV_SHAPES: tuple[tuple[int, int], ...] = ((GEMV_K, 512), (GEMV_K, 1024), (GEMV_K, 2048), (GEMV_K, 4096))
@@ -190,9 +189,8 @@ def _independent_dots(shapes: Sequence[tuple[int, int, int]], call_s: float, tot
     `MAX_DOT_CALLS`, at least 4), each read from memory; less `call_s`, over their count. All shapes
     are timed in the same interleaved rounds, so a busy machine slows each alike and their ratios
     (what merging dots changes) hold. Chained on a few weights re-read from the cache, as the dots
-    were probed before (format 9), a 64 x 1024 x 1024 dot measured 0.58-0.60 ms where a model's
-    distinct weights take 0.71, and a wide dot cost 23% more per column than its narrow parts, where
-    among distinct weights it costs the same or less (docs/tensat.md)."""
+    were probed before (format 9), they ran faster than a model's and made a wide dot dearer per
+    column than its narrow parts (docs/tensat.md)."""
     thunks, counts = [], []
     for m, k, n in shapes:
         count = max(4, min(MAX_DOT_CALLS, -(-total_bytes // (4 * k * n))))
