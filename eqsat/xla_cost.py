@@ -74,7 +74,7 @@ if TYPE_CHECKING:
 __all__ = ["CALIBRATION_FORMAT", "FLOOR_KINDS", "Calibration", "CalibrationError", "ChainFit", "Curve", "Surface", "XlaModel",
            "fit_chain", "fusion_context", "graph_enodes", "read_calibration", "write_calibration"]
 
-CALIBRATION_FORMAT = "eqsat-xla-calibration-11"
+CALIBRATION_FORMAT = "eqsat-xla-calibration-12"
 """3: per-kind kernel floors, the per-call time and grouped convs; 4: matrix-vector products by size
 (`Calibration.gemv`) and NHWC convs (`Calibration.conv_nhwc`); 5: 1x1 convs by rows and weight
 (`Calibration.conv1x1`); 6: matrix-vector products by reduction length and width (`Calibration.gemv_kn`); 7: the bandwidth of
@@ -85,7 +85,8 @@ transpose) and an activation's NCHW <-> NHWC on a curve of its own (`Calibration
 depthwise convs on a curve of their own (`Calibration.dwconv`); 10: dots probed as a model runs them,
 independent products on distinct weights read from memory (`jax_backend.calibrate._independent_dots`;
 chained on a few cached weights before), and each grouped probe's width and rate (`Calibration.gconv_rates`);
-11: dots of 2048 and 3072 columns between the 1024- and 4096-wide ones (`jax_backend.calibrate.MATMUL_SHAPES`).
+11: dots of 2048 and 3072 columns between the 1024- and 4096-wide ones (`jax_backend.calibrate.MATMUL_SHAPES`);
+12: weight transposes probed on weights past the last-level cache, as a model's are (`TRANSPOSE_BYTES`).
 An older cache is refused and measured again (docs/tensat.md has what each change moved)."""
 
 FLOOR_KINDS: tuple[str, ...] = ("loop", "copy", "kernel", "dot", "conv")
@@ -591,7 +592,7 @@ class XlaModel:
             return call + self._seconds(act.op_name, {}, [outs[0]], (False,))
         if kind == "copy":  # a transpose of a dense value may become a layout (`copy_s`); else a loop kernel
             if op == "transpose" and not any(strided):  # a layout transpose (or a layout change)
-                return _transpose_seconds(cal, out_bytes, "act" if len(shapes[0]) == 4 else "2d")
+                return _transpose_seconds(cal, out_bytes, "act")  # a value the program has just written
             if spec.joins_loops and any(fused):  # joins its fused operands' loop: copies the others only
                 return sum(2 * b for b, f in zip(in_bytes, fused) if not f) / cal.bandwidth
             return max(cal.launch_s, 2 * out_bytes / cal.bandwidth)
@@ -660,8 +661,9 @@ def _conv_curve(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Shape
 
 
 type TransposeKind = Literal["2d", "kxk", "act"]
-"""A 1x1 weight's or any other 2-D transpose, a k x k conv weight's OIHW -> HWIO, a rank-4 activation's
-NCHW <-> NHWC: each on a curve of its own (`_transpose_seconds`)."""
+"""A 1x1 conv weight's OIHW -> HWIO (a 2-D transpose), a k x k conv weight's, and a value's the program
+has just written (an activation's NCHW <-> NHWC, an explicit transpose): each on a curve of its own
+(`_transpose_seconds`). A weight is read from memory; a value mostly from cache."""
 
 
 def _transpose_seconds(cal: Calibration, nbytes: float, kind: TransposeKind = "2d") -> float:

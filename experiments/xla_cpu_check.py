@@ -163,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if data.get("format") == "eqsat-xla-calibration-10" and "gconv_rates" not in data:  # before group widths
             data = {**data, "gconv_rates": []}
         if data.get("format") == "eqsat-xla-calibration-10":  # before the 2048- and 3072-wide dots: the same fields
+            data = {**data, "format": "eqsat-xla-calibration-11"}
+        if data.get("format") == "eqsat-xla-calibration-11":  # weight transposes probed in cache: the same fields
             data = {**data, "format": CALIBRATION_FORMAT}
         measured = Calibration.from_json(data)
         report(f"{path}: as measured", measured, args.plans, rows)

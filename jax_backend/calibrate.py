@@ -105,8 +105,10 @@ TRANSPOSE_SHAPES: tuple[tuple[int, ...], ...] = (
 conv's weight on every call. 1x1 weights (2-D transposes, as NCHW <-> NHWC activations are) and 3x3
 ones, 16 KiB to 9 MiB: the rate per byte falls several times over that range."""
 
-TRANSPOSE_BYTES = 16 * 2**20  # bytes transposed per probe call (distinct arrays): from memory, as a model's are
-TRANSPOSE_MAX_COUNT = 64  # ...in at most this many weights (a program of 1024 tiny convs compiles for seconds)
+TRANSPOSE_BYTES = 128 * 2**20  # weight bytes transposed per probe call (distinct arrays): past the last-level cache,
+# as a model's weights are (on this CPU 16 MiB stayed in cache and ran at twice the rate a model's transposes do)
+TRANSPOSE_MAX_COUNT = 256  # ...in at most this many weights (a program of 1024 tiny convs compiles for seconds)
+TRANSPOSE_ACT_BYTES = 16 * 2**20  # activation bytes per probe call: a program transposes what it has just written
 
 TRANSPOSE_ACT_SHAPES: tuple[tuple[int, ...], ...] = ((1, 32, 16, 16), (1, 128, 28, 28), (1, 256, 56, 56), (1, 64, 224, 224))
 """NCHW activations the calibration transposes to NHWC (`_transpose_curves`), 32 KiB to 12 MiB (VGG's
@@ -407,7 +409,8 @@ def _conv1x1_surface(say: Callable[[str], None], call_s: float = 0.0, rate_falls
     return Surface.fit(rows, weights, seconds, rate_falls)
 
 
-def _transpose_curves(say: Callable[[str], None], total_bytes: int = TRANSPOSE_BYTES,
+def _transpose_curves(say: Callable[[str], None], weight_bytes: int = TRANSPOSE_BYTES,
+                      act_bytes: int = TRANSPOSE_ACT_BYTES,
                       max_count: int = TRANSPOSE_MAX_COUNT) -> tuple[Curve, Curve, Curve]:
     """Seconds against bytes of the transposes XLA:CPU runs around an NCHW conv, as it runs them inside
     a program: a conv weight's OIHW -> HWIO, 2-D (1x1) and k x k (`TRANSPOSE_SHAPES`), and an
@@ -435,7 +438,7 @@ def _transpose_curves(say: Callable[[str], None], total_bytes: int = TRANSPOSE_B
     probes += [("act", s) for s in TRANSPOSE_ACT_SHAPES]
     thunks, counts = [], []
     for kind, shape in probes:
-        count = max(2, min(max_count, total_bytes // (4 * int(np.prod(shape)))))
+        count = max(2, min(max_count, (act_bytes if kind == "act" else weight_bytes) // (4 * int(np.prod(shape)))))
         if kind == "act":
             nchw, ws = _arrays(*[shape] * count), _arrays(*[(1, 1, shape[1], ACT_PROBE_OUT)] * count)
             variants = ((True, nchw, ws), (False, [jnp.transpose(x, ops.NHWC_IN) for x in nchw], ws))

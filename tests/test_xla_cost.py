@@ -626,9 +626,9 @@ def test_a_large_transpose_costs_more_per_byte_on_its_curve_and_a_kxk_weight_use
 
 
 def test_an_activations_layout_transpose_is_priced_on_its_own_curve() -> None:
-    """An NCHW conv's input, an NHWC value transposed back before a pool, and an explicit rank-4
-    transpose are activations (few channels, many pixels: a curve of their own); a weight and a rank-2
-    transpose stay on theirs."""
+    """An NCHW conv's input, an NHWC value transposed back before a pool, and an explicit transpose of
+    any rank are values the program has just written (a curve of their own, probed in cache); a weight
+    stays on its own (probed from memory)."""
     flat, window = Curve((1e4, 1e7), (1e-6, 1e-2)), Curve((1e4, 1e7), (2e-6, 4e-3))
     act = Curve((1e4, 1e7), (5e-7, 1e-3))
     cal = replace(CAL, conv_nhwc=Curve((1e6, 1e9), (1e-4, 1e-1)), copy_s=1e-9, transpose_2d=flat, transpose_kxk=window)
@@ -640,7 +640,10 @@ def test_an_activations_layout_transpose_is_priced_on_its_own_curve() -> None:
     perm = {"perm": list(ops.NHWC_IN)}
     assert XlaModel(with_act).op_cost("transpose", perm, [x]) == pytest.approx(act.seconds_for(4 * ops.numel(x)))
     assert XlaModel(with_act).op_cost("transpose", {"perm": [1, 0]}, [(512, 256)]) == pytest.approx(
-        flat.seconds_for(4 * 512 * 256))
+        act.seconds_for(4 * 512 * 256))
+    assert XlaModel(with_act).op_cost("conv2d", attrs, [x, w]) - XlaModel(with_act).op_cost(
+        "conv2d_nhwc", attrs, [(1, 56, 56, 64), (1, 1, 64, 64)]) == pytest.approx(
+        flat.seconds_for(4 * ops.numel(w)) + act.seconds_for(4 * ops.numel(x)))
     assert XlaModel(cal).op_cost("transpose", perm, [x]) == pytest.approx(flat.seconds_for(4 * ops.numel(x)))
     assert Calibration.from_json(json.loads(json.dumps(with_act.to_json()))) == with_act
 

@@ -252,7 +252,7 @@ def test_the_transpose_probe_moves_conv_weights_to_hwio_and_is_reported(
     monkeypatch.setattr(cal_mod, "TRANSPOSE_SHAPES", ((8, 4, 1, 1), (16, 8, 1, 1), (8, 4, 3, 3), (16, 8, 3, 3)))
     monkeypatch.setattr(cal_mod, "TRANSPOSE_ACT_SHAPES", ((1, 4, 4, 4), (1, 8, 8, 8)))
     monkeypatch.setattr(cal_mod, "PROBE_CAP_S", 0.2)
-    flat, window, act = cal_mod._transpose_curves(lambda _: None, total_bytes=4096, max_count=4)
+    flat, window, act = cal_mod._transpose_curves(lambda _: None, weight_bytes=4096, act_bytes=4096, max_count=4)
     assert flat.flops == (4.0 * 32, 4.0 * 128) and window.flops == (4.0 * 288, 4.0 * 1152)  # bytes, by kind
     assert act.flops == (4.0 * 64, 4.0 * 512)
     assert all(0 < s < 1 for s in (*flat.seconds, *window.seconds, *act.seconds))
