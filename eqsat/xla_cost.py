@@ -72,9 +72,9 @@ if TYPE_CHECKING:
     from eqsat.ir import Graph
 
 __all__ = ["CALIBRATION_FORMAT", "FLOOR_KINDS", "Calibration", "CalibrationError", "ChainFit", "Curve", "Surface", "XlaModel",
-           "fit_chain", "fusion_context", "graph_enodes", "read_calibration", "write_calibration"]
+           "fit_chain", "fit_taps", "fusion_context", "graph_enodes", "read_calibration", "write_calibration"]
 
-CALIBRATION_FORMAT = "eqsat-xla-calibration-12"
+CALIBRATION_FORMAT = "eqsat-xla-calibration-13"
 """3: per-kind kernel floors, the per-call time and grouped convs; 4: matrix-vector products by size
 (`Calibration.gemv`) and NHWC convs (`Calibration.conv_nhwc`); 5: 1x1 convs by rows and weight
 (`Calibration.conv1x1`); 6: matrix-vector products by reduction length and width (`Calibration.gemv_kn`); 7: the bandwidth of
@@ -86,7 +86,8 @@ depthwise convs on a curve of their own (`Calibration.dwconv`); 10: dots probed 
 independent products on distinct weights read from memory (`jax_backend.calibrate._independent_dots`;
 chained on a few cached weights before), and each grouped probe's width and rate (`Calibration.gconv_rates`);
 11: dots of 2048 and 3072 columns between the 1024- and 4096-wide ones (`jax_backend.calibrate.MATMUL_SHAPES`);
-12: weight transposes probed on weights past the last-level cache, as a model's are (`TRANSPOSE_BYTES`).
+12: weight transposes probed on weights past the last-level cache, as a model's are (`TRANSPOSE_BYTES`);
+13: depthwise convs priced per output element and tap (`Calibration.dwconv_taps`), not by flops on a curve.
 An older cache is refused and measured again (docs/tensat.md has what each change moved)."""
 
 FLOOR_KINDS: tuple[str, ...] = ("loop", "copy", "kernel", "dot", "conv")
@@ -315,6 +316,10 @@ class Calibration:
     # (channels a group, FLOP/s) of each grouped probe: a grouped conv runs at its group width's rate
     # (`_group_rate`, interpolated between widths); empty: the grouped curves by flops
     gconv_rates: tuple[tuple[float, float], ...] = ()
+    # (seconds per output element, seconds per output element and tap) of a depthwise conv, fitted to the
+    # depthwise probes (`fit_taps`): a 3x3 one runs at about half a 7x7 one's FLOP/s on a CPU, which a
+    # curve by flops smooths away; None: the `dwconv` curve
+    dwconv_taps: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         defaults = {"weight_bandwidth": self.bandwidth, "copy_s": self.launch_s, "kernel_s": self.launch_s,
@@ -330,6 +335,9 @@ class Calibration:
             raise CalibrationError("a calibration's call time is not a finite number >= 0")
         if not all(_positive(g) and _positive(r) for g, r in self.gconv_rates):
             raise CalibrationError("a grouped conv's width or rate is not a finite positive number")
+        if self.dwconv_taps is not None and (len(self.dwconv_taps) != 2 or not all(
+                math.isfinite(x) and x >= 0 for x in self.dwconv_taps) or sum(self.dwconv_taps) <= 0):
+            raise CalibrationError("a depthwise conv's seconds per output and per tap are not two numbers >= 0")
 
     @property
     def floors(self) -> dict[str, float]:
@@ -359,7 +367,9 @@ class Calibration:
                                optional["conv_nhwc"], optional["gconv_nhwc"], surfaces["conv1x1"],
                                surfaces["conv1x1_nhwc"], surfaces["gemv_kn"], data["transpose_bandwidth"],
                                optional["transpose_2d"], optional["transpose_kxk"], optional["transpose_act"],
-                               optional["dwconv"], tuple((float(g), float(r)) for g, r in data["gconv_rates"]))
+                               optional["dwconv"], tuple((float(g), float(r)) for g, r in data["gconv_rates"]),
+                               None if data["dwconv_taps"] is None else
+                               (float(data["dwconv_taps"][0]), float(data["dwconv_taps"][1])))
         except CalibrationError:
             raise
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -624,12 +634,37 @@ def _conv_seconds(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Sha
     (`_conv_curve`)."""
     if cal.gconv_rates and _grouped(layout, shapes):
         return flops / _group_rate(cal.gconv_rates, _channels_a_group(layout, shapes)[1])
+    if cal.dwconv_taps is not None and (_depthwise(layout, shapes) or _narrow_groups(layout, shapes)):
+        per_output, per_tap = cal.dwconv_taps
+        w = shapes[1]
+        taps = w[1] * w[2] * w[3] if layout == "NCHW" else w[0] * w[1] * w[2]  # a group's inputs x kernel window
+        return ops.numel(out) * (per_output + per_tap * taps)
     gemm = _gemm_shape(layout, shapes, out)
     surface = cal.conv1x1_nhwc if layout == "NHWC" and cal.conv1x1_nhwc is not None else cal.conv1x1
     if gemm is not None and surface is not None:
         rows, weights = gemm
         return surface.seconds_for(rows, weights) * flops / (2.0 * rows * weights)
     return _conv_curve(cal, layout, shapes).seconds_for(flops)
+
+
+def fit_taps(points: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
+    """(seconds per output element, seconds per output element and tap) of depthwise convs from
+    (output elements, taps, seconds) probes: least squares of seconds per output on taps, neither term
+    below 0. A depthwise conv's time is its outputs times a fixed cost (loads, stores, the loop) and a
+    cost per multiply-add of its window."""
+    if not points:
+        raise CalibrationError("no depthwise probes to fit")
+    taps = [t for _, t, _ in points]
+    each = [s / n for n, _, s in points]
+    mean_t, mean_e = sum(taps) / len(taps), sum(each) / len(each)
+    spread = sum((t - mean_t) ** 2 for t in taps)
+    per_tap = sum((t - mean_t) * (e - mean_e) for t, e in zip(taps, each)) / spread if spread > 0 else 0.0
+    if per_tap <= 0:
+        return mean_e, 0.0
+    per_output = mean_e - per_tap * mean_t
+    if per_output < 0:
+        return 0.0, sum(t * e for t, e in zip(taps, each)) / sum(t * t for t in taps)
+    return per_output, per_tap
 
 
 def _gemm_shape(layout: ops.ConvLayout, shapes: Sequence[Shape], out: Shape) -> tuple[float, float] | None:

@@ -165,7 +165,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if data.get("format") == "eqsat-xla-calibration-10":  # before the 2048- and 3072-wide dots: the same fields
             data = {**data, "format": "eqsat-xla-calibration-11"}
         if data.get("format") == "eqsat-xla-calibration-11":  # weight transposes probed in cache: the same fields
-            data = {**data, "format": CALIBRATION_FORMAT}
+            data = {**data, "format": "eqsat-xla-calibration-12"}
+        if data.get("format") == "eqsat-xla-calibration-12":  # depthwise convs by flops on their curve
+            data = {**data, "format": CALIBRATION_FORMAT, "dwconv_taps": None}
         measured = Calibration.from_json(data)
         report(f"{path}: as measured", measured, args.plans, rows)
         if args.variants and measured.transpose_2d is not None and measured.transpose_kxk is not None:

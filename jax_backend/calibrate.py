@@ -40,7 +40,7 @@ from eqsat.cost import _machine_key, register_cost_model
 from eqsat.errors import EqsatError
 from eqsat.paths import cache_dir
 from eqsat.xla_cost import (FLOOR_KINDS, GEMV_K, Calibration, CalibrationError, ChainFit, Curve, Surface, XlaModel,
-                             fit_chain, read_calibration, write_calibration)
+                             fit_chain, fit_taps, read_calibration, write_calibration)
 from jax_backend.measured_cost import check_measuring_device, device_key
 from jax_backend.timing import interleaved_rounds, medians_precise
 
@@ -352,7 +352,7 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
                 f"({width} a group) {kernel}x{kernel}: {t * 1e6:.0f} us, {f / t / 1e9:.1f} GFLOP/s")
     conv, gconv = Curve.fit(convs[False]), Curve.fit(convs[True])
     falls = rate_falls_with_size()
-    dwconv = _dwconv_curve(say, falls)
+    dwconv, dwconv_taps = _dwconv_curve(say, falls)
     surface = _conv1x1_surface(say, call_s, falls)
     transpose_2d, transpose_kxk, transpose_act = _transpose_curves(say)
     transpose_bandwidth = 2.0 * transpose_2d.flops[-1] / transpose_2d.seconds[-1]
@@ -360,7 +360,7 @@ def calibrate(say: Callable[[str], None] = lambda _: None) -> Calibration:
                        conv, time.perf_counter() - start, weight_bandwidth,
                        fits["copy"].floor_s, fits["kernel"].floor_s, fits["dot"].floor_s, fits["conv"].floor_s,
                        call_s, gconv, Curve.fit(gemv), conv, gconv, surface, surface, gemv_kn, transpose_bandwidth,
-                       transpose_2d, transpose_kxk, transpose_act, dwconv, tuple(group_rates))
+                       transpose_2d, transpose_kxk, transpose_act, dwconv, tuple(group_rates), dwconv_taps)
 
 
 def rate_falls_with_size() -> bool:
@@ -372,18 +372,22 @@ def rate_falls_with_size() -> bool:
     return jax.devices()[0].platform == "cpu"
 
 
-def _dwconv_curve(say: Callable[[str], None], rate_falls: bool = True) -> Curve:
+def _dwconv_curve(say: Callable[[str], None], rate_falls: bool = True) -> tuple[Curve, tuple[float, float]]:
     """Depthwise NHWC convs (`DWCONV_SHAPES`), each the marginal cost of one more call in a chain, as the
-    dense and grouped convs are measured (`_marginals`), on a curve whose rate is monotone in size
-    (`Curve.fit_monotone_rate`)."""
+    dense and grouped convs are measured (`_marginals`): on a curve whose rate is monotone in size
+    (`Curve.fit_monotone_rate`, what older calibrations priced them by), and as seconds per output
+    element and per tap (`eqsat.xla_cost.fit_taps`, what they are priced by)."""
     attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
-    points = []
+    points, taps = [], []
     for c, hw, k in DWCONV_SHAPES:
         (t,) = _marginals([("conv2d_nhwc", attrs, (1, hw, hw, c), (k, k, 1, c))])
         f = ops.flops("conv2d", [(1, c, hw, hw), (c, 1, k, k)], attrs)
         points.append((f, t))
+        taps.append((float(c * hw * hw), float(k * k), t))  # SAME padding, stride 1: an output per input
         say(f"depthwise conv NHWC {c} channels {hw}x{hw} {k}x{k}: {t * 1e6:.0f} us, {f / t / 1e9:.2f} GFLOP/s")
-    return Curve.fit_monotone_rate(points, rate_falls)  # per-channel work
+    per_output, per_tap = fit_taps(taps)
+    say(f"depthwise conv: {per_output * 1e9:.2f} ns an output + {per_tap * 1e9:.3f} ns a tap")
+    return Curve.fit_monotone_rate(points, rate_falls), (per_output, per_tap)  # per-channel work
 
 
 def _conv1x1_surface(say: Callable[[str], None], call_s: float = 0.0, rate_falls: bool = True) -> Surface:

@@ -17,7 +17,8 @@ from eqsat.egraph import TensorEGraph
 from eqsat.ir import Graph, GraphBuilder
 from eqsat.rulesets import RULE_SETS, UnknownRuleSetError, named_rules
 from eqsat.cost import predicted_speedup
-from eqsat.xla_cost import (CALIBRATION_FORMAT, GEMV_K, Calibration, CalibrationError, Curve, Surface, XlaModel, fit_chain, fusion_context,
+from eqsat.xla_cost import (CALIBRATION_FORMAT, GEMV_K, Calibration, CalibrationError, Curve, Surface, XlaModel, fit_chain, fit_taps,
+                            fusion_context,
                             graph_enodes, read_calibration, write_calibration)
 
 CAL = Calibration("machine-a", "cpu-test", launch_s=5e-6, bandwidth=10e9, loop_flops=5e9,
@@ -733,6 +734,37 @@ def test_a_grouped_conv_runs_at_its_group_widths_rate_not_at_its_flops() -> None
     assert Calibration.from_json(json.loads(json.dumps(cal.to_json()))) == cal
     with pytest.raises(CalibrationError):
         replace(CAL, gconv_rates=((4.0, -1.0),))
+
+
+def test_a_depthwise_conv_is_priced_per_output_and_tap_when_calibrated_so() -> None:
+    """XLA:CPU runs a 3x3 depthwise conv at about half a 7x7 one's FLOP/s (a fixed cost per output beside
+    the window's multiply-adds), so with `dwconv_taps` a depthwise conv costs its outputs times (per
+    output + per tap x window); a stride-2 one has a quarter of the outputs; merged ones of 2-3 channels a
+    group count each group input's taps; the fit recovers both terms from exact probes."""
+    per_output, per_tap = 6e-9, 6e-10
+    cal = replace(CAL, dwconv=Curve((1e6, 1e8), (2e-3, 2e-1)), dwconv_taps=(per_output, per_tap), **NO_TRANSPOSES)
+    one = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+    two = {**one, "stride_h": 2, "stride_w": 2}
+    for k in (3, 5, 7):
+        outputs = 128 * 56 * 56
+        expected = max(outputs * (per_output + per_tap * k * k), cal.conv_s)
+        assert XlaModel(cal).op_cost("conv2d", one, [(1, 128, 56, 56), (128, 1, k, k)]) == pytest.approx(expected)
+        assert XlaModel(cal).op_cost("conv2d_nhwc", one, [(1, 56, 56, 128), (k, k, 1, 128)]) == pytest.approx(expected)
+        assert XlaModel(cal).op_cost("conv2d", two, [(1, 128, 56, 56), (128, 1, k, k)]) == pytest.approx(
+            max(outputs / 4 * (per_output + per_tap * k * k), cal.conv_s))
+    seconds_3x3 = XlaModel(cal).op_cost("conv2d", one, [(1, 128, 56, 56), (128, 1, 3, 3)])
+    seconds_7x7 = XlaModel(cal).op_cost("conv2d", one, [(1, 128, 56, 56), (128, 1, 7, 7)])
+    assert seconds_7x7 / seconds_3x3 < 49 / 9  # fewer FLOP/s for the smaller window
+    merged = [(1, 384, 28, 28), (384, 2, 3, 3)]
+    assert XlaModel(cal).op_cost("conv2d", one, merged) == pytest.approx(384 * 28 * 28 * (per_output + per_tap * 18))
+    assert XlaModel(cal).op_cost("conv2d", one, [(1, 256, 28, 28), (256, 16, 3, 3)]) == XlaModel(
+        replace(cal, dwconv_taps=None)).op_cost("conv2d", one, [(1, 256, 28, 28), (256, 16, 3, 3)])  # grouped: its rate
+    probes = [(n, t, n * (per_output + per_tap * t)) for n, t in ((5e4, 9), (4e5, 9), (2e5, 25), (2e5, 49))]
+    assert fit_taps(probes) == pytest.approx((per_output, per_tap))
+    assert fit_taps([(1e5, 9, 1e-3), (1e5, 49, 1e-3)]) == pytest.approx((1e-8, 0.0))  # no gain per tap: none
+    assert Calibration.from_json(json.loads(json.dumps(cal.to_json()))) == cal
+    with pytest.raises(CalibrationError):
+        replace(CAL, dwconv_taps=(-1e-9, 1e-9))
 
 
 def test_a_format_8_calibration_is_refused_as_older(tmp_path: Path) -> None:
