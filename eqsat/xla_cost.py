@@ -634,7 +634,7 @@ def _conv_seconds(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Sha
     (`_conv_curve`)."""
     if cal.gconv_rates and _grouped(layout, shapes):
         return flops / _group_rate(cal.gconv_rates, _channels_a_group(layout, shapes)[1])
-    if cal.dwconv_taps is not None and (_depthwise(layout, shapes) or _narrow_groups(layout, shapes)):
+    if cal.dwconv_taps is not None and _runs_as_depthwise(layout, shapes):
         per_output, per_tap = cal.dwconv_taps
         w = shapes[1]
         taps = w[1] * w[2] * w[3] if layout == "NCHW" else w[0] * w[1] * w[2]  # a group's inputs x kernel window
@@ -656,12 +656,11 @@ def fit_taps(points: Sequence[tuple[float, float, float]]) -> tuple[float, float
         raise CalibrationError("no depthwise probes to fit")
     taps = [t for _, t, _ in points]
     each = [s / n for n, _, s in points]
-    mean_t, mean_e = sum(taps) / len(taps), sum(each) / len(each)
-    spread = sum((t - mean_t) ** 2 for t in taps)
-    per_tap = sum((t - mean_t) * (e - mean_e) for t, e in zip(taps, each)) / spread if spread > 0 else 0.0
+    if len(set(taps)) < 2:
+        return statistics.fmean(each), 0.0
+    per_tap, per_output = statistics.linear_regression(taps, each)
     if per_tap <= 0:
-        return mean_e, 0.0
-    per_output = mean_e - per_tap * mean_t
+        return statistics.fmean(each), 0.0
     if per_output < 0:
         return 0.0, sum(t * e for t, e in zip(taps, each)) / sum(t * t for t in taps)
     return per_output, per_tap
@@ -688,7 +687,7 @@ def _conv_curve(cal: Calibration, layout: ops.ConvLayout, shapes: Sequence[Shape
     runs one at a small fraction of a dense conv's rate, so the dense curve by flops prices it far too
     low) or grouped (`_grouped`)."""
     nhwc = layout == "NHWC"
-    if (_depthwise(layout, shapes) or _narrow_groups(layout, shapes)) and cal.dwconv is not None:
+    if _runs_as_depthwise(layout, shapes) and cal.dwconv is not None:
         return cal.dwconv
     if _grouped(layout, shapes) and cal.gconv is not None:
         return cal.gconv_nhwc if nhwc and cal.gconv_nhwc is not None else cal.gconv
@@ -767,6 +766,11 @@ def _grouped(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
     dense convs they are and are priced on the dense curve; narrower ones as depthwise convs (`_narrow_groups`)."""
     channels, per_group = _channels_a_group(layout, shapes)
     return GROUPED_CURVE_MIN_PER_GROUP <= per_group < channels and per_group <= GROUPED_CURVE_MAX_PER_GROUP
+
+
+def _runs_as_depthwise(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
+    """A depthwise conv or a merged one of 2-3 channels a group: XLA:CPU runs both alike (`dwconv_taps`)."""
+    return _depthwise(layout, shapes) or _narrow_groups(layout, shapes)
 
 
 def _narrow_groups(layout: ops.ConvLayout, shapes: Sequence[Shape]) -> bool:
