@@ -156,8 +156,9 @@ class OpSpec:
     # device on its piece, for these attributes (None: never on distributed values)
     fusion_kind: FusionKind | None = None  # what XLA makes of it, where `fusion` cannot derive it
     conv_layout: ConvLayout | None = None  # a convolution's operand layout (None: not a convolution)
-    # XLA's layout assignment carries its operand's physical layout through it (a concat, split or slice;
-    # elementwise ops always do): an NCHW conv's output, NHWC inside XLA:CPU, stays NHWC past it
+    # XLA's layout assignment carries its operand's physical layout through it (a concat; elementwise ops
+    # always do): an NCHW conv's output, NHWC inside XLA:CPU, stays NHWC past it. Not a slice or split:
+    # XLA:CPU slices an NCHW conv's channels in NCHW, each reading fusion transposing them back and forth
     keeps_layout: bool = False
     # XLA's loop fusion takes it in (a concat): its elementwise producers fuse into it and its elementwise
     # consumers join it, so it moves only the bytes of the operands no loop wrote, and it writes the layout its
@@ -769,11 +770,10 @@ OPS: Mapping[str, OpSpec] = {spec.name: spec for spec in (
            fusion_kind="copy", operand_kinds=ANY_KIND, on_devices=_axis_past_devices, keeps_layout=True,
            joins_loops=True),
     OpSpec("split", (AttrSpec("axis", "int"), AttrSpec("sizes", "ints")), 1, _split_infer, _split_numpy,
-           _zero_flops, is_view=True, doc="cut along an axis into pieces of the given sizes", operand_kinds=ANY_KIND,
-           keeps_layout=True),
+           _zero_flops, is_view=True, doc="cut along an axis into pieces of the given sizes", operand_kinds=ANY_KIND),
     OpSpec("slice", (AttrSpec("axis", "int"), AttrSpec("start", "int"), AttrSpec("stop", "int")), 1,
            _slice_infer, _slice_numpy, _zero_flops, is_view=True, doc="one piece of a split", operand_kinds=ANY_KIND,
-           on_devices=_axis_past_devices, keeps_layout=True),
+           on_devices=_axis_past_devices),
     OpSpec("transpose", (AttrSpec("perm", "ints"),), 1, _transpose_infer,
            lambda xs, a: (np.transpose(xs[0], a["perm"]),), _zero_flops, doc="permute axes",
            on_devices=_keeps_leading("perm"), fusion_kind="copy", operand_kinds=ANY_KIND, rank_attr="perm"),

@@ -20,8 +20,9 @@ e-node of its class ends in an elementwise loop), and
 - an NCHW conv is what XLA:CPU runs for it (its optimized HLO): the NHWC conv, a transpose of its
   weight to HWIO on every call (the weight is an argument of the call), a transpose of its input
   unless that is already NHWC inside XLA (`ValueContext.conv_internal`: XLA's layout assignment keeps
-  a conv's NHWC output through elementwise ops, concats and slices), and a transpose back before an
-  op that does not carry the layout (a pool, a reshape, a dot), all at the measured transpose
+  a conv's NHWC output through elementwise ops and concats), and a transpose back before an
+  op that does not carry the layout (a pool, a reshape, a dot, a slice: XLA:CPU slices the channels
+  of a conv's output in NCHW, every fusion reading the slice transposing), all at the measured transpose
   curves (`Calibration.transpose_2d`, `transpose_kxk` for weights, `transpose_act` for activations:
   seconds against bytes as a program runs them, one transpose-copy fusion feeding a conv, since
   XLA:CPU's transposes slow down per byte as they grow past its caches); so NCHW and NHWC plans are priced on one conv

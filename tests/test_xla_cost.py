@@ -308,6 +308,33 @@ def test_a_channel_slice_of_an_nchw_convs_output_is_strided_as_xla_cpu_holds_it(
     assert sliced(graph(after_conv=True)) and not sliced(graph(after_conv=False))
 
 
+def test_a_channel_slice_of_an_nchw_convs_output_is_priced_as_a_transpose_an_add_of_two_convs_is_not() -> None:
+    """ResNeXt-50's merged 1x1 convs, sliced back into the block's shortcut and its grouped conv, ran
+    2-3% slower than the two convs: XLA:CPU slices the channels in NCHW, so each fusion reading a slice
+    transposes (its optimized HLO), where the add of two conv outputs runs NHWC with no transpose."""
+    cal = replace(CAL, transpose_act=None, transpose_2d=None, transpose_kxk=None, transpose_bandwidth=1e9)
+    model = XlaModel(cal)
+
+    def block(merged: bool) -> Graph:
+        b = GraphBuilder()
+        x = b.input("x", (1, 64, 56, 56))
+        if merged:
+            y = b.conv2d(x, b.weight("w", (384, 64, 1, 1)), act=2)
+            shortcut, branch = b.slice(y, 1, 128, 384), b.slice(y, 1, 0, 128)
+        else:
+            shortcut = b.conv2d(x, b.weight("ws", (256, 64, 1, 1)), act=2)
+            branch = b.conv2d(x, b.weight("wb", (128, 64, 1, 1)), act=2)
+        return b.build([b.relu(b.ewadd(shortcut, b.conv2d(branch, b.weight("we", (256, 128, 1, 1)))))])
+
+    facts = fusion_context(graph_enodes(block(merged=True)))
+    internal = {c for c, v in facts.classes.items() if v.conv_internal}
+    slices = {n.eclass for n in graph_enodes(block(merged=True)).nodes.values() if n.op == "slice"}
+    assert slices and not slices & internal
+    transposed = 4 * 384 * 56 * 56 / 1e9  # one NCHW <-> NHWC of the merged conv's output, per slice
+    extra = graph_cost(block(merged=True), model) - graph_cost(block(merged=False), model)
+    assert extra > 2 * transposed
+
+
 def test_the_grouped_curve_covers_the_groups_its_probes_measure() -> None:
     from jax_backend.calibrate import GCONV_SHAPES
 
