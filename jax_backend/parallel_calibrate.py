@@ -16,7 +16,12 @@ call cancels out and every device is busy, as in a planned step:
   (`CONVS`: XLA's CPU convolutions have a rate of their own), an elementwise op on 1 MiB (the
   bandwidth), on a few bytes (the cost of one more kernel) and a transposing copy of a `COPY_SIDE`
   square block (the rate the compiled step's layout copies are priced at), each kept apart from its neighbours
-  by `optimization_barrier` so that XLA cannot fuse the chain into one loop.
+  by `optimization_barrier` so that XLA cannot fuse the chain into one loop;
+- fresh bytes (`FRESH`): `FRESH[0]` elementwise passes over `FRESH[1]` bytes per device whose results all
+  stay live to the end (each a buffer of its own in the step's temporaries) against the same passes
+  summed into one reused buffer: the difference per byte is what a step's buffers cost beyond the passes
+  that write them (XLA:CPU allocates a step's temporaries per execution, the host maps large ones
+  anew and zero-fills them on first touch, and they do not stay in cache).
 
 The result is cached per machine, JAX device and mesh shape (`eqsat.parallel.calibration`); a
 damaged or foreign cache is measured again with a one-line warning. Importing this module
@@ -26,6 +31,7 @@ registers the `parallel-calibrated` cost model, which refuses to run without a c
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import sys
@@ -58,7 +64,8 @@ from eqsat.parallel.timemodel import LinkSample, fit_link
 from jax_backend.measured_cost import device_key
 from jax_backend.timing import bootstrap_median_ci, interleaved_rounds, medians_precise
 
-__all__ = ["CONVS", "COPY_SIDE", "EXTRA", "IN_PROGRAM", "NOT_TIMED", "PIECES", "PRECISION_CAP", "SIZES", "StepTiming", "calibrate_mesh",
+__all__ = ["CONVS", "COPY_SIDE", "EXTRA", "FRESH", "IN_PROGRAM", "NOT_TIMED", "PIECES", "PRECISION_CAP", "SIZES",
+           "StepTiming", "calibrate_mesh",
            "load_mesh_calibration", "parallel_calibrated", "step_seconds"]
 
 SIZES: tuple[int, ...] = (16 * 1024, 256 * 1024, 2 * 1024 * 1024)
@@ -79,6 +86,10 @@ CONVS: tuple[tuple[int, int, int], ...] = ((2, 8, 8), (4, 16, 8), (8, 32, 8), (1
 # per device, the square float32 block a transposing copy is timed on (1 MiB: the size of the
 # layout copies of the cases' compiled steps, whose largest are 0.1-1 MiB)
 COPY_SIDE = 512
+# (buffers, bytes per device of each) of the fresh-bytes probe: 16 MiB per device in all, the order of
+# the temporaries of the cases' compiled steps (2-47 MB per device, docs/parallel.md); the rate per
+# byte grows with the total (0.4 ns at 2-8 MiB, 0.6 at 16-32, 1.0-1.6 at 32-256 on this 2-core host)
+FRESH = (32, 512 * 1024)
 PIECES = 8  # compute pieces of the in-program probe, each followed by one collective
 # its piece, (m, k) @ (k, k) per device, the smallest matmul probe: what waiting for the slowest
 # device costs grows with the compute between collectives (2026-11-26, load 13: 0.1-0.16 ms at
@@ -141,6 +152,28 @@ def _compute_chain(jm: Any, step: Callable[[jax.Array, int], jax.Array], local: 
             return x
         return _mesh_program(jm, body, local)
     return build
+
+
+def _fresh_rate(jm: Any, budget_s: float) -> float:
+    """Seconds per byte per device of a step's buffers beyond the passes writing them: `FRESH`
+    passes whose results all stay live, against the same passes summed into one buffer as they go."""
+    count, nbytes = FRESH
+
+    def kept(x: jax.Array) -> jax.Array:
+        ys = [lax.optimization_barrier(x * (0.5 + i) + 1.0) for i in range(count)]
+        return functools.reduce(lax.add, ys)
+
+    def reused(x: jax.Array) -> jax.Array:
+        acc = x
+        for i in range(count):
+            acc = lax.optimization_barrier(acc + (x * (0.5 + i) + 1.0))
+        return acc
+
+    runs = [_mesh_program(jm, body, (nbytes // 4,)) for body in (kept, reused)]
+    thunks = [lambda run=run: jax.block_until_ready(run()) for run in runs]
+    times, _ = interleaved_rounds(thunks, 400, budget_s=budget_s, min_rounds=6)
+    extra = float(statistics.median(a - b for a, b in zip(*times)))
+    return max(extra, 0.0) / (count * nbytes)
 
 
 def _in_program(jm: Any, axis: str, budget_s: float) -> float:
@@ -251,11 +284,14 @@ def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None]
     copy_rate = 4 * COPY_SIDE * COPY_SIDE / t_copy
     say(f"transposing copy per device, all devices busy: {copy_rate / 1e9:.2f} GB/s written "
         f"({t_copy * 1e3 / (4 * COPY_SIDE * COPY_SIDE / 1e6):.2f} ms per MB)")
+    fresh_rate = _fresh_rate(jm, budget_s)
+    say(f"fresh bytes per device, all devices busy: {fresh_rate * 1e9:.2f} ns a byte ({FRESH[0]} buffers of "
+        f"{FRESH[1] / 2**20:.1f} MiB kept against one reused)")
     peak = max(rates)
     compute = DeviceSpec("cpu-calibrated", peak, peak, bandwidth, launch,
                          f"measured with {mesh.n_devices} devices busy ({device_key()})")
     return MeshCalibration(_machine_key(), device_key(), mesh.shape, tuple(axes), compute, time.perf_counter() - start,
-                           tuple(matmul), tuple(conv), copy_rate)
+                           tuple(matmul), tuple(conv), copy_rate, fresh_rate)
 
 
 def load_mesh_calibration(mesh: str | Mesh, force: bool = False, measure_if_missing: bool = True,

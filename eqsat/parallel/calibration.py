@@ -45,8 +45,8 @@ __all__ = ["AxisCalibration", "CalibratedCompute", "MeshCalibration", "MeshCalib
            "read_mesh_calibration", "write_mesh_calibration"]
 
 # 3: in-program collective cost per axis; a smaller matmul probe. 4: a conv curve, an all-to-all link.
-# 5: the transposing-copy rate
-FORMAT = 5
+# 5: the transposing-copy rate. 6: the fresh-bytes rate
+FORMAT = 6
 Shape = tuple[int, ...]
 
 
@@ -93,6 +93,9 @@ class MeshCalibration:
     # bytes per second one device writes in a transposing copy with every device busy: what the
     # layout copies of a compiled step (`cost.LAYOUT_COPIES`) are priced at (0: not measured)
     copy_rate: float = 0.0
+    # seconds per byte a step allocates beyond the passes writing it, with every device busy: what
+    # the buffers of a step (`memory.node_allocated`) are priced at (0: not measured)
+    fresh_rate: float = 0.0
 
     def mesh(self, sync: bool = True) -> Mesh:
         """The planner's mesh: this shape, each axis with its own fitted link and ring latency, and
@@ -109,7 +112,7 @@ class MeshCalibration:
                           "kind_links": {k: asdict(fit) for k, fit in a.kind_links}}
                          for a in self.axes],
                 "compute": asdict(self.compute), "seconds": self.seconds, "matmul": [list(p) for p in self.matmul],
-                "conv": [list(p) for p in self.conv], "copy_rate": self.copy_rate}
+                "conv": [list(p) for p in self.conv], "copy_rate": self.copy_rate, "fresh_rate": self.fresh_rate}
 
     @staticmethod
     def from_json(data: Any) -> MeshCalibration:
@@ -131,7 +134,8 @@ class MeshCalibration:
             matmul = tuple((_number(f), _number(t)) for f, t in data["matmul"])
             conv = tuple((_number(f), _number(t)) for f, t in data["conv"])
             cal = MeshCalibration(str(data["machine"]), str(data["device"]), shape, axes, compute,
-                                  _number(data["seconds"]), matmul, conv, _number(data["copy_rate"]))
+                                  _number(data["seconds"]), matmul, conv, _number(data["copy_rate"]),
+                                  _number(data["fresh_rate"]))
             Curve.fit(matmul)  # at least two points, all positive
             if conv:
                 Curve.fit(conv)
@@ -141,8 +145,9 @@ class MeshCalibration:
             raise MeshCalibrationError("damaged mesh calibration (its axes do not match its shape)")
         links = [fit for a in axes for fit in (a.link, *(f for _, f in a.kind_links))]
         rates = (compute.peak_flops_fp32, compute.bandwidth, compute.launch_s, *(fit.beta for fit in links))
-        if not all(r > 0 for r in rates) or cal.copy_rate < 0 or any(x < 0 for a in axes for x in (a.in_program_s, a.in_program_bytes)) \
-                or any(fit.alpha < 0 for fit in links):
+        negative = (cal.copy_rate, cal.fresh_rate, *(x for a in axes for x in (a.in_program_s, a.in_program_bytes)),
+                    *(fit.alpha for fit in links))
+        if not all(r > 0 for r in rates) or any(x < 0 for x in negative):
             raise MeshCalibrationError("damaged mesh calibration (a rate is not positive)")
         return cal
 
@@ -223,8 +228,8 @@ def calibrated_model(cal: MeshCalibration, overlap: bool = True, sync: bool = Tr
     latency; with `sync`, plus each axis's measured in-program cost per collective beyond it), the measured
     compute (`CalibratedCompute`), collectives hidden behind independent compute in a plan's
     report (`overlap`), the compiled step's layout copies at the measured transposing-copy rate
-    (`copies`; without, none are priced)."""
+    (`copies`; without, none are priced), the buffers a step allocates at the measured fresh-bytes rate."""
     curves = (("conv2d", Curve.fit(cal.conv)),) if cal.conv else ()
     model = ParallelCostModel(cal.mesh(sync), CalibratedCompute(cal.compute, Curve.fit(cal.matmul), curves=curves),
-                              "parallel-calibrated", overlap, copy_rate=cal.copy_rate or None)
+                              "parallel-calibrated", overlap, copy_rate=cal.copy_rate or None, fresh_rate=cal.fresh_rate)
     return model if copies else replace(model, layout_copies=False)

@@ -21,7 +21,7 @@ the piece of it each device keeps: replicated (data parallel: every device updat
 partitioned (ZeRO / FSDP, the `fsdp-gather` rule: all-gathered before use, gradient reduce-scattered).
 Memory per device: `mem_bytes` is the node's term of the ILP's memory row
 (`eqsat.parallel.memory.node_kept`, what it keeps through the step) and `mem_bound_bytes` every
-buffer it allocates (`node_bound`, summed over a plan an upper bound of the simulated peak); the
+buffer it uses (`node_bound`, summed over a plan an upper bound of the simulated peak); the
 prediction itself is the liveness simulation of the whole plan's training step
 (`eqsat.parallel.memory.step_memory`), which no per-node sum can express.
 S, the bytes of a collective, is the per-device buffer: the gathered result of an all-gather, the
@@ -50,7 +50,7 @@ from eqsat import cost as cost_models
 from eqsat import ops
 from eqsat.context import NodeInContext, NodePrice
 from eqsat.distribution import local_attrs
-from eqsat.parallel.memory import node_bound, node_kept, per_device_bytes, recompute_bytes
+from eqsat.parallel.memory import argument_bytes, node_allocated, node_kept, per_device_bytes, recompute_bytes
 from eqsat.parallel.mesh import Mesh, parse_mesh
 
 Shape = tuple[int, ...]
@@ -120,6 +120,10 @@ class NodeCost:
     # buffers the compiled step copies for this node (`LAYOUT_COPIES`), per device, and their seconds
     copy_bytes: float = 0.0
     copy_s: float = 0.0
+    # buffers the step allocates for this node (`memory.node_allocated`: its bound less the step's
+    # arguments), per device, and what writing them fresh costs (`ParallelCostModel.fresh_rate`)
+    fresh_bytes: float = 0.0
+    fresh_s: float = 0.0
 
     @property
     def comm_s(self) -> float:
@@ -127,7 +131,7 @@ class NodeCost:
 
     @property
     def seconds(self) -> float:
-        return self.compute_s + self.comm_s + self.copy_s
+        return self.compute_s + self.comm_s + self.copy_s + self.fresh_s
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,10 @@ class ParallelCostModel:
     # parallel calibrate` measures it); None: assumed to stream at the device's bandwidth, as an
     # elementwise pass over the buffer is priced
     copy_rate: float | None = None
+    # seconds per byte a step allocates, beyond the passes that write it, with every device busy:
+    # fresh memory each call (XLA:CPU allocates a step's temporaries per execution, and the host
+    # maps large ones anew) and out of cache. `eqsat parallel calibrate` measures it; 0: not priced
+    fresh_rate: float = 0.0
     layout_copies: bool = True  # price `LAYOUT_COPIES` (off: the model before them, for comparison)
 
     @property
@@ -188,7 +196,9 @@ class ParallelCostModel:
         grad = [v.needs_grad for v in node.inputs]
         copies = self.state_copies or 0.0
         kept = node_kept(op, attrs, in_bytes, out_bytes, leaf_children, derived, grad, copies)
-        bound = node_bound(op, attrs, in_bytes, out_bytes, leaf_children, derived, grad, copies)
+        fresh = node_allocated(op, attrs, in_bytes, out_bytes, leaf_children, derived, grad)
+        bound = argument_bytes(op, in_bytes, out_bytes, leaf_children, copies) + fresh
+        fresh_s = fresh * self.fresh_rate
         local = [tuple(s[d:]) for s, d in zip(input_shapes, input_depths)]
         update = self._update_s(op, local, tuple(out_shape[depth:]), leaf_children)
         if op in COLLECTIVES:
@@ -198,13 +208,14 @@ class ParallelCostModel:
             backward = any(c.phase == "backward" for c in found) or (op in ("combine", "all_gather") and grad[0])
             copied, copy_s = self._copies(op, attrs, local[0], in_bytes[0], out_bytes, backward)
             # a collective's sums are priced in its alpha-beta time
-            return NodeCost(update, 0.0, found, kept, bound, copy_bytes=copied, copy_s=copy_s)
+            return NodeCost(update, 0.0, found, kept, bound, copy_bytes=copied, copy_s=copy_s, fresh_bytes=fresh,
+                            fresh_s=fresh_s)
         forward = self.compute.op_cost(op, local_attrs(op, attrs, depth), local)
         freed = recompute_bytes(op, attrs, out_bytes, grad, derived)
         copied, copy_s = self._copies(op, attrs, local[0] if local else (), in_bytes[0] if in_bytes else 0.0, out_bytes,
                                       any(grad))
         return NodeCost(forward * (1 + BACKWARD_FACTOR) + update, forward, (), kept, bound, forward if freed else 0.0, freed,
-                        copied, copy_s)
+                        copied, copy_s, fresh, fresh_s)
 
     def _copies(self, op: str, attrs: Mapping[str, Any], local_in: Shape, in_bytes: float, out_bytes: float,
                 backward: bool) -> tuple[float, float]:

@@ -454,19 +454,33 @@ def node_bound(op: str, attrs: Mapping[str, object], in_bytes: Sequence[float], 
                grad_children: Sequence[bool], state_copies: float = 0.0) -> float:
     """Bytes per device that one plan node adds to `StepMemory.allocated` at most: the linear term
     of the ILP's memory row. A leaf argument is counted where it is used: its shard under a
-    `partition`, else whole. Then the node's forward buffer, the buffers its forward makes besides
-    (`RESIDUALS`: a relu's product, a conv's relaid operands), and the cotangent it makes for each
-    input that needs a gradient (`grad_children`; a weight's is its gradient output): none where
-    the transpose aliases (`replicate`, `reduce`, the partition of a leaf passed sharded), the
-    all-reduced result where a `replicate` syncs a weight's gradient, the zero-padded buffer and
-    the result where a `partition` does. Sound when each leaf is passed as its plan uses it: a leaf
-    both partitioned and used otherwise is passed whole and sliced, which this undercounts by the
-    slice and its padded gradient."""
+    `partition`, else whole (`argument_bytes`); then the buffers the step allocates for the node
+    (`node_allocated`). Sound when each leaf is passed as its plan uses it: a leaf both partitioned
+    and used otherwise is passed whole and sliced, which this undercounts by the slice and its
+    padded gradient."""
+    return (argument_bytes(op, in_bytes, out_bytes, leaf_children, state_copies)
+            + node_allocated(op, attrs, in_bytes, out_bytes, leaf_children, derived_children, grad_children))
+
+
+def argument_bytes(op: str, in_bytes: Sequence[float], out_bytes: float, leaf_children: Sequence[str | None],
+                   state_copies: float = 0.0) -> float:
+    """The step's arguments a node reads, per device, counted where used: a leaf's shard under a
+    `partition`, else the whole leaf; a weight with its optimizer state."""
+    return sum((out_bytes if op == "partition" else size) * (1 + state_copies if leaf == "weight" else 1)
+               for size, leaf in zip(in_bytes, leaf_children) if leaf is not None)
+
+
+def node_allocated(op: str, attrs: Mapping[str, object], in_bytes: Sequence[float], out_bytes: float,
+                   leaf_children: Sequence[str | None], derived_children: Sequence[bool],
+                   grad_children: Sequence[bool]) -> float:
+    """Bytes per device of the buffers the step allocates for one plan node, at most: its forward
+    buffer, the buffers its forward makes besides (`RESIDUALS`: a relu's product, a conv's relaid
+    operands), and the cotangent it makes for each input that needs a gradient (`grad_children`; a
+    weight's is its gradient output): none where the transpose aliases (`replicate`, `reduce`, the
+    partition of a leaf passed sharded), the all-reduced result where a `replicate` syncs a weight's
+    gradient, the zero-padded buffer and the result where a `partition` does."""
     total = 0.0
     partition_of_leaf = op == "partition" and leaf_children[0] is not None
-    for size, leaf in zip(in_bytes, leaf_children):
-        if leaf is not None:
-            total += (out_bytes if op == "partition" else size) * (1 + state_copies if leaf == "weight" else 1)
     if op not in ALIASES and not ops.OPS[op].is_view and not partition_of_leaf:
         total += out_bytes
     total += saved_bytes(op, attrs, in_bytes, out_bytes, grad_children, frozenset({"new", "scratch"}))

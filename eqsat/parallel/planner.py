@@ -272,6 +272,10 @@ class PlanReport:
     # their seconds (part of `compute_s`: the device's cores copy them)
     copy_bytes: float = 0.0
     copy_s: float = 0.0
+    # the buffers the step allocates (`memory.node_allocated`), per device, and what writing them
+    # fresh costs (`ParallelCostModel.fresh_rate`; part of `compute_s`)
+    fresh_bytes: float = 0.0
+    fresh_s: float = 0.0
 
     def comm_bytes(self, phase: str | None = "forward") -> float:
         return float(sum(c.bytes for _, c in self.collectives if phase is None or c.phase == phase))
@@ -284,6 +288,7 @@ class PlanReport:
         return {
             "predicted_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s, "copy_s": self.copy_s,
             "predicted_copy_bytes": self.copy_bytes,
+            "fresh_s": self.fresh_s, "predicted_fresh_bytes": self.fresh_bytes,
             "predicted_comm_bytes": self.comm_bytes("forward"), "predicted_step_comm_bytes": self.comm_bytes(None),
             "predicted_step_wire_bytes": self.wire_bytes(),
             "predicted_mem_bytes": self.mem_bytes, "predicted_mem_row_bytes": self.mem_row_bytes,
@@ -345,7 +350,7 @@ def plan_report(graph: Graph, model: ParallelCostModel, recompute: Sequence[int]
     opened = open_nodes(g, open_outputs)
     remade: list[int] = []
     axes = graph_axes(g)
-    compute = comm = row = bound = copied = copy_s = 0.0
+    compute = comm = row = bound = copied = copy_s = fresh = fresh_s = 0.0
     contractions = 0
     found: list[tuple[int, Collective]] = []
     per_node: list[tuple[float, float]] = []  # (compute, comm) seconds: the overlap model's input
@@ -361,14 +366,17 @@ def plan_report(graph: Graph, model: ParallelCostModel, recompute: Sequence[int]
         c = model.node_cost(NodeInContext(n.op, n.attr, tuple(g.shape(v) for v in n.inputs),
                                           tuple(facts[v.node] for v in n.inputs), facts[i]))
         if i in opened:
-            c = replace(c, collectives=(), mem_bytes=0.0, mem_bound_bytes=0.0, copy_bytes=0.0, copy_s=0.0)
+            c = replace(c, collectives=(), mem_bytes=0.0, mem_bound_bytes=0.0, copy_bytes=0.0, copy_s=0.0,
+                        fresh_bytes=0.0, fresh_s=0.0)
         again = i in marked and c.recompute_bytes > 0
         if again:
             remade.append(i)
-        compute += c.compute_s + c.copy_s + (c.recompute_s if again else 0.0)
+        busy = c.compute_s + c.copy_s + c.fresh_s + (c.recompute_s if again else 0.0)
+        compute += busy
         comm += c.comm_s
         copied, copy_s = copied + c.copy_bytes, copy_s + c.copy_s
-        per_node.append((c.compute_s + c.copy_s + (c.recompute_s if again else 0.0), c.comm_s))
+        fresh, fresh_s = fresh + c.fresh_bytes, fresh_s + c.fresh_s
+        per_node.append((busy, c.comm_s))
         row += c.mem_bytes - (c.recompute_bytes if again else 0.0)
         bound += c.mem_bound_bytes
         found.extend((i, col) for col in c.collectives)
@@ -379,7 +387,7 @@ def plan_report(graph: Graph, model: ParallelCostModel, recompute: Sequence[int]
     step = compute + comm if not model.overlap else overlapped_step(
         [c for c, _ in per_node], [m for _, m in per_node], [[v.node for v in n.inputs] for n in g.nodes])
     return PlanReport(step, compute, comm, memory.peak, tuple(found), memory, row, bound, contractions + len(remade),
-                      tuple(remade), tuple(sorted(opened)), copied, copy_s)
+                      tuple(remade), tuple(sorted(opened)), copied, copy_s, fresh, fresh_s)
 
 
 def open_nodes(g: Graph, candidates: Sequence[int]) -> frozenset[int]:

@@ -107,7 +107,7 @@ def test_overlap_hides_comm_behind_independent_compute_only() -> None:
 def _calibration(machine: str = "m1", device: str = "cpu-test",
                  in_program: tuple[float, float] = (0.0, 0.0),
                  conv: tuple[tuple[float, float], ...] = ((1e6, 4e-4), (1e7, 2e-3)),
-                 all_to_all: tuple[float, float] | None = None) -> MeshCalibration:
+                 all_to_all: tuple[float, float] | None = None, fresh_rate: float = 0.0) -> MeshCalibration:
     """A hand-made calibration; `in_program`: each axis's measured seconds of a 64 B all-reduce
     between compute pieces (0: not measured, no sync term); `all_to_all`: (alpha, beta) of an
     all-to-all link of its own on every axis."""
@@ -115,7 +115,7 @@ def _calibration(machine: str = "m1", device: str = "cpu-test",
     axes = tuple(AxisCalibration(n, tm.fit_link(_samples(a, b, n)), tuple(_samples(a, b, n)), t, 64.0 if t else 0.0, own)
                  for (n, a, b), t in zip(((2, 30e-6, 1e9), (4, 10e-6, 2e9)), in_program))
     return MeshCalibration(machine, device, (2, 4), axes, DeviceSpec("cpu-calibrated", 5e9, 5e9, 8e9, 1e-6, "test"), 1.0,
-                           ((1e7, 1e-3), (1e8, 2e-2)), conv, 1e9)
+                           ((1e7, 1e-3), (1e8, 2e-2)), conv, 1e9, fresh_rate)
 
 
 
@@ -137,10 +137,10 @@ def test_calibration_round_trips_and_prices_per_axis(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("damage", ["not json {", "[]", "null", "zero-rate", "negative-alpha", "wrong-shape", "bool",
                                     "one-matmul", "negative-in-program", "no-in-program", "format-2", "format-3",
-                                    "one-conv", "negative-kind-link", "no-kind-links"])
+                                    "one-conv", "negative-kind-link", "no-kind-links", "format-5", "negative-fresh"])
 def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
     path = tmp_path / "cal.json"
-    data = _calibration(all_to_all=(20e-6, 3e8)).to_json()
+    data = _calibration(all_to_all=(20e-6, 3e8), fresh_rate=5e-10).to_json()
     if damage == "zero-rate":
         data["compute"]["bandwidth"] = 0
     elif damage == "negative-alpha":
@@ -168,6 +168,11 @@ def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
         data["axes"][0]["kind_links"]["all-to-all"]["alpha"] = -1e-6
     elif damage == "no-kind-links":
         del data["axes"][1]["kind_links"]
+    elif damage == "format-5":  # a cache from before the fresh-bytes rate
+        data["format"] = 5
+        del data["fresh_rate"]
+    elif damage == "negative-fresh":
+        data["fresh_rate"] = -1e-10
     path.write_text(damage if damage in ("not json {", "[]", "null") else json.dumps(data))
     with pytest.raises(MeshCalibrationError, match="damaged"):
         read_mesh_calibration(path, "m1", "cpu-test", (2, 4))
@@ -325,6 +330,35 @@ def test_a_plans_report_prices_its_copies_and_keeps_its_bytes() -> None:
     assert (priced.comm_bytes(None), priced.mem_bytes, priced.mem_row_bytes) == (base.comm_bytes(None), base.mem_bytes,
                                                                                   base.mem_row_bytes)
     assert priced.to_json(plan.live())["predicted_copy_bytes"] == priced.copy_bytes
+
+
+def test_the_buffers_a_step_allocates_are_priced_at_the_fresh_rate_and_its_arguments_are_not() -> None:
+    """Each node's buffers (forward output, residuals, cotangents) cost the calibrated fresh rate per
+    byte, in the ILP's seconds and in the plan's report (as compute: the cores write them); the
+    step's arguments (weights, data) are not allocated by it; nothing else moves."""
+    from eqsat.models import build_parallel_model
+    from eqsat.models.parallel_hand import megatron_by_hand
+    from eqsat.parallel.planner import plan_report
+
+    rate = 5e-10
+    model = calibrated_model(_calibration(fresh_rate=rate), overlap=False)
+    plain = calibrated_model(_calibration(), overlap=False)
+    from eqsat.context import NodeInContext, ValueContext
+
+    x, w = ValueContext((), "input", False, False), ValueContext((), "weight", False, True)
+    product = NodeInContext("matmul", {"act": 0}, ((64, 128), (128, 256)), (x, w), ValueContext((), None, False, True))
+    c, base = model.node_cost(product), plain.node_cost(product)
+    # its output and the weight's gradient, not its arguments x and w
+    assert c.fresh_bytes == pytest.approx(4 * (64 * 256 + 128 * 256))
+    assert c.mem_bound_bytes == pytest.approx(c.fresh_bytes + 4 * (64 * 128 + 128 * 256))
+    assert c.seconds - base.seconds == pytest.approx(c.fresh_bytes * rate) and base.fresh_s == 0.0
+    graph = build_parallel_model("mlp16")
+    plan = megatron_by_hand("mlp16", graph, model.mesh)
+    priced, unpriced = plan_report(plan, model), plan_report(plan, plain)
+    assert priced.fresh_bytes > 0 and priced.fresh_s == pytest.approx(priced.fresh_bytes * rate)
+    assert priced.step_s - unpriced.step_s == pytest.approx(priced.fresh_s)
+    assert (priced.comm_bytes(None), priced.mem_bytes, priced.mem_bound_bytes) == (
+        unpriced.comm_bytes(None), unpriced.mem_bytes, unpriced.mem_bound_bytes)
 
 
 def test_foreign_cache_is_refused(tmp_path: Path) -> None:
