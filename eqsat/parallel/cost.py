@@ -71,19 +71,24 @@ class LayoutCopies:
     only when the op gathers or scatters along a dimension that is not the major one of the
     per-device value (XLA's collectives stack pieces along the major dimension; another one is
     transposed into place and back). `fill`: a zero-filled buffer (an elementwise pass), not a
-    transposing copy."""
+    transposing copy. `timed_with`: the collective kind whose own link on a calibrated axis
+    (`MeshAxis.kind_links`) was timed as XLA compiles it, these copies included, so on such an axis
+    they are in the collective's seconds already and cost nothing more (their bytes are still reported)."""
 
     forward: float
     backward: float
     buffer: str  # "in" | "out"
     minor_only: bool = False
     fill: bool = False
+    timed_with: str | None = None
 
 
 # What the compiled steps of cnn's, dlrm's, moe's and gpt12's random plans copy per plan op (the
 # copies' op names, docs/parallel.md "Which plan ops make the compiled step copy").
 LAYOUT_COPIES: Mapping[str, LayoutCopies] = {
-    "all_to_all": LayoutCopies(1.25, 1.25, "in"),  # split into per-peer chunks and laid out again
+    # split into per-peer chunks and laid out again: what `eqsat parallel calibrate`'s all-to-all probe
+    # compiles to as well (its chunk slices in, a concatenate out)
+    "all_to_all": LayoutCopies(1.25, 1.25, "in", timed_with="all-to-all"),
     "combine": LayoutCopies(1.0, 1.0, "out", minor_only=True),
     "all_gather": LayoutCopies(1.0, 1.0, "out", minor_only=True),
     "reduce_scatter": LayoutCopies(1.0, 1.0, "in", minor_only=True),
@@ -228,6 +233,8 @@ class ParallelCostModel:
         copied = size * (rule.forward + (rule.backward if backward else 0.0))
         if copied <= 0:
             return 0.0, 0.0
+        if rule.timed_with is not None and self.mesh.axes[int(attrs["axis"])].has_own_link(rule.timed_with):
+            return copied, 0.0
         if rule.fill or self.copy_rate is None:  # an elementwise pass over the buffers (a zero fill writes one)
             return copied, self.compute.op_cost("relu", {}, [(max(int(copied // 4), 1),)])
         return copied, copied / self.copy_rate

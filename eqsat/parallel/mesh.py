@@ -43,6 +43,10 @@ class MeshAxis:
     # all-to-all: XLA's CPU backend runs it as one chunk per peer, slower than the ring kinds' link)
     kind_links: tuple[tuple[str, float, float], ...] = ()
 
+    def has_own_link(self, kind: str) -> bool:
+        """Whether collectives of `kind` run on a link of their own here (measured as XLA compiles them)."""
+        return any(k == kind for k, _, _ in self.kind_links)
+
     def link(self, kind: str) -> tuple[float, float]:
         """(latency, bandwidth) a collective of `kind` runs at on this axis."""
         for k, latency, bandwidth in self.kind_links:

@@ -313,6 +313,22 @@ def test_layout_copies_are_priced_per_op_at_the_copy_rate() -> None:
     assert nominal.node_cost(minor).copy_s == pytest.approx(nominal.compute.op_cost("relu", {}, [(2 * 128 * 64,)]))
 
 
+def test_an_all_to_alls_copies_are_in_its_own_measured_link() -> None:
+    """`eqsat parallel calibrate` times an all-to-all as XLA compiles it, its chunk copies in and out
+    included, and fits a link of its own to that: on such an axis the copies cost nothing more (their
+    bytes are still reported); on an axis without one they are priced at the copy rate."""
+    own = calibrated_model(_calibration(all_to_all=(20e-6, 3e8)), overlap=False)
+    ring = calibrated_model(_calibration(), overlap=False)
+    node = _node("all_to_all", {"axis": 1, "split_dim": -2, "concat_dim": -1}, (4, 128, 16), (1,), (1,))
+    mine, other = own.node_cost(node), ring.node_cost(node)
+    assert mine.copy_bytes == other.copy_bytes == pytest.approx(2.5 * 128 * 16 * 4)
+    assert mine.copy_s == 0.0 and other.copy_s == pytest.approx(other.copy_bytes / 1e9)
+    # a gather's transposing copies are not part of any collective's link
+    minor = _node("combine", {"axis": 1, "dim": -1}, (4, 128, 16), (1,), ())
+    assert ring.node_cost(minor).copy_s > 0
+    assert own.node_cost(minor).copy_s == pytest.approx(ring.node_cost(minor).copy_s)
+
+
 def test_a_plans_report_prices_its_copies_and_keeps_its_bytes() -> None:
     """`plan_report` adds each node's copies to the step (as compute: the cores copy) and reports
     their bytes; the predicted collective bytes and memory do not move."""
