@@ -50,7 +50,7 @@ from eqsat import cost as cost_models
 from eqsat import ops
 from eqsat.context import NodeInContext, NodePrice
 from eqsat.distribution import local_attrs
-from eqsat.parallel.memory import argument_bytes, node_allocated, node_kept, per_device_bytes, recompute_bytes
+from eqsat.parallel.memory import node_allocated, node_bound, node_kept, per_device_bytes, recompute_bytes
 from eqsat.parallel.mesh import Mesh, parse_mesh
 
 Shape = tuple[int, ...]
@@ -202,7 +202,7 @@ class ParallelCostModel:
         copies = self.state_copies or 0.0
         kept = node_kept(op, attrs, in_bytes, out_bytes, leaf_children, derived, grad, copies)
         fresh = node_allocated(op, attrs, in_bytes, out_bytes, leaf_children, derived, grad)
-        bound = argument_bytes(op, in_bytes, out_bytes, leaf_children, copies) + fresh
+        bound = node_bound(op, attrs, in_bytes, out_bytes, leaf_children, derived, grad, copies)
         fresh_s = fresh * self.fresh_rate
         local = [tuple(s[d:]) for s, d in zip(input_shapes, input_depths)]
         update = self._update_s(op, local, tuple(out_shape[depth:]), leaf_children)
