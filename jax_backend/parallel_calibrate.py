@@ -169,10 +169,8 @@ def _fresh_rate(jm: Any, budget_s: float) -> float:
             acc = lax.optimization_barrier(acc + (x * (0.5 + i) + 1.0))
         return acc
 
-    runs = [_mesh_program(jm, body, (nbytes // 4,)) for body in (kept, reused)]
-    thunks = [lambda run=run: jax.block_until_ready(run()) for run in runs]
-    times, _ = interleaved_rounds(thunks, 400, budget_s=budget_s, min_rounds=6)
-    extra = float(statistics.median(a - b for a, b in zip(*times)))
+    extra = _extra_seconds(_mesh_program(jm, reused, (nbytes // 4,)), _mesh_program(jm, kept, (nbytes // 4,)),
+                           budget_s, 400)
     return max(extra, 0.0) / (count * nbytes)
 
 
@@ -192,8 +190,13 @@ def _in_program(jm: Any, axis: str, budget_s: float) -> float:
             return x
         return _mesh_program(jm, body, (m, k))
 
-    times, _ = interleaved_rounds([build(False), build(True)], 40, budget_s=budget_s, min_rounds=6)
-    return max(float(statistics.median(b - a for a, b in zip(*times))) / PIECES, 1e-8)
+    return max(_extra_seconds(build(False), build(True), budget_s, 40) / PIECES, 1e-8)
+
+
+def _extra_seconds(base: Callable[[], Any], more: Callable[[], Any], budget_s: float, rounds: int) -> float:
+    """The median over interleaved rounds of what `more` takes beyond `base` (one sample of each a round)."""
+    times, _ = interleaved_rounds([base, more], rounds, budget_s=budget_s, min_rounds=6)
+    return float(statistics.median(b - a for a, b in zip(*times)))
 
 
 def _matmul_step(k: int) -> Callable[[jax.Array, int], jax.Array]:
