@@ -13,7 +13,8 @@ call cancels out and every device is busy, as in a planned step:
   slowest device at the rendezvous (a collective-only chain keeps the devices in step and does not
   see it); its excess over alpha-beta is the axis's `sync` term;
 - compute, on every device at once: matmuls (the flop rate), convolutions forward and backward
-  (`CONVS`: XLA's CPU convolutions have a rate of their own), an elementwise op on 1 MiB (the
+  over a design of shapes (`CONVS`: XLA's CPU convolutions take a time of their own, fitted by
+  `ConvFit` to the buffers they move and their flops), an elementwise op on 1 MiB (the
   bandwidth), on a few bytes (the cost of one more kernel) and a transposing copy of a `COPY_SIDE`
   square block (the rate the compiled step's layout copies are priced at), each kept apart from its neighbours
   by `optimization_barrier` so that XLA cannot fuse the chain into one loop;
@@ -50,7 +51,10 @@ from jax.sharding import PartitionSpec as P
 from eqsat.cost import DeviceSpec, _machine_key, register_cost_model
 from eqsat.ir import Graph
 from eqsat.parallel.calibration import (
+    CONV_TERMS,
     AxisCalibration,
+    ConvFit,
+    ConvSample,
     MeshCalibration,
     MeshCalibrationError,
     calibrated_model,
@@ -80,9 +84,14 @@ PRECISION_CAP = 4.0  # rounds for precision go on to at most this many times the
 PRECISION_MIN_ROUNDS = 15  # ...but never fewer rounds than this (a plan's step of a second, 10 plans a round)
 MAX_REPEAT = 20  # step calls per sample of the fastest plan, at most
 MATMULS: tuple[tuple[int, int], ...] = ((16, 64), (64, 256), (128, 512), (256, 768))  # (m, k): (m, k) @ (k, k) per device
-# (batch, channels, height = width): a 3x3 SAME convolution of `channels` in and out per device,
-# timed forward and backward as a training step runs it (the project's own conv2d lowering)
-CONVS: tuple[tuple[int, int, int], ...] = ((2, 8, 8), (4, 16, 8), (8, 32, 8), (16, 48, 8))
+# (batch, channels in, channels out, height = width, stride): a 3x3 SAME convolution per device,
+# timed forward and backward as a training step runs it (the project's own conv2d lowering). A half
+# fraction of the two-level design over the five (batch 4 / 16, channels 8 / 64, size 8 / 16,
+# stride 1 / 2), less its largest shape, so that `ConvFit` can tell its terms apart
+CONVS: tuple[tuple[int, int, int, int, int], ...] = (
+    (4, 8, 8, 8, 1), (4, 8, 8, 16, 2), (4, 8, 64, 8, 2), (4, 8, 64, 16, 1), (4, 64, 8, 8, 2), (4, 64, 8, 16, 1),
+    (4, 64, 64, 8, 1), (4, 64, 64, 16, 2), (16, 8, 8, 8, 2), (16, 8, 8, 16, 1), (16, 8, 64, 8, 1), (16, 8, 64, 16, 2),
+    (16, 64, 8, 8, 1), (16, 64, 8, 16, 2), (16, 64, 64, 8, 2))
 # per device, the square float32 block a transposing copy is timed on (1 MiB: the size of the
 # layout copies of the cases' compiled steps, whose largest are 0.1-1 MiB)
 COPY_SIDE = 512
@@ -207,25 +216,20 @@ def _matmul_step(k: int) -> Callable[[jax.Array, int], jax.Array]:
     return step
 
 
-def _conv_step(c: int) -> Callable[[jax.Array, int], jax.Array]:
+def _conv_step(c_in: int, c_out: int, stride: int) -> Callable[[jax.Array, int], jax.Array]:
     """One more forward and backward of a 3x3 SAME conv (the lowering's `conv2d`): the input's
     gradient, with the weight's gradient folded in so that XLA keeps it, is the next input."""
     from jax_backend.lower import LOWERINGS
 
     conv = LOWERINGS["conv2d"]
-    attrs = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
-    w = jnp.asarray(np.random.default_rng(2).standard_normal((c, c, 3, 3)) / np.sqrt(9 * c), jnp.float32)
+    attrs = {"stride_h": stride, "stride_w": stride, "pad": 0, "act": 0}
+    w = jnp.asarray(np.random.default_rng(2).standard_normal((c_out, c_in, 3, 3)) / np.sqrt(9 * c_in), jnp.float32)
 
     def step(x: jax.Array, i: int) -> jax.Array:
         y, back = jax.vjp(lambda a, b: conv((a, b), attrs, None)[0], x, w)
         gx, gw = back(y)
         return jnp.tanh(gx + 1e-3 * jnp.sum(gw))
     return step
-
-
-def conv_flops(b: int, c: int, hw: int) -> float:
-    """Forward flops of a `CONVS` probe."""
-    return 2.0 * b * c * hw * hw * c * 9
 
 
 def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None] = lambda _: None) -> MeshCalibration:
@@ -271,11 +275,13 @@ def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None]
         matmul.append((2.0 * m * k * k, t))
         say(f"matmul ({m}, {k}) @ ({k}, {k}) per device, all devices busy: {rates[-1] / 1e9:.2f} GFLOP/s")
     conv = []
-    for b, c, hw in CONVS:
-        t = _marginal(_compute_chain(jm, _conv_step(c), (b, c, hw, hw)), budget_s)
-        conv.append((conv_flops(b, c, hw), t / 3.0))
-        say(f"conv ({b}, {c}, {hw}, {hw}) * ({c}, {c}, 3, 3) per device forward and backward, all devices busy: "
-            f"{3.0 * conv[-1][0] / t / 1e9:.2f} GFLOP/s")
+    for b, c_in, c_out, hw, stride in CONVS:
+        t = _marginal(_compute_chain(jm, _conv_step(c_in, c_out, stride), (b, c_in, hw, hw)), budget_s)
+        conv.append(ConvSample((b, c_in, hw, hw), (c_out, c_in, 3, 3), stride, t))
+        say(f"conv ({b}, {c_in}, {hw}, {hw}) * ({c_out}, {c_in}, 3, 3) stride {stride} per device, forward and "
+            f"backward, all devices busy: {t * 1e6:.0f} us")
+    fit = ConvFit.fit(conv)
+    say("conv fit: " + ", ".join(f"{name} {rate:.3g} s" for name, rate in zip(CONV_TERMS, fit.rates)))
     big = 256 * 1024
     t_big = _marginal(_compute_chain(jm, lambda x, i: x * 0.5 + 1.0, (big,)), budget_s)
     bandwidth = 2 * 4 * big / t_big

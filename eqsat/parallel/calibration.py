@@ -11,9 +11,10 @@ axis also what one small all-reduce costs *inside* a program, between compute pi
 every device waits there for the slowest), whose excess over the link's alpha-beta time is the
 axis's `sync` term. A product smaller than the smallest timed matmul is priced at that matmul's
 rate (not at its time: a flat floor priced every small product of a case alike). A convolution
-has its own curve (`conv`), timed as a forward and backward pass (XLA's CPU convolutions run at a
-rate of their own, far below a matmul's of the same flops when small, and their backward is not
-twice their forward); without one a conv is priced on the matmul curve. An all-to-all has its own
+has its own fit (`ConvFit`) to convs timed forward and backward over a design of shapes (`conv`):
+XLA's CPU convolutions take a time set by the buffers they move far more than by their flops, so
+two convs of the same flops, one with 16 output channels and one with 64, can differ twofold;
+without one a conv is priced on the matmul curve. An all-to-all has its own
 link per axis (`kind_links`), fitted to all-to-alls timed as the plans run them (a layout switch:
 split one dimension, concatenate another), as XLA's CPU backend runs it as one chunk per peer.
 The cache file is keyed by machine (`eqsat.cost._machine_key`), JAX device and mesh shape; a
@@ -23,6 +24,7 @@ measured again. This module needs no JAX; the measuring does.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -30,23 +32,26 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from eqsat import cost as cost_models
 from eqsat import ops
 from eqsat.atomic_write import atomic_write_text
 from eqsat.calibration_cache import read_cached_calibration
 from eqsat.errors import EqsatError
-from eqsat.parallel.cost import ParallelCostModel
+from eqsat.parallel.cost import BACKWARD_FACTOR, ParallelCostModel
 from eqsat.parallel.mesh import Mesh, MeshAxis
 from eqsat.parallel.timemodel import LinkFit, LinkSample, collective_seconds
 from eqsat.paths import cache_dir
 from eqsat.xla_cost import Curve
 
-__all__ = ["AxisCalibration", "CalibratedCompute", "MeshCalibration", "MeshCalibrationError", "calibrated_model", "calibration_file",
+__all__ = ["CONV_TERMS", "AxisCalibration", "CalibratedCompute", "ConvFit", "ConvSample", "MeshCalibration", "MeshCalibrationError",
+           "calibrated_model", "calibration_file", "conv_terms",
            "read_mesh_calibration", "write_mesh_calibration"]
 
 # 3: in-program collective cost per axis; a smaller matmul probe. 4: a conv curve, an all-to-all link.
-# 5: the transposing-copy rate. 6: the fresh-bytes rate
-FORMAT = 6
+# 5: the transposing-copy rate. 6: the fresh-bytes rate. 7: conv samples by shape (a curve by flops before)
+FORMAT = 7
 Shape = tuple[int, ...]
 
 
@@ -77,6 +82,74 @@ class AxisCalibration:
         link = collective_seconds("all-reduce", self.size, self.in_program_bytes, self.link.alpha, self.link.beta, "ring")
         return max(self.in_program_s - link, 0.0)
 
+@dataclass(frozen=True)
+class ConvSample:
+    """A timed convolution: NCHW `input`, OIHW `weight`, SAME padding, `stride` both ways, and the
+    seconds of its forward and backward (input and weight gradients) with every device busy."""
+
+    input: Shape
+    weight: Shape
+    stride: int
+    seconds: float
+
+    def terms(self) -> tuple[float, ...]:
+        attrs = {"stride_h": self.stride, "stride_w": self.stride, "pad": 0, "act": 0}
+        return conv_terms(self.input, self.weight, attrs, CONV_ITEMSIZE)
+
+
+CONV_ITEMSIZE = 4  # the probes run in float32
+# what a conv's forward and backward is fitted on: the bytes of its input, its output, its patch
+# matrix (each output pixel's window of input channels: what the forward and the weight gradient
+# multiply, as XLA:CPU's im2col convolutions build it) and its weight, and its forward flops
+CONV_TERMS = ("input bytes", "output bytes", "patch bytes", "weight bytes", "flops")
+
+
+def conv_terms(input_shape: Sequence[int], weight_shape: Sequence[int], attrs: Any, itemsize: int) -> tuple[float, ...]:
+    """`CONV_TERMS` of a conv2d on these (per-device) shapes."""
+    shapes = [tuple(input_shape), tuple(weight_shape)]
+    out = ops.infer_shapes("conv2d", shapes, attrs)[0]
+    batch, channels = input_shape[0], input_shape[1]
+    window = math.prod(weight_shape[2:])
+    patches = batch * math.prod(out[2:]) * channels * window
+    return (float(itemsize * math.prod(input_shape)), float(itemsize * math.prod(out)), float(itemsize * patches),
+            float(itemsize * math.prod(weight_shape)), ops.flops("conv2d", shapes, attrs))
+
+
+@dataclass(frozen=True)
+class ConvFit:
+    """Seconds of a conv's forward and backward as a sum over `CONV_TERMS`, each at a rate of its
+    own (seconds per byte or per flop, none negative), fitted to timed convs by least squares on
+    the relative error."""
+
+    rates: tuple[float, ...]
+
+    def seconds(self, terms: Sequence[float]) -> float:
+        return sum(r * t for r, t in zip(self.rates, terms))
+
+    @staticmethod
+    def fit(samples: Sequence[ConvSample]) -> ConvFit:
+        """The non-negative least-squares fit: of the least-squares fits on each subset of the terms,
+        the best one with no negative rate (with five terms, trying every subset is exact and quick);
+        `ValueError` when the samples are too few or give every term a negative rate."""
+        if len(samples) < len(CONV_TERMS) or any(s.seconds <= 0 for s in samples):
+            raise ValueError(f"a conv fit needs {len(CONV_TERMS)} or more timed convs, each of positive seconds")
+        design = np.array([s.terms() for s in samples]) / np.array([[s.seconds] for s in samples])
+        ones = np.ones(len(samples))
+        best: tuple[float, tuple[float, ...]] | None = None
+        for k in range(1, len(CONV_TERMS) + 1):
+            for subset in itertools.combinations(range(len(CONV_TERMS)), k):
+                coef, *_ = np.linalg.lstsq(design[:, subset], ones, rcond=None)
+                if np.all(coef >= 0) and np.any(coef > 0):
+                    error = float(np.sum((design[:, subset] @ coef - ones) ** 2))
+                    rates = [0.0] * len(CONV_TERMS)
+                    for i, c in zip(subset, coef):
+                        rates[i] = float(c)
+                    if best is None or error < best[0]:
+                        best = (error, tuple(rates))
+        if best is None:
+            raise ValueError("no conv fit with non-negative rates")
+        return ConvFit(best[1])
+
 
 @dataclass(frozen=True)
 class MeshCalibration:
@@ -87,9 +160,7 @@ class MeshCalibration:
     compute: cost_models.DeviceSpec  # per device, with every device of the mesh busy
     seconds: float  # how long measuring took
     matmul: tuple[tuple[float, float], ...] = ()  # (flops, seconds) of the timed matmuls: the efficiency curve
-    # (forward flops, a third of the seconds of forward + backward) of the timed convolutions: the
-    # cost model takes a product's step as 1 + BACKWARD_FACTOR forwards, so a third keeps the sum measured
-    conv: tuple[tuple[float, float], ...] = ()
+    conv: tuple[ConvSample, ...] = ()  # the timed convolutions, each forward and backward
     # bytes per second one device writes in a transposing copy with every device busy: what the
     # layout copies of a compiled step (`cost.LAYOUT_COPIES`) are priced at (0: not measured)
     copy_rate: float = 0.0
@@ -112,7 +183,7 @@ class MeshCalibration:
                           "kind_links": {k: asdict(fit) for k, fit in a.kind_links}}
                          for a in self.axes],
                 "compute": asdict(self.compute), "seconds": self.seconds, "matmul": [list(p) for p in self.matmul],
-                "conv": [list(p) for p in self.conv], "copy_rate": self.copy_rate, "fresh_rate": self.fresh_rate}
+                "conv": [asdict(c) for c in self.conv], "copy_rate": self.copy_rate, "fresh_rate": self.fresh_rate}
 
     @staticmethod
     def from_json(data: Any) -> MeshCalibration:
@@ -132,13 +203,14 @@ class MeshCalibration:
                                              _number(spec["peak_flops_bf16"]), _number(spec["bandwidth"]),
                                              _number(spec["launch_s"]), str(spec.get("source", "")))
             matmul = tuple((_number(f), _number(t)) for f, t in data["matmul"])
-            conv = tuple((_number(f), _number(t)) for f, t in data["conv"])
+            conv = tuple(ConvSample(tuple(_whole(d) for d in c["input"]), tuple(_whole(d) for d in c["weight"]),
+                                    _whole(c["stride"]), _number(c["seconds"])) for c in data["conv"])
             cal = MeshCalibration(str(data["machine"]), str(data["device"]), shape, axes, compute,
                                   _number(data["seconds"]), matmul, conv, _number(data["copy_rate"]),
                                   _number(data["fresh_rate"]))
             Curve.fit(matmul)  # at least two points, all positive
             if conv:
-                Curve.fit(conv)
+                ConvFit.fit(conv)
         except (KeyError, TypeError, ValueError, AttributeError, EqsatError) as exc:
             raise MeshCalibrationError(f"damaged mesh calibration ({type(exc).__name__}: {exc})") from None
         if tuple(a.size for a in axes) != shape or not shape:
@@ -190,16 +262,17 @@ def write_mesh_calibration(path: Path, cal: MeshCalibration) -> None:
 
 @dataclass(frozen=True)
 class CalibratedCompute:
-    """Per-device compute as measured with every device busy: a matmul or conv takes the time its
-    op's measured curve gives for its flops (`curves`, else the matmul curve; `eqsat.xla_cost.Curve`:
-    a bigger product gets a lower rate once the devices share caches; below the smallest timed
-    product, that product's rate), or its memory time if longer; every other op is the roofline at
-    the measured rates."""
+    """Per-device compute as measured with every device busy: a matmul takes the time the measured
+    matmul curve gives for its flops (`eqsat.xla_cost.Curve`: a bigger product gets a lower rate once
+    the devices share caches; below the smallest timed product, that product's rate), or its memory
+    time if longer; a conv2d a third of its fitted forward and backward (`conv`: the step prices a
+    product as 1 + BACKWARD_FACTOR forwards), or without a fit as a matmul; every other op is the
+    roofline at the measured rates."""
 
     spec: cost_models.DeviceSpec
     matmul: Curve
     name: str = "calibrated-compute"
-    curves: tuple[tuple[str, Curve], ...] = ()  # (op, its own measured curve): conv2d
+    conv: ConvFit | None = None
 
     @property
     def device(self) -> str:
@@ -210,9 +283,11 @@ class CalibratedCompute:
         if not ops.op_spec(op).contraction:
             return roofline.op_cost(op, attrs, input_shapes)
         shapes = [tuple(s) for s in input_shapes]
+        if op == "conv2d" and self.conv is not None:
+            terms = conv_terms(shapes[0], shapes[1], attrs, roofline.itemsize)
+            return self.conv.seconds(terms) / (1 + BACKWARD_FACTOR) + self.spec.launch_s
         memory = ops.bytes_moved(op, shapes, attrs, roofline.itemsize) / self.spec.bandwidth
-        curve = dict(self.curves).get(op, self.matmul)
-        return max(_product_seconds(curve, ops.flops(op, shapes, attrs)), memory) + self.spec.launch_s
+        return max(_product_seconds(self.matmul, ops.flops(op, shapes, attrs)), memory) + self.spec.launch_s
 
 
 def _product_seconds(curve: Curve, flops: float) -> float:
@@ -229,7 +304,7 @@ def calibrated_model(cal: MeshCalibration, overlap: bool = True, sync: bool = Tr
     compute (`CalibratedCompute`), collectives hidden behind independent compute in a plan's
     report (`overlap`), the compiled step's layout copies at the measured transposing-copy rate
     (`copies`; without, none are priced), the buffers a step allocates at the measured fresh-bytes rate."""
-    curves = (("conv2d", Curve.fit(cal.conv)),) if cal.conv else ()
-    model = ParallelCostModel(cal.mesh(sync), CalibratedCompute(cal.compute, Curve.fit(cal.matmul), curves=curves),
+    conv = ConvFit.fit(cal.conv) if cal.conv else None
+    model = ParallelCostModel(cal.mesh(sync), CalibratedCompute(cal.compute, Curve.fit(cal.matmul), conv=conv),
                               "parallel-calibrated", overlap, copy_rate=cal.copy_rate or None, fresh_rate=cal.fresh_rate)
     return model if copies else replace(model, layout_copies=False)

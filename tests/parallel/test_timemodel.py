@@ -14,7 +14,10 @@ from eqsat import cli
 from eqsat.cost import DeviceSpec
 from eqsat.parallel import timemodel as tm
 from eqsat.parallel.calibration import (
+    CONV_TERMS,
     AxisCalibration,
+    ConvFit,
+    ConvSample,
     MeshCalibration,
     MeshCalibrationError,
     calibrated_model,
@@ -106,11 +109,12 @@ def test_overlap_hides_comm_behind_independent_compute_only() -> None:
 
 def _calibration(machine: str = "m1", device: str = "cpu-test",
                  in_program: tuple[float, float] = (0.0, 0.0),
-                 conv: tuple[tuple[float, float], ...] = ((1e6, 4e-4), (1e7, 2e-3)),
+                 conv: tuple[ConvSample, ...] | None = None,
                  all_to_all: tuple[float, float] | None = None, fresh_rate: float = 0.0) -> MeshCalibration:
     """A hand-made calibration; `in_program`: each axis's measured seconds of a 64 B all-reduce
     between compute pieces (0: not measured, no sync term); `all_to_all`: (alpha, beta) of an
     all-to-all link of its own on every axis."""
+    conv = _conv_samples(RATES) if conv is None else conv
     own = () if all_to_all is None else (("all-to-all", tm.LinkFit(all_to_all[0], all_to_all[1], 0.1, 3)),)
     axes = tuple(AxisCalibration(n, tm.fit_link(_samples(a, b, n)), tuple(_samples(a, b, n)), t, 64.0 if t else 0.0, own)
                  for (n, a, b), t in zip(((2, 30e-6, 1e9), (4, 10e-6, 2e9)), in_program))
@@ -137,7 +141,8 @@ def test_calibration_round_trips_and_prices_per_axis(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("damage", ["not json {", "[]", "null", "zero-rate", "negative-alpha", "wrong-shape", "bool",
                                     "one-matmul", "negative-in-program", "no-in-program", "format-2", "format-3",
-                                    "one-conv", "negative-kind-link", "no-kind-links", "format-5", "negative-fresh"])
+                                    "one-conv", "negative-kind-link", "no-kind-links", "format-5", "negative-fresh",
+                                    "format-6", "conv-without-stride", "negative-conv"])
 def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
     path = tmp_path / "cal.json"
     data = _calibration(all_to_all=(20e-6, 3e8), fresh_rate=5e-10).to_json()
@@ -173,6 +178,13 @@ def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
         del data["fresh_rate"]
     elif damage == "negative-fresh":
         data["fresh_rate"] = -1e-10
+    elif damage == "format-6":  # a cache from before the convs by shape: (flops, seconds) pairs
+        data["format"] = 6
+        data["conv"] = [[1e6, 4e-4], [1e7, 2e-3]]
+    elif damage == "conv-without-stride":
+        del data["conv"][0]["stride"]
+    elif damage == "negative-conv":
+        data["conv"][2]["seconds"] = -1e-3
     path.write_text(damage if damage in ("not json {", "[]", "null") else json.dumps(data))
     with pytest.raises(MeshCalibrationError, match="damaged"):
         read_mesh_calibration(path, "m1", "cpu-test", (2, 4))
@@ -191,24 +203,64 @@ def test_small_products_are_priced_at_the_smallest_probes_rate() -> None:
     assert model.compute.op_cost("matmul", {"act": 0}, [(10, 500), (500, 1000)]) == pytest.approx(1e-3 + launch)
 
 
-def test_convs_are_priced_on_their_own_curve() -> None:
-    """A conv2d takes the time of the measured conv curve for its flops (XLA's CPU convs run far
-    below the matmul rate), a matmul of the same flops the matmul curve's; a calibration without a
-    conv curve prices convs as matmuls."""
+# seconds per input, output, patch and weight byte and per flop: a conv fit with one rate at zero
+RATES = (2e-9, 5e-9, 1e-9, 6e-9, 0.0)
+CONV_SHAPES = ((4, 8, 8, 8, 1), (4, 8, 64, 16, 1), (4, 64, 8, 8, 2), (4, 64, 64, 16, 2), (16, 8, 8, 16, 1),
+               (16, 8, 64, 8, 2), (16, 64, 8, 16, 2), (16, 64, 64, 8, 1))
+
+
+def _conv_samples(rates: tuple[float, ...]) -> tuple[ConvSample, ...]:
+    """Convs timed exactly as `rates` price them."""
+    samples = []
+    for b, c_in, c_out, hw, stride in CONV_SHAPES:
+        probe = ConvSample((b, c_in, hw, hw), (c_out, c_in, 3, 3), stride, 1.0)
+        samples.append(ConvSample(probe.input, probe.weight, stride, sum(r * t for r, t in zip(rates, probe.terms()))))
+    return tuple(samples)
+
+
+def test_the_conv_fit_finds_the_rates_that_timed_its_convs_and_none_is_negative() -> None:
+    """Convs timed by known rates give back those rates (the zero one included); convs timed by
+    rates with a negative one (nothing can run faster for moving more) get a fit with every rate
+    non-negative that is at least as close as any with one rate fewer."""
+    assert ConvFit.fit(_conv_samples(RATES)).rates == pytest.approx(RATES, rel=1e-6, abs=1e-15)
+    bent = _conv_samples((2e-9, 5e-9, -0.5e-9, 6e-9, 1e-12))
+    fit = ConvFit.fit(bent)
+    assert len(fit.rates) == len(CONV_TERMS) and all(r >= 0 for r in fit.rates) and any(r > 0 for r in fit.rates)
+
+    def error(f: ConvFit) -> float:
+        return sum((f.seconds(s.terms()) / s.seconds - 1) ** 2 for s in bent)
+    for dropped in range(len(CONV_TERMS)):  # the fit is the best non-negative one: no worse than one on fewer terms
+        keep = [i for i in range(len(CONV_TERMS)) if i != dropped]
+        design = np.array([[s.terms()[i] / s.seconds for i in keep] for s in bent])
+        coef, *_ = np.linalg.lstsq(design, np.ones(len(bent)), rcond=None)
+        if np.all(coef >= 0):
+            rates = [0.0] * len(CONV_TERMS)
+            for i, c in zip(keep, coef):
+                rates[i] = float(c)
+            assert error(fit) <= error(ConvFit(tuple(rates))) + 1e-12
+    with pytest.raises(ValueError, match="or more timed convs"):
+        ConvFit.fit(_conv_samples(RATES)[:4])
+
+
+def test_convs_are_priced_by_the_buffers_they_move() -> None:
+    """A conv2d costs a third of its fitted forward and backward (the step prices 1 + 2 forwards):
+    two convs of the same flops, one with 16 output channels over four times the pixels, one with 64
+    over a quarter, are priced apart by their bytes, as XLA's CPU convs run them; a calibration without
+    conv samples prices convs as matmuls, and conv samples leave matmuls alone."""
     launch = 1e-6
-    x, w = (1, 10, 10, 10), (50, 10, 3, 3)  # SAME: 2 * 50 * 100 * 90 = 9e5 flops
-    conv = calibrated_model(_calibration()).compute.op_cost("conv2d", {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0},
-                                                            [x, w])
-    assert conv == pytest.approx(4e-4 * 0.9 + launch)  # below the smallest conv probe: its rate
-    mid = calibrated_model(_calibration()).compute.op_cost("conv2d", {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0},
-                                                           [(2, 10, 10, 10), (50, 10, 3, 3)])
-    assert mid - launch == pytest.approx(4e-4 * 1.8 ** (math.log(5) / math.log(10)))  # log-log between the probes
-    as_matmul = calibrated_model(_calibration(conv=())).compute.op_cost(
-        "conv2d", {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}, [x, w])
-    assert as_matmul == pytest.approx(1e-3 * 0.09 + launch) and conv > 3 * as_matmul
-    # matmuls are unchanged by a conv curve
+    compute = calibrated_model(_calibration()).compute
+    same = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
+    narrow = [(4, 32, 16, 16), (16, 32, 3, 3)]
+    wide = [(4, 32, 8, 8), (64, 32, 3, 3)]
+    probe = ConvSample(narrow[0], narrow[1], 1, 1.0)
+    assert compute.op_cost("conv2d", same, narrow) == pytest.approx(
+        sum(r * t for r, t in zip(RATES, probe.terms())) / 3 + launch)
+    assert probe.terms()[4] == ConvSample(wide[0], wide[1], 1, 1.0).terms()[4]  # the same flops
+    assert compute.op_cost("conv2d", same, narrow) > 1.2 * compute.op_cost("conv2d", same, wide)
+    small = [(1, 10, 10, 10), (50, 10, 3, 3)]  # 9e5 flops: below the smallest matmul probe, at its rate
+    assert calibrated_model(_calibration(conv=())).compute.op_cost("conv2d", same, small) == pytest.approx(1e-3 * 0.09 + launch)
     mm = [(10, 500), (500, 1000)]
-    assert calibrated_model(_calibration()).compute.op_cost("matmul", {"act": 0}, mm) == pytest.approx(
+    assert compute.op_cost("matmul", {"act": 0}, mm) == pytest.approx(
         calibrated_model(_calibration(conv=())).compute.op_cost("matmul", {"act": 0}, mm))
 
 
