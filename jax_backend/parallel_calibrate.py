@@ -13,8 +13,9 @@ call cancels out and every device is busy, as in a planned step:
   slowest device at the rendezvous (a collective-only chain keeps the devices in step and does not
   see it); its excess over alpha-beta is the axis's `sync` term;
 - compute, on every device at once: matmuls (the flop rate), convolutions forward and backward
-  over a design of shapes (`CONVS`: XLA's CPU convolutions take a time of their own, fitted by
-  `ConvFit` to the buffers they move and their flops), an elementwise op on 1 MiB (the
+  over a design of shapes (`CONVS`: XLA's CPU convolutions take a time of their own, fitted to the
+  buffers they move and their flops) and batched matmuls likewise (`BATCHED_MATMULS`: a loop of
+  small GEMMs), an elementwise op on 1 MiB (the
   bandwidth), on a few bytes (the cost of one more kernel) and a transposing copy of a `COPY_SIDE`
   square block (the rate the compiled step's layout copies are priced at), each kept apart from its neighbours
   by `optimization_barrier` so that XLA cannot fuse the chain into one loop;
@@ -38,7 +39,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
@@ -51,14 +52,14 @@ from jax.sharding import PartitionSpec as P
 from eqsat.cost import DeviceSpec, _machine_key, register_cost_model
 from eqsat.ir import Graph
 from eqsat.parallel.calibration import (
-    CONV_TERMS,
+    PRODUCT_KINDS,
     AxisCalibration,
-    ConvFit,
-    ConvSample,
     MeshCalibration,
     MeshCalibrationError,
     calibrated_model,
     calibration_file,
+    TimedProduct,
+    product_fits,
     read_mesh_calibration,
     write_mesh_calibration,
 )
@@ -68,9 +69,9 @@ from eqsat.parallel.timemodel import LinkSample, fit_link
 from jax_backend.measured_cost import device_key
 from jax_backend.timing import bootstrap_median_ci, interleaved_rounds, medians_precise
 
-__all__ = ["CONVS", "COPY_SIDE", "EXTRA", "FRESH", "IN_PROGRAM", "NOT_TIMED", "PIECES", "PRECISION_CAP", "SIZES",
-           "StepTiming", "calibrate_mesh",
-           "load_mesh_calibration", "parallel_calibrated", "step_seconds"]
+__all__ = ["BATCHED_MATMULS", "CONVS", "COPY_SIDE", "EXTRA", "FRESH", "FRESH_REPEATS", "IN_PROGRAM", "NOT_TIMED", "PIECES",
+           "PRECISION_CAP", "SIZES", "StepTiming", "calibrate_mesh", "load_mesh_calibration", "parallel_calibrated",
+           "probe_products", "step_seconds"]
 
 SIZES: tuple[int, ...] = (16 * 1024, 256 * 1024, 2 * 1024 * 1024)
 """Bytes per device of the timed collectives: latency-bound to bandwidth-bound on a CPU mesh."""
@@ -87,11 +88,16 @@ MATMULS: tuple[tuple[int, int], ...] = ((16, 64), (64, 256), (128, 512), (256, 7
 # (batch, channels in, channels out, height = width, stride): a 3x3 SAME convolution per device,
 # timed forward and backward as a training step runs it (the project's own conv2d lowering). A half
 # fraction of the two-level design over the five (batch 4 / 16, channels 8 / 64, size 8 / 16,
-# stride 1 / 2), less its largest shape, so that `ConvFit` can tell its terms apart
+# stride 1 / 2), less its largest shape, so that the fit (`ProductFit`) can tell its terms apart
 CONVS: tuple[tuple[int, int, int, int, int], ...] = (
     (4, 8, 8, 8, 1), (4, 8, 8, 16, 2), (4, 8, 64, 8, 2), (4, 8, 64, 16, 1), (4, 64, 8, 8, 2), (4, 64, 8, 16, 1),
     (4, 64, 64, 8, 1), (4, 64, 64, 16, 2), (16, 8, 8, 8, 2), (16, 8, 8, 16, 1), (16, 8, 64, 8, 1), (16, 8, 64, 16, 2),
     (16, 64, 8, 8, 1), (16, 64, 8, 16, 2), (16, 64, 64, 8, 2))
+# (batch, m, k, n): a batched matmul (batch, m, k) @ (batch, k, n) per device, timed forward and
+# backward; the half fraction of the two-level design over the four (batch 4 / 64, each side 16 / 128)
+BATCHED_MATMULS: tuple[tuple[int, int, int, int], ...] = (
+    (4, 16, 16, 16), (4, 16, 128, 128), (4, 128, 16, 128), (4, 128, 128, 16), (64, 16, 16, 128), (64, 16, 128, 16),
+    (64, 128, 16, 16), (64, 128, 128, 128))
 # per device, the square float32 block a transposing copy is timed on (1 MiB: the size of the
 # layout copies of the cases' compiled steps, whose largest are 0.1-1 MiB)
 COPY_SIDE = 512
@@ -99,6 +105,9 @@ COPY_SIDE = 512
 # the temporaries of the cases' compiled steps (2-47 MB per device, docs/parallel.md); the rate per
 # byte grows with the total (0.4 ns at 2-8 MiB, 0.6 at 16-32, 1.0-1.6 at 32-256 on this 2-core host)
 FRESH = (32, 512 * 1024)
+# the fresh-bytes probe is the median of this many of its timings: one alone moved 0.59-0.66 ns a
+# byte within a minute on a quiet host, and 0.54-0.72 between calibrations
+FRESH_REPEATS = 5
 PIECES = 8  # compute pieces of the in-program probe, each followed by one collective
 # its piece, (m, k) @ (k, k) per device, the smallest matmul probe: what waiting for the slowest
 # device costs grows with the compute between collectives (2026-11-26, load 13: 0.1-0.16 ms at
@@ -165,7 +174,8 @@ def _compute_chain(jm: Any, step: Callable[[jax.Array, int], jax.Array], local: 
 
 def _fresh_rate(jm: Any, budget_s: float) -> float:
     """Seconds per byte per device of a step's buffers beyond the passes writing them: `FRESH`
-    passes whose results all stay live, against the same passes summed into one buffer as they go."""
+    passes whose results all stay live, against the same passes summed into one buffer as they go
+    (the median of `FRESH_REPEATS` timings)."""
     count, nbytes = FRESH
 
     def kept(x: jax.Array) -> jax.Array:
@@ -178,8 +188,8 @@ def _fresh_rate(jm: Any, budget_s: float) -> float:
             acc = lax.optimization_barrier(acc + (x * (0.5 + i) + 1.0))
         return acc
 
-    extra = _extra_seconds(_mesh_program(jm, reused, (nbytes // 4,)), _mesh_program(jm, kept, (nbytes // 4,)),
-                           budget_s, 400)
+    base, more = _mesh_program(jm, reused, (nbytes // 4,)), _mesh_program(jm, kept, (nbytes // 4,))
+    extra = statistics.median(_extra_seconds(base, more, budget_s, 400) for _ in range(FRESH_REPEATS))
     return max(extra, 0.0) / (count * nbytes)
 
 
@@ -216,20 +226,30 @@ def _matmul_step(k: int) -> Callable[[jax.Array, int], jax.Array]:
     return step
 
 
-def _conv_step(c_in: int, c_out: int, stride: int) -> Callable[[jax.Array, int], jax.Array]:
-    """One more forward and backward of a 3x3 SAME conv (the lowering's `conv2d`): the input's
-    gradient, with the weight's gradient folded in so that XLA keeps it, is the next input."""
+def _product_step(product: TimedProduct) -> Callable[[jax.Array, int], jax.Array]:
+    """One more forward and backward of `product` (the project's lowering of its op) on an input of
+    its first shape: the input's gradient, with the other operands' gradients folded in so that XLA
+    keeps them, is the next input."""
     from jax_backend.lower import LOWERINGS
 
-    conv = LOWERINGS["conv2d"]
-    attrs = {"stride_h": stride, "stride_w": stride, "pad": 0, "act": 0}
-    w = jnp.asarray(np.random.default_rng(2).standard_normal((c_out, c_in, 3, 3)) / np.sqrt(9 * c_in), jnp.float32)
+    lower, attrs = LOWERINGS[product.op], dict(product.attrs)
+    rng = np.random.default_rng(2)
+    rest = [jnp.asarray(rng.standard_normal(s) / np.sqrt(math.prod(s[1:])), jnp.float32) for s in product.shapes[1:]]
 
     def step(x: jax.Array, i: int) -> jax.Array:
-        y, back = jax.vjp(lambda a, b: conv((a, b), attrs, None)[0], x, w)
-        gx, gw = back(y)
-        return jnp.tanh(gx + 1e-3 * jnp.sum(gw))
+        y, back = jax.vjp(lambda a, *others: lower((a, *others), attrs, None)[0], x, *rest)
+        gx, *grads = back(y)
+        return jnp.tanh(gx + 1e-3 * sum(jnp.sum(g) for g in grads))
     return step
+
+
+def probe_products() -> tuple[TimedProduct, ...]:
+    """The products `calibrate_mesh` times (seconds 0 until timed): `CONVS` and `BATCHED_MATMULS`."""
+    convs = (TimedProduct("conv2d", ((b, c_in, hw, hw), (c_out, c_in, 3, 3)),
+                          (("stride_h", s), ("stride_w", s), ("pad", 0), ("act", 0)), 0.0)
+             for b, c_in, c_out, hw, s in CONVS)
+    batched = (TimedProduct("matmul", ((b, m, k), (b, k, n)), (("act", 0),), 0.0) for b, m, k, n in BATCHED_MATMULS)
+    return (*convs, *batched)
 
 
 def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None] = lambda _: None) -> MeshCalibration:
@@ -274,14 +294,15 @@ def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None]
         rates.append(2.0 * m * k * k / t)
         matmul.append((2.0 * m * k * k, t))
         say(f"matmul ({m}, {k}) @ ({k}, {k}) per device, all devices busy: {rates[-1] / 1e9:.2f} GFLOP/s")
-    conv = []
-    for b, c_in, c_out, hw, stride in CONVS:
-        t = _marginal(_compute_chain(jm, _conv_step(c_in, c_out, stride), (b, c_in, hw, hw)), budget_s)
-        conv.append(ConvSample((b, c_in, hw, hw), (c_out, c_in, 3, 3), stride, t))
-        say(f"conv ({b}, {c_in}, {hw}, {hw}) * ({c_out}, {c_in}, 3, 3) stride {stride} per device, forward and "
-            f"backward, all devices busy: {t * 1e6:.0f} us")
-    fit = ConvFit.fit(conv)
-    say("conv fit: " + ", ".join(f"{name} {rate:.3g} s" for name, rate in zip(CONV_TERMS, fit.rates)))
+    products = []
+    for probe in probe_products():
+        t = _marginal(_compute_chain(jm, _product_step(probe), probe.shapes[0]), budget_s)
+        products.append(replace(probe, seconds=t))
+        say(f"{probe.op} {' * '.join(map(str, probe.shapes))} {dict(probe.attrs)} per device, forward and backward, "
+            f"all devices busy: {t * 1e6:.0f} us")
+    for fit in product_fits(products):
+        names = PRODUCT_KINDS[fit.kind].term_names
+        say(f"{fit.kind} fit: " + ", ".join(f"{name} {rate:.3g} s" for name, rate in zip(names, fit.rates)))
     big = 256 * 1024
     t_big = _marginal(_compute_chain(jm, lambda x, i: x * 0.5 + 1.0, (big,)), budget_s)
     bandwidth = 2 * 4 * big / t_big
@@ -300,7 +321,7 @@ def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None]
     compute = DeviceSpec("cpu-calibrated", peak, peak, bandwidth, launch,
                          f"measured with {mesh.n_devices} devices busy ({device_key()})")
     return MeshCalibration(_machine_key(), device_key(), mesh.shape, tuple(axes), compute, time.perf_counter() - start,
-                           tuple(matmul), tuple(conv), copy_rate, fresh_rate)
+                           tuple(matmul), tuple(products), copy_rate, fresh_rate)
 
 
 def load_mesh_calibration(mesh: str | Mesh, force: bool = False, measure_if_missing: bool = True,

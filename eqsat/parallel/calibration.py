@@ -11,10 +11,12 @@ axis also what one small all-reduce costs *inside* a program, between compute pi
 every device waits there for the slowest), whose excess over the link's alpha-beta time is the
 axis's `sync` term. A product smaller than the smallest timed matmul is priced at that matmul's
 rate (not at its time: a flat floor priced every small product of a case alike). A convolution
-has its own fit (`ConvFit`) to convs timed forward and backward over a design of shapes (`conv`):
-XLA's CPU convolutions take a time set by the buffers they move far more than by their flops, so
-two convs of the same flops, one with 16 output channels and one with 64, can differ twofold;
-without one a conv is priced on the matmul curve. An all-to-all has its own
+and a batched matmul have fits of their own (`ProductFit`) to products timed forward and backward
+over a design of shapes (`products`): XLA's CPU convolutions take a time set by the buffers they
+move far more than by their flops (two convs of the same flops, one with 16 output channels and
+one with 64, can differ twofold), and a batched matmul runs as a loop of small GEMMs (attention's
+per-head products ran 3-4 times their price on the matmul curve); without a fit, such a product
+is priced on the matmul curve. An all-to-all has its own
 link per axis (`kind_links`), fitted to all-to-alls timed as the plans run them (a layout switch:
 split one dimension, concatenate another), as XLA's CPU backend runs it as one chunk per peer.
 The cache file is keyed by machine (`eqsat.cost._machine_key`), JAX device and mesh shape; a
@@ -27,7 +29,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -45,12 +47,13 @@ from eqsat.parallel.timemodel import LinkFit, LinkSample, collective_seconds
 from eqsat.paths import cache_dir
 from eqsat.xla_cost import Curve
 
-__all__ = ["CONV_TERMS", "AxisCalibration", "CalibratedCompute", "ConvFit", "ConvSample", "MeshCalibration", "MeshCalibrationError",
-           "calibrated_model", "calibration_file", "conv_terms",
+__all__ = ["PRODUCT_KINDS", "AxisCalibration", "CalibratedCompute", "MeshCalibration", "MeshCalibrationError", "ProductFit",
+           "ProductKind", "TimedProduct", "calibrated_model", "calibration_file", "product_fits",
            "read_mesh_calibration", "write_mesh_calibration"]
 
 # 3: in-program collective cost per axis; a smaller matmul probe. 4: a conv curve, an all-to-all link.
-# 5: the transposing-copy rate. 6: the fresh-bytes rate. 7: conv samples by shape (a curve by flops before)
+# 5: the transposing-copy rate. 6: the fresh-bytes rate. 7: products by shape, convs and batched matmuls (a
+# conv curve by flops before)
 FORMAT = 7
 Shape = tuple[int, ...]
 
@@ -83,72 +86,102 @@ class AxisCalibration:
         return max(self.in_program_s - link, 0.0)
 
 @dataclass(frozen=True)
-class ConvSample:
-    """A timed convolution: NCHW `input`, OIHW `weight`, SAME padding, `stride` both ways, and the
-    seconds of its forward and backward (input and weight gradients) with every device busy."""
+class TimedProduct:
+    """A product timed as a training step runs it, forward and backward (both operands' gradients),
+    with every device busy: its per-device `shapes`, its integer `attrs` (a conv's strides and
+    padding), and the seconds of the three."""
 
-    input: Shape
-    weight: Shape
-    stride: int
+    op: str
+    shapes: tuple[Shape, ...]
+    attrs: tuple[tuple[str, int], ...]
     seconds: float
 
-    def terms(self) -> tuple[float, ...]:
-        attrs = {"stride_h": self.stride, "stride_w": self.stride, "pad": 0, "act": 0}
-        return conv_terms(self.input, self.weight, attrs, CONV_ITEMSIZE)
 
-
-CONV_ITEMSIZE = 4  # the probes run in float32
+PROBE_ITEMSIZE = 4  # the probes run in float32
 # what a conv's forward and backward is fitted on: the bytes of its input, its output, its patch
 # matrix (each output pixel's window of input channels: what the forward and the weight gradient
 # multiply, as XLA:CPU's im2col convolutions build it) and its weight, and its forward flops
 CONV_TERMS = ("input bytes", "output bytes", "patch bytes", "weight bytes", "flops")
+# ... and a batched matmul's: one call, one small GEMM per batch element (XLA:CPU loops over the
+# batch), the bytes of its operands and result, its forward flops
+BATCHED_TERMS = ("calls", "GEMMs", "bytes", "flops")
 
 
-def conv_terms(input_shape: Sequence[int], weight_shape: Sequence[int], attrs: Any, itemsize: int) -> tuple[float, ...]:
-    """`CONV_TERMS` of a conv2d on these (per-device) shapes."""
-    shapes = [tuple(input_shape), tuple(weight_shape)]
-    out = ops.infer_shapes("conv2d", shapes, attrs)[0]
-    batch, channels = input_shape[0], input_shape[1]
-    window = math.prod(weight_shape[2:])
-    patches = batch * math.prod(out[2:]) * channels * window
-    return (float(itemsize * math.prod(input_shape)), float(itemsize * math.prod(out)), float(itemsize * patches),
-            float(itemsize * math.prod(weight_shape)), ops.flops("conv2d", shapes, attrs))
+def conv_terms(shapes: Sequence[Shape], attrs: Any, itemsize: int) -> tuple[float, ...]:
+    """`CONV_TERMS` of a conv2d on these (per-device) NCHW / OIHW shapes."""
+    x, w = tuple(shapes[0]), tuple(shapes[1])
+    out = ops.infer_shapes("conv2d", [x, w], attrs)[0]
+    patches = x[0] * math.prod(out[2:]) * x[1] * math.prod(w[2:])
+    return (float(itemsize * math.prod(x)), float(itemsize * math.prod(out)), float(itemsize * patches),
+            float(itemsize * math.prod(w)), ops.flops("conv2d", [x, w], attrs))
+
+
+def batched_terms(shapes: Sequence[Shape], attrs: Any, itemsize: int) -> tuple[float, ...]:
+    """`BATCHED_TERMS` of a matmul of rank 3 or more on these (per-device) shapes."""
+    ins = [tuple(s) for s in shapes]
+    out = ops.infer_shapes("matmul", ins, attrs)[0]
+    moved = itemsize * (sum(math.prod(s) for s in ins) + math.prod(out))
+    return (1.0, float(math.prod(out[:-2])), float(moved), ops.flops("matmul", ins, attrs))
 
 
 @dataclass(frozen=True)
-class ConvFit:
-    """Seconds of a conv's forward and backward as a sum over `CONV_TERMS`, each at a rate of its
-    own (seconds per byte or per flop, none negative), fitted to timed convs by least squares on
+class ProductKind:
+    """Products timed apart from the matmul curve because XLA:CPU runs them its own way: which
+    they are, and the terms their time is fitted on."""
+
+    name: str
+    op: str
+    min_rank: int  # of the first operand
+    terms: Callable[[Sequence[Shape], Any, int], tuple[float, ...]]
+    term_names: tuple[str, ...]
+
+    def covers(self, op: str, shapes: Sequence[Shape]) -> bool:
+        return op == self.op and len(shapes[0]) >= self.min_rank
+
+
+PRODUCT_KINDS = {k.name: k for k in (ProductKind("conv", "conv2d", 4, conv_terms, CONV_TERMS),
+                                     ProductKind("batched-matmul", "matmul", 3, batched_terms, BATCHED_TERMS))}
+
+
+@dataclass(frozen=True)
+class ProductFit:
+    """Seconds of a product's forward and backward as a sum over its kind's terms, each at a rate of
+    its own (seconds per term unit, none negative), fitted to timed products by least squares on
     the relative error."""
 
+    kind: str
     rates: tuple[float, ...]
 
-    def seconds(self, terms: Sequence[float]) -> float:
-        return sum(r * t for r, t in zip(self.rates, terms))
+    def seconds(self, shapes: Sequence[Shape], attrs: Any, itemsize: int) -> float:
+        return sum(r * t for r, t in zip(self.rates, PRODUCT_KINDS[self.kind].terms(shapes, attrs, itemsize)))
 
     @staticmethod
-    def fit(samples: Sequence[ConvSample]) -> ConvFit:
+    def fit(kind: str, samples: Sequence[TimedProduct]) -> ProductFit:
         """The non-negative least-squares fit: of the least-squares fits on each subset of the terms,
-        the best one with no negative rate (with five terms, trying every subset is exact and quick);
-        `ValueError` when the samples are too few or give every term a negative rate."""
-        if len(samples) < len(CONV_TERMS) or any(s.seconds <= 0 for s in samples):
-            raise ValueError(f"a conv fit needs {len(CONV_TERMS)} or more timed convs, each of positive seconds")
-        design = np.array([s.terms() for s in samples]) / np.array([[s.seconds] for s in samples])
+        the best one with no negative rate (with four or five terms, trying every subset is exact and
+        quick); `ValueError` when the samples are too few, not of this kind, or give every term a
+        negative rate."""
+        spec = PRODUCT_KINDS[kind]
+        n = len(spec.term_names)
+        if len(samples) < n or any(s.seconds <= 0 or not spec.covers(s.op, s.shapes) for s in samples):
+            raise ValueError(f"a {kind} fit needs {n} or more timed {kind}s, each of positive seconds")
+        design = np.array([spec.terms(s.shapes, dict(s.attrs), PROBE_ITEMSIZE) for s in samples])
+        design /= np.array([[s.seconds] for s in samples])
         ones = np.ones(len(samples))
         best: tuple[float, tuple[float, ...]] | None = None
-        for k in range(1, len(CONV_TERMS) + 1):
-            for subset in itertools.combinations(range(len(CONV_TERMS)), k):
+        for k in range(1, n + 1):
+            for subset in itertools.combinations(range(n), k):
                 coef, *_ = np.linalg.lstsq(design[:, subset], ones, rcond=None)
                 if np.all(coef >= 0) and np.any(coef > 0):
                     error = float(np.sum((design[:, subset] @ coef - ones) ** 2))
-                    rates = [0.0] * len(CONV_TERMS)
+                    rates = [0.0] * n
                     for i, c in zip(subset, coef):
                         rates[i] = float(c)
                     if best is None or error < best[0]:
                         best = (error, tuple(rates))
         if best is None:
-            raise ValueError("no conv fit with non-negative rates")
-        return ConvFit(best[1])
+            raise ValueError(f"no {kind} fit with non-negative rates")
+        return ProductFit(kind, best[1])
 
 
 @dataclass(frozen=True)
@@ -160,7 +193,8 @@ class MeshCalibration:
     compute: cost_models.DeviceSpec  # per device, with every device of the mesh busy
     seconds: float  # how long measuring took
     matmul: tuple[tuple[float, float], ...] = ()  # (flops, seconds) of the timed matmuls: the efficiency curve
-    conv: tuple[ConvSample, ...] = ()  # the timed convolutions, each forward and backward
+    # the products timed apart from the matmul curve (`PRODUCT_KINDS`): convs and batched matmuls
+    products: tuple[TimedProduct, ...] = ()
     # bytes per second one device writes in a transposing copy with every device busy: what the
     # layout copies of a compiled step (`cost.LAYOUT_COPIES`) are priced at (0: not measured)
     copy_rate: float = 0.0
@@ -183,7 +217,7 @@ class MeshCalibration:
                           "kind_links": {k: asdict(fit) for k, fit in a.kind_links}}
                          for a in self.axes],
                 "compute": asdict(self.compute), "seconds": self.seconds, "matmul": [list(p) for p in self.matmul],
-                "conv": [asdict(c) for c in self.conv], "copy_rate": self.copy_rate, "fresh_rate": self.fresh_rate}
+                "products": [asdict(p) for p in self.products], "copy_rate": self.copy_rate, "fresh_rate": self.fresh_rate}
 
     @staticmethod
     def from_json(data: Any) -> MeshCalibration:
@@ -203,14 +237,14 @@ class MeshCalibration:
                                              _number(spec["peak_flops_bf16"]), _number(spec["bandwidth"]),
                                              _number(spec["launch_s"]), str(spec.get("source", "")))
             matmul = tuple((_number(f), _number(t)) for f, t in data["matmul"])
-            conv = tuple(ConvSample(tuple(_whole(d) for d in c["input"]), tuple(_whole(d) for d in c["weight"]),
-                                    _whole(c["stride"]), _number(c["seconds"])) for c in data["conv"])
+            products = tuple(TimedProduct(str(p["op"]), tuple(tuple(_whole(d) for d in s) for s in p["shapes"]),
+                                          tuple((str(k), int(v)) for k, v in p["attrs"]), _number(p["seconds"]))
+                             for p in data["products"])
             cal = MeshCalibration(str(data["machine"]), str(data["device"]), shape, axes, compute,
-                                  _number(data["seconds"]), matmul, conv, _number(data["copy_rate"]),
+                                  _number(data["seconds"]), matmul, products, _number(data["copy_rate"]),
                                   _number(data["fresh_rate"]))
             Curve.fit(matmul)  # at least two points, all positive
-            if conv:
-                ConvFit.fit(conv)
+            product_fits(products)
         except (KeyError, TypeError, ValueError, AttributeError, EqsatError) as exc:
             raise MeshCalibrationError(f"damaged mesh calibration ({type(exc).__name__}: {exc})") from None
         if tuple(a.size for a in axes) != shape or not shape:
@@ -262,17 +296,18 @@ def write_mesh_calibration(path: Path, cal: MeshCalibration) -> None:
 
 @dataclass(frozen=True)
 class CalibratedCompute:
-    """Per-device compute as measured with every device busy: a matmul takes the time the measured
-    matmul curve gives for its flops (`eqsat.xla_cost.Curve`: a bigger product gets a lower rate once
-    the devices share caches; below the smallest timed product, that product's rate), or its memory
-    time if longer; a conv2d a third of its fitted forward and backward (`conv`: the step prices a
-    product as 1 + BACKWARD_FACTOR forwards), or without a fit as a matmul; every other op is the
-    roofline at the measured rates."""
+    """Per-device compute as measured with every device busy: a product of a kind timed apart
+    (`fits`: convs, batched matmuls) takes a third of its fitted forward and backward (the step
+    prices a product as 1 + BACKWARD_FACTOR forwards); any other matmul, or one with no fit, the
+    time the measured matmul curve gives for its flops (`eqsat.xla_cost.Curve`: a bigger product
+    gets a lower rate once the devices share caches; below the smallest timed product, that
+    product's rate), or its memory time if longer; every other op is the roofline at the measured
+    rates."""
 
     spec: cost_models.DeviceSpec
     matmul: Curve
     name: str = "calibrated-compute"
-    conv: ConvFit | None = None
+    fits: tuple[ProductFit, ...] = ()
 
     @property
     def device(self) -> str:
@@ -283,11 +318,20 @@ class CalibratedCompute:
         if not ops.op_spec(op).contraction:
             return roofline.op_cost(op, attrs, input_shapes)
         shapes = [tuple(s) for s in input_shapes]
-        if op == "conv2d" and self.conv is not None:
-            terms = conv_terms(shapes[0], shapes[1], attrs, roofline.itemsize)
-            return self.conv.seconds(terms) / (1 + BACKWARD_FACTOR) + self.spec.launch_s
+        for fit in self.fits:
+            if PRODUCT_KINDS[fit.kind].covers(op, shapes):
+                return fit.seconds(shapes, attrs, roofline.itemsize) / (1 + BACKWARD_FACTOR) + self.spec.launch_s
         memory = ops.bytes_moved(op, shapes, attrs, roofline.itemsize) / self.spec.bandwidth
         return max(_product_seconds(self.matmul, ops.flops(op, shapes, attrs)), memory) + self.spec.launch_s
+
+
+def product_fits(products: Sequence[TimedProduct]) -> tuple[ProductFit, ...]:
+    """A fit for each kind of product timed (`ValueError` for a product of no kind, or too few of one)."""
+    kinds = [next((k.name for k in PRODUCT_KINDS.values() if k.covers(p.op, p.shapes)), None) for p in products]
+    if None in kinds:
+        raise ValueError("a timed product of no kind the calibration fits")
+    return tuple(ProductFit.fit(kind, [p for p, k in zip(products, kinds) if k == kind])
+                 for kind in PRODUCT_KINDS if kind in kinds)
 
 
 def _product_seconds(curve: Curve, flops: float) -> float:
@@ -304,7 +348,6 @@ def calibrated_model(cal: MeshCalibration, overlap: bool = True, sync: bool = Tr
     compute (`CalibratedCompute`), collectives hidden behind independent compute in a plan's
     report (`overlap`), the compiled step's layout copies at the measured transposing-copy rate
     (`copies`; without, none are priced), the buffers a step allocates at the measured fresh-bytes rate."""
-    conv = ConvFit.fit(cal.conv) if cal.conv else None
-    model = ParallelCostModel(cal.mesh(sync), CalibratedCompute(cal.compute, Curve.fit(cal.matmul), conv=conv),
+    model = ParallelCostModel(cal.mesh(sync), CalibratedCompute(cal.compute, Curve.fit(cal.matmul), fits=product_fits(cal.products)),
                               "parallel-calibrated", overlap, copy_rate=cal.copy_rate or None, fresh_rate=cal.fresh_rate)
     return model if copies else replace(model, layout_copies=False)

@@ -14,12 +14,12 @@ from eqsat import cli
 from eqsat.cost import DeviceSpec
 from eqsat.parallel import timemodel as tm
 from eqsat.parallel.calibration import (
-    CONV_TERMS,
+    PRODUCT_KINDS,
     AxisCalibration,
-    ConvFit,
-    ConvSample,
     MeshCalibration,
     MeshCalibrationError,
+    ProductFit,
+    TimedProduct,
     calibrated_model,
     read_mesh_calibration,
     write_mesh_calibration,
@@ -109,17 +109,17 @@ def test_overlap_hides_comm_behind_independent_compute_only() -> None:
 
 def _calibration(machine: str = "m1", device: str = "cpu-test",
                  in_program: tuple[float, float] = (0.0, 0.0),
-                 conv: tuple[ConvSample, ...] | None = None,
+                 products: tuple[TimedProduct, ...] | None = None,
                  all_to_all: tuple[float, float] | None = None, fresh_rate: float = 0.0) -> MeshCalibration:
     """A hand-made calibration; `in_program`: each axis's measured seconds of a 64 B all-reduce
     between compute pieces (0: not measured, no sync term); `all_to_all`: (alpha, beta) of an
     all-to-all link of its own on every axis."""
-    conv = _conv_samples(RATES) if conv is None else conv
+    products = (*_conv_samples(RATES), *_batched_samples(BATCHED_RATES)) if products is None else products
     own = () if all_to_all is None else (("all-to-all", tm.LinkFit(all_to_all[0], all_to_all[1], 0.1, 3)),)
     axes = tuple(AxisCalibration(n, tm.fit_link(_samples(a, b, n)), tuple(_samples(a, b, n)), t, 64.0 if t else 0.0, own)
                  for (n, a, b), t in zip(((2, 30e-6, 1e9), (4, 10e-6, 2e9)), in_program))
     return MeshCalibration(machine, device, (2, 4), axes, DeviceSpec("cpu-calibrated", 5e9, 5e9, 8e9, 1e-6, "test"), 1.0,
-                           ((1e7, 1e-3), (1e8, 2e-2)), conv, 1e9, fresh_rate)
+                           ((1e7, 1e-3), (1e8, 2e-2)), products, 1e9, fresh_rate)
 
 
 
@@ -142,7 +142,8 @@ def test_calibration_round_trips_and_prices_per_axis(tmp_path: Path) -> None:
 @pytest.mark.parametrize("damage", ["not json {", "[]", "null", "zero-rate", "negative-alpha", "wrong-shape", "bool",
                                     "one-matmul", "negative-in-program", "no-in-program", "format-2", "format-3",
                                     "one-conv", "negative-kind-link", "no-kind-links", "format-5", "negative-fresh",
-                                    "format-6", "conv-without-stride", "negative-conv"])
+                                    "format-6", "conv-without-shapes", "negative-conv",
+                                    "product-of-no-kind"])
 def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
     path = tmp_path / "cal.json"
     data = _calibration(all_to_all=(20e-6, 3e8), fresh_rate=5e-10).to_json()
@@ -166,9 +167,9 @@ def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
             del a["in_program"]
     elif damage == "format-3":  # a cache from before the conv curve
         data["format"] = 3
-        del data["conv"]
+        del data["products"]
     elif damage == "one-conv":
-        data["conv"] = data["conv"][:1]
+        data["products"] = data["products"][:1]
     elif damage == "negative-kind-link":
         data["axes"][0]["kind_links"]["all-to-all"]["alpha"] = -1e-6
     elif damage == "no-kind-links":
@@ -178,13 +179,16 @@ def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
         del data["fresh_rate"]
     elif damage == "negative-fresh":
         data["fresh_rate"] = -1e-10
-    elif damage == "format-6":  # a cache from before the convs by shape: (flops, seconds) pairs
+    elif damage == "format-6":  # a cache from before the products by shape: a conv curve of (flops, seconds)
         data["format"] = 6
+        del data["products"]
         data["conv"] = [[1e6, 4e-4], [1e7, 2e-3]]
-    elif damage == "conv-without-stride":
-        del data["conv"][0]["stride"]
+    elif damage == "conv-without-shapes":
+        del data["products"][0]["shapes"]
     elif damage == "negative-conv":
-        data["conv"][2]["seconds"] = -1e-3
+        data["products"][2]["seconds"] = -1e-3
+    elif damage == "product-of-no-kind":  # a 2-D matmul is on the matmul curve, not fitted
+        data["products"][-1]["shapes"] = [[16, 16], [16, 16]]
     path.write_text(damage if damage in ("not json {", "[]", "null") else json.dumps(data))
     with pytest.raises(MeshCalibrationError, match="damaged"):
         read_mesh_calibration(path, "m1", "cpu-test", (2, 4))
@@ -207,61 +211,91 @@ def test_small_products_are_priced_at_the_smallest_probes_rate() -> None:
 RATES = (2e-9, 5e-9, 1e-9, 6e-9, 0.0)
 CONV_SHAPES = ((4, 8, 8, 8, 1), (4, 8, 64, 16, 1), (4, 64, 8, 8, 2), (4, 64, 64, 16, 2), (16, 8, 8, 16, 1),
                (16, 8, 64, 8, 2), (16, 64, 8, 16, 2), (16, 64, 64, 8, 1))
+# seconds per call, per GEMM of the batch, per byte and per flop of a batched matmul
+BATCHED_RATES = (1e-5, 3e-6, 6e-10, 1e-10)
+BATCHED_SHAPES = ((4, 16, 16, 16), (4, 16, 128, 128), (4, 128, 16, 128), (64, 16, 16, 128), (64, 128, 128, 128))
 
 
-def _conv_samples(rates: tuple[float, ...]) -> tuple[ConvSample, ...]:
-    """Convs timed exactly as `rates` price them."""
-    samples = []
-    for b, c_in, c_out, hw, stride in CONV_SHAPES:
-        probe = ConvSample((b, c_in, hw, hw), (c_out, c_in, 3, 3), stride, 1.0)
-        samples.append(ConvSample(probe.input, probe.weight, stride, sum(r * t for r, t in zip(rates, probe.terms()))))
-    return tuple(samples)
+def _timed(op: str, shapes: tuple[tuple[int, ...], ...], attrs: tuple[tuple[str, int], ...],
+           rates: tuple[float, ...]) -> TimedProduct:
+    """A product timed exactly as `rates` price it."""
+    kind = next(k for k in PRODUCT_KINDS.values() if k.covers(op, shapes))
+    return TimedProduct(op, shapes, attrs, sum(r * t for r, t in zip(rates, kind.terms(shapes, dict(attrs), 4))))
 
 
-def test_the_conv_fit_finds_the_rates_that_timed_its_convs_and_none_is_negative() -> None:
-    """Convs timed by known rates give back those rates (the zero one included); convs timed by
+def _conv_samples(rates: tuple[float, ...]) -> tuple[TimedProduct, ...]:
+    return tuple(_timed("conv2d", ((b, c_in, hw, hw), (c_out, c_in, 3, 3)),
+                        (("stride_h", s), ("stride_w", s), ("pad", 0), ("act", 0)), rates)
+                 for b, c_in, c_out, hw, s in CONV_SHAPES)
+
+
+def _batched_samples(rates: tuple[float, ...]) -> tuple[TimedProduct, ...]:
+    return tuple(_timed("matmul", ((b, m, k), (b, k, n)), (("act", 0),), rates) for b, m, k, n in BATCHED_SHAPES)
+
+
+def test_a_product_fit_finds_the_rates_that_timed_its_products_and_none_is_negative() -> None:
+    """Products timed by known rates give back those rates (the zero one included); convs timed by
     rates with a negative one (nothing can run faster for moving more) get a fit with every rate
     non-negative that is at least as close as any with one rate fewer."""
-    assert ConvFit.fit(_conv_samples(RATES)).rates == pytest.approx(RATES, rel=1e-6, abs=1e-15)
+    assert ProductFit.fit("conv", _conv_samples(RATES)).rates == pytest.approx(RATES, rel=1e-6, abs=1e-15)
+    assert ProductFit.fit("batched-matmul", _batched_samples(BATCHED_RATES)).rates == pytest.approx(BATCHED_RATES, rel=1e-6)
     bent = _conv_samples((2e-9, 5e-9, -0.5e-9, 6e-9, 1e-12))
-    fit = ConvFit.fit(bent)
-    assert len(fit.rates) == len(CONV_TERMS) and all(r >= 0 for r in fit.rates) and any(r > 0 for r in fit.rates)
+    fit = ProductFit.fit("conv", bent)
+    n = len(PRODUCT_KINDS["conv"].term_names)
+    assert len(fit.rates) == n and all(r >= 0 for r in fit.rates) and any(r > 0 for r in fit.rates)
+    terms = [PRODUCT_KINDS["conv"].terms(s.shapes, dict(s.attrs), 4) for s in bent]
 
-    def error(f: ConvFit) -> float:
-        return sum((f.seconds(s.terms()) / s.seconds - 1) ** 2 for s in bent)
-    for dropped in range(len(CONV_TERMS)):  # the fit is the best non-negative one: no worse than one on fewer terms
-        keep = [i for i in range(len(CONV_TERMS)) if i != dropped]
-        design = np.array([[s.terms()[i] / s.seconds for i in keep] for s in bent])
+    def error(rates: tuple[float, ...]) -> float:
+        return sum((sum(r * t for r, t in zip(rates, ts)) / s.seconds - 1) ** 2 for ts, s in zip(terms, bent))
+    for dropped in range(n):  # the fit is the best non-negative one: no worse than one on fewer terms
+        keep = [i for i in range(n) if i != dropped]
+        design = np.array([[ts[i] / s.seconds for i in keep] for ts, s in zip(terms, bent)])
         coef, *_ = np.linalg.lstsq(design, np.ones(len(bent)), rcond=None)
         if np.all(coef >= 0):
-            rates = [0.0] * len(CONV_TERMS)
+            rates = [0.0] * n
             for i, c in zip(keep, coef):
                 rates[i] = float(c)
-            assert error(fit) <= error(ConvFit(tuple(rates))) + 1e-12
-    with pytest.raises(ValueError, match="or more timed convs"):
-        ConvFit.fit(_conv_samples(RATES)[:4])
+            assert error(fit.rates) <= error(tuple(rates)) + 1e-12
+    with pytest.raises(ValueError, match="or more timed conv"):
+        ProductFit.fit("conv", _conv_samples(RATES)[:4])
+    with pytest.raises(ValueError, match="or more timed conv"):  # a batched matmul is not a conv
+        ProductFit.fit("conv", (*_conv_samples(RATES), *_batched_samples(BATCHED_RATES)))
 
 
 def test_convs_are_priced_by_the_buffers_they_move() -> None:
     """A conv2d costs a third of its fitted forward and backward (the step prices 1 + 2 forwards):
     two convs of the same flops, one with 16 output channels over four times the pixels, one with 64
     over a quarter, are priced apart by their bytes, as XLA's CPU convs run them; a calibration without
-    conv samples prices convs as matmuls, and conv samples leave matmuls alone."""
+    timed products prices convs as matmuls, and conv samples leave 2-D matmuls alone."""
     launch = 1e-6
     compute = calibrated_model(_calibration()).compute
     same = {"stride_h": 1, "stride_w": 1, "pad": 0, "act": 0}
-    narrow = [(4, 32, 16, 16), (16, 32, 3, 3)]
-    wide = [(4, 32, 8, 8), (64, 32, 3, 3)]
-    probe = ConvSample(narrow[0], narrow[1], 1, 1.0)
+    narrow = ((4, 32, 16, 16), (16, 32, 3, 3))
+    wide = ((4, 32, 8, 8), (64, 32, 3, 3))
+    conv = PRODUCT_KINDS["conv"]
     assert compute.op_cost("conv2d", same, narrow) == pytest.approx(
-        sum(r * t for r, t in zip(RATES, probe.terms())) / 3 + launch)
-    assert probe.terms()[4] == ConvSample(wide[0], wide[1], 1, 1.0).terms()[4]  # the same flops
+        sum(r * t for r, t in zip(RATES, conv.terms(narrow, same, 4))) / 3 + launch)
+    assert conv.terms(narrow, same, 4)[4] == conv.terms(wide, same, 4)[4]  # the same flops
     assert compute.op_cost("conv2d", same, narrow) > 1.2 * compute.op_cost("conv2d", same, wide)
     small = [(1, 10, 10, 10), (50, 10, 3, 3)]  # 9e5 flops: below the smallest matmul probe, at its rate
-    assert calibrated_model(_calibration(conv=())).compute.op_cost("conv2d", same, small) == pytest.approx(1e-3 * 0.09 + launch)
+    assert calibrated_model(_calibration(products=())).compute.op_cost("conv2d", same, small) == pytest.approx(1e-3 * 0.09 + launch)
     mm = [(10, 500), (500, 1000)]
     assert compute.op_cost("matmul", {"act": 0}, mm) == pytest.approx(
-        calibrated_model(_calibration(conv=())).compute.op_cost("matmul", {"act": 0}, mm))
+        calibrated_model(_calibration(products=())).compute.op_cost("matmul", {"act": 0}, mm))
+
+
+def test_a_batched_matmul_pays_for_each_gemm_of_its_batch() -> None:
+    """A matmul of rank 3 or more is priced on the batched fit, a 2-D one of the same flops stays on
+    the matmul curve, and each GEMM of the batch adds its rate (and the bytes theirs)."""
+    launch = 1e-6
+    compute = calibrated_model(_calibration()).compute
+    batched = compute.op_cost("matmul", {"act": 0}, [(64, 32, 32), (64, 32, 32)])
+    flat = compute.op_cost("matmul", {"act": 0}, [(2048, 32), (32, 32)])
+    assert batched == pytest.approx(sum(r * t for r, t in zip(BATCHED_RATES, (1, 64, 4 * 3 * 64 * 1024, 2 * 64 * 32 ** 3)))
+                                    / 3 + launch)
+    assert flat == pytest.approx(1e-3 * 2 * 2048 * 32 * 32 / 1e7 + launch)  # below the smallest probe: its rate
+    more = compute.op_cost("matmul", {"act": 0}, [(128, 16, 32), (128, 32, 32)])  # the same flops, twice the GEMMs
+    assert more - batched == pytest.approx((64 * 3e-6 + 6e-10 * 4 * (128 * 2048 - 64 * 3072)) / 3)
 
 
 def test_all_to_all_runs_on_its_own_link() -> None:
@@ -275,6 +309,18 @@ def test_all_to_all_runs_on_its_own_link() -> None:
     assert mesh.collective_seconds("all-gather", 1, 1e6) == pytest.approx(plain.collective_seconds("all-gather", 1, 1e6))
     assert mesh.collective_seconds("all-to-all", 1, 1e6) > 2 * plain.collective_seconds("all-to-all", 1, 1e6)
     assert mesh.collective_seconds_over("all-to-all", (0, 1), 1e6) == pytest.approx(7 * 20e-6 + 7 / 8 * 1e6 / 3e8)
+
+
+def test_the_fresh_rate_is_the_median_of_its_timings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One slow timing of the fresh-bytes probe (a load spike) does not set the rate: it is the
+    median of `FRESH_REPEATS` timings."""
+    from jax_backend import parallel_calibrate as pc
+
+    timings = iter([2e-3, 1e-3, 9e-3, 1.5e-3, 2.5e-3])
+    monkeypatch.setattr(pc, "_mesh_program", lambda *a, **k: (lambda: None))
+    monkeypatch.setattr(pc, "_extra_seconds", lambda *a, **k: next(timings))
+    assert pc.FRESH_REPEATS == 5
+    assert pc._fresh_rate(None, 1.0) == pytest.approx(2e-3 / (pc.FRESH[0] * pc.FRESH[1]))
 
 
 def test_a_marginal_is_timed_on_a_chain_long_enough_to_see() -> None:
