@@ -14,8 +14,7 @@ call cancels out and every device is busy, as in a planned step:
   see it); its excess over alpha-beta is the axis's `sync` term;
 - compute, on every device at once: matmuls (the flop rate), convolutions forward and backward
   over a design of shapes (`CONVS`: XLA's CPU convolutions take a time of their own, fitted to the
-  buffers they move and their flops) and batched matmuls likewise (`BATCHED_MATMULS`: a loop of
-  small GEMMs), an elementwise op on 1 MiB (the
+  buffers they move and their flops), an elementwise op on 1 MiB (the
   bandwidth), on a few bytes (the cost of one more kernel) and a transposing copy of a `COPY_SIDE`
   square block (the rate the compiled step's layout copies are priced at), each kept apart from its neighbours
   by `optimization_barrier` so that XLA cannot fuse the chain into one loop;
@@ -69,7 +68,7 @@ from eqsat.parallel.timemodel import LinkSample, fit_link
 from jax_backend.measured_cost import device_key
 from jax_backend.timing import bootstrap_median_ci, interleaved_rounds, medians_precise
 
-__all__ = ["BATCHED_MATMULS", "CONVS", "COPY_SIDE", "EXTRA", "FRESH", "FRESH_REPEATS", "IN_PROGRAM", "NOT_TIMED", "PIECES",
+__all__ = ["CONVS", "COPY_SIDE", "EXTRA", "FRESH", "FRESH_REPEATS", "IN_PROGRAM", "NOT_TIMED", "PIECES",
            "PRECISION_CAP", "SIZES", "StepTiming", "calibrate_mesh", "load_mesh_calibration", "parallel_calibrated",
            "probe_products", "step_seconds"]
 
@@ -93,11 +92,6 @@ CONVS: tuple[tuple[int, int, int, int, int], ...] = (
     (4, 8, 8, 8, 1), (4, 8, 8, 16, 2), (4, 8, 64, 8, 2), (4, 8, 64, 16, 1), (4, 64, 8, 8, 2), (4, 64, 8, 16, 1),
     (4, 64, 64, 8, 1), (4, 64, 64, 16, 2), (16, 8, 8, 8, 2), (16, 8, 8, 16, 1), (16, 8, 64, 8, 1), (16, 8, 64, 16, 2),
     (16, 64, 8, 8, 1), (16, 64, 8, 16, 2), (16, 64, 64, 8, 2))
-# (batch, m, k, n): a batched matmul (batch, m, k) @ (batch, k, n) per device, timed forward and
-# backward; the half fraction of the two-level design over the four (batch 4 / 64, each side 16 / 128)
-BATCHED_MATMULS: tuple[tuple[int, int, int, int], ...] = (
-    (4, 16, 16, 16), (4, 16, 128, 128), (4, 128, 16, 128), (4, 128, 128, 16), (64, 16, 16, 128), (64, 16, 128, 16),
-    (64, 128, 16, 16), (64, 128, 128, 128))
 # per device, the square float32 block a transposing copy is timed on (1 MiB: the size of the
 # layout copies of the cases' compiled steps, whose largest are 0.1-1 MiB)
 COPY_SIDE = 512
@@ -244,12 +238,10 @@ def _product_step(product: TimedProduct) -> Callable[[jax.Array, int], jax.Array
 
 
 def probe_products() -> tuple[TimedProduct, ...]:
-    """The products `calibrate_mesh` times (seconds 0 until timed): `CONVS` and `BATCHED_MATMULS`."""
-    convs = (TimedProduct("conv2d", ((b, c_in, hw, hw), (c_out, c_in, 3, 3)),
-                          (("stride_h", s), ("stride_w", s), ("pad", 0), ("act", 0)), 0.0)
-             for b, c_in, c_out, hw, s in CONVS)
-    batched = (TimedProduct("matmul", ((b, m, k), (b, k, n)), (("act", 0),), 0.0) for b, m, k, n in BATCHED_MATMULS)
-    return (*convs, *batched)
+    """The products `calibrate_mesh` times (seconds 0 until timed): `CONVS`."""
+    return tuple(TimedProduct("conv2d", ((b, c_in, hw, hw), (c_out, c_in, 3, 3)),
+                              (("stride_h", s), ("stride_w", s), ("pad", 0), ("act", 0)), 0.0)
+                 for b, c_in, c_out, hw, s in CONVS)
 
 
 def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None] = lambda _: None) -> MeshCalibration:

@@ -11,12 +11,10 @@ axis also what one small all-reduce costs *inside* a program, between compute pi
 every device waits there for the slowest), whose excess over the link's alpha-beta time is the
 axis's `sync` term. A product smaller than the smallest timed matmul is priced at that matmul's
 rate (not at its time: a flat floor priced every small product of a case alike). A convolution
-and a batched matmul have fits of their own (`ProductFit`) to products timed forward and backward
-over a design of shapes (`products`): XLA's CPU convolutions take a time set by the buffers they
-move far more than by their flops (two convs of the same flops, one with 16 output channels and
-one with 64, can differ twofold), and a batched matmul runs as a loop of small GEMMs (attention's
-per-head products ran 3-4 times their price on the matmul curve); without a fit, such a product
-is priced on the matmul curve. An all-to-all has its own
+has a fit of its own (`ProductFit`) to convs timed forward and backward over a design of shapes
+(`products`): XLA's CPU convolutions take a time set by the buffers they move far more than by
+their flops (two convs of the same flops, one with 16 output channels and one with 64, can differ
+twofold); without a fit, a conv is priced on the matmul curve. An all-to-all has its own
 link per axis (`kind_links`), fitted to all-to-alls timed as the plans run them (a layout switch:
 split one dimension, concatenate another), as XLA's CPU backend runs it as one chunk per peer.
 The cache file is keyed by machine (`eqsat.cost._machine_key`), JAX device and mesh shape; a
@@ -52,8 +50,7 @@ __all__ = ["PRODUCT_KINDS", "AxisCalibration", "CalibratedCompute", "MeshCalibra
            "read_mesh_calibration", "write_mesh_calibration"]
 
 # 3: in-program collective cost per axis; a smaller matmul probe. 4: a conv curve, an all-to-all link.
-# 5: the transposing-copy rate. 6: the fresh-bytes rate. 7: products by shape, convs and batched matmuls (a
-# conv curve by flops before)
+# 5: the transposing-copy rate. 6: the fresh-bytes rate. 7: convs timed by shape (a curve by flops before)
 FORMAT = 7
 Shape = tuple[int, ...]
 
@@ -102,9 +99,6 @@ PROBE_ITEMSIZE = 4  # the probes run in float32
 # matrix (each output pixel's window of input channels: what the forward and the weight gradient
 # multiply, as XLA:CPU's im2col convolutions build it) and its weight, and its forward flops
 CONV_TERMS = ("input bytes", "output bytes", "patch bytes", "weight bytes", "flops")
-# ... and a batched matmul's: one call, one small GEMM per batch element (XLA:CPU loops over the
-# batch), the bytes of its operands and result, its forward flops
-BATCHED_TERMS = ("calls", "GEMMs", "bytes", "flops")
 
 
 def conv_terms(shapes: Sequence[Shape], attrs: Any, itemsize: int) -> tuple[float, ...]:
@@ -116,18 +110,13 @@ def conv_terms(shapes: Sequence[Shape], attrs: Any, itemsize: int) -> tuple[floa
             float(itemsize * math.prod(w)), ops.flops("conv2d", [x, w], attrs))
 
 
-def batched_terms(shapes: Sequence[Shape], attrs: Any, itemsize: int) -> tuple[float, ...]:
-    """`BATCHED_TERMS` of a matmul of rank 3 or more on these (per-device) shapes."""
-    ins = [tuple(s) for s in shapes]
-    out = ops.infer_shapes("matmul", ins, attrs)[0]
-    moved = itemsize * (sum(math.prod(s) for s in ins) + math.prod(out))
-    return (1.0, float(math.prod(out[:-2])), float(moved), ops.flops("matmul", ins, attrs))
-
-
 @dataclass(frozen=True)
 class ProductKind:
     """Products timed apart from the matmul curve because XLA:CPU runs them its own way: which
-    they are, and the terms their time is fitted on."""
+    they are, and the terms their time is fitted on. Batched matmuls are not among them: timed in a
+    chain, attention's per-head products took 3-4 times their price on the matmul curve, but pricing
+    them so ranked gpt-block's measured steps worse (docs/parallel.md, stop 45): in a step, XLA:CPU
+    runs such small products beside other work."""
 
     name: str
     op: str
@@ -139,8 +128,7 @@ class ProductKind:
         return op == self.op and len(shapes[0]) >= self.min_rank
 
 
-PRODUCT_KINDS = {k.name: k for k in (ProductKind("conv", "conv2d", 4, conv_terms, CONV_TERMS),
-                                     ProductKind("batched-matmul", "matmul", 3, batched_terms, BATCHED_TERMS))}
+PRODUCT_KINDS = {k.name: k for k in (ProductKind("conv", "conv2d", 4, conv_terms, CONV_TERMS),)}
 
 
 @dataclass(frozen=True)
@@ -158,9 +146,9 @@ class ProductFit:
     @staticmethod
     def fit(kind: str, samples: Sequence[TimedProduct]) -> ProductFit:
         """The non-negative least-squares fit: of the least-squares fits on each subset of the terms,
-        the best one with no negative rate (with four or five terms, trying every subset is exact and
-        quick); `ValueError` when the samples are too few, not of this kind, or give every term a
-        negative rate."""
+        the best one with no negative rate (with five terms, trying every subset is exact and quick);
+        `ValueError` when the samples are too few, not of this kind, or give every term a negative
+        rate."""
         spec = PRODUCT_KINDS[kind]
         n = len(spec.term_names)
         if len(samples) < n or any(s.seconds <= 0 or not spec.covers(s.op, s.shapes) for s in samples):
@@ -193,7 +181,7 @@ class MeshCalibration:
     compute: cost_models.DeviceSpec  # per device, with every device of the mesh busy
     seconds: float  # how long measuring took
     matmul: tuple[tuple[float, float], ...] = ()  # (flops, seconds) of the timed matmuls: the efficiency curve
-    # the products timed apart from the matmul curve (`PRODUCT_KINDS`): convs and batched matmuls
+    # the products timed apart from the matmul curve (`PRODUCT_KINDS`): convs
     products: tuple[TimedProduct, ...] = ()
     # bytes per second one device writes in a transposing copy with every device busy: what the
     # layout copies of a compiled step (`cost.LAYOUT_COPIES`) are priced at (0: not measured)
@@ -297,7 +285,7 @@ def write_mesh_calibration(path: Path, cal: MeshCalibration) -> None:
 @dataclass(frozen=True)
 class CalibratedCompute:
     """Per-device compute as measured with every device busy: a product of a kind timed apart
-    (`fits`: convs, batched matmuls) takes a third of its fitted forward and backward (the step
+    (`fits`: convs) takes a third of its fitted forward and backward (the step
     prices a product as 1 + BACKWARD_FACTOR forwards); any other matmul, or one with no fit, the
     time the measured matmul curve gives for its flops (`eqsat.xla_cost.Curve`: a bigger product
     gets a lower rate once the devices share caches; below the smallest timed product, that

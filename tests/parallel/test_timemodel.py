@@ -114,7 +114,7 @@ def _calibration(machine: str = "m1", device: str = "cpu-test",
     """A hand-made calibration; `in_program`: each axis's measured seconds of a 64 B all-reduce
     between compute pieces (0: not measured, no sync term); `all_to_all`: (alpha, beta) of an
     all-to-all link of its own on every axis."""
-    products = (*_conv_samples(RATES), *_batched_samples(BATCHED_RATES)) if products is None else products
+    products = _conv_samples(RATES) if products is None else products
     own = () if all_to_all is None else (("all-to-all", tm.LinkFit(all_to_all[0], all_to_all[1], 0.1, 3)),)
     axes = tuple(AxisCalibration(n, tm.fit_link(_samples(a, b, n)), tuple(_samples(a, b, n)), t, 64.0 if t else 0.0, own)
                  for (n, a, b), t in zip(((2, 30e-6, 1e9), (4, 10e-6, 2e9)), in_program))
@@ -211,9 +211,6 @@ def test_small_products_are_priced_at_the_smallest_probes_rate() -> None:
 RATES = (2e-9, 5e-9, 1e-9, 6e-9, 0.0)
 CONV_SHAPES = ((4, 8, 8, 8, 1), (4, 8, 64, 16, 1), (4, 64, 8, 8, 2), (4, 64, 64, 16, 2), (16, 8, 8, 16, 1),
                (16, 8, 64, 8, 2), (16, 64, 8, 16, 2), (16, 64, 64, 8, 1))
-# seconds per call, per GEMM of the batch, per byte and per flop of a batched matmul
-BATCHED_RATES = (1e-5, 3e-6, 6e-10, 1e-10)
-BATCHED_SHAPES = ((4, 16, 16, 16), (4, 16, 128, 128), (4, 128, 16, 128), (64, 16, 16, 128), (64, 128, 128, 128))
 
 
 def _timed(op: str, shapes: tuple[tuple[int, ...], ...], attrs: tuple[tuple[str, int], ...],
@@ -229,16 +226,11 @@ def _conv_samples(rates: tuple[float, ...]) -> tuple[TimedProduct, ...]:
                  for b, c_in, c_out, hw, s in CONV_SHAPES)
 
 
-def _batched_samples(rates: tuple[float, ...]) -> tuple[TimedProduct, ...]:
-    return tuple(_timed("matmul", ((b, m, k), (b, k, n)), (("act", 0),), rates) for b, m, k, n in BATCHED_SHAPES)
-
-
 def test_a_product_fit_finds_the_rates_that_timed_its_products_and_none_is_negative() -> None:
-    """Products timed by known rates give back those rates (the zero one included); convs timed by
+    """Convs timed by known rates give back those rates (the zero one included); convs timed by
     rates with a negative one (nothing can run faster for moving more) get a fit with every rate
     non-negative that is at least as close as any with one rate fewer."""
     assert ProductFit.fit("conv", _conv_samples(RATES)).rates == pytest.approx(RATES, rel=1e-6, abs=1e-15)
-    assert ProductFit.fit("batched-matmul", _batched_samples(BATCHED_RATES)).rates == pytest.approx(BATCHED_RATES, rel=1e-6)
     bent = _conv_samples((2e-9, 5e-9, -0.5e-9, 6e-9, 1e-12))
     fit = ProductFit.fit("conv", bent)
     n = len(PRODUCT_KINDS["conv"].term_names)
@@ -258,8 +250,9 @@ def test_a_product_fit_finds_the_rates_that_timed_its_products_and_none_is_negat
             assert error(fit.rates) <= error(tuple(rates)) + 1e-12
     with pytest.raises(ValueError, match="or more timed conv"):
         ProductFit.fit("conv", _conv_samples(RATES)[:4])
-    with pytest.raises(ValueError, match="or more timed conv"):  # a batched matmul is not a conv
-        ProductFit.fit("conv", (*_conv_samples(RATES), *_batched_samples(BATCHED_RATES)))
+    matmuls = tuple(TimedProduct("matmul", ((4, 16, 16), (4, 16, 16)), (("act", 0),), 1e-4) for _ in range(8))
+    with pytest.raises(ValueError, match="or more timed conv"):  # a matmul is not a conv
+        ProductFit.fit("conv", (*_conv_samples(RATES), *matmuls))
 
 
 def test_convs_are_priced_by_the_buffers_they_move() -> None:
@@ -282,20 +275,6 @@ def test_convs_are_priced_by_the_buffers_they_move() -> None:
     mm = [(10, 500), (500, 1000)]
     assert compute.op_cost("matmul", {"act": 0}, mm) == pytest.approx(
         calibrated_model(_calibration(products=())).compute.op_cost("matmul", {"act": 0}, mm))
-
-
-def test_a_batched_matmul_pays_for_each_gemm_of_its_batch() -> None:
-    """A matmul of rank 3 or more is priced on the batched fit, a 2-D one of the same flops stays on
-    the matmul curve, and each GEMM of the batch adds its rate (and the bytes theirs)."""
-    launch = 1e-6
-    compute = calibrated_model(_calibration()).compute
-    batched = compute.op_cost("matmul", {"act": 0}, [(64, 32, 32), (64, 32, 32)])
-    flat = compute.op_cost("matmul", {"act": 0}, [(2048, 32), (32, 32)])
-    assert batched == pytest.approx(sum(r * t for r, t in zip(BATCHED_RATES, (1, 64, 4 * 3 * 64 * 1024, 2 * 64 * 32 ** 3)))
-                                    / 3 + launch)
-    assert flat == pytest.approx(1e-3 * 2 * 2048 * 32 * 32 / 1e7 + launch)  # below the smallest probe: its rate
-    more = compute.op_cost("matmul", {"act": 0}, [(128, 16, 32), (128, 32, 32)])  # the same flops, twice the GEMMs
-    assert more - batched == pytest.approx((64 * 3e-6 + 6e-10 * 4 * (128 * 2048 - 64 * 3072)) / 3)
 
 
 def test_all_to_all_runs_on_its_own_link() -> None:
