@@ -12,6 +12,9 @@ call cancels out and every device is busy, as in a planned step:
   followed by one against the same matmuls without, so its marginal cost includes waiting for the
   slowest device at the rendezvous (a collective-only chain keeps the devices in step and does not
   see it); its excess over alpha-beta is the axis's `sync` term;
+- the drift (`_drift`): the same all-reduce, on the widest axis, after pieces of each `MATMULS` size:
+  what it costs beyond its cost after the smallest grows with the piece (the devices drift apart
+  while they compute), the `timemodel.DriftCurve` a plan's report prices each collective with;
 - compute, on every device at once: matmuls (the flop rate), convolutions forward and backward
   over a design of shapes (`CONVS`: XLA's CPU convolutions take a time of their own, fitted to the
   buffers they move and their flops), an elementwise op on 1 MiB (the
@@ -68,7 +71,7 @@ from eqsat.parallel.timemodel import LinkSample, fit_link
 from jax_backend.measured_cost import device_key
 from jax_backend.timing import bootstrap_median_ci, interleaved_rounds, medians_precise
 
-__all__ = ["CONVS", "COPY_SIDE", "EXTRA", "FRESH", "FRESH_REPEATS", "IN_PROGRAM", "NOT_TIMED", "PIECES",
+__all__ = ["CONVS", "COPY_SIDE", "DRIFT_REPEATS", "EXTRA", "FRESH", "FRESH_REPEATS", "IN_PROGRAM", "NOT_TIMED", "PIECES",
            "PRECISION_CAP", "SIZES", "StepTiming", "calibrate_mesh", "load_mesh_calibration", "parallel_calibrated",
            "probe_products", "step_seconds"]
 
@@ -108,6 +111,9 @@ PIECES = 8  # compute pieces of the in-program probe, each followed by one colle
 # 0.02 MFLOP pieces, 0.04-0.97 ms at 8, 0.7-3.5 ms at 67), which no per-collective constant
 # prices, so the probe keeps the pieces small; the all-reduce's float32 elements
 IN_PROGRAM = ((16, 64), 16)
+# the drift probe (`_drift`): the in-program all-reduce after pieces of each `MATMULS` size, on the
+# largest mesh axis, each the median of this many timings (one alone moved 10-20%)
+DRIFT_REPEATS = 3
 
 
 def _marginal(build: Callable[[int], Callable[[], Any]], budget_s: float) -> float:
@@ -187,11 +193,12 @@ def _fresh_rate(jm: Any, budget_s: float) -> float:
     return max(extra, 0.0) / (count * nbytes)
 
 
-def _in_program(jm: Any, axis: str, budget_s: float) -> float:
-    """Seconds one small all-reduce over `axis` adds between compute pieces: `PIECES` matmuls, each
-    followed by the all-reduce of a few of its elements folded back into it (so the next piece waits
-    for it), against the same program with the fold but no all-reduce."""
-    (m, k), elems = IN_PROGRAM
+def _in_program(jm: Any, axis: str, budget_s: float, piece: tuple[int, int] = IN_PROGRAM[0]) -> float:
+    """Seconds one small all-reduce over `axis` adds between compute pieces: `PIECES` matmuls of
+    `piece` (m, k) @ (k, k), each followed by the all-reduce of a few of its elements folded back
+    into it (so the next piece waits for it), against the same program with the fold but no
+    all-reduce."""
+    (m, k), elems = piece, IN_PROGRAM[1]
     step = _matmul_step(k)
 
     def build(collective: bool) -> Callable[[], Any]:
@@ -204,6 +211,15 @@ def _in_program(jm: Any, axis: str, budget_s: float) -> float:
         return _mesh_program(jm, body, (m, k))
 
     return max(_extra_seconds(build(False), build(True), budget_s, 40) / PIECES, 1e-8)
+
+
+def _drift(jm: Any, axis: str, pieces: Sequence[float], budget_s: float) -> tuple[tuple[float, float], ...]:
+    """(piece seconds, wait seconds) of the `timemodel.DriftCurve`: what the in-program all-reduce
+    over `axis` costs after a compute piece of each `MATMULS` size (`pieces`: their timed seconds)
+    beyond its cost after the smallest (the axis's `in_program_s`), each the median of
+    `DRIFT_REPEATS` timings."""
+    cost = [statistics.median(_in_program(jm, axis, budget_s, piece) for _ in range(DRIFT_REPEATS)) for piece in MATMULS]
+    return tuple((t, max(c - cost[0], 0.0)) for t, c in zip(pieces, cost))
 
 
 def _extra_seconds(base: Callable[[], Any], more: Callable[[], Any], budget_s: float, rounds: int) -> float:
@@ -286,6 +302,10 @@ def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None]
         rates.append(2.0 * m * k * k / t)
         matmul.append((2.0 * m * k * k, t))
         say(f"matmul ({m}, {k}) @ ({k}, {k}) per device, all devices busy: {rates[-1] / 1e9:.2f} GFLOP/s")
+    widest = mesh.axis_names[max(range(len(mesh.shape)), key=lambda i: mesh.shape[i])]
+    drift = _drift(jm, widest, [t for _, t in matmul], budget_s)
+    say(f"axis {widest}: an all-reduce waits " + ", ".join(f"{w * 1e6:.0f} us after {p * 1e3:.2f} ms" for p, w in drift)
+        + " of compute, beyond its cost between the shortest pieces")
     products = []
     for probe in probe_products():
         t = _marginal(_compute_chain(jm, _product_step(probe), probe.shapes[0]), budget_s)
@@ -313,7 +333,7 @@ def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None]
     compute = DeviceSpec("cpu-calibrated", peak, peak, bandwidth, launch,
                          f"measured with {mesh.n_devices} devices busy ({device_key()})")
     return MeshCalibration(_machine_key(), device_key(), mesh.shape, tuple(axes), compute, time.perf_counter() - start,
-                           tuple(matmul), tuple(products), copy_rate, fresh_rate)
+                           tuple(matmul), tuple(products), copy_rate, fresh_rate, drift)
 
 
 def load_mesh_calibration(mesh: str | Mesh, force: bool = False, measure_if_missing: bool = True,

@@ -9,7 +9,9 @@ elementwise rate and launch the measured cost of one more small kernel, each tak
 device of the mesh busy (on 8 emulated CPU devices sharing a few cores, one device's share); per
 axis also what one small all-reduce costs *inside* a program, between compute pieces (`in_program_s`:
 every device waits there for the slowest), whose excess over the link's alpha-beta time is the
-axis's `sync` term. A product smaller than the smallest timed matmul is priced at that matmul's
+axis's `sync` term; after longer pieces the same all-reduce waits longer, as the devices drift apart
+while they compute (`drift`: a `timemodel.DriftCurve`, which a plan's report prices each collective with
+on the step's order of nodes). A product smaller than the smallest timed matmul is priced at that matmul's
 rate (not at its time: a flat floor priced every small product of a case alike). A convolution
 has a fit of its own (`ProductFit`) to convs timed forward and backward over a design of shapes
 (`products`): XLA's CPU convolutions take a time set by the buffers they move far more than by
@@ -41,7 +43,7 @@ from eqsat.calibration_cache import read_cached_calibration
 from eqsat.errors import EqsatError
 from eqsat.parallel.cost import BACKWARD_FACTOR, ParallelCostModel
 from eqsat.parallel.mesh import Mesh, MeshAxis
-from eqsat.parallel.timemodel import LinkFit, LinkSample, collective_seconds
+from eqsat.parallel.timemodel import DriftCurve, LinkFit, LinkSample, TimeModelError, collective_seconds
 from eqsat.paths import cache_dir
 from eqsat.xla_cost import Curve
 
@@ -50,7 +52,7 @@ __all__ = ["PRODUCT_KINDS", "AxisCalibration", "CalibratedCompute", "MeshCalibra
            "read_mesh_calibration", "write_mesh_calibration"]
 
 # 3: in-program collective cost per axis; a smaller matmul probe. 4: a conv curve, an all-to-all link.
-# 5: the transposing-copy rate. 6: the fresh-bytes rate. 7: convs timed by shape (a curve by flops before)
+# 5: the transposing-copy rate. 6: the fresh-bytes rate. 7: convs timed by shape (a curve by flops before), the drift
 FORMAT = 7
 Shape = tuple[int, ...]
 
@@ -189,6 +191,12 @@ class MeshCalibration:
     # seconds per byte a step allocates beyond the passes writing it, with every device busy: what
     # the buffers of a step (`memory.node_allocated`) are priced at (0: not measured)
     fresh_rate: float = 0.0
+    # (seconds of a compute piece, seconds an all-reduce after it waits beyond one after the
+    # shortest piece), on the widest axis: the `DriftCurve` a plan's report prices each collective with
+    drift: tuple[tuple[float, float], ...] = ()
+
+    def drift_curve(self) -> DriftCurve | None:
+        return DriftCurve(tuple(p for p, _ in self.drift), tuple(w for _, w in self.drift)) if self.drift else None
 
     def mesh(self, sync: bool = True) -> Mesh:
         """The planner's mesh: this shape, each axis with its own fitted link and ring latency, and
@@ -205,7 +213,8 @@ class MeshCalibration:
                           "kind_links": {k: asdict(fit) for k, fit in a.kind_links}}
                          for a in self.axes],
                 "compute": asdict(self.compute), "seconds": self.seconds, "matmul": [list(p) for p in self.matmul],
-                "products": [asdict(p) for p in self.products], "copy_rate": self.copy_rate, "fresh_rate": self.fresh_rate}
+                "products": [asdict(p) for p in self.products], "copy_rate": self.copy_rate, "fresh_rate": self.fresh_rate,
+                "drift": [list(p) for p in self.drift]}
 
     @staticmethod
     def from_json(data: Any) -> MeshCalibration:
@@ -230,10 +239,12 @@ class MeshCalibration:
                              for p in data["products"])
             cal = MeshCalibration(str(data["machine"]), str(data["device"]), shape, axes, compute,
                                   _number(data["seconds"]), matmul, products, _number(data["copy_rate"]),
-                                  _number(data["fresh_rate"]))
+                                  _number(data["fresh_rate"]),
+                                  tuple((_number(p), _number(w)) for p, w in data["drift"]))
             Curve.fit(matmul)  # at least two points, all positive
             product_fits(products)
-        except (KeyError, TypeError, ValueError, AttributeError, EqsatError) as exc:
+            cal.drift_curve()
+        except (KeyError, TypeError, ValueError, AttributeError, EqsatError, TimeModelError) as exc:
             raise MeshCalibrationError(f"damaged mesh calibration ({type(exc).__name__}: {exc})") from None
         if tuple(a.size for a in axes) != shape or not shape:
             raise MeshCalibrationError("damaged mesh calibration (its axes do not match its shape)")
@@ -332,10 +343,12 @@ def _product_seconds(curve: Curve, flops: float) -> float:
 
 def calibrated_model(cal: MeshCalibration, overlap: bool = True, sync: bool = True, copies: bool = True) -> ParallelCostModel:
     """The training-step model priced with the calibration: the fitted links per axis (ring
-    latency; with `sync`, plus each axis's measured in-program cost per collective beyond it), the measured
+    latency; with `sync`, plus each axis's measured in-program cost per collective beyond it, and in a
+    plan's report what each collective waits after the compute before it, `drift`), the measured
     compute (`CalibratedCompute`), collectives hidden behind independent compute in a plan's
     report (`overlap`), the compiled step's layout copies at the measured transposing-copy rate
     (`copies`; without, none are priced), the buffers a step allocates at the measured fresh-bytes rate."""
     model = ParallelCostModel(cal.mesh(sync), CalibratedCompute(cal.compute, Curve.fit(cal.matmul), fits=product_fits(cal.products)),
-                              "parallel-calibrated", overlap, copy_rate=cal.copy_rate or None, fresh_rate=cal.fresh_rate)
+                              "parallel-calibrated", overlap, copy_rate=cal.copy_rate or None, fresh_rate=cal.fresh_rate,
+                              drift=cal.drift_curve() if sync else None)
     return model if copies else replace(model, layout_copies=False)

@@ -52,6 +52,7 @@ from eqsat.context import NodeInContext, NodePrice
 from eqsat.distribution import local_attrs
 from eqsat.parallel.memory import node_allocated, node_bound, node_kept, per_device_bytes, recompute_bytes
 from eqsat.parallel.mesh import Mesh, parse_mesh
+from eqsat.parallel.timemodel import DriftCurve
 
 Shape = tuple[int, ...]
 BACKWARD_FACTOR = 2.0
@@ -163,6 +164,10 @@ class ParallelCostModel:
     # maps large ones anew) and out of cache. `eqsat parallel calibrate` measures it; 0: not priced
     fresh_rate: float = 0.0
     layout_copies: bool = True  # price `LAYOUT_COPIES` (off: the model before them, for comparison)
+    # what a collective waits for the slowest device after a piece of compute (`timemodel.DriftCurve`;
+    # `eqsat parallel calibrate` measures it). A plan's report prices it on the step's order of nodes
+    # (`timemodel.scheduled_waits`); the ILP's additive objective does not. None: not priced
+    drift: DriftCurve | None = None
 
     @property
     def device(self) -> str:

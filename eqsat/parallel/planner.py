@@ -33,7 +33,7 @@ from eqsat.ir import Graph, Node, Value
 from eqsat.parallel.cost import Collective, ParallelCostModel
 from eqsat.parallel.memory import StepMemory, per_device_bytes, step_memory
 from eqsat.parallel.mesh import Mesh
-from eqsat.parallel.timemodel import overlapped_step
+from eqsat.parallel.timemodel import overlapped_step, scheduled_waits
 from eqsat.parallel.rules import applicable, instantiate, mesh_rules
 from eqsat.pipeline import Objective, Priced, numerics_match
 from eqsat.rewrites.rule import Rule
@@ -276,6 +276,9 @@ class PlanReport:
     # fresh costs (`ParallelCostModel.fresh_rate`; part of `compute_s`)
     fresh_bytes: float = 0.0
     fresh_s: float = 0.0
+    # what the collectives wait for the slowest device after the compute before each
+    # (`ParallelCostModel.drift`; part of `step_s`, not of `comm_s`: no overlap hides it)
+    wait_s: float = 0.0
 
     def comm_bytes(self, phase: str | None = "forward") -> float:
         return float(sum(c.bytes for _, c in self.collectives if phase is None or c.phase == phase))
@@ -288,7 +291,7 @@ class PlanReport:
         return {
             "predicted_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s, "copy_s": self.copy_s,
             "predicted_copy_bytes": self.copy_bytes,
-            "fresh_s": self.fresh_s, "predicted_fresh_bytes": self.fresh_bytes,
+            "fresh_s": self.fresh_s, "predicted_fresh_bytes": self.fresh_bytes, "wait_s": self.wait_s,
             "predicted_comm_bytes": self.comm_bytes("forward"), "predicted_step_comm_bytes": self.comm_bytes(None),
             "predicted_step_wire_bytes": self.wire_bytes(),
             "predicted_mem_bytes": self.mem_bytes, "predicted_mem_row_bytes": self.mem_row_bytes,
@@ -354,6 +357,7 @@ def plan_report(graph: Graph, model: ParallelCostModel, recompute: Sequence[int]
     contractions = 0
     found: list[tuple[int, Collective]] = []
     per_node: list[tuple[float, float]] = []  # (compute, comm) seconds: the overlap model's input
+    schedule: list[tuple[float, float, list[str]]] = []  # (forward, backward seconds, collectives' phases): the waits' input
     moved = ops.weight_derived(((i, n.op, [v.node for v in n.inputs]) for i, n in enumerate(g.nodes)), moved_only=True)
     derived = [i in moved for i in range(len(g.nodes))]
     replicated = replicated_weights((i, n.op, [v.node for v in n.inputs]) for i, n in enumerate(g.nodes))
@@ -377,6 +381,8 @@ def plan_report(graph: Graph, model: ParallelCostModel, recompute: Sequence[int]
         copied, copy_s = copied + c.copy_bytes, copy_s + c.copy_s
         fresh, fresh_s = fresh + c.fresh_bytes, fresh_s + c.fresh_s
         per_node.append((busy, c.comm_s))
+        forward = busy * c.forward_s / c.compute_s if c.compute_s > 0 else busy / 2
+        schedule.append((forward, busy - forward, [col.phase for col in c.collectives]))
         row += c.mem_bytes - (c.recompute_bytes if again else 0.0)
         bound += c.mem_bound_bytes
         found.extend((i, col) for col in c.collectives)
@@ -386,8 +392,9 @@ def plan_report(graph: Graph, model: ParallelCostModel, recompute: Sequence[int]
     memory = step_memory(g, axes, model.state_copies or 0.0, remade)
     step = compute + comm if not model.overlap else overlapped_step(
         [c for c, _ in per_node], [m for _, m in per_node], [[v.node for v in n.inputs] for n in g.nodes])
-    return PlanReport(step, compute, comm, memory.peak, tuple(found), memory, row, bound, contractions + len(remade),
-                      tuple(remade), tuple(sorted(opened)), copied, copy_s, fresh, fresh_s)
+    wait = scheduled_waits(schedule, model.drift) if model.drift is not None else 0.0
+    return PlanReport(step + wait, compute, comm, memory.peak, tuple(found), memory, row, bound, contractions + len(remade),
+                      tuple(remade), tuple(sorted(opened)), copied, copy_s, fresh, fresh_s, wait)
 
 
 def open_nodes(g: Graph, candidates: Sequence[int]) -> frozenset[int]:

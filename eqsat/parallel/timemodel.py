@@ -33,8 +33,9 @@ import numpy as np
 
 from eqsat.errors import EqsatError
 
-__all__ = ["LATENCY_ALGORITHMS", "WIRE_FACTORS", "LinkFit", "LinkSample", "TimeModelError", "collective_seconds",
-           "fit_link", "latency_steps", "overlapped_step", "wire_bytes", "wire_factor"]
+__all__ = ["LATENCY_ALGORITHMS", "WIRE_FACTORS", "DriftCurve", "LinkFit", "LinkSample", "TimeModelError",
+           "collective_seconds", "fit_link", "latency_steps", "overlapped_step", "scheduled_waits", "wire_bytes",
+           "wire_factor"]
 
 LATENCY_ALGORITHMS = ("ring", "tree", "once")
 
@@ -171,3 +172,45 @@ def overlapped_step(compute_s: Sequence[float], comm_s: Sequence[float], inputs:
         hidden += min(comm_s[i], free)
     hidden = min(hidden, total_compute, total_comm)
     return total_compute + total_comm - hidden
+
+
+@dataclass(frozen=True)
+class DriftCurve:
+    """Seconds a collective inside a step waits, beyond its cost between the shortest compute
+    pieces, after a piece of compute of a given length: the devices drift apart while they compute
+    (eight emulated devices share a few cores and each gets its turn at a different time), and a
+    collective waits for the last of them. Measured at a few piece lengths (`pieces`, ascending);
+    between them interpolated on the log of the piece, below the first none, above the last that
+    one's wait."""
+
+    pieces: tuple[float, ...]
+    waits: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if (len(self.pieces) < 2 or len(self.pieces) != len(self.waits) or any(p <= 0 for p in self.pieces)
+                or any(b <= a for a, b in zip(self.pieces, self.pieces[1:])) or any(w < 0 for w in self.waits)):
+            raise TimeModelError("a drift curve needs two or more ascending positive pieces and waits >= 0")
+
+    def wait(self, piece_s: float) -> float:
+        if piece_s <= self.pieces[0]:
+            return self.waits[0] * max(piece_s, 0.0) / self.pieces[0]
+        return float(np.interp(math.log(piece_s), [math.log(p) for p in self.pieces], self.waits))
+
+
+def scheduled_waits(nodes: Sequence[tuple[float, float, Sequence[str]]], drift: DriftCurve) -> float:
+    """What a step's collectives wait in all (`DriftCurve`): the forward runs the nodes in order and
+    the backward in reverse, and each collective waits for the compute since the collective before
+    it. `nodes`: in topological order, (forward seconds, backward seconds, the phases of the node's
+    collectives: `forward`, or `backward` / `grad-sync`, which run in the backward)."""
+    total = since = 0.0
+    for forward_s, _, phases in nodes:
+        since += forward_s
+        for _ in (p for p in phases if p == "forward"):
+            total += drift.wait(since)
+            since = 0.0
+    for _, backward_s, phases in reversed(nodes):
+        since += backward_s
+        for _ in (p for p in phases if p != "forward"):
+            total += drift.wait(since)
+            since = 0.0
+    return total

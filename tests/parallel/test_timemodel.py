@@ -110,7 +110,8 @@ def test_overlap_hides_comm_behind_independent_compute_only() -> None:
 def _calibration(machine: str = "m1", device: str = "cpu-test",
                  in_program: tuple[float, float] = (0.0, 0.0),
                  products: tuple[TimedProduct, ...] | None = None,
-                 all_to_all: tuple[float, float] | None = None, fresh_rate: float = 0.0) -> MeshCalibration:
+                 all_to_all: tuple[float, float] | None = None, fresh_rate: float = 0.0,
+                 drift: tuple[tuple[float, float], ...] = ()) -> MeshCalibration:
     """A hand-made calibration; `in_program`: each axis's measured seconds of a 64 B all-reduce
     between compute pieces (0: not measured, no sync term); `all_to_all`: (alpha, beta) of an
     all-to-all link of its own on every axis."""
@@ -119,7 +120,7 @@ def _calibration(machine: str = "m1", device: str = "cpu-test",
     axes = tuple(AxisCalibration(n, tm.fit_link(_samples(a, b, n)), tuple(_samples(a, b, n)), t, 64.0 if t else 0.0, own)
                  for (n, a, b), t in zip(((2, 30e-6, 1e9), (4, 10e-6, 2e9)), in_program))
     return MeshCalibration(machine, device, (2, 4), axes, DeviceSpec("cpu-calibrated", 5e9, 5e9, 8e9, 1e-6, "test"), 1.0,
-                           ((1e7, 1e-3), (1e8, 2e-2)), products, 1e9, fresh_rate)
+                           ((1e7, 1e-3), (1e8, 2e-2)), products, 1e9, fresh_rate, drift)
 
 
 
@@ -143,10 +144,10 @@ def test_calibration_round_trips_and_prices_per_axis(tmp_path: Path) -> None:
                                     "one-matmul", "negative-in-program", "no-in-program", "format-2", "format-3",
                                     "one-conv", "negative-kind-link", "no-kind-links", "format-5", "negative-fresh",
                                     "format-6", "conv-without-shapes", "negative-conv",
-                                    "product-of-no-kind"])
+                                    "product-of-no-kind", "no-drift", "descending-drift", "negative-drift"])
 def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
     path = tmp_path / "cal.json"
-    data = _calibration(all_to_all=(20e-6, 3e8), fresh_rate=5e-10).to_json()
+    data = _calibration(all_to_all=(20e-6, 3e8), fresh_rate=5e-10, drift=((1e-5, 0.0), (1e-3, 2e-4))).to_json()
     if damage == "zero-rate":
         data["compute"]["bandwidth"] = 0
     elif damage == "negative-alpha":
@@ -189,6 +190,12 @@ def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
         data["products"][2]["seconds"] = -1e-3
     elif damage == "product-of-no-kind":  # a 2-D matmul is on the matmul curve, not fitted
         data["products"][-1]["shapes"] = [[16, 16], [16, 16]]
+    elif damage == "no-drift":
+        del data["drift"]
+    elif damage == "descending-drift":
+        data["drift"] = [[1e-3, 2e-4], [1e-5, 0.0]]
+    elif damage == "negative-drift":
+        data["drift"][1][1] = -1e-4
     path.write_text(damage if damage in ("not json {", "[]", "null") else json.dumps(data))
     with pytest.raises(MeshCalibrationError, match="damaged"):
         read_mesh_calibration(path, "m1", "cpu-test", (2, 4))
@@ -346,6 +353,56 @@ def test_in_program_sync_prices_each_collective_on_its_axis() -> None:
     extra = sum((a0, a1)[c.axis].sync_s for _, c in plain.collectives if c.bytes > 0)
     assert extra > 0 and priced.step_s - plain.step_s == pytest.approx(extra)
     # and the cache keeps the measurement
+    assert MeshCalibration.from_json(json.loads(json.dumps(cal.to_json()))) == cal
+
+
+def test_a_collective_waits_longer_after_a_longer_piece_of_compute() -> None:
+    """The drift curve: no wait after no compute, the measured waits at the measured pieces, log
+    interpolation between them, the last wait past the last piece; a bad curve is refused."""
+    drift = tm.DriftCurve((1e-5, 1e-3, 1e-2), (0.0, 2e-4, 4e-4))
+    assert drift.wait(0.0) == 0.0 and drift.wait(1e-3) == pytest.approx(2e-4) and drift.wait(1.0) == pytest.approx(4e-4)
+    assert drift.wait(math.sqrt(1e-3 * 1e-2)) == pytest.approx(3e-4)  # halfway on the log scale
+    with pytest.raises(tm.TimeModelError):
+        tm.DriftCurve((1e-3, 1e-5), (0.0, 1e-4))
+    with pytest.raises(tm.TimeModelError):
+        tm.DriftCurve((1e-5, 1e-3), (0.0, -1e-4))
+
+
+def test_each_collective_waits_for_the_compute_since_the_one_before_it() -> None:
+    """The forward runs the nodes in order, the backward in reverse: a collective's piece is the
+    compute since the collective before it in that order, so two collectives back to back wait
+    once for the compute and once for none."""
+    drift = tm.DriftCurve((1e-6, 1.0), (0.0, 1.0))  # wait = log(piece / 1 us) / log(1e6)
+
+    def w(piece: float) -> float:
+        return drift.wait(piece)
+    nodes = [(1e-3, 2e-3, []), (1e-3, 2e-3, ["forward", "forward"]), (4e-3, 8e-3, ["backward"]), (1e-3, 2e-3, ["grad-sync"])]
+    # forward: 2 ms then a collective, then one after nothing; the forward's last 5 ms and the
+    # backward's first 2 ms before the grad-sync, 8 ms before the backward collective; the rest waits
+    # for no collective
+    expected = w(2e-3) + w(0.0) + w(7e-3) + w(8e-3)
+    assert tm.scheduled_waits(nodes, drift) == pytest.approx(expected)
+    assert tm.scheduled_waits([(1e-3, 1e-3, [])], drift) == 0.0
+
+
+def test_a_plans_report_prices_the_drift_on_its_order_of_nodes() -> None:
+    """A calibrated model with a drift curve adds each collective's wait to the plan's step (not to
+    its communication), tied to `sync`; a plan with no collectives waits for nothing; the cache keeps
+    the curve, and a damaged one is refused."""
+    from eqsat.models import build_parallel_model
+    from eqsat.models.parallel_hand import megatron_by_hand
+    from eqsat.parallel.planner import plan_report
+
+    cal = _calibration(drift=((1e-5, 0.0), (1e-3, 3e-4), (1e-2, 6e-4)))
+    model, plain = calibrated_model(cal, overlap=False), calibrated_model(_calibration(), overlap=False)
+    assert model.drift == cal.drift_curve() and calibrated_model(cal, sync=False).drift is None
+    graph = build_parallel_model("mlp16")
+    plan = megatron_by_hand("mlp16", graph, model.mesh)
+    priced, before = plan_report(plan, model), plan_report(plan, plain)
+    assert priced.collectives and priced.wait_s > 0 and priced.comm_s == pytest.approx(before.comm_s)
+    assert priced.step_s == pytest.approx(before.step_s + priced.wait_s)
+    assert priced.wait_s <= len(priced.collectives) * 6e-4
+    assert plan_report(graph, model).wait_s == 0.0  # unsplit: no collectives
     assert MeshCalibration.from_json(json.loads(json.dumps(cal.to_json()))) == cal
 
 
