@@ -109,7 +109,8 @@ PIECES = 8  # compute pieces of the in-program probe, each followed by one colle
 # its piece, (m, k) @ (k, k) per device, the smallest matmul probe: what waiting for the slowest
 # device costs grows with the compute between collectives (2026-11-26, load 13: 0.1-0.16 ms at
 # 0.02 MFLOP pieces, 0.04-0.97 ms at 8, 0.7-3.5 ms at 67), which no per-collective constant
-# prices, so the probe keeps the pieces small; the all-reduce's float32 elements
+# prices (the drift does, `DRIFT_REPEATS`), so this probe keeps the pieces small; the all-reduce's
+# float32 elements
 IN_PROGRAM = ((16, 64), 16)
 # the drift probe (`_drift`): the in-program all-reduce after pieces of each `MATMULS` size, on the
 # largest mesh axis, each the median of this many timings (one alone moved 10-20%)
@@ -216,8 +217,7 @@ def _in_program(jm: Any, axis: str, budget_s: float, piece: tuple[int, int] = IN
 def _drift(jm: Any, axis: str, pieces: Sequence[float], budget_s: float) -> tuple[tuple[float, float], ...]:
     """(piece seconds, wait seconds) of the `timemodel.DriftCurve`: what the in-program all-reduce
     over `axis` costs after a compute piece of each `MATMULS` size (`pieces`: their timed seconds)
-    beyond its cost after the smallest (the axis's `in_program_s`), each the median of
-    `DRIFT_REPEATS` timings."""
+    beyond its cost after the smallest, each the median of `DRIFT_REPEATS` timings."""
     cost = [statistics.median(_in_program(jm, axis, budget_s, piece) for _ in range(DRIFT_REPEATS)) for piece in MATMULS]
     return tuple((t, max(c - cost[0], 0.0)) for t, c in zip(pieces, cost))
 

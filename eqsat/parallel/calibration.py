@@ -84,6 +84,7 @@ class AxisCalibration:
         link = collective_seconds("all-reduce", self.size, self.in_program_bytes, self.link.alpha, self.link.beta, "ring")
         return max(self.in_program_s - link, 0.0)
 
+
 @dataclass(frozen=True)
 class TimedProduct:
     """A product timed as a training step runs it, forward and backward (both operands' gradients),

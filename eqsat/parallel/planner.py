@@ -382,7 +382,7 @@ def plan_report(graph: Graph, model: ParallelCostModel, recompute: Sequence[int]
         fresh, fresh_s = fresh + c.fresh_bytes, fresh_s + c.fresh_s
         per_node.append((busy, c.comm_s))
         forward = busy * c.forward_s / c.compute_s if c.compute_s > 0 else busy / 2
-        schedule.append((forward, busy - forward, [col.phase for col in c.collectives]))
+        schedule.append((forward, busy - forward, [col.phase for col in c.collectives if col.bytes > 0]))
         row += c.mem_bytes - (c.recompute_bytes if again else 0.0)
         bound += c.mem_bound_bytes
         found.extend((i, col) for col in c.collectives)

@@ -180,8 +180,8 @@ class DriftCurve:
     pieces, after a piece of compute of a given length: the devices drift apart while they compute
     (eight emulated devices share a few cores and each gets its turn at a different time), and a
     collective waits for the last of them. Measured at a few piece lengths (`pieces`, ascending);
-    between them interpolated on the log of the piece, below the first none, above the last that
-    one's wait."""
+    between them interpolated on the log of the piece, below the first in proportion to the piece
+    (none after no compute), above the last that one's wait."""
 
     pieces: tuple[float, ...]
     waits: tuple[float, ...]
