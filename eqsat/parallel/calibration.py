@@ -118,8 +118,8 @@ class ProductKind:
     """Products timed apart from the matmul curve because XLA:CPU runs them its own way: which
     they are, and the terms their time is fitted on. Batched matmuls are not among them: timed in a
     chain, attention's per-head products took 3-4 times their price on the matmul curve, but pricing
-    them so ranked gpt-block's measured steps worse (docs/parallel.md, stop 45): in a step, XLA:CPU
-    runs such small products beside other work."""
+    them so ranked gpt-block's measured steps worse (docs/parallel.md, stop 45): in a step they cost
+    less than in a chain, for a reason not yet found."""
 
     name: str
     op: str
