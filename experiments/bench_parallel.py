@@ -269,7 +269,7 @@ def spearman_case(model: str, mesh_spec: str = SPEARMAN_MESH, plans: int = SPEAR
     """One case's distinct random plans (from a briefly saturated joint e-graph), each priced by the
     nominal model (the mesh preset's links, roofline at the preset's peak), the calibrated one
     (`eqsat parallel calibrate`'s links, in-program cost per collective, compute and layout copies,
-    without and with overlap; `calibrated_no_sync` without the in-program term,
+    without and with overlap; `calibrated_no_sync` without the in-program term and the drift,
     `calibrated_no_copies` without the layout copies), and timed as a
     training step on the devices (`jax_backend.parallel_calibrate.step_seconds`: past `budget_s`,
     until each plan's 95% interval is at most `rel_width` of its median, within a cap); each plan's
@@ -288,7 +288,7 @@ def spearman_case(model: str, mesh_spec: str = SPEARMAN_MESH, plans: int = SPEAR
     graph, pe, chosen = spearman_plans(model, mesh, plans)
     models = {"nominal": pe.model, "calibrated": calibrated_model(cal, overlap=False),
               "calibrated_overlap": calibrated_model(cal, overlap=True),
-              "calibrated_no_sync": calibrated_model(cal, overlap=False, sync=False),  # without the in-program term
+              "calibrated_no_sync": calibrated_model(cal, overlap=False, sync=False),  # without the in-program term, the drift
               "calibrated_no_copies": calibrated_model(cal, overlap=False, copies=False)}  # without the layout copies
     predicted = {k: [plan_report(p, m).step_s for p in chosen] for k, m in models.items()}
     wire = [float(sum(c.wire_bytes for _, c in plan_report(p, pe.model).collectives)) for p in chosen]
