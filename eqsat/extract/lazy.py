@@ -33,6 +33,9 @@ from eqsat.extract.mip import (
 from eqsat.extract.selection import Selection, Status, dag_cost, make_selection, reachable_choice
 
 
+MIP_FEASIBILITY_TOLERANCE = 1e-6  # HiGHS's default `mip_feasibility_tolerance`
+
+
 @dataclass(frozen=True)
 class NodeBudget:
     """One knapsack row: the chosen nodes' weights add up to at most `limit` (e.g. per-device
@@ -43,8 +46,9 @@ class NodeBudget:
 
     def allows(self, choice: np.ndarray) -> bool:
         picked = choice[choice >= 0]
-        # HiGHS accepts a row within its primal feasibility tolerance (1e-7, absolute): so does this
-        slack = max(1e-9 * abs(self.limit), 1e-7)
+        # HiGHS's MIP accepts a row within its MIP feasibility tolerance (1e-6, absolute; 1e-7 is the
+        # LP's): so does this, or a solution the solver calls optimal would count as over its budget
+        slack = max(1e-9 * abs(self.limit), MIP_FEASIBILITY_TOLERANCE)
         return float(np.sum(np.asarray(self.weight)[picked])) <= self.limit + slack
 
 

@@ -225,6 +225,17 @@ def test_every_strategy_is_never_worse_than_a_valid_start(case: dict, rnd: Rando
         assert check_selection(eg, sel) == [] and sel.dag_cost <= start_cost + 1e-9, name
 
 
+def test_a_row_met_within_the_mips_tolerance_is_met() -> None:
+    """A node of weight 1e-6 under a budget of 0: HiGHS's MIP takes it (its feasibility tolerance is
+    1e-6), so the row must allow what the solver calls optimal (hypothesis found this: the row's
+    slack was the LP's 1e-7, and the answer counted as over its budget)."""
+    eg = egraph({"c0": [(0.0, ["c0"]), (0.0, []), (1.0, [])], "c1": [(0.0, []), (0.0, [])]}, ["c0"])
+    row = NodeBudget((0.0, 1e-6, 0.0, 0.0, 0.0), 0.0)
+    sel = extract(eg, "ilp", 10, request=ExtractRequest(rows=(row,)))
+    assert row.allows(sel.choice) and sel.dag_cost == 0.0
+    assert not NodeBudget((0.0, 1e-5, 0.0, 0.0, 0.0), 0.0).allows(sel.choice)
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_egraph(), st.randoms(use_true_random=False))
 def test_rows_travel_through_the_registry(case: dict, rnd: Random) -> None:
