@@ -182,7 +182,8 @@ def run_user_programs(out_dir: Path, programs: Sequence[str], meshes: Sequence[s
                       time_limit: float = 60.0) -> list[dict[str, Any]]:
     """`experiments.parallel_user_programs.run` per program and mesh: `parallel_user.jsonl` (its whole
     rows) and `parallel_user.md` (`SUMMARY_COLUMNS`: predicted ms, compiled bytes and memory of the
-    plan, data parallel and FSDP, plan seconds, dominance, loss match)."""
+    plan, data parallel and FSDP, plan seconds, dominance, the plan's step against data parallel's
+    as run, loss match)."""
     from experiments import parallel_user_programs as upp
 
     unknown = sorted(set(programs) - set(upp.PROGRAMS))

@@ -69,7 +69,7 @@ from eqsat.parallel.cost import ParallelCostModel
 from eqsat.parallel.mesh import Mesh, parse_mesh
 from eqsat.parallel.timemodel import LinkSample, fit_link
 from jax_backend.measured_cost import device_key
-from jax_backend.timing import bootstrap_median_ci, interleaved_rounds, medians_precise
+from jax_backend.timing import Decision, bootstrap_median_ci, choose_faster, interleaved_rounds, medians_precise
 
 __all__ = ["CONVS", "COPY_SIDE", "DRIFT_REPEATS", "EXTRA", "FRESH", "FRESH_REPEATS", "IN_PROGRAM", "NOT_TIMED", "PIECES",
            "PRECISION_CAP", "SIZES", "StepTiming", "calibrate_mesh", "load_mesh_calibration", "parallel_calibrated",
@@ -379,6 +379,30 @@ def _runner(step: Callable[..., Any], args: Sequence[Any]) -> Callable[[], Any]:
     return lambda: jax.block_until_ready(step(*args))
 
 
+def plan_step(graph: Graph, plan: Graph, mesh: Mesh, values: Mapping[str, np.ndarray]) -> Callable[[], Any]:
+    """`plan`'s training step (the jitted gradient program `eqsat parallel` checks,
+    `jax_backend.shard.step_program`) on `values` placed as the plan wants, compiled and run once:
+    a thunk for the timing policy. TypeError / ValueError: the `shard_map` lowering cannot run it."""
+    from jax_backend.shard import shard_plan, step_program
+
+    program = shard_plan(plan, mesh)
+    step = step_program(program, [n.attr["name"] for _, n in graph.leaves("weight")])
+    args = program.place(values)
+    jax.block_until_ready(step(*args))  # compiles it
+    return _runner(step, args)
+
+
+def judge_plan(graph: Graph, plan: Graph, base: Graph, mesh: Mesh, budget_s: float = 8.0) -> Decision:
+    """`plan`'s training step against `base`'s, run on JAX's devices in the one keep/discard
+    decision (`choose_faster`, as `eqsat.parallel.plan(measure_s=...)` and the decorator decide):
+    keep `plan` only when the whole interval of its speedup lies above 1 + the margin."""
+    from jax_backend.checks import _scaled_inputs
+
+    values: Mapping[str, np.ndarray] = _scaled_inputs(graph, 0)
+    mine, theirs = plan_step(graph, plan, mesh, values), plan_step(graph, base, mesh, values)
+    return choose_faster(theirs, [mine], (), budget_s=budget_s).decision
+
+
 @dataclass(frozen=True)
 class StepTiming:
     """One plan's measured training step: the median seconds (each round against its round's
@@ -436,22 +460,15 @@ def step_seconds(graph: Graph, plans: Sequence[Graph], mesh: Mesh, budget_s: flo
     until every plan's 95% interval is at most that fraction of its median (a measurement's
     precision, never which plan is ahead)."""
     from jax_backend.checks import _scaled_inputs
-    from jax_backend.shard import shard_plan, step_program
 
     values: Mapping[str, np.ndarray] = _scaled_inputs(graph, 0)
-    weights = [n.attr["name"] for _, n in graph.leaves("weight")]
     steps: dict[int, Callable[[], Any]] = {}
     for i, plan in enumerate(plans):
-        program = shard_plan(plan, mesh)
-        step = step_program(program, weights)
-        args = program.place(values)
         try:
-            jax.block_until_ready(step(*args))  # compiles it
+            steps[i] = plan_step(graph, plan, mesh, values)
         except (TypeError, ValueError) as exc:  # a plan the shard_map lowering cannot run: not timed
             print(f"eqsat: warning: plan {i} does not lower ({type(exc).__name__}: {str(exc).splitlines()[0]})",
                   file=sys.stderr)
-            continue
-        steps[i] = _runner(step, args)
     if not steps:
         return [NOT_TIMED] * len(plans)
     single, _ = interleaved_rounds(list(steps.values()), 1, min_rounds=1, warmup=0)  # one sample per plan

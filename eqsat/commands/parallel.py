@@ -66,9 +66,10 @@ def _within(pred: float, measured: float, tol: float) -> bool:
 def run_case(model: str, mesh_spec: str, time_limit: float = 20.0, budget_fraction: float | None = None,
              random: int = 0, measure: bool = True, base: str = "cpu8", comm_budget: float | None = None,
              graph: Graph | None = None, cost: ParallelCostModel | None = None,
-             trust_tested: bool = False) -> dict[str, Any]:
+             trust_tested: bool = False, measure_s: float = 8.0) -> dict[str, Any]:
     """One row: the joint plan (within the memory and communication budgets if given), the
-    baselines, the joint plan at each baseline's bytes, and (with `measure`) the device checks.
+    baselines, the joint plan at each baseline's bytes, and (with `measure`) the device checks and
+    the joint plan's step run against data parallel's (`measure_s` seconds of timing at most).
     `graph`: a program of the user's (`--graph`), named `model`; it has no Megatron by hand.
     `cost`: the training-step model every plan is priced with (default: the mesh's nominal links)."""
     graph = graph if graph is not None else build_parallel_model(model)
@@ -104,6 +105,7 @@ def run_case(model: str, mesh_spec: str, time_limit: float = 20.0, budget_fracti
                    mem_within_15pct=_within(row["predicted_mem_bytes"], row.get("measured_mem_bytes", 0.0), 0.15),
                    no_recomputation=row.get("measured_step_contractions") == joint.report.contractions)
         row.update(_measure_baselines(graph, mesh, baselines, row))
+        row.update(_judged_by_running(graph, mesh, joint, baselines["data-parallel"], measure_s))
     if budget is None and comm_budget is None:
         row.update(_dominance(graph, mesh, priced, joint, baselines, row, min(time_limit, 10.0), measure))
     if measure and random:
@@ -133,6 +135,20 @@ def _unity_fields(joint: PlanResult, dp: PlanResult) -> dict[str, Any]:
             "our_dp_grad_sync_bytes_per_d": dp.report.comm_bytes("grad-sync") / 4,
             "our_dp_step_bytes_per_d": ours_dp / 4, "our_joint_step_bytes_per_d": ours_joint / 4,
             "our_ratio": ours_dp / ours_joint if ours_joint else float("inf")}
+
+
+def _judged_by_running(graph: Graph, mesh: Mesh, joint: PlanResult, dp: PlanResult, budget_s: float) -> dict[str, Any]:
+    """The joint plan's training step against data parallel's, run on the devices at hand in the
+    one keep/discard decision: `kept` is "joint" only when it is faster with confidence, else
+    "data-parallel" (a plan is judged by running it; the prediction stays in `predicted_s`)."""
+    from jax_backend.parallel_calibrate import judge_plan
+
+    if joint.plan.to_json() == dp.plan.to_json():
+        return {"kept": "joint", "measured": None, "measured_note": "the joint plan is data parallel's"}
+    decision = judge_plan(graph, joint.plan, dp.plan, mesh, budget_s)
+    return {"kept": "joint" if decision.keep else "data-parallel", "measured": decision.to_json(),
+            "measured_speedup_vs_data_parallel": decision.speedup,
+            "measured_speedup_ci": [decision.speedup_low, decision.speedup_high]}
 
 
 def _measure_baselines(graph: Graph, mesh: Mesh, baselines: Mapping[str, PlanResult], row: Mapping[str, Any]) -> dict[str, Any]:

@@ -56,6 +56,7 @@ from eqsat.parallel.step_args import Leaves, baseline_specs, flat_leaves, mirror
 from eqsat.parallel.step_planner import Planned, collective_rows, plan_views
 from jax_backend.leaf_names import argument_names
 from jax_backend.shard import compiled_collectives
+from jax_backend.timing import Decision, choose_faster
 
 __all__ = ["ApiError", "Plan", "PlanSummary", "parallelize", "plan"]
 
@@ -155,6 +156,7 @@ class PlanSummary:
     inner_constraints: tuple[str, ...] = ()
     unheld: int = 0  # planned values inside the graphs with no variable to hold (left to GSPMD)
     view: str = ""  # the view of the mesh the plan was searched on (`plan_views`)
+    measured: Decision | None = None  # the plan run against the `within` baseline (`plan(measure_s=...)`)
 
     def to_json(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "mesh": self.mesh, "mesh_note": self.mesh_note,
@@ -166,6 +168,7 @@ class PlanSummary:
                 "blocks": list(self.blocks), "within": self.within, "recomputed_products": self.recomputed,
                 "inner_constraints": len(self.inner_constraints), "unheld_inner_values": self.unheld, "view": self.view,
                 **(self.compiled.to_json() if self.compiled is not None else {}),
+                "measured": self.measured.to_json() if self.measured is not None else None,
                 "baselines": [b.to_json() for b in self.baselines]}
 
 
@@ -213,6 +216,11 @@ class Plan:
         lines += [f"deep model: {b}" for b in r.blocks]
         lines += [f"bound: {r.within}"] if r.within else []
         lines += [f"activation checkpointing: {r.recomputed} product(s) recomputed in the backward"] if r.recomputed else []
+        if r.measured is not None:
+            m = r.measured
+            lines.append(f"measured on the mesh's devices: the plan's step {m.other_s * 1e3:.3f} ms against the baseline's "
+                         f"{m.base_s * 1e3:.3f} ms, speedup {m.speedup:.2f}x [{m.speedup_low:.2f}, {m.speedup_high:.2f}] "
+                         f"({m.confidence:.0%}, {m.rounds} rounds): {'kept' if m.keep else 'the baseline returned'}")
         lines.append("")
         lines.append(f"{'argument leaf':<48} PartitionSpec")
         lines += [f"{path:<48} {spec}" for path, spec in r.leaf_specs]
@@ -303,7 +311,8 @@ def _check_argnums(args: Sequence[Any], params_argnums: Sequence[int]) -> tuple[
 
 def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: Sequence[int] = (0,),
          memory_budget: float | None = None, comm_budget: float | None = None, time_limit: float = 60.0,
-         baselines: bool = True, within: str | None = "data-parallel", constrain: str = "products") -> Plan:
+         baselines: bool = True, within: str | None = "data-parallel", constrain: str = "products",
+         measure_s: float | None = None) -> Plan:
     """Plan `train_step(*args)` on `mesh` (see the module docstring). `params_argnums`: the
     arguments that are model state (parameters, optimizer state). `memory_budget` (bytes per
     device) and `comm_budget` (bytes a step moves per device) bound the planned part of the step;
@@ -317,7 +326,13 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     is compiled for it even with `baselines=False`). `constrain` (`CONSTRAIN`): the values the
     lowered step holds at the plan's layout with `with_sharding_constraint`, besides those opaque
     equations make: the products' inside the captured graphs (default), every planned value's, or
-    none ("boundaries")."""
+    none ("boundaries"). `measure_s` (seconds): judge the plan by running it. The plan's step and
+    the `within` baseline's (data parallel's when `within` is None) run on the mesh's devices in
+    the one timing policy (`jax_backend.timing.choose_faster`, the decorator's), and the plan is
+    returned only when it is faster with confidence; otherwise that baseline's shardings are, and
+    the report's strategy says so. `report.measured` holds the decision either way. This needs
+    the arguments as arrays (not shapes), and is off by default: a plan from shapes alone is
+    judged by prediction and by compiling it."""
     t0 = time.perf_counter()
     if constrain not in CONSTRAIN:
         raise ApiError(f"constrain must be one of {', '.join(CONSTRAIN)}, not {constrain!r}")
@@ -330,6 +345,14 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
             raise ApiError(f"{label} must be a number of bytes per device >= 0, not {value!r}")
     if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
         raise ApiError(f"time_limit must be a number of seconds > 0, not {time_limit!r}")
+    if measure_s is not None:
+        if isinstance(measure_s, bool) or not (isinstance(measure_s, (int, float)) and math.isfinite(measure_s)
+                                               and measure_s > 0):
+            raise ApiError(f"measure_s must be a number of seconds > 0 (or None: not run), not {measure_s!r}")
+        shapes_only = [type(x).__name__ for x in jax.tree_util.tree_leaves(args) if not isinstance(x, (jax.Array, np.ndarray))]
+        if shapes_only:
+            raise ApiError(f"measure_s runs the step, so it needs arrays, not {shapes_only[0]} (pass the real "
+                           "arguments, or measure_s=None to plan from shapes)")
     leaves, treedef = flat_leaves(args, state_argnums)
     # traced and compiled on shapes only: arrays committed to another mesh (an Explicit one) carry
     # shardings into the jaxpr and clash with the plan's when lowered
@@ -456,12 +479,37 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
         specs = baseline_specs(name, leaves, all_names, sizes, program)
         step = made(specs, f"{name} (compiled: {why})", (), name)
         compiled = next(b.compiled for b in rows if b.name == name and b.compiled is not None)
-    summary = replace(step.report, compiled=compiled, baselines=tuple(rows) if baselines else ())
+    measured = None
+    if measure_s is not None and step.report.strategy == "eqsat":
+        name = within or "data-parallel"
+        base = made(baseline_specs(name, leaves, all_names, sizes, program), name, (), name)
+        measured = measure_against(step, base, args, measure_s)
+        if not measured.keep:
+            verdict = "slower" if measured.verdict == "slower" else "not faster with confidence"
+            step = replace(base, report=replace(base.report, strategy=(
+                f"{name} (measured: the plan's step ran {measured.speedup:.2f}x as fast [{measured.speedup_low:.2f}, "
+                f"{measured.speedup_high:.2f}], {verdict})")))
+            compiled = next((b.compiled for b in rows if b.name == name and b.compiled is not None), None) or \
+                compile_figures(jax.jit(base.fn, in_shardings=base.in_shardings, out_shardings=base.out_shardings),
+                                abstract)
+    summary = replace(step.report, compiled=compiled, baselines=tuple(rows) if baselines else (), measured=measured)
     if memory_budget is not None and compiled.mem_bytes > memory_budget:
         summary = replace(summary, warnings=(*summary.warnings,
                                              f"the compiled step needs {compiled.mem_bytes:,.0f} bytes per device, "
                                              f"over the budget of {memory_budget:,.0f} (the budget bounds the planned part)"))
     return replace(step, report=summary)
+
+
+def measure_against(candidate: Plan, base: Plan, args: Sequence[Any], budget_s: float) -> Decision:
+    """`candidate`'s step against `base`'s, each on its own shardings, run on the mesh's devices in
+    the one keep/discard decision (`choose_faster`: faster only when the whole interval of the
+    speedup lies above 1 + its margin)."""
+    def runner(p: Plan) -> Callable[[], Any]:
+        jitted = jax.jit(p.fn, in_shardings=p.in_shardings, out_shardings=p.out_shardings)
+        placed = p.place(*args)
+        return lambda: jitted(*placed)
+
+    return choose_faster(runner(base), [runner(candidate)], (), budget_s=budget_s).decision
 
 
 def judge_compiled(compiled: Compiled, rows: Sequence[Baseline], within: str | None,
@@ -533,9 +581,11 @@ def _shardings(mesh: JaxMesh, treedef: Any, specs: Sequence[Spec]) -> tuple[Any,
 
 
 def parallelize(fn: Callable[..., Any] | None = None, *, mesh: Any, params_argnums: Sequence[int] = (0,),
-                donate_argnums: int | Sequence[int] = (), **options: Any) -> Any:
+                donate_argnums: int | Sequence[int] = (), measure_s: float | None = 8.0, **options: Any) -> Any:
     """Decorator form of `plan`: plans on the first call per signature (shapes, dtypes, tree
-    structure) and runs the jitted step; `.plans` holds the plans made."""
+    structure) and runs the jitted step; `.plans` holds the plans made. It has the arguments, so
+    the plan is judged by running it (`measure_s`, as `@eqsat.optimize` judges its versions): the
+    plan is kept only when its step is faster with confidence than the `within` baseline's."""
     def wrap(f: Callable[..., Any]) -> Any:
         plans: dict[Any, Plan] = {}
         steps: dict[Any, Callable[..., Any]] = {}
@@ -544,7 +594,7 @@ def parallelize(fn: Callable[..., Any] | None = None, *, mesh: Any, params_argnu
             flat, treedef = jax.tree_util.tree_flatten(tuple(args))
             key = (treedef, tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x).__name__))) for x in flat))
             if key not in steps:
-                plans[key] = plan(f, *args, mesh=mesh, params_argnums=params_argnums, **options)
+                plans[key] = plan(f, *args, mesh=mesh, params_argnums=params_argnums, measure_s=measure_s, **options)
                 steps[key] = plans[key].jit(donate_argnums=donate_argnums)
             return steps[key](*args)
 

@@ -148,6 +148,11 @@ def test_bad_input_is_one_line() -> None:
         ep.plan(train_step, params, opt_state, batch, mesh=mesh_of((8,)), params_argnums=(0, 1), memory_budget=-1)
     with pytest.raises(EqsatError, match="mesh must be a jax.sharding.Mesh"):
         ep.plan(train_step, params, opt_state, batch, mesh=(2, 4), params_argnums=(0, 1))
+    with pytest.raises(EqsatError, match="measure_s must be a number of seconds > 0"):
+        ep.plan(train_step, params, opt_state, batch, mesh=mesh_of((8,)), params_argnums=(0, 1), measure_s=0)
+    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (params, opt_state, batch))
+    with pytest.raises(EqsatError, match="measure_s runs the step, so it needs arrays, not ShapeDtypeStruct"):
+        ep.plan(train_step, *shapes, mesh=mesh_of((8,)), params_argnums=(0, 1), measure_s=2.0)
 
 
 @needs8
@@ -213,6 +218,50 @@ def test_mlp_adam_step_equals_single_device(shape: tuple[int, ...]) -> None:
         dp = plan.report.baselines[0]
         assert dp.compiled is not None and plan.report.compiled.mem_bytes <= dp.compiled.mem_bytes
         assert "eqsat plan" in plan.explain()
+
+
+@needs8
+def test_a_plan_judged_by_running_is_kept_when_its_step_is_faster() -> None:
+    """The bench's MLP on 8 devices: the plan's step runs about 5x data parallel's here (batch and
+    hidden split where data parallel replicates the 1024x1024 products' weights and all-reduces
+    their gradients), so the one keep/discard decision keeps it."""
+    from experiments.parallel_user_programs import mlp_problem
+
+    step_fn, (params, opt_state, batch) = mlp_problem()
+    plan = ep.plan(step_fn, params, opt_state, batch, mesh=mesh_of((8,)), params_argnums=(0, 1), time_limit=30,
+                   baselines=False, measure_s=6.0)
+    m = plan.report.measured
+    assert m is not None and m.verdict == "faster" and m.speedup_low > m.threshold
+    assert plan.report.strategy == "eqsat"
+    assert "measured on the mesh's devices" in plan.explain() and plan.report.to_json()["measured"]["verdict"] == "faster"
+
+
+@needs8
+def test_a_plan_measured_slower_returns_the_baseline_it_was_run_against(monkeypatch: Any) -> None:
+    """When the decision says the plan's step is slower, `within`'s shardings are returned (data
+    parallel: parameters and Adam state replicated, the batch split), the strategy says why, and
+    the step is still the user's."""
+    from experiments.parallel_user_programs import mlp_problem
+    from jax_backend.timing import Choice, Decision
+
+    slower = Decision("slower", 0.5, 0.4, 0.6, 1.01, 8, 1.0, 2.0, 0.99, 0.1, 1)
+    ran: list[int] = []
+
+    def decided(base: Any, candidates: Any, args: Any, **_: Any) -> Choice:
+        ran.append(len(candidates))
+        jax.block_until_ready((base(), candidates[0]()))  # both steps run on their shardings
+        return Choice(0, slower, (slower.as_paired(),))
+
+    monkeypatch.setattr(api, "choose_faster", decided)
+    step_fn, (params, opt_state, batch) = mlp_problem()
+    plan = ep.plan(step_fn, params, opt_state, batch, mesh=mesh_of((8,)), params_argnums=(0, 1), time_limit=30,
+                   baselines=False, measure_s=1.0)
+    assert ran == [1] and plan.report.measured == slower
+    assert plan.report.strategy.startswith("data-parallel (measured: the plan's step ran 0.50x as fast [0.40, 0.60], slower)")
+    specs = dict(plan.report.leaf_specs)
+    assert all(v == "P()" for k, v in specs.items() if not k.startswith("batch")), specs
+    assert all("data" in v for k, v in specs.items() if k.startswith("batch")), specs
+    check_steps(plan, params, opt_state, batch, reference=step_fn)
 
 
 @needs8
