@@ -358,6 +358,34 @@ def _mlp_graph_file(tmp_path: Any) -> str:
     return str(path)
 
 
+def test_a_graph_plan_no_faster_than_data_parallel_when_run_is_not_kept() -> None:
+    """`eqsat parallel`'s judge: a plan timed against itself is never faster with confidence (so a
+    plan that only ties data parallel is not kept), and the row's `kept` follows the decision."""
+    import tempfile
+    from pathlib import Path
+
+    from eqsat.commands import parallel as parallel_command
+    from eqsat.ir import Graph
+    from eqsat.parallel.mesh import parse_mesh
+    from eqsat.parallel.planner import plan_graph, with_weights
+    from jax_backend.parallel_calibrate import judge_plan
+
+    with tempfile.TemporaryDirectory() as d:
+        graph = with_weights(Graph.load(_mlp_graph_file(Path(d))), ["w1", "w2"])
+    mesh = parse_mesh("2")
+    dp = plan_graph(graph, mesh, "data-parallel", time_limit=5)
+    joint = plan_graph(graph, mesh, "joint", time_limit=5)
+    itself = judge_plan(graph, dp.plan, dp.plan, mesh, 2.0)
+    assert not itself.keep and itself.speedup_low < itself.threshold
+    row = parallel_command._judged_by_running(graph, mesh, joint, dp, 2.0)
+    if row["measured"] is None:
+        assert row["kept"] == "joint" and joint.plan.to_json() == dp.plan.to_json()
+    else:
+        assert row["kept"] == ("joint" if row["measured"]["verdict"] == "faster" else "data-parallel")
+        low, high = row["measured_speedup_ci"]
+        assert low <= row["measured_speedup_vs_data_parallel"] <= high
+
+
 def test_cli_graph_file_bad_input_is_exit_2(tmp_path: Any, capsys: Any) -> None:
     from eqsat import cli
 
