@@ -349,7 +349,7 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
         if isinstance(measure_s, bool) or not (isinstance(measure_s, (int, float)) and math.isfinite(measure_s)
                                                and measure_s > 0):
             raise ApiError(f"measure_s must be a number of seconds > 0 (or None: not run), not {measure_s!r}")
-        shapes_only = [type(x).__name__ for x in jax.tree_util.tree_leaves(args) if not isinstance(x, (jax.Array, np.ndarray))]
+        shapes_only = [type(x).__name__ for x in jax.tree_util.tree_leaves(args) if isinstance(x, jax.ShapeDtypeStruct)]
         if shapes_only:
             raise ApiError(f"measure_s runs the step, so it needs arrays, not {shapes_only[0]} (pass the real "
                            "arguments, or measure_s=None to plan from shapes)")

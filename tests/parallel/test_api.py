@@ -228,8 +228,16 @@ def test_a_plan_judged_by_running_is_kept_when_its_step_is_faster() -> None:
     from experiments.parallel_user_programs import mlp_problem
 
     step_fn, (params, opt_state, batch) = mlp_problem()
-    plan = ep.plan(step_fn, params, opt_state, batch, mesh=mesh_of((8,)), params_argnums=(0, 1), time_limit=30,
-                   baselines=False, measure_s=6.0)
+
+    def scaled_step(params: Any, opt_state: Any, batch: Any, scale: float) -> Any:  # a Python float argument too
+        new_params, new_state, loss = step_fn(params, opt_state, batch)
+        return new_params, new_state, loss * scale
+
+    step = ep.parallelize(scaled_step, mesh=mesh_of((8,)), params_argnums=(0, 1), time_limit=30, baselines=False)
+    _, _, loss = step(params, opt_state, batch, 2.0)  # parallelize measures by default
+    _, _, ref_loss = jax.jit(scaled_step)(params, opt_state, batch, 2.0)
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+    (plan,) = step.plans.values()
     m = plan.report.measured
     assert m is not None and m.verdict == "faster" and m.speedup_low > m.threshold
     assert plan.report.strategy == "eqsat"
