@@ -30,6 +30,7 @@ COLUMNS = ("model", "mesh", "predicted_s", "data_parallel_s", "fsdp_s", "megatro
            "predicted_step_comm_bytes", "measured_step_comm_bytes",
            "data_parallel_measured_step_comm_bytes", "megatron_measured_step_comm_bytes",
            "megatron_search_measured_step_comm_bytes", "algebra_first_measured_step_comm_bytes",
+           "kept", "measured_speedup_vs_data_parallel", "measured_speedup_ci",
            "predicted_comm_bytes", "measured_comm_bytes", "predicted_mem_bytes", "measured_mem_bytes", "numerics_ok",
            "same_step_collectives", "no_recomputation", "search_s", "ilp_status", "ilp_gap",
            "random_plans", "random_numerics_failures", "random_mem_within_15pct",
