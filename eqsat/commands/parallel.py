@@ -269,6 +269,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bytes per device a training step may move (all collectives, forward, backward, sync)")
     parser.add_argument("--random-plans", type=int, default=0, help="also check this many random plans on the devices")
     parser.add_argument("--no-measure", action="store_true", help="plan only: no JAX run or compile")
+    parser.add_argument("--measure-s", type=float, default=8.0,
+                        help="seconds of timing at most for the joint plan's step against data parallel's (`kept`)")
     parser.add_argument("--calibrated", action="store_true",
                         help="price with the links and compute measured on these devices (cost model "
                              "parallel-calibrated; measured first if not cached)")
@@ -303,13 +305,15 @@ def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
         raise EqsatError(f"--comm-budget is a number of bytes (>= 0), not {args.comm_budget}")
     if not (math.isfinite(args.time_limit) and args.time_limit > 0):
         raise EqsatError(f"--time-limit must be a number of seconds > 0, not {args.time_limit}")
+    if not (math.isfinite(args.measure_s) and args.measure_s > 0):
+        raise EqsatError(f"--measure-s must be a number of seconds > 0, not {args.measure_s}")
     if args.random_plans < 0:
         raise EqsatError(f"--random-plans is a count of plans (>= 0), not {args.random_plans}")
     parse_mesh(args.mesh, args.base)  # a bad mesh fails here, before any work
     cost = _calibrated_cost(args.mesh, args.base) if args.calibrated else None
     t = time.perf_counter()
     row = run_case(args.model, args.mesh, args.time_limit, args.budget, args.random_plans, not args.no_measure, args.base,
-                   args.comm_budget, graph, cost, args.trust_tested)
+                   args.comm_budget, graph, cost, args.trust_tested, args.measure_s)
     row["total_s"] = time.perf_counter() - t
     yield row
 

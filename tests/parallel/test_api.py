@@ -403,6 +403,9 @@ def test_cli_graph_file_bad_input_is_exit_2(tmp_path: Any, capsys: Any) -> None:
     assert cli.main(["parallel", "--weights", "w1", "--mesh", "2", "--no-measure"]) == 2
     assert cli.main(["parallel", "mlp16", "--graph", path, "--mesh", "2", "--no-measure"]) == 2
     assert cli.main(["parallel", "--mesh", "2", "--no-measure"]) == 2
+    capsys.readouterr()
+    assert cli.main(["parallel", "--graph", path, "--mesh", "2", "--measure-s", "0"]) == 2
+    assert "--measure-s must be a number of seconds > 0" in capsys.readouterr().err
 
 
 @pytest.mark.slow
