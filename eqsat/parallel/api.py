@@ -483,7 +483,12 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
     if measure_s is not None and step.report.strategy == "eqsat":
         name = within or "data-parallel"
         base = made(baseline_specs(name, leaves, all_names, sizes, program), name, (), name)
-        measured = measure_against(step, base, args, measure_s)
+        try:
+            measured = measure_against(step, base, args, measure_s)
+        except Exception as exc:  # the user's step failing on the devices (out of memory, a runtime check)
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise ApiError(f"measure_s: running the step on the mesh failed ({type(exc).__name__}: {first}); "
+                           "measure_s=None plans without running it") from exc
         if not measured.keep:
             verdict = "slower" if measured.verdict == "slower" else "not faster with confidence"
             step = replace(base, report=replace(base.report, strategy=(

@@ -273,6 +273,24 @@ def test_a_plan_measured_slower_returns_the_baseline_it_was_run_against(monkeypa
 
 
 @needs8
+def test_a_step_that_fails_when_measured_is_one_line(monkeypatch: Any) -> None:
+    """A step that fails on the devices while measured (out of memory, a runtime check) is one
+    `EqsatError` line that says how to plan without running, not a traceback from inside JAX."""
+    from experiments.parallel_user_programs import mlp_problem
+
+    def out_of_memory(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4096 bytes.\nmore")
+
+    monkeypatch.setattr(api, "choose_faster", out_of_memory)
+    step_fn, (params, opt_state, batch) = mlp_problem()
+    with pytest.raises(EqsatError) as err:
+        ep.plan(step_fn, params, opt_state, batch, mesh=mesh_of((8,)), params_argnums=(0, 1), time_limit=30,
+                baselines=False, measure_s=1.0)
+    assert len(str(err.value).splitlines()) == 1
+    assert "RESOURCE_EXHAUSTED" in str(err.value) and "measure_s=None" in str(err.value)
+
+
+@needs8
 @pytest.mark.slow
 def test_parallelize_plans_once_per_signature_and_budget_too_small_is_refused() -> None:
     params, opt_state, batch = problem()
