@@ -412,6 +412,9 @@ class StepTiming:
     low: float
     high: float
     rounds: int
+    # the median of the odd rounds and of the even ones, scaled as `seconds`: two measurements of
+    # the same plans in the same run, whose agreement bounds what any model can score against one
+    halves: tuple[float, float] = (float("nan"), float("nan"))
 
     @property
     def rel_width(self) -> float:
@@ -481,8 +484,14 @@ def step_seconds(graph: Graph, plans: Sequence[Graph], mesh: Mesh, budget_s: flo
                                   min_rounds=min(5 if rel_width is None else PRECISION_MIN_ROUNDS, rounds), warmup=0,
                                   enough=enough)
     relative, level = _relative_times(times, repeat)
-    timed = {}
-    for i, row in zip(steps, relative):
-        low, high = bootstrap_median_ci(row)
-        timed[i] = StepTiming(float(np.median(row)) * level, low * level, high * level, len(row))
+    timed = {i: step_timing(row, level) for i, row in zip(steps, relative)}
     return [timed.get(i, NOT_TIMED) for i in range(len(plans))]
+
+
+def step_timing(relative: np.ndarray, level: float) -> StepTiming:
+    """One plan's rounds (each over its round's level, `_relative_times`) scaled back by the median
+    `level`: their median, its 95% interval, and the medians of the odd and of the even rounds."""
+    low, high = bootstrap_median_ci(relative.tolist())
+    halves = (float(np.median(relative[0::2])) * level, float(np.median(relative[1::2])) * level) \
+        if len(relative) > 1 else (float("nan"), float("nan"))
+    return StepTiming(float(np.median(relative)) * level, low * level, high * level, len(relative), halves)

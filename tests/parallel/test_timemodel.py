@@ -654,6 +654,7 @@ def test_spearman_case_runs_plans_on_the_devices(tmp_path: Path, monkeypatch: py
     assert row["plans"] + row["plans_not_lowered"] >= 2
     assert all(m > 0 for m in row["measured_ms"] if math.isfinite(m))
     assert -1.0 <= row["spearman_calibrated"] <= 1.0 or math.isnan(row["spearman_calibrated"])
+    assert -1.0 <= row["spearman_measured_halves"] <= 1.0 or math.isnan(row["spearman_measured_halves"])
     ran = [i for i, m in enumerate(row["measured_ms"]) if math.isfinite(m)]
     # what each compiled step runs: collectives exactly where the plan has some
     assert all((row["compiled_rendezvous"][i] > 0) == (row["collectives"][i] > 0) for i in ran)
@@ -675,7 +676,7 @@ def test_step_times_are_against_each_rounds_level_with_an_interval() -> None:
     the precision stop waits until every plan's 95% interval is narrow, and never before its time."""
     import time
 
-    from jax_backend.parallel_calibrate import StepTiming, _narrow, _relative_times
+    from jax_backend.parallel_calibrate import StepTiming, _narrow, _relative_times, step_timing
 
     rng = np.random.default_rng(0)
     load = np.where(np.arange(30) % 3 == 0, 2.0, 1.0)  # every third round on a busier machine
@@ -689,3 +690,9 @@ def test_step_times_are_against_each_rounds_level_with_an_interval() -> None:
     assert not _narrow([1, 1, 1], 0.05, after=0.0)(noisy)
     assert not _narrow([3, 3, 3], 0.05, after=time.perf_counter() + 60)(times)  # the budget runs first
     assert StepTiming(2.0, 1.9, 2.1, 30).rel_width == pytest.approx(0.1)
+    # odd and even rounds are two measurements of the same plans in one run (`spearman_measured_halves`)
+    timed = [step_timing(r, level) for r in relative]
+    assert [t.halves == pytest.approx((t.seconds, t.seconds), rel=0.02) for t in timed] == [True] * 3
+    drifting = np.concatenate([np.full(15, 1.0), np.full(15, 1.2)]).reshape(2, 15).T.ravel()  # odd 1.0, even 1.2
+    assert step_timing(drifting, 2.0).halves == pytest.approx((2.0, 2.4))
+    assert all(math.isnan(h) for h in step_timing(np.array([1.0]), 2.0).halves)
