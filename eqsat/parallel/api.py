@@ -508,11 +508,10 @@ def plan(train_step: Callable[..., Any], *args: Any, mesh: Any, params_argnums: 
 def measure_against(candidate: Plan, base: Plan, args: Sequence[Any], budget_s: float) -> Decision:
     """`candidate`'s step against `base`'s, each on its own shardings, run on the mesh's devices in
     the one keep/discard decision (`choose_faster`: faster only when the whole interval of the
-    speedup lies above 1 + its margin)."""
+    speedup lies above 1 + its margin). Each runs as the user would run it: `Plan.jit`."""
     def runner(p: Plan) -> Callable[[], Any]:
-        jitted = jax.jit(p.fn, in_shardings=p.in_shardings, out_shardings=p.out_shardings)
-        placed = p.place(*args)
-        return lambda: jitted(*placed)
+        step, placed = p.jit(), p.place(*args)
+        return lambda: step(*placed)
 
     return choose_faster(runner(base), [runner(candidate)], (), budget_s=budget_s).decision
 

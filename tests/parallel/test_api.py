@@ -384,20 +384,16 @@ def _mlp_graph_file(tmp_path: Any) -> str:
     return str(path)
 
 
-def test_a_graph_plan_no_faster_than_data_parallel_when_run_is_not_kept() -> None:
+def test_a_graph_plan_no_faster_than_data_parallel_when_run_is_not_kept(tmp_path: Any) -> None:
     """`eqsat parallel`'s judge: a plan timed against itself is never faster with confidence (so a
     plan that only ties data parallel is not kept), and the row's `kept` follows the decision."""
-    import tempfile
-    from pathlib import Path
-
     from eqsat.commands import parallel as parallel_command
     from eqsat.ir import Graph
     from eqsat.parallel.mesh import parse_mesh
     from eqsat.parallel.planner import plan_graph, with_weights
     from jax_backend.parallel_calibrate import judge_plan
 
-    with tempfile.TemporaryDirectory() as d:
-        graph = with_weights(Graph.load(_mlp_graph_file(Path(d))), ["w1", "w2"])
+    graph = with_weights(Graph.load(_mlp_graph_file(tmp_path)), ["w1", "w2"])
     mesh = parse_mesh("2")
     dp = plan_graph(graph, mesh, "data-parallel", time_limit=5)
     joint = plan_graph(graph, mesh, "joint", time_limit=5)
