@@ -21,11 +21,12 @@ call cancels out and every device is busy, as in a planned step:
   bandwidth), on a few bytes (the cost of one more kernel) and a transposing copy of a `COPY_SIDE`
   square block (the rate the compiled step's layout copies are priced at), each kept apart from its neighbours
   by `optimization_barrier` so that XLA cannot fuse the chain into one loop;
-- fresh bytes (`FRESH`): `FRESH[0]` elementwise passes over `FRESH[1]` bytes per device whose results all
-  stay live to the end (each a buffer of its own in the step's temporaries) against the same passes
-  summed into one reused buffer: the difference per byte is what a step's buffers cost beyond the passes
-  that write them (XLA:CPU allocates a step's temporaries per execution, the host maps large ones
-  anew and zero-fills them on first touch, and they do not stay in cache).
+- fresh bytes (`FRESH_TOTALS`): `FRESH_BUFFERS` elementwise passes whose results all stay live to the
+  end (each a buffer of its own in the step's temporaries), at each total of bytes per device, against
+  the same passes summed into one reused buffer: the difference per byte is what a step's buffers cost
+  beyond the passes that write them (XLA:CPU allocates a step's temporaries per execution, the host
+  maps large ones anew and zero-fills them on first touch, and they do not stay in cache); the rate
+  jumps with the total, so the model prices a step at the rate of its own (`timemodel.FreshCurve`).
 
 The result is cached per machine, JAX device and mesh shape (`eqsat.parallel.calibration`); a
 damaged or foreign cache is measured again with a one-line warning. Importing this module
@@ -71,8 +72,8 @@ from eqsat.parallel.timemodel import LinkSample, fit_link
 from jax_backend.measured_cost import device_key
 from jax_backend.timing import Decision, bootstrap_median_ci, choose_faster, interleaved_rounds, medians_precise
 
-__all__ = ["CONVS", "COPY_SIDE", "DRIFT_REPEATS", "EXTRA", "FRESH", "FRESH_REPEATS", "IN_PROGRAM", "NOT_TIMED", "PIECES",
-           "PRECISION_CAP", "SIZES", "StepTiming", "calibrate_mesh", "load_mesh_calibration", "parallel_calibrated",
+__all__ = ["CONVS", "COPY_SIDE", "DRIFT_REPEATS", "EXTRA", "FRESH_BUFFERS", "FRESH_REPEATS", "FRESH_TOTALS", "IN_PROGRAM",
+           "NOT_TIMED", "PIECES", "PRECISION_CAP", "SIZES", "StepTiming", "calibrate_mesh", "load_mesh_calibration", "parallel_calibrated",
            "probe_products", "step_seconds"]
 
 SIZES: tuple[int, ...] = (16 * 1024, 256 * 1024, 2 * 1024 * 1024)
@@ -98,13 +99,14 @@ CONVS: tuple[tuple[int, int, int, int, int], ...] = (
 # per device, the square float32 block a transposing copy is timed on (1 MiB: the size of the
 # layout copies of the cases' compiled steps, whose largest are 0.1-1 MiB)
 COPY_SIDE = 512
-# (buffers, bytes per device of each) of the fresh-bytes probe: 16 MiB per device in all, the order of
-# the temporaries of the cases' compiled steps (2-47 MB per device, docs/parallel.md); the rate per
-# byte grows with the total (0.4 ns at 2-8 MiB, 0.6 at 16-32, 1.0-1.6 at 32-256 on this 2-core host)
-FRESH = (32, 512 * 1024)
-# the fresh-bytes probe is the median of this many of its timings: one alone moved 0.59-0.66 ns a
-# byte within a minute on a quiet host, and 0.54-0.72 between calibrations
-FRESH_REPEATS = 5
+# the fresh-bytes probe: this many buffers kept live, at each of these totals of bytes per device (the
+# cases' steps allocate 1-335 MB per device, docs/parallel.md). On this 2-core host the rate is flat
+# at 0.5-0.66 ns a byte up to 32 MiB and 1.6 from 64 MiB (2026-11-27)
+FRESH_BUFFERS = 32
+FRESH_TOTALS = tuple(mib * 2**20 for mib in (4, 16, 32, 64, 128))
+# each total's rate is the median of this many of its timings: one alone moved 0.59-0.66 ns a byte
+# within a minute on a quiet host, and 0.54-0.72 between calibrations
+FRESH_REPEATS = 3
 PIECES = 8  # compute pieces of the in-program probe, each followed by one collective
 # its piece, (m, k) @ (k, k) per device, the smallest matmul probe: what waiting for the slowest
 # device costs grows with the compute between collectives (2026-11-26, load 13: 0.1-0.16 ms at
@@ -173,11 +175,17 @@ def _compute_chain(jm: Any, step: Callable[[jax.Array, int], jax.Array], local: 
     return build
 
 
-def _fresh_rate(jm: Any, budget_s: float) -> float:
-    """Seconds per byte per device of a step's buffers beyond the passes writing them: `FRESH`
-    passes whose results all stay live, against the same passes summed into one buffer as they go
-    (the median of `FRESH_REPEATS` timings)."""
-    count, nbytes = FRESH
+def _fresh_curve(jm: Any, budget_s: float) -> tuple[tuple[float, float], ...]:
+    """(bytes per device, seconds per byte) of a step's buffers beyond the passes writing them, at
+    each of `FRESH_TOTALS`."""
+    return tuple((float(total), _fresh_rate(jm, budget_s, total)) for total in FRESH_TOTALS)
+
+
+def _fresh_rate(jm: Any, budget_s: float, total: int) -> float:
+    """Seconds per byte per device of a step's buffers beyond the passes writing them:
+    `FRESH_BUFFERS` passes over `total` bytes per device in all, whose results all stay live,
+    against the same passes summed into one buffer as they go (the median of `FRESH_REPEATS` timings)."""
+    count, nbytes = FRESH_BUFFERS, total // FRESH_BUFFERS
 
     def kept(x: jax.Array) -> jax.Array:
         ys = [lax.optimization_barrier(x * (0.5 + i) + 1.0) for i in range(count)]
@@ -326,14 +334,14 @@ def calibrate_mesh(mesh: Mesh, budget_s: float = 1.0, say: Callable[[str], None]
     copy_rate = 4 * COPY_SIDE * COPY_SIDE / t_copy
     say(f"transposing copy per device, all devices busy: {copy_rate / 1e9:.2f} GB/s written "
         f"({t_copy * 1e3 / (4 * COPY_SIDE * COPY_SIDE / 1e6):.2f} ms per MB)")
-    fresh_rate = _fresh_rate(jm, budget_s)
-    say(f"fresh bytes per device, all devices busy: {fresh_rate * 1e9:.2f} ns a byte ({FRESH[0]} buffers of "
-        f"{FRESH[1] / 2**20:.1f} MiB kept against one reused)")
+    fresh = _fresh_curve(jm, budget_s)
+    say(f"fresh bytes per device, all devices busy ({FRESH_BUFFERS} buffers kept against one reused): "
+        + ", ".join(f"{r * 1e9:.2f} ns a byte at {t / 2**20:.0f} MiB" for t, r in fresh))
     peak = max(rates)
     compute = DeviceSpec("cpu-calibrated", peak, peak, bandwidth, launch,
                          f"measured with {mesh.n_devices} devices busy ({device_key()})")
     return MeshCalibration(_machine_key(), device_key(), mesh.shape, tuple(axes), compute, time.perf_counter() - start,
-                           tuple(matmul), tuple(products), copy_rate, fresh_rate, drift)
+                           tuple(matmul), tuple(products), copy_rate, fresh, drift)
 
 
 def load_mesh_calibration(mesh: str | Mesh, force: bool = False, measure_if_missing: bool = True,

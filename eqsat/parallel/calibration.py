@@ -43,7 +43,7 @@ from eqsat.calibration_cache import read_cached_calibration
 from eqsat.errors import EqsatError
 from eqsat.parallel.cost import BACKWARD_FACTOR, ParallelCostModel
 from eqsat.parallel.mesh import Mesh, MeshAxis
-from eqsat.parallel.timemodel import DriftCurve, LinkFit, LinkSample, TimeModelError, collective_seconds
+from eqsat.parallel.timemodel import DriftCurve, FreshCurve, LinkFit, LinkSample, TimeModelError, collective_seconds
 from eqsat.paths import cache_dir
 from eqsat.xla_cost import Curve
 
@@ -52,8 +52,9 @@ __all__ = ["PRODUCT_KINDS", "AxisCalibration", "CalibratedCompute", "MeshCalibra
            "read_mesh_calibration", "write_mesh_calibration"]
 
 # 3: in-program collective cost per axis; a smaller matmul probe. 4: a conv curve, an all-to-all link.
-# 5: the transposing-copy rate. 6: the fresh-bytes rate. 7: convs timed by shape (a curve by flops before), the drift
-FORMAT = 7
+# 5: the transposing-copy rate. 6: the fresh-bytes rate. 7: convs timed by shape (a curve by flops before), the drift.
+# 8: the fresh-bytes rate by the bytes a step allocates (one size before)
+FORMAT = 8
 Shape = tuple[int, ...]
 
 
@@ -189,12 +190,16 @@ class MeshCalibration:
     # bytes per second one device writes in a transposing copy with every device busy: what the
     # layout copies of a compiled step (`cost.LAYOUT_COPIES`) are priced at (0: not measured)
     copy_rate: float = 0.0
-    # seconds per byte a step allocates beyond the passes writing it, with every device busy: what
-    # the buffers of a step (`memory.node_allocated`) are priced at (0: not measured)
-    fresh_rate: float = 0.0
+    # (bytes a step allocates per device, seconds per byte beyond the passes writing them), with every
+    # device busy: the `FreshCurve` the buffers of a step (`memory.node_allocated`) are priced at
+    # (none: not measured)
+    fresh: tuple[tuple[float, float], ...] = ()
     # (seconds of a compute piece, seconds an all-reduce after it waits beyond one after the
     # shortest piece), on the widest axis: the `DriftCurve` a plan's report prices each collective with
     drift: tuple[tuple[float, float], ...] = ()
+
+    def fresh_curve(self) -> FreshCurve | None:
+        return FreshCurve(tuple(t for t, _ in self.fresh), tuple(r for _, r in self.fresh)) if self.fresh else None
 
     def drift_curve(self) -> DriftCurve | None:
         return DriftCurve(tuple(p for p, _ in self.drift), tuple(w for _, w in self.drift)) if self.drift else None
@@ -214,7 +219,7 @@ class MeshCalibration:
                           "kind_links": {k: asdict(fit) for k, fit in a.kind_links}}
                          for a in self.axes],
                 "compute": asdict(self.compute), "seconds": self.seconds, "matmul": [list(p) for p in self.matmul],
-                "products": [asdict(p) for p in self.products], "copy_rate": self.copy_rate, "fresh_rate": self.fresh_rate,
+                "products": [asdict(p) for p in self.products], "copy_rate": self.copy_rate, "fresh": [list(p) for p in self.fresh],
                 "drift": [list(p) for p in self.drift]}
 
     @staticmethod
@@ -240,18 +245,19 @@ class MeshCalibration:
                              for p in data["products"])
             cal = MeshCalibration(str(data["machine"]), str(data["device"]), shape, axes, compute,
                                   _number(data["seconds"]), matmul, products, _number(data["copy_rate"]),
-                                  _number(data["fresh_rate"]),
+                                  tuple((_number(t), _number(r)) for t, r in data["fresh"]),
                                   tuple((_number(p), _number(w)) for p, w in data["drift"]))
             Curve.fit(matmul)  # at least two points, all positive
             product_fits(products)
             cal.drift_curve()
+            cal.fresh_curve()
         except (KeyError, TypeError, ValueError, AttributeError, EqsatError, TimeModelError) as exc:
             raise MeshCalibrationError(f"damaged mesh calibration ({type(exc).__name__}: {exc})") from None
         if tuple(a.size for a in axes) != shape or not shape:
             raise MeshCalibrationError("damaged mesh calibration (its axes do not match its shape)")
         links = [fit for a in axes for fit in (a.link, *(f for _, f in a.kind_links))]
         rates = (compute.peak_flops_fp32, compute.bandwidth, compute.launch_s, *(fit.beta for fit in links))
-        negative = (cal.copy_rate, cal.fresh_rate, *(x for a in axes for x in (a.in_program_s, a.in_program_bytes)),
+        negative = (cal.copy_rate, *(x for a in axes for x in (a.in_program_s, a.in_program_bytes)),
                     *(fit.alpha for fit in links))
         if not all(r > 0 for r in rates) or any(x < 0 for x in negative):
             raise MeshCalibrationError("damaged mesh calibration (a rate is not positive)")
@@ -348,8 +354,11 @@ def calibrated_model(cal: MeshCalibration, overlap: bool = True, sync: bool = Tr
     plan's report what each collective waits after the compute before it, `drift`), the measured
     compute (`CalibratedCompute`), collectives hidden behind independent compute in a plan's
     report (`overlap`), the compiled step's layout copies at the measured transposing-copy rate
-    (`copies`; without, none are priced), the buffers a step allocates at the measured fresh-bytes rate."""
+    (`copies`; without, none are priced), the buffers a step allocates at the measured fresh-bytes rate
+    of their total (`FreshCurve`; the ILP's node-local prices at its lower level)."""
+    fresh = cal.fresh_curve()
     model = ParallelCostModel(cal.mesh(sync), CalibratedCompute(cal.compute, Curve.fit(cal.matmul), fits=product_fits(cal.products)),
-                              "parallel-calibrated", overlap, copy_rate=cal.copy_rate or None, fresh_rate=cal.fresh_rate,
+                              "parallel-calibrated", overlap, copy_rate=cal.copy_rate or None,
+                              fresh_rate=fresh.below if fresh else 0.0, fresh_curve=fresh,
                               drift=cal.drift_curve() if sync else None)
     return model if copies else replace(model, layout_copies=False)

@@ -52,7 +52,7 @@ from eqsat.context import NodeInContext, NodePrice
 from eqsat.distribution import local_attrs
 from eqsat.parallel.memory import node_allocated, node_bound, node_kept, per_device_bytes, recompute_bytes
 from eqsat.parallel.mesh import Mesh, parse_mesh
-from eqsat.parallel.timemodel import DriftCurve
+from eqsat.parallel.timemodel import DriftCurve, FreshCurve
 
 Shape = tuple[int, ...]
 BACKWARD_FACTOR = 2.0
@@ -163,6 +163,11 @@ class ParallelCostModel:
     # fresh memory each call (XLA:CPU allocates a step's temporaries per execution, and the host
     # maps large ones anew) and out of cache. `eqsat parallel calibrate` measures it; 0: not priced
     fresh_rate: float = 0.0
+    # the same by how many bytes the step allocates per device (`timemodel.FreshCurve`; `eqsat
+    # parallel calibrate` measures it): a plan's report prices its step's buffers at the rate of
+    # their total; the ILP's node-local prices, which cannot know the total, use `fresh_rate`
+    # (the curve's lower level). None: `fresh_rate` throughout
+    fresh_curve: FreshCurve | None = None
     layout_copies: bool = True  # price `LAYOUT_COPIES` (off: the model before them, for comparison)
     # what a collective waits for the slowest device after a piece of compute (`timemodel.DriftCurve`;
     # `eqsat parallel calibrate` measures it). A plan's report prices it on the step's order of nodes

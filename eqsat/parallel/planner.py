@@ -30,7 +30,7 @@ from eqsat.errors import EqsatError
 from eqsat.extract.egraph_data import EGraphData
 from eqsat.extract.selection import Selection
 from eqsat.ir import Graph, Node, Value
-from eqsat.parallel.cost import Collective, ParallelCostModel
+from eqsat.parallel.cost import Collective, NodeCost, ParallelCostModel
 from eqsat.parallel.memory import StepMemory, per_device_bytes, step_memory
 from eqsat.parallel.mesh import Mesh
 from eqsat.parallel.timemodel import overlapped_step, scheduled_waits
@@ -363,6 +363,7 @@ def plan_report(graph: Graph, model: ParallelCostModel, recompute: Sequence[int]
     replicated = replicated_weights((i, n.op, [v.node for v in n.inputs]) for i, n in enumerate(g.nodes))
     grad: list[bool] = []
     facts: list[ValueContext] = []
+    costs: list[NodeCost] = []
     for i, n in enumerate(g.nodes):
         grad.append(n.op == "weight" or any(grad[v.node] for v in n.inputs))
         facts.append(ValueContext(axes[i], n.op if ops.OPS[n.op].is_leaf else None, derived[i], grad[i],
@@ -372,6 +373,11 @@ def plan_report(graph: Graph, model: ParallelCostModel, recompute: Sequence[int]
         if i in opened:
             c = replace(c, collectives=(), mem_bytes=0.0, mem_bound_bytes=0.0, copy_bytes=0.0, copy_s=0.0,
                         fresh_bytes=0.0, fresh_s=0.0)
+        costs.append(c)
+    if model.fresh_curve is not None:  # the step's buffers at the rate of their total (`FreshCurve`)
+        rate = model.fresh_curve.rate(sum(c.fresh_bytes for c in costs))
+        costs = [replace(c, fresh_s=c.fresh_bytes * rate) for c in costs]
+    for i, (n, c) in enumerate(zip(g.nodes, costs)):
         again = i in marked and c.recompute_bytes > 0
         if again:
             remade.append(i)

@@ -33,7 +33,7 @@ import numpy as np
 
 from eqsat.errors import EqsatError
 
-__all__ = ["LATENCY_ALGORITHMS", "WIRE_FACTORS", "DriftCurve", "LinkFit", "LinkSample", "TimeModelError",
+__all__ = ["LATENCY_ALGORITHMS", "WIRE_FACTORS", "DriftCurve", "FreshCurve", "LinkFit", "LinkSample", "TimeModelError",
            "collective_seconds", "fit_link", "latency_steps", "overlapped_step", "scheduled_waits", "wire_bytes",
            "wire_factor"]
 
@@ -195,6 +195,49 @@ class DriftCurve:
         if piece_s <= self.pieces[0]:
             return self.waits[0] * max(piece_s, 0.0) / self.pieces[0]
         return float(np.interp(math.log(piece_s), [math.log(p) for p in self.pieces], self.waits))
+
+
+@dataclass(frozen=True)
+class FreshCurve:
+    """Seconds per byte a step pays for the buffers it allocates, by how many bytes it allocates per
+    device (`totals`, ascending, each timed at its `rates`). On a host the rate is flat up to some
+    size, jumps (above it the host maps a step's memory anew on every call and zero-fills each page
+    on first touch), and is flat again above. So the points are split at their largest rise: each
+    side is priced at its median and the cut lies halfway, on a log scale, between the two points
+    around the rise. Interpolating instead would turn the probe's noise below the jump (a tenth of
+    a ns a byte between calibrations) into a slope that orders a case's plans by their size. With
+    no rise, one level: the median of all."""
+
+    totals: tuple[float, ...]
+    rates: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if (len(self.totals) < 2 or len(self.totals) != len(self.rates) or any(t <= 0 for t in self.totals)
+                or any(b <= a for a, b in zip(self.totals, self.totals[1:])) or any(r < 0 for r in self.rates)):
+            raise TimeModelError("a fresh-bytes curve needs two or more ascending positive totals and rates >= 0")
+
+    @property
+    def _split(self) -> int:
+        """The index of the first point above the largest rise (0: no rise, one level)."""
+        rises = [b - a for a, b in zip(self.rates, self.rates[1:])]
+        top = max(range(len(rises)), key=lambda i: rises[i])
+        return top + 1 if rises[top] > 0 else 0
+
+    @property
+    def cut(self) -> float:
+        """Bytes per device from which a step pays the upper level (infinite with one level)."""
+        k = self._split
+        return math.sqrt(self.totals[k - 1] * self.totals[k]) if k else math.inf
+
+    @property
+    def below(self) -> float:
+        """The rate of a step allocating less than `cut`: the level the ILP's node-local prices use."""
+        k = self._split
+        return float(np.median(self.rates[:k] if k else self.rates))
+
+    def rate(self, allocated: float) -> float:
+        k = self._split
+        return float(np.median(self.rates[k:])) if k and allocated >= self.cut else self.below
 
 
 def scheduled_waits(nodes: Sequence[tuple[float, float, Sequence[str]]], drift: DriftCurve) -> float:

@@ -110,7 +110,7 @@ def test_overlap_hides_comm_behind_independent_compute_only() -> None:
 def _calibration(machine: str = "m1", device: str = "cpu-test",
                  in_program: tuple[float, float] = (0.0, 0.0),
                  products: tuple[TimedProduct, ...] | None = None,
-                 all_to_all: tuple[float, float] | None = None, fresh_rate: float = 0.0,
+                 all_to_all: tuple[float, float] | None = None, fresh: tuple[tuple[float, float], ...] = (),
                  drift: tuple[tuple[float, float], ...] = ()) -> MeshCalibration:
     """A hand-made calibration; `in_program`: each axis's measured seconds of a 64 B all-reduce
     between compute pieces (0: not measured, no sync term); `all_to_all`: (alpha, beta) of an
@@ -120,7 +120,7 @@ def _calibration(machine: str = "m1", device: str = "cpu-test",
     axes = tuple(AxisCalibration(n, tm.fit_link(_samples(a, b, n)), tuple(_samples(a, b, n)), t, 64.0 if t else 0.0, own)
                  for (n, a, b), t in zip(((2, 30e-6, 1e9), (4, 10e-6, 2e9)), in_program))
     return MeshCalibration(machine, device, (2, 4), axes, DeviceSpec("cpu-calibrated", 5e9, 5e9, 8e9, 1e-6, "test"), 1.0,
-                           ((1e7, 1e-3), (1e8, 2e-2)), products, 1e9, fresh_rate, drift)
+                           ((1e7, 1e-3), (1e8, 2e-2)), products, 1e9, fresh, drift)
 
 
 
@@ -143,11 +143,13 @@ def test_calibration_round_trips_and_prices_per_axis(tmp_path: Path) -> None:
 @pytest.mark.parametrize("damage", ["not json {", "[]", "null", "zero-rate", "negative-alpha", "wrong-shape", "bool",
                                     "one-matmul", "negative-in-program", "no-in-program", "format-2", "format-3",
                                     "one-conv", "negative-kind-link", "no-kind-links", "format-5", "negative-fresh",
+                                    "format-7", "one-fresh-total", "descending-fresh",
                                     "format-6", "conv-without-shapes", "negative-conv",
                                     "product-of-no-kind", "no-drift", "descending-drift", "negative-drift"])
 def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
     path = tmp_path / "cal.json"
-    data = _calibration(all_to_all=(20e-6, 3e8), fresh_rate=5e-10, drift=((1e-5, 0.0), (1e-3, 2e-4))).to_json()
+    data = _calibration(all_to_all=(20e-6, 3e8), fresh=((4e6, 5e-10), (64e6, 1.6e-9)),
+                        drift=((1e-5, 0.0), (1e-3, 2e-4))).to_json()
     if damage == "zero-rate":
         data["compute"]["bandwidth"] = 0
     elif damage == "negative-alpha":
@@ -177,9 +179,17 @@ def test_damaged_cache_is_refused(tmp_path: Path, damage: str) -> None:
         del data["axes"][1]["kind_links"]
     elif damage == "format-5":  # a cache from before the fresh-bytes rate
         data["format"] = 5
-        del data["fresh_rate"]
+        del data["fresh"]
     elif damage == "negative-fresh":
-        data["fresh_rate"] = -1e-10
+        data["fresh"][0][1] = -1e-10
+    elif damage == "format-7":  # a cache from before the rate by size: one rate, at one size
+        data["format"] = 7
+        data["fresh_rate"] = 5e-10
+        del data["fresh"]
+    elif damage == "one-fresh-total":
+        data["fresh"] = data["fresh"][:1]
+    elif damage == "descending-fresh":
+        data["fresh"] = data["fresh"][::-1]
     elif damage == "format-6":  # a cache from before the products by shape: a conv curve of (flops, seconds)
         data["format"] = 6
         del data["products"]
@@ -302,11 +312,12 @@ def test_the_fresh_rate_is_the_median_of_its_timings(monkeypatch: pytest.MonkeyP
     median of `FRESH_REPEATS` timings."""
     from jax_backend import parallel_calibrate as pc
 
-    timings = iter([2e-3, 1e-3, 9e-3, 1.5e-3, 2.5e-3])
+    timings = iter([2e-3, 1e-3, 9e-3])
     monkeypatch.setattr(pc, "_mesh_program", lambda *a, **k: (lambda: None))
     monkeypatch.setattr(pc, "_extra_seconds", lambda *a, **k: next(timings))
-    assert pc.FRESH_REPEATS == 5
-    assert pc._fresh_rate(None, 1.0) == pytest.approx(2e-3 / (pc.FRESH[0] * pc.FRESH[1]))
+    assert pc.FRESH_REPEATS == 3
+    total = 64 * 2**20
+    assert pc._fresh_rate(None, 1.0, total) == pytest.approx(2e-3 / total)
 
 
 def test_a_marginal_is_timed_on_a_chain_long_enough_to_see() -> None:
@@ -491,7 +502,7 @@ def test_the_buffers_a_step_allocates_are_priced_at_the_fresh_rate_and_its_argum
     from eqsat.parallel.planner import plan_report
 
     rate = 5e-10
-    model = calibrated_model(_calibration(fresh_rate=rate), overlap=False)
+    model = calibrated_model(_calibration(fresh=((1e6, rate), (1e9, rate))), overlap=False)
     plain = calibrated_model(_calibration(), overlap=False)
     from eqsat.context import NodeInContext, ValueContext
 
@@ -509,6 +520,48 @@ def test_the_buffers_a_step_allocates_are_priced_at_the_fresh_rate_and_its_argum
     assert priced.step_s - unpriced.step_s == pytest.approx(priced.fresh_s)
     assert (priced.comm_bytes(None), priced.mem_bytes, priced.mem_bound_bytes) == (
         unpriced.comm_bytes(None), unpriced.mem_bytes, unpriced.mem_bound_bytes)
+
+
+def test_the_fresh_rate_jumps_once_and_is_flat_on_either_side() -> None:
+    """The curve splits its points at their largest rise: each side is priced at its median (so the
+    probe's noise on a plateau is no slope), the cut lies halfway on a log scale between the two
+    points around the rise; a curve that never rises is one level."""
+    mib = 2**20
+    curve = tm.FreshCurve(tuple(m * mib for m in (4.0, 16.0, 32.0, 64.0, 128.0)), (0.55e-9, 0.50e-9, 0.66e-9, 1.6e-9, 1.7e-9))
+    assert curve.cut == pytest.approx(math.sqrt(32 * 64) * mib)
+    assert curve.below == pytest.approx(0.55e-9)
+    for allocated, rate in ((1.0, 0.55e-9), (10 * mib, 0.55e-9), (40 * mib, 0.55e-9), (46 * mib, 1.65e-9),
+                            (1e12, 1.65e-9)):
+        assert curve.rate(allocated) == pytest.approx(rate)
+    flat = tm.FreshCurve((4.0 * mib, 64.0 * mib), (0.6e-9, 0.5e-9))
+    assert flat.cut == math.inf and flat.rate(1e12) == flat.below == pytest.approx(0.55e-9)
+    for totals, rates in (((4.0,), (1e-9,)), ((4.0, 4.0), (1e-9, 1e-9)), ((0.0, 4.0), (1e-9, 1e-9)),
+                          ((1.0, 4.0), (1e-9, -1e-9))):
+        with pytest.raises(tm.TimeModelError):
+            tm.FreshCurve(totals, rates)
+
+
+def test_a_step_pays_the_fresh_rate_of_what_it_allocates_in_all() -> None:
+    """A plan's report prices all the buffers its step allocates at the curve's rate for their
+    total; the ILP's node-local price, which cannot know the total, is the lower level."""
+    from eqsat.models import build_parallel_model
+    from eqsat.models.parallel_hand import megatron_by_hand
+    from eqsat.parallel.planner import plan_report
+
+    low, high = 5e-10, 2e-9
+    graph = build_parallel_model("mlp16")
+    flat = calibrated_model(_calibration(fresh=((1.0, low), (1e12, low))), overlap=False)
+    plan = megatron_by_hand("mlp16", graph, flat.mesh)
+    allocated = plan_report(plan, flat).fresh_bytes
+    assert allocated > 0
+    for cut_below_it, rate in ((True, high), (False, low)):
+        total = allocated / 4 if cut_below_it else allocated * 4  # the rise sits around it, then above it
+        model = calibrated_model(_calibration(fresh=((total / 2, low), (total * 2, high))), overlap=False)
+        report = plan_report(plan, model)
+        assert report.fresh_bytes == pytest.approx(allocated)
+        assert report.fresh_s == pytest.approx(allocated * rate)
+        assert report.step_s - plan_report(plan, flat).step_s == pytest.approx(allocated * (rate - low))
+        assert model.fresh_rate == pytest.approx(low)  # the ILP's price
 
 
 def test_foreign_cache_is_refused(tmp_path: Path) -> None:
