@@ -174,6 +174,13 @@ def overlapped_step(compute_s: Sequence[float], comm_s: Sequence[float], inputs:
     return total_compute + total_comm - hidden
 
 
+def _check_curve(xs: Sequence[float], ys: Sequence[float], message: str) -> None:
+    """A measured curve: two or more points, `xs` positive and strictly ascending, `ys` not negative."""
+    if (len(xs) < 2 or len(xs) != len(ys) or any(x <= 0 for x in xs) or any(b <= a for a, b in zip(xs, xs[1:]))
+            or any(y < 0 for y in ys)):
+        raise TimeModelError(message)
+
+
 @dataclass(frozen=True)
 class DriftCurve:
     """Seconds a collective inside a step waits, beyond its cost between the shortest compute
@@ -187,9 +194,7 @@ class DriftCurve:
     waits: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        if (len(self.pieces) < 2 or len(self.pieces) != len(self.waits) or any(p <= 0 for p in self.pieces)
-                or any(b <= a for a, b in zip(self.pieces, self.pieces[1:])) or any(w < 0 for w in self.waits)):
-            raise TimeModelError("a drift curve needs two or more ascending positive pieces and waits >= 0")
+        _check_curve(self.pieces, self.waits, "a drift curve needs two or more ascending positive pieces and waits >= 0")
 
     def wait(self, piece_s: float) -> float:
         if piece_s <= self.pieces[0]:
@@ -212,9 +217,7 @@ class FreshCurve:
     rates: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        if (len(self.totals) < 2 or len(self.totals) != len(self.rates) or any(t <= 0 for t in self.totals)
-                or any(b <= a for a, b in zip(self.totals, self.totals[1:])) or any(r < 0 for r in self.rates)):
-            raise TimeModelError("a fresh-bytes curve needs two or more ascending positive totals and rates >= 0")
+        _check_curve(self.totals, self.rates, "a fresh-bytes curve needs two or more ascending positive totals and rates >= 0")
 
     @property
     def _split(self) -> int:
