@@ -246,13 +246,19 @@ def spearman_plans(model: str, mesh: Any, plans: int = SPEARMAN_PLANS) -> tuple[
     """A case's graph, its priced joint e-graph and its distinct random plans, drawn as
     `spearman_case` times them (`experiments/spearman_reprice.py` draws them again to reprice a
     stored run)."""
+    from eqsat.models import build_parallel_model
+
+    graph = build_parallel_model(model)
+    return (graph, *distinct_random_plans(graph, mesh, plans))
+
+
+def distinct_random_plans(graph: Any, mesh: Any, plans: int = SPEARMAN_PLANS) -> tuple[Any, list[Any]]:
+    """`graph`'s priced joint e-graph (briefly saturated) and up to `plans` distinct random plans of it."""
     import numpy as np
 
-    from eqsat.models import build_parallel_model
     from eqsat.parallel.planner import saturate_and_price
     from eqsat.saturate import Limits
 
-    graph = build_parallel_model(model)
     pe = saturate_and_price(graph, mesh, "joint", Limits(iterations=12, nodes=50_000, seconds=15.0))
     # random plans as `random_plans` draws them, but node costs log-uniform over six decades: with
     # uniform costs a plan with fewer nodes nearly always wins (the unsplit program), so few differ
@@ -263,7 +269,7 @@ def spearman_plans(model: str, mesh: Any, plans: int = SPEARMAN_PLANS) -> tuple[
             break
         p = pe.priced.with_costs(10 ** rng.uniform(-3, 3, size=pe.data.n_nodes)).extract("greedy-dag", 10.0)[1]
         distinct.setdefault(repr(p.live().nodes), p)
-    return graph, pe, list(distinct.values())
+    return pe, list(distinct.values())
 
 
 def spearman_case(model: str, mesh_spec: str = SPEARMAN_MESH, plans: int = SPEARMAN_PLANS,

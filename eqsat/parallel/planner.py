@@ -273,7 +273,8 @@ class PlanReport:
     copy_bytes: float = 0.0
     copy_s: float = 0.0
     # the buffers the step allocates (`memory.node_allocated`), per device, and what writing them
-    # fresh costs (`ParallelCostModel.fresh_rate`; part of `compute_s`)
+    # fresh costs (at `ParallelCostModel.fresh_curve`'s rate for their total, else `fresh_rate`;
+    # part of `compute_s`)
     fresh_bytes: float = 0.0
     fresh_s: float = 0.0
     # what the collectives wait for the slowest device after the compute before each
